@@ -1,0 +1,234 @@
+"""YAML in, validated specs out: catalog resolution, ``--set`` overrides, clear errors."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from llmsim import catalog
+from llmsim.errors import UserError
+from llmsim.specs import Accelerator, Model, Scenario, System
+
+# Where a scenario may name a catalog entry instead of writing it inline.
+_REFERENCES: tuple[tuple[tuple[str, ...], catalog.Kind], ...] = (
+    (("system",), "systems"),
+    (("system", "node", "accelerator"), "accelerators"),
+    (("model",), "models"),
+)
+_SPEC_OF_KIND: dict[str, type[BaseModel]] = {
+    "accelerators": Accelerator,
+    "systems": System,
+    "models": Model,
+    "scenarios": Scenario,
+}
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Parse one YAML file safely into a mapping; errors name the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}; check the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(
+            f"{path.name}:{line}: malformed YAML ({exc.problem}); fix the syntax there"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path.name}: malformed YAML ({exc}); fix the syntax") from None
+    if not isinstance(data, dict):
+        raise UserError(
+            f"{path.name}: expected a mapping of fields at the top level, got "
+            f"{type(data).__name__}; write it as `field: value` lines"
+        )
+    return data
+
+
+def _resolve(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace catalog names at the known reference points by the entries' contents."""
+    for path, kind in _REFERENCES:
+        parent = raw
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and isinstance(parent.get(path[-1]), str):
+            name = parent[path[-1]]
+            parent[path[-1]] = read_yaml(catalog.path_of(kind, name, field=".".join(path)))
+    return raw
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into its key path and a YAML-typed value."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {item!r}: expected key=value, e.g. --set parallelism.tp=4")
+    try:
+        parsed = yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key.strip().split("."), parsed
+
+
+def apply_override(raw: dict[str, Any], keys: list[str], value: Any) -> None:
+    """Set ``raw[k0][k1]...`` to ``value``, creating mappings on the way."""
+    node = raw
+    for i, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            where = ".".join(keys[: i + 1])
+            raise UserError(
+                f"--set {'.'.join(keys)}: {where} is {child!r}, not a mapping; "
+                f"set {where} itself instead"
+            )
+        node = child
+    node[keys[-1]] = value
+
+
+def _field_names(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _locate(loc: tuple[Any, ...], data: Any) -> tuple[str, Any, bool]:
+    """Dotted field name (skipping union tags), the offending input, whether it exists."""
+    parts: list[str] = []
+    node = data
+    found = True
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+            parts.append(str(part))
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+            parts.append(f"[{part}]")
+        elif isinstance(node, dict) and node.get("kind") == part:
+            continue  # discriminated-union tag, not a field the user wrote
+        else:
+            parts.append(str(part))
+            found = False
+            node = None
+    return ".".join(parts).replace(".[", "["), node, found
+
+
+def _allowed_fields(spec: type[BaseModel], loc: tuple[Any, ...], data: Any) -> list[str]:
+    """Field names allowed at the parent of ``loc`` (best effort, for hints)."""
+    model: Any = spec
+    node = data
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if isinstance(node, dict) and node.get("kind") == part:
+            continue
+        node = node.get(part) if isinstance(node, dict) else None
+        if field is None:
+            return []
+        model = _submodel(field.annotation, node)
+        if model is None:
+            return []
+    return _field_names(model)
+
+
+def _submodel(annotation: Any, node: Any) -> type[BaseModel] | None:
+    from typing import get_args
+
+    candidates = [annotation, *get_args(annotation)]
+    for arg in list(candidates):
+        candidates.extend(get_args(arg))
+    models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+    if len(models) > 1 and isinstance(node, dict) and "kind" in node:
+        for m in models:
+            kind_field = m.model_fields.get("kind")
+            if kind_field is not None and kind_field.default == node["kind"]:
+                return m
+    return models[0] if models else None
+
+
+def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) -> UserError:
+    """Turn pydantic's first error into one sentence: field, value, fix."""
+    first = err.errors()[0]
+    loc = tuple(first["loc"])
+    field, value, _ = _locate(loc, data)
+    kind = first["type"]
+    msg = first["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        allowed = _allowed_fields(spec, loc, data)
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+        return UserError(f"{label}: unknown field {field!r}; remove it ({hint})")
+    if kind == "missing":
+        return UserError(f"{label}: missing field {field!r}; add it")
+    if kind == "value_error" and not loc:
+        return UserError(f"{label}: {msg}")
+    if kind == "value_error":
+        return UserError(f"{label}: {field} = {_describe(value)}: {msg}")
+    if kind in ("literal_error", "union_tag_invalid"):
+        return UserError(f"{label}: {field} = {_describe(value)} is not allowed; {msg.lower()}")
+    return UserError(
+        f"{label}: {field} = {_describe(value)} is invalid ({msg.lower()}); correct the value"
+    )
+
+
+def validate(spec: type[BaseModel], data: dict[str, Any], label: str) -> Any:
+    """Validate ``data`` as ``spec``; any problem becomes a :class:`UserError`."""
+    try:
+        return spec.model_validate(data)
+    except ValidationError as err:
+        raise explain(err, spec, data, label) from None
+
+
+def load_spec(kind: catalog.Kind, name: str) -> Any:
+    """Load one catalog entry by name, validated (names inside it resolved)."""
+    path = catalog.path_of(kind, name)
+    raw = _resolve(read_yaml(path))
+    return validate(_SPEC_OF_KIND[kind], raw, path.name)
+
+
+def scenario_path(source: str | Path) -> Path:
+    """A scenario argument is a path if the file exists, otherwise a catalog name."""
+    path = Path(source)
+    if path.is_file():
+        return path
+    if path.suffix in (".yaml", ".yml") and len(path.parts) > 1:
+        raise UserError(f"scenario file {str(source)!r} does not exist; check the path")
+    return catalog.path_of("scenarios", path.name)
+
+
+def load_scenario(
+    source: str | Path | Mapping[str, Any],
+    overrides: Iterable[str] | Mapping[str, Any] | None = None,
+) -> Scenario:
+    """Load, resolve, override and validate a scenario.
+
+    ``source`` is a path, a catalog scenario name (``frontier`` or ``frontier.yaml``) or a
+    mapping. ``overrides`` are ``"a.b.c=value"`` strings or a ``{"a.b.c": value}`` mapping.
+    """
+    if isinstance(source, Mapping):
+        raw, label = copy.deepcopy(dict(source)), "scenario"
+    else:
+        path = scenario_path(source)
+        raw, label = read_yaml(path), path.name
+    raw = _resolve(raw)
+    pairs: list[tuple[list[str], Any]]
+    if overrides is None:
+        pairs = []
+    elif isinstance(overrides, Mapping):
+        pairs = [(str(k).split("."), v) for k, v in overrides.items()]
+    else:
+        pairs = [parse_override(item) for item in overrides]
+    for keys, value in pairs:
+        apply_override(raw, keys, value)
+        raw = _resolve(raw)
+    return validate(Scenario, raw, label)

@@ -1,0 +1,29 @@
+"""Typed, validated specs: the inputs of every simulation."""
+
+from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel
+from llmsim.specs.model import Model
+from llmsim.specs.network import Dragonfly, FatTree, Network, Torus
+from llmsim.specs.node import FabricTier, Node
+from llmsim.specs.parallelism import Parallelism, ScheduleName
+from llmsim.specs.scenario import Scenario
+from llmsim.specs.system import System
+from llmsim.specs.training import Training
+
+__all__ = [
+    "Accelerator",
+    "DenseTflops",
+    "Dragonfly",
+    "Dtype",
+    "FabricTier",
+    "FatTree",
+    "GemmModel",
+    "Model",
+    "Network",
+    "Node",
+    "Parallelism",
+    "Scenario",
+    "ScheduleName",
+    "System",
+    "Torus",
+    "Training",
+]

@@ -1,0 +1,114 @@
+"""Accelerator spec: what one OS-visible device can compute and move."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from llmsim.specs._base import Spec
+
+Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
+
+
+class DenseTflops(Spec):
+    """Dense (no structured sparsity) peak throughput per data type, TFLOP/s."""
+
+    fp64: PositiveFloat | None = None
+    """FP64 peak (matrix units where present), TFLOP/s."""
+    fp32: PositiveFloat | None = None
+    """FP32 peak (vector or packed), TFLOP/s."""
+    tf32: PositiveFloat | None = None
+    """TF32 tensor peak, dense, TFLOP/s."""
+    bf16: PositiveFloat | None = None
+    """BF16 tensor/matrix peak, dense, TFLOP/s."""
+    fp16: PositiveFloat | None = None
+    """FP16 tensor/matrix peak, dense, TFLOP/s."""
+    fp8: PositiveFloat | None = None
+    """FP8 tensor peak, dense, TFLOP/s."""
+
+
+class GemmModel(Spec):
+    """Achieved GEMM throughput model: best-case fraction of peak, then tile effects.
+
+    The GEMM is cut into ``tile_m × tile_n`` output tiles spread over ``compute_units``;
+    the last partial wave wastes units (wave quantisation), and each tile pays a
+    pipeline fill of ``k_fill`` K-elements before it streams (small-K penalty).
+    """
+
+    peak_fraction: float = Field(gt=0, le=1)
+    """Best fraction of dense peak reached by large, well-shaped GEMMs (e.g. MAMF)."""
+    compute_units: PositiveInt
+    """Units that output tiles are distributed over (SMs, CUs, Xe-cores, cores)."""
+    tile_m: PositiveInt = 128
+    """Rows of one output tile of the library's large-GEMM kernel."""
+    tile_n: PositiveInt = 128
+    """Columns of one output tile."""
+    k_fill: float = Field(default=0.0, ge=0)
+    """Per-tile pipeline prologue/epilogue, in equivalent K elements."""
+
+
+class Accelerator(Spec):
+    """One device as the OS and the framework see it (an MI250X GCD, a PVC stack, ...)."""
+
+    name: str
+    """Catalog name, e.g. ``a100-sxm4-80gb``."""
+    description: str = ""
+    """Human-readable name."""
+    vendor: str = ""
+    """Manufacturer."""
+    device_unit: Literal["package", "gcd", "stack", "chip"] = "package"
+    """What one device is: a whole package, one GCD of a multi-die package, one stack, a chip."""
+    dense_tflops: DenseTflops
+    """Dense peak per data type, TFLOP/s."""
+    hbm_gb: PositiveFloat
+    """Device memory capacity, GB (10^9 bytes)."""
+    hbm_tbps: PositiveFloat
+    """Peak device memory bandwidth, TB/s."""
+    gemm: GemmModel
+    """Achieved GEMM efficiency model."""
+    memory_bound_fraction: float = Field(gt=0, le=1)
+    """Achieved fraction of peak HBM bandwidth for streaming (memory-bound) kernels."""
+    attention_fraction: float = Field(default=0.0, ge=0, le=1)
+    """Achieved fraction of dense peak of a fused (flash) attention kernel; 0 = no fused kernel."""
+    kernel_launch_us: float = Field(default=0.0, ge=0)
+    """Fixed cost per kernel (launch and tail), microseconds."""
+    tdp_w: PositiveFloat | None = None
+    """Thermal design power, W."""
+    sources: dict[str, str] = Field(default_factory=dict)
+    """Where each number comes from: field name → citation."""
+    notes: str = ""
+    """Caveats, in prose."""
+
+    @model_validator(mode="after")
+    def _has_a_tensor_dtype(self) -> Accelerator:
+        if not any(v for v in self.dense_tflops.model_dump().values()):
+            raise ValueError(
+                f"accelerator {self.name!r}: dense_tflops gives no data type; "
+                "add at least one, e.g. bf16: 312"
+            )
+        return self
+
+    def peak_flops(self, dtype: Dtype) -> float:
+        """Dense peak for ``dtype`` in FLOP/s, or raise if the device has no such unit."""
+        tflops = getattr(self.dense_tflops, dtype)
+        if tflops is None:
+            have = [k for k, v in self.dense_tflops.model_dump().items() if v]
+            raise ValueError(
+                f"{self.name} has no {dtype} units; use one of its data types: {', '.join(have)}"
+            )
+        return tflops * 1e12
+
+    def supports(self, dtype: Dtype) -> bool:
+        """Whether the device has units for ``dtype``."""
+        return getattr(self.dense_tflops, dtype) is not None
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Memory capacity in bytes."""
+        return self.hbm_gb * 1e9
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        """Peak memory bandwidth in bytes/s."""
+        return self.hbm_tbps * 1e12

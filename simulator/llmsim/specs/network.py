@@ -1,0 +1,87 @@
+"""Network specs: fat-tree, dragonfly and torus, as a union discriminated by ``kind``."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt
+
+from llmsim.specs._base import Spec
+
+
+class _NetworkBase(Spec):
+    name: str = ""
+    """Product name (InfiniBand HDR, Slingshot-11, Tofu-D ...)."""
+    hop_latency_us: float = Field(default=1.0, ge=0)
+    """Latency of one network traversal between nodes, microseconds."""
+    efficiency: float = Field(default=0.9, gt=0, le=1)
+    """Achieved fraction of line rate for large messages between nodes."""
+
+
+class FatTree(_NetworkBase):
+    """A (possibly tapered) fat-tree: full bisection under a leaf, taper above it."""
+
+    kind: Literal["fat_tree"] = "fat_tree"
+    nodes_per_leaf: PositiveInt
+    """Nodes connected at full bisection bandwidth (a rack or scalable unit)."""
+    oversubscription: float = Field(default=1.0, ge=1)
+    """Taper above the leaf level: downlink over uplink bandwidth (1 = non-blocking)."""
+    rail_optimized: bool = False
+    """Whether NIC i of every node sits on rail switch i (DGX SuperPOD style)."""
+
+    def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
+        """Share of injection bandwidth a job gets across ``nodes_spanned`` nodes."""
+        if nodes_spanned <= self.nodes_per_leaf:
+            return 1.0
+        return 1.0 / self.oversubscription
+
+    def hops(self, nodes_spanned: int, nodes_total: int) -> int:
+        """Switch traversals on the longest path among ``nodes_spanned`` nodes."""
+        return 1 if nodes_spanned <= self.nodes_per_leaf else 3
+
+
+class Dragonfly(_NetworkBase):
+    """A dragonfly: all-to-all groups joined by global links (Slingshot)."""
+
+    kind: Literal["dragonfly"] = "dragonfly"
+    nodes_per_group: PositiveInt
+    """Nodes in one dragonfly group (a cabinet on Frontier, a rack on Aurora)."""
+    global_taper: float = Field(default=1.0, ge=1)
+    """Injection bandwidth of a group over its global bandwidth (1.75 on Frontier)."""
+
+    def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
+        """Share of injection bandwidth across groups: the global links' taper."""
+        if nodes_spanned <= self.nodes_per_group:
+            return 1.0
+        return 1.0 / self.global_taper
+
+    def hops(self, nodes_spanned: int, nodes_total: int) -> int:
+        """Switch hops: 1 within a switch... 3 across groups (minimal routing)."""
+        return 2 if nodes_spanned <= self.nodes_per_group else 3
+
+
+class Torus(_NetworkBase):
+    """A multi-dimensional mesh/torus with direct node links (Tofu-D is 6-D)."""
+
+    kind: Literal["torus"] = "torus"
+    dims: list[PositiveInt]
+    """Size of each dimension; their product is the node count."""
+    link_gbps_per_direction: PositiveFloat
+    """Bandwidth of one link per direction, GB/s."""
+
+    def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
+        """A ring embedded along the torus uses direct links: no taper."""
+        return 1.0
+
+    def hops(self, nodes_spanned: int, nodes_total: int) -> int:
+        """Neighbour hops of a ring step embedded in the torus."""
+        return 1
+
+    @property
+    def diameter(self) -> int:
+        """Worst-case hop count between two nodes."""
+        return sum(math.floor(d / 2) for d in self.dims)
+
+
+Network = Annotated[FatTree | Dragonfly | Torus, Field(discriminator="kind")]

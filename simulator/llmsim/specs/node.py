@@ -1,0 +1,73 @@
+"""Node spec: devices per node, the intra-node fabric and the network interfaces."""
+
+from __future__ import annotations
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from llmsim.specs._base import Spec
+from llmsim.specs.accelerator import Accelerator
+
+
+class FabricTier(Spec):
+    """One level of the intra-node fabric.
+
+    Tiers are ordered from the tightest group outward. A collective among devices that
+    fit in an aligned group of ``devices`` runs at this tier's per-device bandwidth: on an
+    MI250X node a GCD pair in one package has 200 GB/s, a ring over all eight GCDs only
+    the cross-package links (50 GB/s); an NVSwitch node is one tier.
+    """
+
+    devices: PositiveInt
+    """Size of the aligned device group this tier connects."""
+    gbps_per_direction: PositiveFloat
+    """Link bandwidth per device per direction inside such a group, GB/s."""
+    efficiency: float = Field(gt=0, le=1)
+    """Achieved fraction of that bandwidth by collectives (nccl-tests busbw / link)."""
+    latency_us: float = Field(default=2.0, ge=0)
+    """Per-step latency of a collective algorithm step on this tier, microseconds."""
+
+
+class Node(Spec):
+    """A compute node: the accelerators, how they are wired and the NICs."""
+
+    accelerator: Accelerator
+    """The device (catalog name or inline spec)."""
+    devices_per_node: PositiveInt
+    """OS-visible devices per node (8 GCDs on a Frontier node, 12 stacks on Aurora)."""
+    fabric_name: str = ""
+    """Name of the intra-node fabric (NVLink3 + NVSwitch, Infinity Fabric, Xe Link ...)."""
+    fabric: list[FabricTier] = Field(default_factory=list)
+    """Intra-node tiers from tightest to widest; empty for one device per node."""
+    nics_per_node: PositiveInt
+    """Network interfaces per node."""
+    nic_gbit: PositiveFloat
+    """Line rate of one NIC per direction, Gb/s (bits)."""
+    host_memory_gb: PositiveFloat | None = None
+    """CPU memory per node, GB."""
+
+    @model_validator(mode="after")
+    def _tiers_cover_the_node(self) -> Node:
+        if self.devices_per_node > 1 and not self.fabric:
+            raise ValueError(
+                f"node.fabric is empty but devices_per_node is {self.devices_per_node}; "
+                "add at least one tier covering all devices of the node"
+            )
+        sizes = [t.devices for t in self.fabric]
+        if sizes != sorted(sizes) or (sizes and sizes[-1] != self.devices_per_node):
+            raise ValueError(
+                f"node.fabric tiers have devices {sizes}; they must grow and the last must "
+                f"equal devices_per_node ({self.devices_per_node})"
+            )
+        return self
+
+    @property
+    def injection_bytes_per_s(self) -> float:
+        """Line-rate injection bandwidth of the node per direction, bytes/s."""
+        return self.nics_per_node * self.nic_gbit * 1e9 / 8
+
+    def tier_for(self, group_span: int) -> FabricTier:
+        """The tightest tier whose groups hold ``group_span`` consecutive devices."""
+        for tier in self.fabric:
+            if group_span <= tier.devices:
+                return tier
+        return self.fabric[-1]

@@ -1,0 +1,78 @@
+"""Parallel layout: degrees, pipeline schedule, ZeRO, recompute and overlap switches."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from llmsim.specs._base import Spec
+
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+Axis = Literal["tp", "cp", "ep", "dp", "pp"]
+
+
+class Parallelism(Spec):
+    """How the model and the batch are split over devices."""
+
+    tp: PositiveInt = 1
+    """Tensor-parallel degree (Megatron column/row split inside a layer)."""
+    pp: PositiveInt = 1
+    """Pipeline-parallel degree (stages)."""
+    dp: int | Literal["auto"] = "auto"
+    """Data-parallel degree, or ``auto`` for whatever the devices leave."""
+    cp: PositiveInt = 1
+    """Context-parallel degree (only 1 is supported yet)."""
+    ep: PositiveInt = 1
+    """Expert-parallel degree (only 1 is supported yet)."""
+    schedule: ScheduleName = "1f1b"
+    """Pipeline schedule."""
+    virtual_stages: PositiveInt = 1
+    """Model chunks per pipeline stage (interleaved 1F1B)."""
+    micro_batch: PositiveInt = 1
+    """Sequences per micro-batch."""
+    zero: int = Field(default=0, ge=0, le=3)
+    """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms/dropout split over TP, RS+AG instead of AR."""
+    recompute: Literal["none", "selective", "full"] = "none"
+    """Activation recomputation: none, attention core only, or every layer."""
+    overlap_dp_comm: bool = True
+    """Overlap the gradient reduction with the backward pass (bucketed)."""
+    dp_bucket_mb: float = Field(default=25.0, gt=0)
+    """Gradient bucket size for the overlapped reduction, MB."""
+    rank_order: list[Axis] = Field(default_factory=lambda: ["tp", "cp", "ep", "dp", "pp"])
+    """Axes from innermost (adjacent ranks) to outermost."""
+
+    @field_validator("dp", mode="before")
+    @classmethod
+    def _dp_positive_or_auto(cls, value: object) -> object:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError("dp must be a positive whole number or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> Parallelism:
+        for axis, degree in (("cp", self.cp), ("ep", self.ep)):
+            if degree != 1:
+                raise ValueError(
+                    f"parallelism.{axis}: {degree} — {axis} > 1 is not supported yet; set it to 1"
+                )
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise ValueError(
+                "parallelism.virtual_stages: 1 with schedule interleaved-1f1b; "
+                "set virtual_stages to 2 or more, or use schedule 1f1b"
+            )
+        if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
+            raise ValueError(
+                f"parallelism.virtual_stages: {self.virtual_stages} needs schedule "
+                f"interleaved-1f1b (got {self.schedule}); change one of them"
+            )
+        if sorted(self.rank_order) != sorted(["tp", "cp", "ep", "dp", "pp"]):
+            raise ValueError(
+                f"parallelism.rank_order: {self.rank_order} must list each of tp, cp, ep, dp, pp "
+                "exactly once"
+            )
+        return self

@@ -1,0 +1,44 @@
+"""Training spec: batch, sequence, precision and the size of the whole run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+
+from llmsim.specs._base import Spec
+
+
+class Training(Spec):
+    """One optimizer step's batch and the whole run's size."""
+
+    global_batch: PositiveInt
+    """Sequences per optimizer step (all data-parallel replicas together)."""
+    seq_len: PositiveInt
+    """Tokens per sequence."""
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    """Data type of the matrix multiplications (mixed precision keeps fp32 master weights)."""
+    optimizer: Literal["adam"] = "adam"
+    """Optimizer (mixed-precision Adam: 16 bytes of state per parameter)."""
+    attention_kernel: Literal["flash", "unfused"] = "flash"
+    """Fused flash attention (no s×s matrix in memory) or the unfused softmax path."""
+    tokens: PositiveFloat | None = None
+    """Run size in training tokens (give this or ``flops``)."""
+    flops: PositiveFloat | None = None
+    """Run size as a model-FLOP budget, e.g. 3e25 for GPT-4 (give this or ``tokens``)."""
+    step_overhead_s: float = Field(default=0.0, ge=0)
+    """Fixed per-step host time (data loading, logging), seconds."""
+
+    @model_validator(mode="after")
+    def _one_run_size(self) -> Training:
+        if self.tokens is not None and self.flops is not None:
+            raise ValueError(
+                "training.tokens and training.flops are both set; keep only one of them "
+                "as the run size"
+            )
+        return self
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens in one global batch."""
+        return self.global_batch * self.seq_len
