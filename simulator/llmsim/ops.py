@@ -1,0 +1,57 @@
+"""The two kinds of operation in a workload graph: compute and communication.
+
+Sizes are per device (already divided by tensor parallelism), so a cost model can
+price an op from the op and the hardware alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ComputeKind = Literal["gemm", "attention", "memory"]
+Phase = Literal["F", "B", "W", "R", "O"]
+"""F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
+Axis = Literal["tp", "cp", "ep", "dp", "pp"]
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeOp:
+    """A kernel on one device."""
+
+    name: str
+    """Short name: ``qkv``, ``attn``, ``mlp_up``, ``ln1`` ..."""
+    kind: ComputeKind
+    """How it is priced: a GEMM, a fused attention kernel, or a memory-bound kernel."""
+    phase: Phase
+    """Where in the step it belongs."""
+    flops: float
+    """Floating-point operations on this device (model FLOPs; recompute ops are phase R)."""
+    bytes: float
+    """Bytes read and written from device memory."""
+    mnk: tuple[int, int, int] | None = None
+    """GEMM shape (M, N, K) for ``kind == "gemm"``; FLOPs = 2·M·N·K · batch."""
+    batch: int = 1
+    """Independent GEMMs of that shape launched together (batched GEMM)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommOp:
+    """A collective (or point-to-point transfer) among the members of one group.
+
+    ``bytes`` follows nccl-tests' size convention: the full buffer of an all-reduce,
+    the gathered output of an all-gather, the input of a reduce-scatter, the message of a
+    send/recv.
+    """
+
+    name: str
+    """Short name: ``tp_ar_attn``, ``dp_rs_bucket3``, ``pp_send`` ..."""
+    collective: Collective
+    """Collective kind."""
+    axis: Axis
+    """Parallel axis whose group runs it."""
+    phase: Phase
+    """Where in the step it belongs."""
+    bytes: float
+    """Message size in bytes (nccl-tests convention, see above)."""

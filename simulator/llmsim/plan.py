@@ -1,0 +1,186 @@
+"""Plan: where every rank lives, and what each parallel group's traffic crosses.
+
+Ranks are numbered with ``parallelism.rank_order``'s first axis innermost (Megatron's
+default: tp, then cp, ep, dp, pp). Rank r sits on node r // devices_per_node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from llmsim.specs import Dragonfly, FatTree, Parallelism, Scenario, System, Torus
+
+AXES = ("tp", "cp", "ep", "dp", "pp")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlacement:
+    """How the members of one communicator of an axis are laid out on the machine.
+
+    All groups of an axis have the same shape when degrees align with node sizes; when
+    they do not, the placement describes the worst group (most nodes spanned).
+    """
+
+    axis: str
+    """Parallel axis: tp, cp, ep, dp or pp."""
+    size: int
+    """Ranks in the group."""
+    stride: int
+    """Rank distance between consecutive members."""
+    members_per_node: int
+    """Members of the group on one node (the most on any node)."""
+    nodes_spanned: int
+    """Distinct nodes holding members."""
+    domains_spanned: int
+    """Distinct leaf switches / dragonfly groups (fat-tree, dragonfly) holding members."""
+    groups_per_node: int
+    """Groups of this axis with members on one node: they share the node's NICs."""
+    span_devices: int
+    """Consecutive device slots inside a node that the intra-node part covers."""
+    level: str
+    """Widest network level the group's traffic crosses, in words."""
+
+    @property
+    def crosses_nodes(self) -> bool:
+        """Whether any traffic leaves a node."""
+        return self.nodes_spanned > 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Rank layout of a job on ``nodes`` nodes of ``system``."""
+
+    system: System
+    nodes: int
+    parallelism: Parallelism
+    dp: int
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario) -> Plan:
+        """The plan of a validated scenario."""
+        return cls(scenario.system, scenario.nodes_used, scenario.parallelism, scenario.dp)
+
+    @cached_property
+    def degrees(self) -> dict[str, int]:
+        """Degree of each axis (dp resolved)."""
+        p = self.parallelism
+        return {"tp": p.tp, "cp": p.cp, "ep": p.ep, "dp": self.dp, "pp": p.pp}
+
+    @property
+    def devices(self) -> int:
+        """Devices in the job."""
+        return self.nodes * self.system.node.devices_per_node
+
+    @cached_property
+    def strides(self) -> dict[str, int]:
+        """Rank distance between neighbours along each axis."""
+        out, stride = {}, 1
+        for axis in self.parallelism.rank_order:
+            out[axis] = stride
+            stride *= self.degrees[axis]
+        return out
+
+    def rank(self, **coords: int) -> int:
+        """Global rank of the given coordinates (missing axes are 0)."""
+        return sum(coords.get(a, 0) * self.strides[a] for a in AXES)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Coordinates of a global rank."""
+        return {a: (rank // self.strides[a]) % self.degrees[a] for a in AXES}
+
+    def location(self, rank: int) -> tuple[int, int]:
+        """(node, device index inside the node) of a rank."""
+        return divmod(rank, self.system.node.devices_per_node)
+
+    def members(self, axis: str, rank: int = 0) -> list[int]:
+        """Ranks of the ``axis`` group that contains ``rank``."""
+        stride, size = self.strides[axis], self.degrees[axis]
+        base = rank - self.coords(rank)[axis] * stride
+        return [base + j * stride for j in range(size)]
+
+    def _domain(self, node: int) -> int:
+        net = self.system.network
+        if isinstance(net, FatTree):
+            return node // net.nodes_per_leaf
+        if isinstance(net, Dragonfly):
+            return node // net.nodes_per_group
+        return 0
+
+    def _level(self, nodes: int, domains: int, span_devices: int) -> str:
+        node = self.system.node
+        net = self.system.network
+        if nodes <= 1:
+            if span_devices <= 1:
+                return "none (one device)"
+            return f"intra-node ({node.fabric_name or 'node fabric'})"
+        if isinstance(net, FatTree):
+            return "leaf switch" if domains <= 1 else "fat-tree spine"
+        if isinstance(net, Dragonfly):
+            return "dragonfly group" if domains <= 1 else "dragonfly global links"
+        assert isinstance(net, Torus)
+        return "torus links"
+
+    def _first_rank_of_groups(self, axis: str, limit: int = 64) -> list[int]:
+        """First rank of up to ``limit`` distinct groups of ``axis``."""
+        stride, size = self.strides[axis], self.degrees[axis]
+        out, rank = [], 0
+        while rank < self.devices and len(out) < limit:
+            out.append(rank)
+            rank += 1
+            if (rank // stride) % size:  # inside a group already seen: jump past it
+                rank += stride * (size - 1)
+        return out
+
+    def placement(self, axis: str) -> GroupPlacement:
+        """Placement of the worst group of ``axis``."""
+        dpn = self.system.node.devices_per_node
+        worst: GroupPlacement | None = None
+        for first in self._first_rank_of_groups(axis):
+            members = self.members(axis, first)
+            per_node: dict[int, list[int]] = {}
+            for m in members:
+                node, slot = divmod(m, dpn)
+                per_node.setdefault(node, []).append(slot)
+            nodes = len(per_node)
+            domains = len({self._domain(n) for n in per_node})
+            local = max(len(s) for s in per_node.values())
+            span = max(max(s) - min(s) + 1 for s in per_node.values())
+            placement = GroupPlacement(
+                axis=axis,
+                size=len(members),
+                stride=self.strides[axis],
+                members_per_node=local,
+                nodes_spanned=nodes,
+                domains_spanned=domains,
+                groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
+                span_devices=span,
+                level=self._level(nodes, domains, span),
+            )
+            if worst is None or (placement.nodes_spanned, placement.span_devices) > (
+                worst.nodes_spanned,
+                worst.span_devices,
+            ):
+                worst = placement
+        assert worst is not None
+        return worst
+
+    @cached_property
+    def placements(self) -> dict[str, GroupPlacement]:
+        """Placement of every axis with degree > 1 (and of tp, dp, pp always)."""
+        return {a: self.placement(a) for a in AXES if self.degrees[a] > 1 or a in ("tp", "dp", "pp")}
+
+    def describe(self) -> list[dict[str, object]]:
+        """One row per axis: degree, stride, nodes spanned and the level crossed."""
+        return [
+            {
+                "axis": a,
+                "degree": g.size,
+                "stride": g.stride,
+                "members_per_node": g.members_per_node,
+                "nodes_spanned": g.nodes_spanned,
+                "level": g.level,
+            }
+            for a, g in self.placements.items()
+        ]
