@@ -34,6 +34,15 @@ class ComputeOp:
     """GEMM shape (M, N, K) for ``kind == "gemm"``; FLOPs = 2·M·N·K · batch."""
     batch: int = 1
     """Independent GEMMs of that shape launched together (batched GEMM)."""
+    executed_fraction: float = 1.0
+    """Share of ``flops`` the kernel really executes: causal flash attention skips the
+    masked half (0.5); its backward recomputes the scores (FlashAttention-2: backward
+    executes 2.5× the forward, against 2× counted as model FLOPs)."""
+
+    @property
+    def executed_flops(self) -> float:
+        """FLOPs the kernel performs (what its run time depends on)."""
+        return self.flops * self.executed_fraction
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,344 @@
+"""The SimPy engine: replays one training step of a workload on devices and streams.
+
+Each simulated device has four streams (design §7): ``compute`` (kernels, and the
+blocking tensor-parallel collectives, recorded on ``tp``), ``pp`` (pipeline sends) and
+``dp`` (gradient and ZeRO collectives, overlapping the backward when enabled).
+
+Symmetry (``fidelity="reduced"``): all data-parallel replicas and all tensor-parallel
+ranks of a stage do the same thing at the same time, so one device per pipeline stage
+is simulated and collectives spanning the others are priced by the cost model; the cost
+of a simulation does not grow with the DP degree. ``fidelity="full"`` simulates every
+device, with collectives as barriers among their group members, to check the reduction.
+
+A pipeline action (the forward, input-gradient or weight-gradient pass of one chunk for
+one micro-batch) is one SimPy timeout; its per-op spans are kept as offsets in the
+chunk's block template and expanded only when a trace is asked for.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import simpy
+
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.schedules import Action
+from llmsim.workload import Chunk, Op, Workload
+
+
+class CostModel(Protocol):
+    """Prices ops in seconds (see :mod:`llmsim.costs`)."""
+
+    def compute_s(self, op: ComputeOp) -> float: ...  # noqa: D102
+    def comm_s(self, op: CommOp) -> float: ...  # noqa: D102
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpan:
+    """Where one op of a block sits inside the block, relative to its start."""
+
+    name: str
+    stream: str
+    phase: str
+    offset_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Block:
+    """The ops of one pass of a chunk, back to back on the compute (and TP) stream."""
+
+    spans: tuple[OpSpan, ...]
+    duration_s: float
+    compute_s: float
+    tp_s: float
+
+    @classmethod
+    def of(cls, ops: tuple[Op, ...], costs: CostModel) -> Block:
+        """Price ``ops`` and lay them out back to back."""
+        spans, t, compute, tp = [], 0.0, 0.0, 0.0
+        for op in ops:
+            if isinstance(op, ComputeOp):
+                d, stream = costs.compute_s(op), "compute"
+                compute += d
+            else:
+                d, stream = costs.comm_s(op), op.axis
+                tp += d
+            spans.append(OpSpan(op.name, stream, op.phase, t, d))
+            t += d
+        return cls(tuple(spans), t, compute, tp)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One entry of the trace: an action, a transfer or a collective on a stream."""
+
+    device: int
+    stage: int
+    stream: str
+    name: str
+    kind: str
+    microbatch: int
+    chunk: int
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class Trace:
+    """Everything the engine recorded, with the block templates to expand actions."""
+
+    records: list[Record]
+    blocks: dict[tuple[int, int, str], Block]
+    stage_last_compute_s: dict[int, float]
+    stage_dp_done_s: dict[int, float]
+    optimizer_start_s: float
+    step_end_s: float
+    pp_waits: list[tuple[int, float, float, float]] = field(default_factory=list)
+    """(device, wait start, wait end, transfer start) for every wait on a pipeline message."""
+
+    def expand(self) -> Iterator[Record]:
+        """Records with each action replaced by its per-op spans."""
+        for r in self.records:
+            block = self.blocks.get((r.stage, r.chunk, r.kind)) if r.stream == "compute" else None
+            if block is None:
+                yield r
+                continue
+            for s in block.spans:
+                yield Record(r.device, r.stage, s.stream if s.stream == "compute" else "tp",
+                             s.name, s.phase, r.microbatch, r.chunk,
+                             r.start_s + s.offset_s, r.start_s + s.offset_s + s.duration_s)
+
+
+class _Barrier:
+    """Collective rendezvous for ``fidelity="full"``: fires when all members arrived."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.waiting: dict[object, tuple[int, simpy.Event]] = {}
+
+    def arrive(self, key: object, members: int) -> simpy.Event:
+        count, event = self.waiting.get(key, (0, self.env.event()))
+        count += 1
+        self.waiting[key] = (count, event)
+        if count == members:
+            del self.waiting[key]
+            event.succeed()
+        return event
+
+
+@dataclass(frozen=True)
+class Device:
+    """A simulated device: its global id, stage and the peers it talks to."""
+
+    id: int
+    stage: int
+    tp_group: tuple[object, int]
+    dp_group: tuple[object, int]
+    pipe: object
+    """Key shared by the devices of one pipeline (same tp and dp coordinates)."""
+
+
+def devices_for(fidelity: str, stages: int, tp: int, dp: int) -> list[Device]:
+    """One device per stage (reduced) or every device (full)."""
+    if fidelity == "reduced":
+        return [Device(s, s, (("tp", s), 1), (("dp", s), 1), 0) for s in range(stages)]
+    out = []
+    for s in range(stages):
+        for d in range(dp):
+            for t in range(tp):
+                out.append(Device(len(out), s, (("tp", s, d), tp), (("dp", s, t), dp), (t, d)))
+    return out
+
+
+class Engine:
+    """Replays one step; build it, then call :meth:`run`."""
+
+    def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
+                 devices: list[Device], overlap_dp: bool = True,
+                 split_backward: bool = False) -> None:
+        self.work, self.schedule, self.costs = workload, schedule, costs
+        # With a fused backward (PyTorch autograd) the input gradient leaves the stage
+        # only when the whole backward, weight gradients included, has returned; only
+        # Zero-Bubble schedules split B from W and send right after B.
+        self.split_backward = split_backward
+        self.devices, self.overlap_dp = devices, overlap_dp
+        self.env = simpy.Environment()
+        self.barrier = _Barrier(self.env)
+        self.records: list[Record] = []
+        self.pp_waits: list[tuple[int, float, float, float]] = []
+        self.blocks = self._price_blocks()
+        self.messages: dict[object, simpy.Event] = {}
+        self.message_start: dict[object, float] = {}
+        self.pp_link = {d.id: simpy.Resource(self.env, 1) for d in devices}
+        self.dp_stream = {d.id: simpy.Resource(self.env, 1) for d in devices}
+        self.pp_send_s = costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
+                                             workload.pp_message_bytes))
+        self.last_compute: dict[int, float] = {}
+        self.dp_done: dict[int, float] = {}
+        self.stage_ready = self.env.event()
+        self.ready_count = 0
+
+    def _price_blocks(self) -> dict[tuple[int, int, str], Block]:
+        out = {}
+        for (s, c), chunk in self.work.chunks.items():
+            out[(s, c, "F")] = Block.of(chunk.forward, self.costs)
+            out[(s, c, "B")] = Block.of(chunk.backward, self.costs)
+            out[(s, c, "W")] = Block.of(chunk.weight, self.costs)
+        return out
+
+    # -- messages between pipeline stages ---------------------------------------------
+    def _message(self, key: object) -> simpy.Event:
+        if key not in self.messages:
+            self.messages[key] = self.env.event()
+        return self.messages[key]
+
+    def _send(self, dev: Device, key: object, mb: int, chunk: int) -> Iterator[simpy.Event]:
+        with self.pp_link[dev.id].request() as req:
+            yield req
+            start = self.env.now
+            self.message_start[key] = start
+            yield self.env.timeout(self.pp_send_s)
+            self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
+                                       start, self.env.now))
+        self._message(key).succeed()
+
+    # -- data-parallel collectives ------------------------------------------------------
+    def _collective(self, dev: Device, op: CommOp, done: simpy.Event | None = None,
+                    tag: object = None) -> Iterator[simpy.Event]:
+        with self.dp_stream[dev.id].request() as req:
+            yield req
+            key, members = dev.dp_group
+            yield self.barrier.arrive((key, op.name, tag), members)
+            start = self.env.now
+            yield self.env.timeout(self.costs.comm_s(op))
+            self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
+                                       start, self.env.now))
+        if done is not None:
+            done.succeed()
+
+    # -- one device ---------------------------------------------------------------------
+    def _device(self, dev: Device) -> Iterator[simpy.Event]:
+        env, work = self.env, self.work
+        p, v = work.stages, work.chunks_per_stage
+        last_vs = p * v - 1
+        w_seen: dict[int, int] = defaultdict(int)
+        grad_ops: list[simpy.Process] = []
+        deferred: list[tuple[Chunk, int, int]] = []
+        gathers: dict[tuple[int, int, str], simpy.Event] = {}
+        actions = self.schedule[dev.stage]
+        self._prefetch(dev, actions, 0, gathers)
+        for i, act in enumerate(actions):
+            chunk = work.chunks[(dev.stage, act.chunk)]
+            vs = chunk.virtual_stage
+            need: simpy.Event | None = None
+            if act.kind == "F" and vs > 0:
+                need = self._message((dev.pipe, "F", vs, act.microbatch))
+            elif act.kind == "B" and vs < last_vs:
+                need = self._message((dev.pipe, "B", vs, act.microbatch))
+            if need is not None and not need.triggered:
+                wait_start = env.now
+                yield need
+                key = (dev.pipe, act.kind, vs, act.microbatch)
+                self.pp_waits.append((dev.id, wait_start, env.now,
+                                      self.message_start.get(key, wait_start)))
+            gather = gathers.get((act.microbatch, act.chunk, act.kind))
+            if gather is not None and not gather.triggered:
+                yield gather
+            self._prefetch(dev, actions, i + 1, gathers)
+            block = self.blocks[(dev.stage, act.chunk, act.kind)]
+            key, members = dev.tp_group
+            if members > 1:
+                yield self.barrier.arrive((key, i), members)
+            start = env.now
+            yield env.timeout(block.duration_s)
+            self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
+                                       act.microbatch, act.chunk, start, env.now))
+            if act.kind == "F" and vs < last_vs:
+                env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
+                                       act.microbatch, act.chunk))
+            if vs > 0 and (act.kind == "B") == self.split_backward and act.kind in "BW":
+                env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
+                                       act.microbatch, act.chunk))
+            if act.kind == "W":
+                w_seen[act.chunk] += 1
+                if self.overlap_dp:
+                    grad_ops += self._gradients(dev, chunk, w_seen[act.chunk], act.microbatch)
+                else:
+                    deferred.append((chunk, w_seen[act.chunk], act.microbatch))
+        self.last_compute[dev.id] = env.now
+        for chunk, count, mb in deferred:  # without overlap: reduce after the last pass
+            grad_ops += self._gradients(dev, chunk, count, mb)
+        for proc in grad_ops:
+            if not proc.triggered:
+                yield proc
+        self.dp_done[dev.id] = env.now
+        # Gradient-norm clipping all-reduces over every stage: the optimizer of each
+        # stage starts only when all stages have their gradients.
+        self.ready_count += 1
+        if self.ready_count == len(self.devices):
+            self.stage_ready.succeed()
+        yield self.stage_ready
+        start = env.now
+        yield env.timeout(self.costs.compute_s(work.optimizer[dev.stage]))
+        self.records.append(Record(dev.id, dev.stage, "compute", "optimizer", "O", -1, -1,
+                                   start, env.now))
+        gather = work.dp_param_gather(dev.stage)
+        if gather is not None:
+            yield env.process(self._collective(dev, gather))
+
+    def _gradients(self, dev: Device, chunk: Chunk, count: int, mb: int) -> list[simpy.Process]:
+        """Launch the gradient reduction of ``chunk`` once its gradients are final."""
+        work = self.work
+        if work.zero == 3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
+            ops = work.dp_grad_ops(chunk)
+            return [self.env.process(self._collective(dev, op, tag=mb)) for op in ops]
+        if count < work.microbatches:
+            return []
+        return [self.env.process(self._collective(dev, op)) for op in work.dp_grad_ops(chunk)]
+
+    def _prefetch(self, dev: Device, actions: list[Action], i: int,
+                  gathers: dict[tuple[int, int, str], simpy.Event]) -> None:
+        """ZeRO-3: gather the weights of the next F/B action while the current one runs."""
+        if self.work.zero != 3 or i >= len(actions):
+            return
+        act = actions[i]
+        if act.kind == "W" or (act.microbatch, act.chunk, act.kind) in gathers:
+            return
+        op = self.work.zero3_gather(self.work.chunks[(dev.stage, act.chunk)])
+        if op is None:
+            return
+        done = self.env.event()
+        gathers[(act.microbatch, act.chunk, act.kind)] = done
+        self.env.process(self._collective(dev, op, done, tag=(act.microbatch, act.kind)))
+
+    def run(self) -> Trace:
+        """Simulate the step and return the trace."""
+        procs = [self.env.process(self._device(d)) for d in self.devices]
+        self.env.run(until=simpy.AllOf(self.env, procs))
+        by_stage = _by_stage(self.devices)
+        opt = [r.start_s for r in self.records if r.name == "optimizer"]
+        return Trace(
+            records=sorted(self.records, key=lambda r: (r.device, r.start_s, r.stream)),
+            blocks=self.blocks,
+            stage_last_compute_s={s: max(self.last_compute[d] for d in ids)
+                                  for s, ids in by_stage.items()},
+            stage_dp_done_s={s: max(self.dp_done[d] for d in ids) for s, ids in by_stage.items()},
+            optimizer_start_s=min(opt),
+            step_end_s=self.env.now,
+            pp_waits=self.pp_waits,
+        )
+
+
+def _label(act: Action) -> str:
+    return f"{act.kind}{act.microbatch}" + (f"c{act.chunk}" if act.chunk else "")
+
+
+def _by_stage(devices: list[Device]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = defaultdict(list)
+    for d in devices:
+        out[d.stage].append(d.id)
+    return out

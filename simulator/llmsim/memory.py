@@ -1,0 +1,412 @@
+"""Memory per device for each pipeline stage (design §8).
+
+Every device of one pipeline stage holds the same bytes (TP ranks and DP replicas are
+symmetric), so the model answers one :class:`StageMemory` per stage: model state
+(weights, gradients, Adam state, sharded by ZeRO), activations of the micro-batches in
+flight under the pipeline schedule, communication buffers and a stated reserve.
+
+Sources: Rajbhandari et al. 2020 (ZeRO, §3 and §5), Korthikanti et al. 2022 (activation
+memory, §4 and Table 2), Narayanan et al. 2021 (pipeline schedules, §2.2) and Megatron-LM
+(``schedules.py``, ``theoretical_memory_usage.py``). docs/memory.md derives each term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import islice
+
+from llmsim.errors import UserError
+from llmsim.specs import Accelerator, Model, Parallelism, Training
+
+RUNTIME_CONTEXT_BYTES = 1.0e9
+"""Per-device runtime context: CUDA/HIP context, cuBLAS/hipBLASLt workspaces, NCCL/RCCL
+channel buffers. An assumption (about 1 GB is what a PyTorch + NCCL process typically
+shows before allocating tensors); not taken from a datasheet."""
+
+FRAGMENTATION_FRACTION = 0.05
+"""Caching-allocator fragmentation and short-lived temporaries, as a fraction of the
+tensors' bytes. An assumption, the same 5 % that Megatron-LM's
+``theoretical_memory_usage.py`` adds for "optimizer and miscellaneous temporaries"."""
+
+_MB = 1e6
+_GB = 1e9
+_MASK_BYTES = 1
+"""Dropout masks are stored as one byte per element (Korthikanti et al. 2022 §4.1)."""
+_LOGIT_BYTES = 4
+"""Logits are kept in fp32 for the cross-entropy (Korthikanti et al. 2022 §4.3)."""
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes held by one device of one pipeline stage at its peak (one training step)."""
+
+    stage: int
+    """Pipeline stage, 0-based."""
+    layers: int
+    """Transformer blocks on this stage (all of its chunks together)."""
+    params: int
+    """Parameters of this device's model shard (after TP, before ZeRO sharding)."""
+    weights_bytes: float
+    """Weights held (compute copy; ZeRO-3 shards them over DP), bytes."""
+    grads_bytes: float
+    """Gradients held (ZeRO-2 and 3 shard them), bytes."""
+    optimizer_bytes: float
+    """Optimizer state (fp32 master weights, Adam moments; ZeRO ≥ 1 shards it), bytes."""
+    activations_bytes: float
+    """Activations stored for the backward of every micro-batch in flight, bytes."""
+    buffers_bytes: float
+    """DP gradient buckets, pipeline send/receive and ZeRO-3 gather buffers, bytes."""
+    reserve_bytes: float
+    """Runtime context plus allocator fragmentation reserve, bytes."""
+    in_flight_microbatches: float
+    """Micro-batches' worth of this stage's activations held at the peak (interleaved:
+    chunk-micro-batches divided by the chunks per stage, so it can be fractional)."""
+    capacity_bytes: float
+    """Device memory capacity, bytes."""
+
+    @property
+    def model_state_bytes(self) -> float:
+        """Weights, gradients and optimizer state together, bytes."""
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Everything the device holds at the peak, bytes."""
+        return (
+            self.model_state_bytes
+            + self.activations_bytes
+            + self.buffers_bytes
+            + self.reserve_bytes
+        )
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak fits in the device memory."""
+        return self.total_bytes <= self.capacity_bytes
+
+    def as_gb(self) -> dict[str, float | bool]:
+        """The parts, total and capacity in GB (10^9 bytes), and ``fits``."""
+        parts = ("weights", "grads", "optimizer", "activations", "buffers", "reserve", "total")
+        out: dict[str, float | bool] = {f"{p}_gb": getattr(self, f"{p}_bytes") / _GB for p in parts}
+        out["capacity_gb"] = self.capacity_bytes / _GB
+        out["fits"] = self.fits
+        return out
+
+
+# ---------------------------------------------------------------- parameters
+
+
+def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter for Adam.
+
+    Mixed precision (bf16/fp16, and fp8 whose GEMMs cast 16-bit weights on the fly):
+    2 + 2 + 12 = 16 bytes — 16-bit weights and gradients, fp32 master weights, momentum
+    and variance (Rajbhandari et al. 2020 §3, "16Ψ"). fp32 training: 4 + 4 + 8 (the
+    weights are the master copy; Adam adds two moments).
+    """
+    return (4, 4, 8) if precision == "fp32" else (2, 2, 12)
+
+
+def _kv_dim_per_rank(model: Model, tp: int) -> int:
+    """Key (or value) width on one TP rank; heads are replicated when tp > kv_heads."""
+    return max(model.n_kv_heads // tp, 1) * model.head_dim
+
+
+def layer_params_per_device(model: Model, tp: int) -> int:
+    """Parameters of one transformer block on one TP rank (Megatron's split).
+
+    Column-parallel matrices (QKV, MLP up/gate) and their biases and row-parallel matrices
+    (attention output, MLP down) are divided by ``tp`` (Shoeybi et al. 2019 §3); norms and
+    row-parallel biases are replicated on every rank. K/V heads are replicated when
+    ``tp > kv_heads``. With ``tp = 1`` this equals ``Model.params_per_layer``.
+    """
+    h, f = model.hidden, model.ffn_hidden
+    q, kv, f_rank = h // tp, _kv_dim_per_rank(model, tp), f // tp
+    matrices = h * (q + 2 * kv) + q * h + model.mlp_matrices * h * f_rank
+    biases = (q + 2 * kv) + (model.mlp_matrices - 1) * f_rank + 2 * h if model.bias else 0
+    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
+    return matrices + biases + norms
+
+
+def embedding_params_per_device(model: Model, tp: int) -> int:
+    """Vocabulary-parallel word embedding (⌈V/t⌉·h) plus replicated learned positions."""
+    positions = model.embedding_params - model.vocab * model.hidden
+    return math.ceil(model.vocab / tp) * model.hidden + positions
+
+
+def head_params_per_device(model: Model, tp: int, pp: int) -> int:
+    """Final norm plus the vocabulary-parallel LM head on the last stage.
+
+    With tied embeddings and ``pp > 1`` Megatron keeps a copy of the word embedding on the
+    last stage and all-reduces the two copies' gradients (Narayanan et al. 2021, and
+    Megatron-LM ``setup_embeddings_and_output_layer``), so the head is counted there.
+    """
+    final_norm = model.head_params - (0 if model.tied_embeddings else model.vocab * model.hidden)
+    has_matrix = not model.tied_embeddings or pp > 1
+    return final_norm + (math.ceil(model.vocab / tp) * model.hidden if has_matrix else 0)
+
+
+def stage_params(model: Model, tp: int, pp: int, stage: int) -> int:
+    """Parameters on one device of ``stage``: its blocks, the embedding on the first stage,
+    final norm and LM head on the last (both on stage 0 when ``pp = 1``)."""
+    params = model.layers // pp * layer_params_per_device(model, tp)
+    if stage == 0:
+        params += embedding_params_per_device(model, tp)
+    if stage == pp - 1:
+        params += head_params_per_device(model, tp, pp)
+    return params
+
+
+# ---------------------------------------------------------------- activations
+
+
+def _activation_bytes(training: Training) -> int:
+    """Bytes of one stored activation element: 2 (16-bit; fp8 GEMMs keep 16-bit
+    activations outside the GEMM casts, an assumption), 4 for fp32 training."""
+    return 4 if training.precision == "fp32" else 2
+
+
+def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training: Training) -> float:
+    """Activation bytes one transformer block stores for one micro-batch, on one TP rank.
+
+    Korthikanti et al. 2022 §4.1 (eq. 1), §4.2 (eq. 2) and Table 2, generalised term by
+    term; ``e`` = bytes per element (2), masks 1 byte, ``kv`` = K/V width per rank,
+    ``f`` = MLP width, ``t`` = tp, ``a`` = heads:
+
+    * outside the TP region (divided by t only with sequence parallelism): two norm
+      inputs 2·e·sbh, QKV-GEMM input e·sbh, MLP-up input e·sbh, two dropout masks 2·sbh
+      → 10·sbh;
+    * TP-sharded: Q e·sbh/t, K and V 2·e·sb·kv, attention output (out-projection input)
+      e·sbh/t, activation input e·sbf/t (SwiGLU: gate and up, 2·e·sbf/t), MLP-down input
+      e·sbf/t → 24·sbh/t for MHA with f = 4h and GeLU;
+    * attention core (unfused, no selective recompute): softmax output, its dropout
+      mask and dropout output, (2e + 1)·a·s²·b/t = 5·a·s²·b/t;
+    * flash attention instead stores only the fp32 log-sum-exp, 4·a·s·b/t (Dao et al.
+      2022 §3.1), and regenerates its dropout mask.
+
+    Selective recompute drops the core; full recompute keeps only the block input,
+    e·sbh (÷t with sequence parallelism). For a GPT shape this is exactly sbh·(34 +
+    5as/h) without parallelism, sbh·(10 + 24/t + 5as/(ht)) with TP and sbh/t·(34 +
+    5as/h) with TP + sequence parallelism.
+    """
+    t, sp = parallelism.tp, parallelism.sequence_parallel
+    s, b, h, f = training.seq_len, parallelism.micro_batch, model.hidden, model.ffn_hidden
+    e, sb = _activation_bytes(training), training.seq_len * parallelism.micro_batch
+    if parallelism.recompute == "full":
+        return e * sb * h / (t if sp else 1)
+    outside_tp = (4 * e + 2 * _MASK_BYTES) * sb * h / (t if sp else 1)
+    act_inputs = 2 if model.activation == "swiglu" else 1
+    sharded = e * sb * (2 * h / t + 2 * _kv_dim_per_rank(model, t) + (act_inputs + 1) * f / t)
+    core = 0.0
+    if parallelism.recompute == "none":
+        heads = model.heads / t
+        if training.attention_kernel == "flash":
+            core = _LOGIT_BYTES * heads * s * b
+        else:
+            core = (2 * e + _MASK_BYTES) * heads * s * s * b
+    return outside_tp + sharded + core
+
+
+def embedding_activation_bytes(model: Model, parallelism: Parallelism, training: Training) -> float:
+    """First stage, per micro-batch: the embedding dropout mask, sbh bytes (÷t with
+    sequence parallelism; Korthikanti et al. 2022 §4.3). The embedding output itself is
+    the first block's input and is counted there."""
+    sbh = training.seq_len * parallelism.micro_batch * model.hidden
+    return _MASK_BYTES * sbh / (parallelism.tp if parallelism.sequence_parallel else 1)
+
+
+def output_activation_bytes(model: Model, parallelism: Parallelism, training: Training) -> float:
+    """Last stage, per micro-batch: final-norm input and LM-head input (e·sbh each, ÷t
+    with sequence parallelism) and the fp32 logits 4·sb·⌈V/t⌉ kept for the cross-entropy.
+    With sequence parallelism this is Korthikanti et al. 2022 §4.3's 4·sbh/t·(1 + V/h)."""
+    t, sb = parallelism.tp, training.seq_len * parallelism.micro_batch
+    inputs = 2 * _activation_bytes(training) * sb * model.hidden
+    logits = _LOGIT_BYTES * sb * math.ceil(model.vocab / t)
+    return inputs / (t if parallelism.sequence_parallel else 1) + logits
+
+
+# ---------------------------------------------------------------- micro-batches in flight
+
+
+def _interleaved_peak(stages: int, stage: int, microbatches: int, chunks: int) -> int:
+    """Warm-up forwards plus the first steady-state forward, Megatron-LM's interleaved
+    ``forward_backward_pipelining_with_interleaving``: 2(p−i−1) + (v−1)·p warm-up passes
+    (every pass in warm-up when m = p), capped at v·m."""
+    total = microbatches * chunks
+    if microbatches == stages:
+        return total
+    return min(2 * (stages - stage - 1) + (chunks - 1) * stages + 1, total)
+
+
+_PEAK_FORWARDS: dict[str, Callable[[int, int, int, int], int]] = {
+    "gpipe": lambda p, i, m, v: m,
+    "1f1b": lambda p, i, m, v: min(p - i, m),
+    "zb-h1": lambda p, i, m, v: min(p - i, m),
+    "interleaved-1f1b": _interleaved_peak,
+}
+"""Per schedule, forward passes (chunk-micro-batches) held on stage ``i`` at its peak:
+GPipe all m (Huang et al. 2019); 1F1B p − i (Narayanan et al. 2021 §2.2); ZB-H1 the same
+as 1F1B (Qi et al. 2024 §2.1: its peak equals 1F1B's)."""
+
+
+def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int]:
+    """Chunk of each forward pass in Megatron's order: groups of p micro-batches run
+    through chunk 0, then chunk 1, ... (Narayanan et al. 2021 §2.2.2, Fig. 4)."""
+    for start in range(0, microbatches, stages):
+        group = min(stages, microbatches - start)
+        for chunk in range(chunks):
+            yield from [chunk] * group
+
+
+def in_flight_chunks(
+    schedule: str, stages: int, microbatches: int, chunks: int = 1
+) -> list[list[int]]:
+    """Per stage and per chunk, the micro-batches whose activations are held at the
+    stage's peak (the moment before its first backward).
+
+    Non-interleaved schedules have one chunk. For interleaved 1F1B the first stage holds
+    v·p + p − 1 chunk-micro-batches, i.e. p·(1 + (p−1)/(p·v)) micro-batches' worth of the
+    stage (Korthikanti et al. 2022 §4.2.3; Narayanan et al. 2021 §2.2.2).
+    """
+    if schedule not in _PEAK_FORWARDS:
+        raise UserError(
+            f"parallelism.schedule: {schedule!r} has no memory model; use one of "
+            f"{', '.join(_PEAK_FORWARDS)}"
+        )
+    out = []
+    for i in range(stages):
+        peak = _PEAK_FORWARDS[schedule](stages, i, microbatches, chunks)
+        counts = [0] * chunks
+        for chunk in islice(_forward_chunks(stages, microbatches, chunks), peak):
+            counts[chunk] += 1
+        out.append(counts)
+    return out
+
+
+def in_flight_microbatches(
+    schedule: str, stages: int, microbatches: int, chunks: int = 1
+) -> list[float]:
+    """Per stage, micro-batches' worth of the stage's activations held at the peak:
+    GPipe m; 1F1B and ZB-H1 min(p − i, m); interleaved (chunk-micro-batches)/v."""
+    return [sum(c) / chunks for c in in_flight_chunks(schedule, stages, microbatches, chunks)]
+
+
+# ---------------------------------------------------------------- the whole device
+
+
+def _check(model: Model, parallelism: Parallelism, training: Training, dp: int) -> int:
+    """The number of micro-batches m, or a UserError for a layout that cannot be split."""
+    chunks = parallelism.pp * parallelism.virtual_stages
+    if model.layers % chunks:
+        raise UserError(
+            f"model.layers: {model.layers} is not divisible by pp·virtual_stages = {chunks}; "
+            "change pp or virtual_stages"
+        )
+    if model.heads % parallelism.tp or model.ffn_hidden % parallelism.tp:
+        raise UserError(
+            f"parallelism.tp: {parallelism.tp} must divide model.heads={model.heads} and "
+            f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor"
+        )
+    per_step = parallelism.micro_batch * dp
+    if dp < 1 or training.global_batch % per_step:
+        raise UserError(
+            f"training.global_batch: {training.global_batch} is not a multiple of "
+            f"micro_batch·dp = {parallelism.micro_batch}·{dp}; use a multiple of {per_step}"
+        )
+    return training.global_batch // per_step
+
+
+def _buffer_bytes(
+    model: Model, parallelism: Parallelism, training: Training, dp: int, stage: int
+) -> float:
+    """Communication buffers on one device of ``stage``.
+
+    * DP: two gradient buckets of ``dp_bucket_mb`` (one reducing while the next fills)
+      when dp > 1 (PyTorch DDP / Megatron bucketed overlap; MB = 10^6 bytes here).
+    * PP: per neighbouring stage one send and one receive tensor of one micro-batch,
+      e·sbh (÷t with sequence parallelism); interleaving gives every stage two neighbours.
+    * ZeRO-3: the gathered weights of two units, the one computing and the one
+      prefetched (PyTorch FSDP's limit of two in-flight all-gathers, Zhao et al. 2023
+      §3.4), a unit being a block, the embedding or the LM head.
+    """
+    p, t, sp = parallelism.pp, parallelism.tp, parallelism.sequence_parallel
+    out = 2 * parallelism.dp_bucket_mb * _MB if dp > 1 else 0.0
+    if p > 1:
+        neighbours = 2 if parallelism.virtual_stages > 1 else (stage > 0) + (stage < p - 1)
+        activation = _activation_bytes(training) * training.seq_len * parallelism.micro_batch
+        out += neighbours * 2 * activation * model.hidden / (t if sp else 1)
+    if parallelism.zero >= 3 and dp > 1:
+        units = [layer_params_per_device(model, t)]
+        if stage == 0:
+            units.append(embedding_params_per_device(model, t))
+        if stage == p - 1:
+            units.append(head_params_per_device(model, t, p))
+        out += 2 * max(units) * state_bytes_per_param(training.precision)[0]
+    return out
+
+
+def memory_per_stage(
+    model: Model,
+    parallelism: Parallelism,
+    training: Training,
+    dp: int,
+    accelerator: Accelerator,
+) -> list[StageMemory]:
+    """Peak memory of one device of each pipeline stage.
+
+    Model state: ``stage_params`` × :func:`state_bytes_per_param`, with ZeRO stage 1
+    dividing the optimizer state by dp, 2 also the gradients, 3 also the weights
+    (Rajbhandari et al. 2020 §5: 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N). Activations:
+    :func:`activation_bytes_per_layer` × layers per chunk × chunk-micro-batches in flight
+    (:func:`in_flight_chunks`), plus, when recomputing, one block's re-materialised
+    activations for the micro-batch being back-propagated; the first stage adds
+    :func:`embedding_activation_bytes` and the last :func:`output_activation_bytes` per
+    in-flight micro-batch of their chunk. Reserve: :data:`RUNTIME_CONTEXT_BYTES` +
+    :data:`FRAGMENTATION_FRACTION` of everything else. Not fitting is a result
+    (``fits`` False), never an error.
+    """
+    m = _check(model, parallelism, training, dp)
+    p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
+    chunks = in_flight_chunks(parallelism.schedule, p, m, v)
+    per_layer = activation_bytes_per_layer(model, parallelism, training)
+    no_recompute = parallelism.model_copy(update={"recompute": "none"})
+    rematerialised = activation_bytes_per_layer(model, no_recompute, training) - per_layer
+    chunk_layers = model.layers // (p * v)
+    w_b, g_b, o_b = state_bytes_per_param(training.precision)
+
+    stages = []
+    for i in range(p):
+        params = stage_params(model, t, p, i)
+        weights = params * w_b / (dp if zero >= 3 else 1)
+        grads = params * g_b / (dp if zero >= 2 else 1)
+        optimizer = params * o_b / (dp if zero >= 1 else 1)
+        activations = sum(chunks[i]) * chunk_layers * per_layer + rematerialised
+        if i == 0:
+            activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
+        if i == p - 1:
+            activations += chunks[i][-1] * output_activation_bytes(model, parallelism, training)
+        buffers = _buffer_bytes(model, parallelism, training, dp, i)
+        tensors = weights + grads + optimizer + activations + buffers
+        stages.append(
+            StageMemory(
+                stage=i,
+                layers=model.layers // p,
+                params=params,
+                weights_bytes=weights,
+                grads_bytes=grads,
+                optimizer_bytes=optimizer,
+                activations_bytes=activations,
+                buffers_bytes=buffers,
+                reserve_bytes=RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors,
+                in_flight_microbatches=sum(chunks[i]) / v,
+                capacity_bytes=accelerator.hbm_bytes,
+            )
+        )
+    return stages
+
+
+def peak_stage(stages: list[StageMemory]) -> StageMemory:
+    """The stage that needs the most memory (the one that decides whether a job fits)."""
+    return max(stages, key=lambda s: s.total_bytes)

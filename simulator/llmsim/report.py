@@ -1,0 +1,76 @@
+"""The terminal report of a result (rich tables, a unit on every number)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from llmsim.result import Result
+
+
+def _fmt_days(days: float | None) -> str:
+    return "—" if days is None else f"{days:,.1f} days"
+
+
+def render(result: Result, console: Console) -> None:
+    """Print the summary, the step breakdown, the per-stage view and memory."""
+    s = result.scenario
+    par = s.parallelism
+    accel = s.system.node.accelerator
+    console.print(
+        f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params) on "
+        f"{s.devices:,} × {accel.name} ({s.nodes_used:,} nodes of {s.system.name})"
+    )
+    console.print(
+        f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
+        + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
+        + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
+        f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
+        f"{s.training.precision}"
+    )
+    summary = Table(title="Step", show_header=False, title_justify="left")
+    summary.add_column("metric")
+    summary.add_column("value", justify="right")
+    peak = result.peak_flops_per_device / 1e12
+    rows = [
+        ("step time", f"{result.step_time_s:,.3f} s"),
+        ("throughput", f"{result.tokens_per_s:,.0f} tokens/s"),
+        ("model FLOPs per device", f"{result.model_tflops_per_device:,.1f} TFLOP/s"),
+        ("MFU", f"{100 * result.mfu:.1f} % of {peak:,.1f} TFLOP/s"),
+        ("HFU", f"{100 * result.hfu:.1f} %"),
+        ("pipeline bubble", f"{100 * result.bubble_fraction:.1f} % (mean over stages)"),
+        ("days to train", _fmt_days(result.days_to_train)
+         + (f" ({s.training.flops:.1e} FLOPs)" if s.training.flops else
+            f" ({s.training.tokens:.2e} tokens)" if s.training.tokens else "")),
+    ]
+    for name, value in rows:
+        summary.add_row(name, value)
+    console.print(summary)
+
+    crit = result.critical_stage
+    parts = Table(title=f"Where the time goes (stage {crit.stage}, the busiest)",
+                  title_justify="left")
+    parts.add_column("part")
+    parts.add_column("time", justify="right")
+    parts.add_column("share", justify="right")
+    names = {"compute": "compute", "tp_comm": "exposed TP comm", "pp_comm": "exposed PP comm",
+             "dp_comm": "exposed DP comm", "bubble": "pipeline bubble / wait",
+             "optimizer": "optimizer"}
+    for key, value in result.breakdown_s.items():
+        parts.add_row(names[key], f"{value:,.3f} s", f"{100 * value / result.step_time_s:.1f} %")
+    console.print(parts)
+
+    mem = Table(title="Memory per device", title_justify="left")
+    for col in ("stage", "weights", "grads", "optimizer", "activations", "other", "total",
+                "capacity", "fits"):
+        mem.add_column(col, justify="right")
+    for m in result.memory:
+        gb = m.as_gb()
+        other = gb["buffers_gb"] + gb["reserve_gb"]
+        mem.add_row(str(m.stage), f"{gb['weights_gb']:.1f} GB", f"{gb['grads_gb']:.1f} GB",
+                    f"{gb['optimizer_gb']:.1f} GB", f"{gb['activations_gb']:.1f} GB",
+                    f"{other:.1f} GB", f"{gb['total_gb']:.1f} GB", f"{gb['capacity_gb']:.0f} GB",
+                    "yes" if m.fits else "[red]NO[/red]")
+    console.print(mem)
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")

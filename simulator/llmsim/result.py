@@ -1,0 +1,224 @@
+"""Result of one simulated step: times, throughput, efficiency, memory, days to train.
+
+Definitions (design §9):
+- MFU = model FLOPs per step / (step time · devices · dense peak of the training dtype);
+  HFU counts the FLOPs executed including recomputation.
+- Bubble fraction of a stage = idle time of its compute stream during the pipeline phase
+  (from the step start to the end of the last pass on any stage) over that phase.
+- The breakdown of a stage splits the whole step into compute, exposed TP / PP / DP
+  communication, bubble (idle with nothing in flight) and optimizer; it sums to the step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from llmsim.engine import Trace
+from llmsim.memory import StageMemory
+from llmsim.specs import Scenario
+from llmsim.workload import Workload
+
+SECONDS_PER_DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class StageBreakdown:
+    """Where one stage's step time goes, seconds; the parts sum to the step time."""
+
+    stage: int
+    compute_s: float
+    tp_s: float
+    pp_s: float
+    dp_s: float
+    bubble_s: float
+    optimizer_s: float
+
+    def as_dict(self) -> dict[str, float]:
+        """The parts keyed like ``breakdown_s`` in the JSON result."""
+        return {"compute": self.compute_s, "tp_comm": self.tp_s, "pp_comm": self.pp_s,
+                "dp_comm": self.dp_s, "bubble": self.bubble_s, "optimizer": self.optimizer_s}
+
+
+def optimal_batch_tokens(compute_flops: float) -> float:
+    """Near-optimal global batch in tokens for a compute budget.
+
+    DeepSeek LLM (DeepSeek-AI 2024, arXiv:2401.02954, eq. 1): B_opt = 0.292 · C^0.3271.
+    """
+    return 0.292 * compute_flops**0.3271
+
+
+@dataclass
+class Result:
+    """Everything llmsim predicts for a scenario."""
+
+    scenario: Scenario
+    workload: Workload
+    trace: Trace
+    memory: list[StageMemory]
+    step_time_s: float
+    stages: list[StageBreakdown]
+    bubble_fraction_per_stage: list[float]
+    warnings: list[str] = field(default_factory=list)
+
+    # -- throughput -----------------------------------------------------------------
+    @property
+    def devices(self) -> int:
+        """Devices in the job."""
+        return self.scenario.devices
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training tokens per second, whole job."""
+        return self.scenario.training.tokens_per_step / self.step_time_s
+
+    @property
+    def model_flops_per_step(self) -> float:
+        """Model FLOPs of one step (all devices, no recompute)."""
+        return self.workload.model_flops()
+
+    @property
+    def hardware_flops_per_step(self) -> float:
+        """FLOPs executed in one step (all devices, recompute included)."""
+        return self.workload.hardware_flops()
+
+    @property
+    def peak_flops_per_device(self) -> float:
+        """Dense peak of the training dtype, FLOP/s."""
+        accel = self.scenario.system.node.accelerator
+        return accel.peak_flops(self.scenario.training.precision)
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        """Achieved model TFLOP/s per device."""
+        return self.model_flops_per_step / self.step_time_s / self.devices / 1e12
+
+    @property
+    def hardware_tflops_per_device(self) -> float:
+        """Achieved hardware TFLOP/s per device (recompute counted)."""
+        return self.hardware_flops_per_step / self.step_time_s / self.devices / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation, 0–1."""
+        return self.model_tflops_per_device * 1e12 / self.peak_flops_per_device
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation, 0–1."""
+        return self.hardware_tflops_per_device * 1e12 / self.peak_flops_per_device
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Mean over stages of the pipeline-phase idle fraction."""
+        per = self.bubble_fraction_per_stage
+        return sum(per) / len(per)
+
+    @property
+    def critical_stage(self) -> StageBreakdown:
+        """The stage with the most work (compute + TP): the pipeline's bottleneck."""
+        return max(self.stages, key=lambda b: (b.compute_s + b.tp_s, -b.stage))
+
+    @property
+    def breakdown_s(self) -> dict[str, float]:
+        """Breakdown of the step on the critical stage, seconds."""
+        return self.critical_stage.as_dict()
+
+    @property
+    def days_to_train(self) -> float | None:
+        """Days for the run's tokens or FLOP budget at this step's throughput."""
+        trn = self.scenario.training
+        if trn.tokens is not None:
+            return trn.tokens / self.tokens_per_s / SECONDS_PER_DAY
+        if trn.flops is not None:
+            return trn.flops / (self.model_flops_per_step / self.step_time_s) / SECONDS_PER_DAY
+        return None
+
+    @property
+    def fits(self) -> bool:
+        """Whether every stage fits in device memory."""
+        return all(m.fits for m in self.memory)
+
+    # -- export -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The results as plain JSON-able values (units in the key names)."""
+        s = self.scenario
+        return {
+            "scenario": s.name,
+            "system": s.system.name,
+            "model": s.model.name,
+            "devices": self.devices,
+            "nodes": s.nodes_used,
+            "layout": {"tp": s.parallelism.tp, "pp": s.parallelism.pp, "dp": s.dp,
+                       "virtual_stages": s.parallelism.virtual_stages,
+                       "micro_batch": s.parallelism.micro_batch,
+                       "microbatches": s.micro_batches, "schedule": s.parallelism.schedule,
+                       "zero": s.parallelism.zero, "recompute": s.parallelism.recompute},
+            "params": s.model.params,
+            "step_time_s": self.step_time_s,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops_per_step": self.model_flops_per_step,
+            "model_tflops_per_device": self.model_tflops_per_device,
+            "hardware_tflops_per_device": self.hardware_tflops_per_device,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "bubble_fraction": self.bubble_fraction,
+            "bubble_fraction_per_stage": self.bubble_fraction_per_stage,
+            "breakdown_s": self.breakdown_s,
+            "critical_stage": self.critical_stage.stage,
+            "breakdown_per_stage_s": [b.as_dict() for b in self.stages],
+            "memory": [m.as_gb() | {"stage": m.stage} for m in self.memory],
+            "fits": self.fits,
+            "days_to_train": self.days_to_train,
+            "warnings": self.warnings,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The results as a JSON string (NaN/inf written as null)."""
+        return json.dumps(_finite(self.to_dict()), indent=indent)
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Every op of the step: device, stage, stream, name, kind, micro-batch, times."""
+        rows = [r.__dict__ if hasattr(r, "__dict__") else _record_dict(r)
+                for r in self.trace.expand()]
+        df = pd.DataFrame(rows)
+        if not df.empty:
+            df["duration_s"] = df["end_s"] - df["start_s"]
+        return df
+
+    def stream_usage(self) -> pd.DataFrame:
+        """Busy and idle seconds per device and stream (busy + idle = step time)."""
+        busy: dict[tuple[int, str], float] = {}
+        for r in self.trace.expand():
+            key = (r.device, r.stream)
+            busy[key] = busy.get(key, 0.0) + (r.end_s - r.start_s)
+        devices = sorted({d for d, _ in busy})
+        streams = ("compute", "tp", "pp", "dp")
+        rows = [{"device": d, "stream": st, "busy_s": busy.get((d, st), 0.0),
+                 "idle_s": self.step_time_s - busy.get((d, st), 0.0)}
+                for d in devices for st in streams]
+        return pd.DataFrame(rows)
+
+    def plot_timeline(self, ax: Any = None, max_devices: int = 16) -> Any:
+        """Gantt chart of the step (see :func:`llmsim.plots.plot_timeline`)."""
+        from llmsim.plots import plot_timeline
+
+        return plot_timeline(self, ax=ax, max_devices=max_devices)
+
+
+def _record_dict(r: Any) -> dict[str, Any]:
+    return {k: getattr(r, k) for k in r.__slots__}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

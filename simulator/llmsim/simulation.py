@@ -1,0 +1,98 @@
+"""One call from a scenario to a result: plan → workload → schedule → costs → engine."""
+
+from __future__ import annotations
+
+from llmsim import schedules
+from llmsim.engine import CostModel, Engine, Trace, devices_for
+from llmsim.memory import memory_per_stage
+from llmsim.plan import Plan
+from llmsim.result import Result, StageBreakdown, optimal_batch_tokens
+from llmsim.specs import Scenario
+from llmsim.workload import build_workload
+
+
+def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
+    """Simulate one training step of ``scenario``.
+
+    ``costs`` replaces the hardware cost model (e.g. to price communication at zero in
+    a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`.
+    """
+    plan = Plan.from_scenario(scenario)
+    par, trn = scenario.parallelism, scenario.training
+    workload = build_workload(scenario.model, par, trn, scenario.dp)
+    schedule = schedules.build(par.schedule, par.pp, workload.microbatches, par.virtual_stages)
+    if costs is None:
+        from llmsim.costs import HardwareCosts
+
+        costs = HardwareCosts.from_scenario(scenario, plan)
+    devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
+    trace = Engine(workload, schedule, costs, devices, par.overlap_dp_comm).run()
+    step = trace.step_end_s + trn.step_overhead_s
+    stages = [_stage_breakdown(trace, s, step) for s in range(par.pp)]
+    memory = memory_per_stage(scenario.model, par, trn, scenario.dp,
+                              scenario.system.node.accelerator)
+    return Result(
+        scenario=scenario,
+        workload=workload,
+        trace=trace,
+        memory=memory,
+        step_time_s=step,
+        stages=stages,
+        bubble_fraction_per_stage=[_bubble_fraction(trace, s) for s in range(par.pp)],
+        warnings=_warnings(scenario, memory),
+    )
+
+
+def _first_device(trace: Trace, stage: int) -> int:
+    return min(r.device for r in trace.records if r.stage == stage)
+
+
+def _stage_breakdown(trace: Trace, stage: int, step_s: float) -> StageBreakdown:
+    """Split ``step_s`` of one stage's representative device into its parts."""
+    device = _first_device(trace, stage)
+    compute = tp = optimizer = dp = 0.0
+    for r in trace.records:
+        if r.device != device:
+            continue
+        if r.stream == "compute" and r.kind in "FBW":
+            block = trace.blocks[(stage, r.chunk, r.kind)]
+            compute += block.compute_s
+            tp += block.tp_s
+        elif r.kind == "O":
+            if r.stream == "compute":
+                optimizer += r.end_s - r.start_s
+            else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
+                dp += r.end_s - r.start_s
+    dp += trace.stage_dp_done_s[stage] - trace.stage_last_compute_s[stage]
+    pp = sum(end - max(start, sent) for dev, start, end, sent in trace.pp_waits if dev == device)
+    bubble = step_s - compute - tp - optimizer - dp - pp
+    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer)
+
+
+def _bubble_fraction(trace: Trace, stage: int) -> float:
+    """Idle share of the compute stream of ``stage`` during the pipeline phase."""
+    device = _first_device(trace, stage)
+    phase = max(trace.stage_last_compute_s.values())
+    busy = sum(r.end_s - r.start_s for r in trace.records
+               if r.device == device and r.stream == "compute" and r.kind in "FBW")
+    return (phase - busy) / phase if phase > 0 else 0.0
+
+
+def _warnings(scenario: Scenario, memory: list) -> list[str]:
+    out = []
+    if not all(m.fits for m in memory):
+        worst = max(memory, key=lambda m: m.total_bytes / m.capacity_bytes)
+        out.append(f"does not fit: stage {worst.stage} needs {worst.total_bytes / 1e9:.1f} GB "
+                   f"of {worst.capacity_bytes / 1e9:.1f} GB; raise tp/pp, the ZeRO stage or "
+                   "recompute")
+    trn = scenario.training
+    budget = trn.flops if trn.flops is not None else (
+        6 * scenario.model.params * trn.tokens if trn.tokens is not None else None)
+    if budget is not None:
+        b_opt = optimal_batch_tokens(budget)
+        if trn.tokens_per_step > 2 * b_opt:
+            out.append(f"global batch {trn.tokens_per_step / 1e6:.1f} M tokens is over twice "
+                       f"the near-optimal {b_opt / 1e6:.1f} M tokens for {budget:.1e} FLOPs "
+                       "(DeepSeek LLM batch scaling law); generalisation may suffer — consider "
+                       "batch ramp-up or LAMB")
+    return out

@@ -1,0 +1,390 @@
+"""Workload graph: the ordered ops of one training step, per pipeline stage and chunk.
+
+Every micro-batch of a chunk runs the same ops, so a chunk is described once by its
+forward (F), input-gradient (B), weight-gradient (W) and recompute (R) op lists; the
+schedule says in which order the micro-batches run them. Sizes are per device: matrices
+are divided by the tensor-parallel degree ``t``. Shapes follow Megatron-LM's layer
+(Shoeybi et al. 2019, Fig. 3; Narayanan et al. 2021 §3.1; Korthikanti et al. 2022 §4).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.specs import Model, Parallelism, Training
+
+Op = ComputeOp | CommOp
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+"""Bytes per activation element. FP8 training keeps activations and weights in 16 bits
+and casts to FP8 only at the GEMM inputs (Transformer Engine)."""
+
+EXTRA_OP_PREFIXES = ("embed", "final_norm", "head_", "lm_head", "loss")
+"""Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
+
+
+def grad_bytes_per_param(precision: str) -> int:
+    """Bytes per gradient element in the data-parallel reduction.
+
+    Megatron-LM reduces gradients in FP32 when training in BF16 (``--bf16`` forces
+    ``accumulate_allreduce_grads_in_fp32``) and in FP16 when training in FP16.
+    """
+    return 2 if precision == "fp16" else 4
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The layers one pipeline stage runs for one model chunk (virtual stage)."""
+
+    stage: int
+    chunk: int
+    virtual_stage: int
+    layers: int
+    first: bool
+    """Holds the embedding (first virtual stage)."""
+    last: bool
+    """Holds the final norm, LM head and loss (last virtual stage)."""
+    params: int
+    """Parameters of this chunk on one device (after the tensor-parallel split)."""
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+    """Input-gradient ops, recompute ops (phase R) first."""
+    weight: tuple[Op, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step: chunk op lists, pipeline message size, DP/ZeRO traffic, optimizer."""
+
+    chunks: dict[tuple[int, int], Chunk]
+    """(stage, chunk) → Chunk."""
+    microbatches: int
+    pp_message_bytes: float
+    """Bytes of one activation (or gradient) message between pipeline stages."""
+    grad_bytes_per_param: int
+    param_bytes_per_param: int
+    zero: int
+    dp: int
+    tp: int
+    bucket_bytes: float
+    optimizer: dict[int, ComputeOp] = field(default_factory=dict)
+    """Stage → optimizer step over the local shard."""
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages."""
+        return 1 + max(s for s, _ in self.chunks)
+
+    @property
+    def chunks_per_stage(self) -> int:
+        """Model chunks per stage (virtual stages)."""
+        return 1 + max(c for _, c in self.chunks)
+
+    def stage_params(self, stage: int) -> int:
+        """Parameters on one device of ``stage``."""
+        return sum(c.params for (s, _), c in self.chunks.items() if s == stage)
+
+    def dp_grad_ops(self, chunk: Chunk) -> list[CommOp]:
+        """The bucketed gradient reduction of one chunk, last layer's bucket first."""
+        if self.dp == 1:
+            return []
+        total = chunk.params * self.grad_bytes_per_param
+        kind = "all_reduce" if self.zero == 0 else "reduce_scatter"
+        buckets = max(1, math.ceil(total / self.bucket_bytes))
+        return [CommOp(f"dp_{'ar' if self.zero == 0 else 'rs'}_c{chunk.virtual_stage}_b{i}",
+                       kind, "dp", "W", total / buckets) for i in range(buckets)]
+
+    def dp_param_gather(self, stage: int) -> CommOp | None:
+        """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step."""
+        if self.dp == 1 or self.zero not in (1, 2):
+            return None
+        return CommOp("dp_ag_params", "all_gather", "dp", "O",
+                      self.stage_params(stage) * self.param_bytes_per_param)
+
+    def zero3_gather(self, chunk: Chunk) -> CommOp | None:
+        """ZeRO-3: all-gather a chunk's weights before its forward and its backward."""
+        if self.dp == 1 or self.zero != 3:
+            return None
+        return CommOp(f"z3_ag_c{chunk.virtual_stage}", "all_gather", "dp", "F",
+                      chunk.params * self.param_bytes_per_param)
+
+    def model_flops(self) -> float:
+        """Model FLOPs of one step over all devices (recompute excluded)."""
+        return self._flops(include_recompute=False)
+
+    def hardware_flops(self) -> float:
+        """FLOPs executed in one step over all devices, recompute included."""
+        return self._flops(include_recompute=True)
+
+    def _flops(self, include_recompute: bool) -> float:
+        per_replica = 0.0
+        for c in self.chunks.values():
+            for op in (*c.forward, *c.backward, *c.weight):
+                if isinstance(op, ComputeOp) and (include_recompute or op.phase != "R"):
+                    per_replica += op.flops * self.tp
+        return per_replica * self.microbatches * self.dp
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
+        rows = []
+        for (stage, chunk), c in sorted(self.chunks.items()):
+            for block in (c.forward, c.backward, c.weight):
+                for i, op in enumerate(block):
+                    compute = isinstance(op, ComputeOp)
+                    rows.append({
+                        "stage": stage,
+                        "chunk": chunk,
+                        "phase": op.phase,
+                        "order": i,
+                        "op": op.name,
+                        "kind": op.kind if compute else op.collective,
+                        "axis": None if compute else op.axis,
+                        "flops": op.flops if compute else 0.0,
+                        "bytes": op.bytes,
+                        "mnk": op.mnk if compute else None,
+                    })
+        return pd.DataFrame(rows)
+
+
+class _LayerBuilder:
+    """Ops of one transformer block and of the first/last-stage extras, for one micro-batch."""
+
+    def __init__(self, model: Model, par: Parallelism, training: Training) -> None:
+        self.m, self.par, self.trn = model, par, training
+        self.t = par.tp
+        self.T = par.micro_batch * training.seq_len  # tokens per micro-batch
+        self.e = DTYPE_BYTES[training.precision]
+        self.sp = par.sequence_parallel and par.tp > 1
+
+    # -- helpers ---------------------------------------------------------------------
+    def _gemm(self, name: str, phase: str, m: int, n: int, k: int, batch: int = 1) -> ComputeOp:
+        e = self.e
+        return ComputeOp(name, "gemm", phase, 2.0 * m * n * k * batch,
+                         float(e * batch * (m * k + k * n + m * n)), (m, n, k), batch)
+
+    def _gemm_grads(self, fwd: ComputeOp) -> tuple[ComputeOp, ComputeOp]:
+        """dX = dY·Wᵀ (input gradient, B) and dW = Xᵀ·dY (weight gradient, W)."""
+        assert fwd.mnk is not None
+        m, n, k = fwd.mnk
+        return (self._gemm(f"{fwd.name}_dx", "B", m, k, n, fwd.batch),
+                self._gemm(f"{fwd.name}_dw", "W", k, n, m, fwd.batch))
+
+    def _mem(self, name: str, phase: str, elements: float, passes: float) -> ComputeOp:
+        """A memory-bound kernel touching ``elements`` values ``passes`` times."""
+        return ComputeOp(name, "memory", phase, 0.0, float(elements * passes * self.e))
+
+    def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float) -> list[CommOp]:
+        return [CommOp(name, kind, "tp", phase, nbytes)] if self.t > 1 else []
+
+    def _entry(self, name: str, phase: str) -> list[CommOp]:
+        """Before a column-parallel GEMM: SP all-gathers the sequence-split input."""
+        return self._tp_comm(name, "all_gather", phase, self.T * self.m.hidden * self.e) \
+            if self.sp else []
+
+    def _exit(self, name: str, phase: str) -> list[CommOp]:
+        """After a row-parallel GEMM: all-reduce, or reduce-scatter with SP."""
+        kind = "reduce_scatter" if self.sp else "all_reduce"
+        return self._tp_comm(name, kind, phase, self.T * self.m.hidden * self.e)
+
+    # -- attention core ---------------------------------------------------------------
+    def _attention_forward(self, phase: str) -> list[ComputeOp]:
+        m, t, s, b = self.m, self.t, self.trn.seq_len, self.par.micro_batch
+        heads = m.heads // t
+        d = m.head_dim
+        if self.trn.attention_kernel == "flash":
+            # Q·Kᵀ and P·V: 4·b·s²·(heads·d) model FLOPs; causal kernels skip the masked half.
+            flops = 4.0 * b * s * s * heads * d
+            kv_local = max(1, m.n_kv_heads // t)
+            io = self.e * self.T * d * (2 * heads + 2 * kv_local)  # read Q, K, V; write O
+            return [ComputeOp("attn", "attention", phase, flops, float(io),
+                              executed_fraction=0.5)]
+        # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
+        probs = float(b * heads * s * s)
+        return [
+            self._gemm("attn_scores", phase, s, s, d, b * heads),
+            self._mem("attn_softmax", phase, probs, 2),     # read scores, write probs
+            self._mem("attn_dropout", phase, probs, 2.5),   # read, write, 1-byte mask
+            self._gemm("attn_context", phase, s, d, s, b * heads),
+        ]
+
+    def _attention_backward(self) -> list[ComputeOp]:
+        m, t, s, b = self.m, self.t, self.trn.seq_len, self.par.micro_batch
+        heads = m.heads // t
+        d = m.head_dim
+        if self.trn.attention_kernel == "flash":
+            fwd = self._attention_forward("B")[0]
+            # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
+            return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,
+                              executed_fraction=0.5 * 2.5 / 2)]
+        probs = float(b * heads * s * s)
+        scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
+        context = self._gemm("attn_context", "B", s, d, s, b * heads)
+        # Attention has no weights: both gradients of each batched GEMM are input gradients.
+        ops = [*self._gemm_grads(context),
+               self._mem("attn_dropout_bwd", "B", probs, 2.5),
+               self._mem("attn_softmax_bwd", "B", probs, 3),
+               *self._gemm_grads(scores)]
+        return [ComputeOp(o.name, o.kind, "B", o.flops, o.bytes, o.mnk, o.batch) for o in ops]
+
+    # -- one block ----------------------------------------------------------------------
+    def layer(self) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
+        """Forward, recompute, input-gradient and weight-gradient ops of one block."""
+        m, t, T, e = self.m, self.t, self.T, self.e
+        h, f = m.hidden, m.ffn_hidden
+        n_sp = T * h / t if self.sp else T * h  # elements of a norm/residual on this device
+        qkv_n = (h + 2 * m.kv_dim) // t
+        up_n = f * (2 if m.activation == "swiglu" else 1) // t
+        qkv = self._gemm("qkv", "F", T, qkv_n, h)
+        proj = self._gemm("attn_proj", "F", T, h, h // t)
+        up = self._gemm("mlp_up", "F", T, up_n, h)
+        down = self._gemm("mlp_down", "F", T, h, f // t)
+        act_passes = 3 if m.activation == "swiglu" else 2
+        fwd: list[Op] = [
+            self._mem("ln1", "F", n_sp, 2),
+            *self._entry("tp_ag_attn", "F"),
+            qkv,
+            *self._attention_forward("F"),
+            proj,
+            *self._exit("tp_attn", "F"),
+            self._mem("residual1", "F", n_sp, 3),
+            self._mem("ln2", "F", n_sp, 2),
+            *self._entry("tp_ag_mlp", "F"),
+            up,
+            self._mem("act", "F", T * f / t, act_passes),
+            down,
+            *self._exit("tp_mlp", "F"),
+            self._mem("residual2", "F", n_sp, 3),
+        ]
+        recompute: list[Op]
+        if self.par.recompute == "full":
+            recompute = [_as_phase(op, "R") for op in fwd]
+        elif self.par.recompute == "selective":
+            recompute = [_as_phase(op, "R") for op in self._attention_forward("R")]
+        else:
+            recompute = []
+        qkv_dx, qkv_dw = self._gemm_grads(qkv)
+        proj_dx, proj_dw = self._gemm_grads(proj)
+        up_dx, up_dw = self._gemm_grads(up)
+        down_dx, down_dw = self._gemm_grads(down)
+        # Backward runs the block in reverse; the conjugate collectives swap places
+        # (Megatron's f/g operators): AR after the column-parallel input gradients.
+        bwd: list[Op] = [
+            self._mem("residual2_bwd", "B", n_sp, 2),
+            *self._entry("tp_ag_mlp_bwd", "B"),
+            down_dx,
+            self._mem("act_bwd", "B", T * f / t, act_passes + 1),
+            up_dx,
+            *self._exit("tp_mlp_bwd", "B"),
+            self._mem("ln2_bwd", "B", n_sp, 4),
+            *self._entry("tp_ag_attn_bwd", "B"),
+            proj_dx,
+            *self._attention_backward(),
+            qkv_dx,
+            *self._exit("tp_attn_bwd", "B"),
+            self._mem("ln1_bwd", "B", n_sp, 4),
+        ]
+        wgt: list[Op] = [down_dw, up_dw, proj_dw, qkv_dw]
+        return fwd, recompute, bwd, wgt
+
+    # -- first and last stage -------------------------------------------------------------
+    def embedding(self) -> tuple[list[Op], list[Op], list[Op]]:
+        """Vocab-parallel embedding lookup (+ positions): F, B, W ops."""
+        h = self.m.hidden
+        fwd: list[Op] = [self._mem("embed", "F", self.T * h, 3),
+                         *self._exit("embed_tp", "F")]
+        wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3)]
+        return fwd, [], wgt
+
+    def head(self) -> tuple[list[Op], list[Op], list[Op]]:
+        """Final norm, LM head GEMM and vocab-parallel cross-entropy: F, B, W ops."""
+        m, t, T = self.m, self.t, self.T
+        n_sp = T * m.hidden / t if self.sp else T * m.hidden
+        v = math.ceil(m.vocab / t)
+        head = self._gemm("lm_head", "F", T, v, m.hidden)
+        dx, dw = self._gemm_grads(head)
+        # Cross-entropy over FP32 logits: cast, max, exp-sum, gather: ~4 FP32 passes over
+        # the logits in the forward, 3 in the backward (e = 2-byte units, so ×2).
+        loss_tp = self._tp_comm("loss_tp", "all_reduce", "F", 3 * 4 * T)
+        fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2),
+                         *self._entry("head_ag", "F"), head,
+                         self._mem("loss", "F", T * v, 8), *loss_tp]
+        bwd: list[Op] = [self._mem("loss", "B", T * v, 6), dx,
+                         *self._exit("head_rs", "B"),
+                         self._mem("final_norm", "B", n_sp, 4)]
+        return fwd, bwd, [dw]
+
+
+def _as_phase(op: Op, phase: str) -> Op:
+    if isinstance(op, ComputeOp):
+        return ComputeOp(op.name, op.kind, phase, op.flops, op.bytes, op.mnk, op.batch,
+                         op.executed_fraction)  # type: ignore[arg-type]
+    return CommOp(op.name, op.collective, op.axis, phase, op.bytes)  # type: ignore[arg-type]
+
+
+def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
+                 stages: int) -> int:
+    """Parameters of one chunk on one device (matrices split by tp; norms replicated).
+
+    With pipeline parallelism and tied embeddings, Megatron keeps a copy of the
+    embedding on the last stage for the LM head.
+    """
+    per_layer = model.params_per_layer
+    norms = 2 * model.hidden * (2 if model.norm == "layernorm" else 1)
+    params = layers * ((per_layer - norms) // tp + norms)
+    if first:
+        params += model.embedding_params // tp
+    if last:
+        params += model.head_params // tp
+        if model.tied_embeddings and stages > 1:
+            params += model.vocab * model.hidden // tp
+    return params
+
+
+def build_workload(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
+    """The workload graph of one step for a validated layout."""
+    p, v = par.pp, par.virtual_stages
+    builder = _LayerBuilder(model, par, training)
+    layer_f, layer_r, layer_b, layer_w = builder.layer()
+    emb_f, emb_b, emb_w = builder.embedding()
+    head_f, head_b, head_w = builder.head()
+    layers_per_chunk = model.layers // (p * v)
+    chunks: dict[tuple[int, int], Chunk] = {}
+    for stage in range(p):
+        for c in range(v):
+            vs = c * p + stage
+            first, last = vs == 0, vs == p * v - 1
+            fwd = (emb_f if first else []) + layer_f * layers_per_chunk + (head_f if last else [])
+            bwd: list[Op] = list(head_b if last else [])
+            for _ in range(layers_per_chunk):
+                bwd += layer_r + layer_b
+            bwd += emb_b if first else []
+            wgt = (head_w if last else []) + layer_w * layers_per_chunk + (emb_w if first else [])
+            chunks[(stage, c)] = Chunk(
+                stage, c, vs, layers_per_chunk, first, last,
+                chunk_params(model, par.tp, layers_per_chunk, first, last, p),
+                tuple(fwd), tuple(bwd), tuple(wgt),
+            )
+    e = DTYPE_BYTES[training.precision]
+    tokens = par.micro_batch * training.seq_len
+    message = tokens * model.hidden * e / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    work = Workload(
+        chunks=chunks,
+        microbatches=training.global_batch // (par.micro_batch * dp),
+        pp_message_bytes=float(message),
+        grad_bytes_per_param=grad_bytes_per_param(training.precision),
+        param_bytes_per_param=e,
+        zero=par.zero,
+        dp=dp,
+        tp=par.tp,
+        bucket_bytes=par.dp_bucket_mb * 1e6,
+    )
+    for stage in range(p):
+        shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)
+        # Mixed-precision Adam reads fp32 weight, grad, m, v and writes weight, m, v and
+        # the 16-bit copy: ~30 bytes per parameter of the local shard.
+        work.optimizer[stage] = ComputeOp("optimizer", "memory", "O", 0.0, 30.0 * shard)
+    return work
