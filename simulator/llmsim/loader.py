@@ -19,6 +19,7 @@ from llmsim.specs import Accelerator, Model, Scenario, System
 _REFERENCES: tuple[tuple[tuple[str, ...], catalog.Kind], ...] = (
     (("system",), "systems"),
     (("system", "node", "accelerator"), "accelerators"),
+    (("node", "accelerator"), "accelerators"),  # a system file loaded on its own
     (("model",), "models"),
 )
 _SPEC_OF_KIND: dict[str, type[BaseModel]] = {

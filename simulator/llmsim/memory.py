@@ -34,8 +34,9 @@ _MB = 1e6
 _GB = 1e9
 _MASK_BYTES = 1
 """Dropout masks are stored as one byte per element (Korthikanti et al. 2022 §4.1)."""
-_LOGIT_BYTES = 4
-"""Logits are kept in fp32 for the cross-entropy (Korthikanti et al. 2022 §4.3)."""
+_FP32_BYTES = 4
+"""Logits kept for the cross-entropy (Korthikanti et al. 2022 §4.3) and flash attention's
+log-sum-exp (Dao et al. 2022 §3.1) are fp32."""
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     if parallelism.recompute == "none":
         heads = model.heads / t
         if training.attention_kernel == "flash":
-            core = _LOGIT_BYTES * heads * s * b
+            core = _FP32_BYTES * heads * s * b
         else:
             core = (2 * e + _MASK_BYTES) * heads * s * s * b
     return outside_tp + sharded + core
@@ -223,7 +224,7 @@ def output_activation_bytes(model: Model, parallelism: Parallelism, training: Tr
     With sequence parallelism this is Korthikanti et al. 2022 §4.3's 4·sbh/t·(1 + V/h)."""
     t, sb = parallelism.tp, training.seq_len * parallelism.micro_batch
     inputs = 2 * _activation_bytes(training) * sb * model.hidden
-    logits = _LOGIT_BYTES * sb * math.ceil(model.vocab / t)
+    logits = _FP32_BYTES * sb * math.ceil(model.vocab / t)
     return inputs / (t if parallelism.sequence_parallel else 1) + logits
 
 
@@ -328,8 +329,8 @@ def _buffer_bytes(
     * PP: per neighbouring stage one send and one receive tensor of one micro-batch,
       e·sbh (÷t with sequence parallelism); interleaving gives every stage two neighbours.
     * ZeRO-3: the gathered weights of two units, the one computing and the one
-      prefetched (PyTorch FSDP's limit of two in-flight all-gathers, Zhao et al. 2023
-      §3.4), a unit being a block, the embedding or the LM head.
+      prefetched (PyTorch FSDP's limit of two in-flight all-gathers, Zhao et al. 2023,
+      "rate limiter"), a unit being a block, the embedding or the LM head.
     """
     p, t, sp = parallelism.pp, parallelism.tp, parallelism.sequence_parallel
     out = 2 * parallelism.dp_bucket_mb * _MB if dp > 1 else 0.0

@@ -158,10 +158,11 @@ class Plan:
                 span_devices=span,
                 level=self._level(nodes, domains, span),
             )
-            if worst is None or (placement.nodes_spanned, placement.span_devices) > (
-                worst.nodes_spanned,
-                worst.span_devices,
-            ):
+            if worst is None or (
+                placement.nodes_spanned,
+                placement.domains_spanned,
+                placement.span_devices,
+            ) > (worst.nodes_spanned, worst.domains_spanned, worst.span_devices):
                 worst = placement
         assert worst is not None
         return worst
@@ -169,7 +170,9 @@ class Plan:
     @cached_property
     def placements(self) -> dict[str, GroupPlacement]:
         """Placement of every axis with degree > 1 (and of tp, dp, pp always)."""
-        return {a: self.placement(a) for a in AXES if self.degrees[a] > 1 or a in ("tp", "dp", "pp")}
+        return {
+            a: self.placement(a) for a in AXES if self.degrees[a] > 1 or a in ("tp", "dp", "pp")
+        }
 
     def describe(self) -> list[dict[str, object]]:
         """One row per axis: degree, stride, nodes spanned and the level crossed."""

@@ -64,15 +64,21 @@ Timeline = list[list[tuple[float, float, Action]]]
 
 SCHEDULES: dict[str, ScheduleFn] = {}
 """Registered schedules by name."""
+SPLIT_BACKWARD: set[str] = set()
+"""Schedules whose B and W are separate passes: the input gradient is sent to the previous
+stage right after B. The others run B and W as one fused backward (PyTorch autograd), so
+the gradient leaves the stage only after W."""
 
 
-def register(name: str) -> Callable[[ScheduleFn], ScheduleFn]:
+def register(name: str, *, split_backward: bool = False) -> Callable[[ScheduleFn], ScheduleFn]:
     """Decorator: ``@register("1f1b")`` adds the function below it to SCHEDULES."""
 
     def decorator(fn: ScheduleFn) -> ScheduleFn:
         if name in SCHEDULES:
             raise ValueError(f"schedule {name!r} is registered twice")
         SCHEDULES[name] = fn
+        if split_backward:
+            SPLIT_BACKWARD.add(name)
         return fn
 
     return decorator
@@ -159,7 +165,7 @@ def one_f_one_b(stages: int, microbatches: int, chunks: int) -> Schedule:
     ]
 
 
-@register("zb-h1")
+@register("zb-h1", split_backward=True)
 def zb_h1(stages: int, microbatches: int, chunks: int) -> Schedule:
     """Zero Bubble ZB-H1 (Qi et al. 2024 §2.1, Fig. 3 top; Table 2).
 

@@ -26,7 +26,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
 
         costs = HardwareCosts.from_scenario(scenario, plan)
     devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
-    trace = Engine(workload, schedule, costs, devices, par.overlap_dp_comm).run()
+    trace = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
+                   split_backward=par.schedule in schedules.SPLIT_BACKWARD).run()
     step = trace.step_end_s + trn.step_overhead_s
     stages = [_stage_breakdown(trace, s, step) for s in range(par.pp)]
     memory = memory_per_stage(scenario.model, par, trn, scenario.dp,

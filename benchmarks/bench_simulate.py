@@ -1,0 +1,71 @@
+"""Simulator speed and memory: wall time, events and peak memory per simulated step.
+
+Run: python benchmarks/bench_simulate.py
+
+Prints, for GPT-3 175B on A100s (TP 8, PP 8, 1F1B, global batch 1,536 — Narayanan et
+al.'s layout) at growing data-parallel degree, the wall time of `llmsim run` (load,
+simulate, memory, result), the records per second and the peak Python memory, and how
+the cost grows from 1,024 to ~25,000 GPUs. Each case runs in a fresh process so peak
+memory is that of the run alone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CASE = r"""
+import json, resource, sys, time, tracemalloc
+t0 = time.perf_counter()
+import llmsim
+t_import = time.perf_counter() - t0
+nodes, dp, batch = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+tracemalloc.start()
+t1 = time.perf_counter()
+s = llmsim.load_scenario("selene-gpt3" if nodes <= 560 else "openai-a100", [
+    f"nodes={nodes}", "model=gpt3-175b", "parallelism.tp=8", "parallelism.pp=8",
+    f"parallelism.dp={dp}", "parallelism.schedule=1f1b", "parallelism.virtual_stages=1",
+    "parallelism.micro_batch=1", f"training.global_batch={batch}", "training.seq_len=2048",
+    "training.precision=bf16"])
+r = llmsim.simulate(s)
+r.to_json()
+wall = time.perf_counter() - t1
+_, peak = tracemalloc.get_traced_memory()
+print(json.dumps({"devices": s.devices, "dp": s.dp, "microbatches": s.micro_batches,
+                  "records": len(r.trace.records), "wall_s": wall, "import_s": t_import,
+                  "peak_traced_mb": peak / 1e6,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+                  "step_time_s": r.step_time_s}))
+"""
+
+
+def run_case(nodes: int, dp: int, batch: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch)],
+                         check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    # (nodes, dp, global batch): the batch keeps 96 micro-batches per pipeline at every
+    # size (the symmetry reduction makes cost depend on micro-batches, not on dp); the
+    # last case is ~25,000 GPUs with a realistic batch (4 micro-batches per pipeline).
+    cases = [(128, 16, 1536), (512, 64, 6144), (1024, 128, 12288), (3120, 390, 37440),
+             (3120, 390, 1560)]
+    rows = [run_case(*c) for c in cases]
+    print(f"{'devices':>8} {'dp':>5} {'m':>4} {'records':>8} {'wall s':>8} {'rec/s':>9} "
+          f"{'traced MB':>10} {'RSS MB':>8} {'import s':>9} {'step s':>8}")
+    for r in rows:
+        print(f"{r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} {r['records']:>8,} "
+              f"{r['wall_s']:>8.3f} {r['records'] / r['wall_s']:>9,.0f} "
+              f"{r['peak_traced_mb']:>10.1f} {r['max_rss_mb']:>8.0f} {r['import_s']:>9.2f} "
+              f"{r['step_time_s']:>8.2f}")
+    base = rows[0]
+    for r in rows[1:]:
+        print(f"cost ratio {r['devices']:,} vs {base['devices']:,} GPUs: "
+              f"{r['wall_s'] / base['wall_s']:.2f}× wall, "
+              f"{r['max_rss_mb'] / base['max_rss_mb']:.2f}× RSS")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Compute cost model: a roofline per kernel, with GEMM tile and wave quantisation.
+
+Every kernel takes the longer of its math time and its memory time, plus a fixed launch
+cost (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
+
+    t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory_bound_fraction)) + launch
+
+The achieved-efficiency factor η depends on the kernel kind:
+
+* ``gemm``: ``η_gemm = peak_fraction × wave efficiency × K / (K + k_fill)``, applied to the
+  FLOPs of the tile-padded problem (tile quantisation), see :func:`gemm_math_s`;
+* ``attention`` (a fused flash kernel): ``accelerator.attention_fraction``;
+* ``memory``: no math term, only the bandwidth term.
+
+A measured GEMM table (:class:`llmsim.calibration.Calibration`) replaces η_gemm by the
+achieved TFLOP/s interpolated among the measured shapes (:class:`GemmTable`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmsim.calibration import GemmPoint
+from llmsim.ops import ComputeOp
+from llmsim.specs import Accelerator, Dtype, GemmModel
+
+
+@dataclass(frozen=True, slots=True)
+class GemmShape:
+    """How a GEMM of M×N×K (``batch`` of them) maps onto output tiles and waves.
+
+    NVIDIA, "Matrix Multiplication Background User's Guide" (DU-09799-001, 2023),
+    §3.1 tile quantisation and §3.2 wave quantisation: the output is cut into
+    ``tile_m × tile_n`` tiles, one thread block each; partial tiles still cost a whole
+    tile, and the last wave of tiles over the ``compute_units`` idles the units it
+    does not fill.
+    """
+
+    tiles: int
+    """Output tiles: batch · ⌈M/tile_m⌉ · ⌈N/tile_n⌉."""
+    waves: int
+    """⌈tiles / compute_units⌉."""
+    wave_efficiency: float
+    """tiles / (waves · compute_units): busy share of the units over all waves."""
+    padded_flops: float
+    """2 · batch · (⌈M/tile_m⌉·tile_m) · (⌈N/tile_n⌉·tile_n) · K: work of the padded tiles."""
+    k_efficiency: float
+    """K / (K + k_fill): per-tile main-loop fill and drain."""
+
+
+def gemm_shape(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> GemmShape:
+    """Tile and wave quantisation of one (batched) GEMM; see :class:`GemmShape`."""
+    tiles_m = math.ceil(m / gemm.tile_m)
+    tiles_n = math.ceil(n / gemm.tile_n)
+    tiles = batch * tiles_m * tiles_n
+    waves = math.ceil(tiles / gemm.compute_units)
+    return GemmShape(
+        tiles=tiles,
+        waves=waves,
+        wave_efficiency=tiles / (waves * gemm.compute_units),
+        padded_flops=2.0 * batch * (tiles_m * gemm.tile_m) * (tiles_n * gemm.tile_n) * k,
+        k_efficiency=k / (k + gemm.k_fill),
+    )
+
+
+def gemm_efficiency(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> float:
+    """η_gemm = peak_fraction × wave efficiency × K/(K + k_fill), on the padded FLOPs.
+
+    ``peak_fraction`` is the best measured fraction of dense peak (a large, well-shaped
+    GEMM); wave efficiency is §3.2 of NVIDIA's Matrix Multiplication Background guide;
+    ``k_fill`` models the software-pipelined main loop of each tile, which fills
+    ``k_fill`` K-elements of stages before its first MMA and drains them at the end
+    (CUTLASS multistage main loop; the value per accelerator is in its YAML).
+    """
+    shape = gemm_shape(m, n, k, batch, gemm)
+    return gemm.peak_fraction * shape.wave_efficiency * shape.k_efficiency
+
+
+def gemm_math_s(m: int, n: int, k: int, batch: int, gemm: GemmModel, peak_flops: float) -> float:
+    """Math time of a GEMM: padded FLOPs / (peak · η_gemm).
+
+    Padding (tile quantisation, guide §3.1) is counted as work: an M of 129 with 128-row
+    tiles costs as much as an M of 256.
+    """
+    shape = gemm_shape(m, n, k, batch, gemm)
+    eta = gemm.peak_fraction * shape.wave_efficiency * shape.k_efficiency
+    return shape.padded_flops / (peak_flops * eta)
+
+
+class GemmTable:
+    """Measured GEMM throughput of one device, looked up by problem volume.
+
+    For a dtype, the achieved TFLOP/s of the measured shapes are sorted by
+    log(M·N·K) (shapes of equal volume averaged) and linearly interpolated between the
+    two nearest measured volumes; outside the measured range the nearest end value is
+    used (clamped, never extrapolated). A batched GEMM is looked up by its total
+    volume batch·M·N·K.
+    """
+
+    def __init__(self, points: Iterable[GemmPoint]) -> None:
+        by_dtype: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for p in points:
+            by_dtype[p.dtype][math.log(p.m * p.n * p.k)].append(p.tflops)
+        self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for dtype, volumes in by_dtype.items():
+            xs = sorted(volumes)
+            ys = [sum(volumes[x]) / len(volumes[x]) for x in xs]
+            self._tables[dtype] = (np.array(xs), np.array(ys))
+
+    def covers(self, dtype: Dtype) -> bool:
+        """Whether any shape of ``dtype`` was measured."""
+        return dtype in self._tables
+
+    def achieved_flops(self, m: int, n: int, k: int, batch: int, dtype: Dtype) -> float:
+        """Interpolated achieved FLOP/s for this shape (``covers(dtype)`` must hold)."""
+        xs, ys = self._tables[dtype]
+        tflops = float(np.interp(math.log(batch * m * n * k), xs, ys))
+        return tflops * 1e12
+
+
+class ComputeModel:
+    """Roofline prices of compute ops on one accelerator in one dtype (memoised)."""
+
+    def __init__(
+        self, accelerator: Accelerator, dtype: Dtype, gemm_table: GemmTable | None = None
+    ) -> None:
+        self.accelerator = accelerator
+        self.dtype = dtype
+        self.peak_flops = accelerator.peak_flops(dtype)
+        self.memory_bytes_per_s = accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction
+        self.launch_s = accelerator.kernel_launch_us * 1e-6
+        self.gemm_table = gemm_table if gemm_table and gemm_table.covers(dtype) else None
+        self._cache: dict[tuple[object, ...], float] = {}
+
+    def compute_s(self, op: ComputeOp) -> float:
+        """Duration of ``op`` in seconds: max(math, memory) + launch."""
+        key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = (
+                max(self.math_s(op), op.bytes / self.memory_bytes_per_s) + self.launch_s
+            )
+        return cached
+
+    def math_s(self, op: ComputeOp) -> float:
+        """Math-bound time of ``op`` (0 for memory-bound kernels)."""
+        if op.kind == "memory":
+            return 0.0
+        if op.kind == "attention":
+            return self.attention_math_s(op)
+        if op.mnk is None:
+            # No shape: a large, well-shaped GEMM (no quantisation losses).
+            return op.executed_flops / (self.peak_flops * self.accelerator.gemm.peak_fraction)
+        m, n, k = op.mnk
+        if self.gemm_table is not None:
+            achieved = self.gemm_table.achieved_flops(m, n, k, op.batch, self.dtype)
+            return op.executed_flops / achieved
+        scale = op.executed_fraction
+        return scale * gemm_math_s(m, n, k, op.batch, self.accelerator.gemm, self.peak_flops)
+
+    def attention_math_s(self, op: ComputeOp) -> float:
+        """Fused attention: executed FLOPs at ``attention_fraction`` of peak.
+
+        A device without a fused attention kernel (``attention_fraction == 0``) computes
+        the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
+        efficiency ``gemm.peak_fraction`` (the op carries no single GEMM shape to
+        quantise; the softmax traffic is in its ``bytes``).
+        """
+        fraction = self.accelerator.attention_fraction or self.accelerator.gemm.peak_fraction
+        return op.executed_flops / (self.peak_flops * fraction)

@@ -1,0 +1,50 @@
+"""Shared test helpers: small inline scenarios and toy cost models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmsim import load_scenario
+from llmsim.specs import Scenario
+from llmsim.workload import EXTRA_OP_PREFIXES
+
+TINY_MODEL = {
+    "name": "tiny-test",
+    "layers": 8,
+    "hidden": 512,
+    "heads": 8,
+    "ffn_hidden": 2048,
+    "vocab": 1024,
+    "max_seq_len": 1024,
+}
+
+
+def make_scenario(**overrides: Any) -> Scenario:
+    """A tiny GPT on ``nodes`` Selene nodes; ``overrides`` are dotted ``--set`` keys."""
+    raw = {
+        "name": "tiny",
+        "system": "selene",
+        "nodes": 1,
+        "model": dict(TINY_MODEL),
+        "parallelism": {"tp": 2, "pp": 4, "dp": "auto", "schedule": "1f1b"},
+        "training": {"global_batch": 16, "seq_len": 512, "precision": "bf16", "tokens": 1e9},
+    }
+    return load_scenario(raw, {k.replace("__", "."): v for k, v in overrides.items()})
+
+
+class LayerOnlyCosts:
+    """Prices transformer-block ops by FLOPs and bytes; extras and communication are free.
+
+    With it every stage does the same work, so pipeline bubbles follow the closed forms.
+    """
+
+    def __init__(self, flops_per_s: float = 1e14, bytes_per_s: float = 1e12) -> None:
+        self.flops_per_s, self.bytes_per_s = flops_per_s, bytes_per_s
+
+    def compute_s(self, op: Any) -> float:
+        if op.name.startswith(EXTRA_OP_PREFIXES) or op.phase == "O":
+            return 0.0
+        return op.flops / self.flops_per_s + op.bytes / self.bytes_per_s
+
+    def comm_s(self, op: Any) -> float:
+        return 0.0

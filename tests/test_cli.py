@@ -1,0 +1,174 @@
+"""The command line end to end: every user error is one sentence and exit code 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmsim.cli import main
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["llmsim", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def tiny_file(tmp_path: Path, **changes) -> Path:
+    raw = {
+        "name": "tiny",
+        "system": "selene",
+        "nodes": 1,
+        "model": {"name": "t", "layers": 8, "hidden": 512, "heads": 8, "ffn_hidden": 2048,
+                  "vocab": 1024},
+        "parallelism": {"tp": 2, "pp": 4, "dp": "auto"},
+        "training": {"global_batch": 16, "seq_len": 512, "tokens": 1e9},
+    }
+    for key, value in changes.items():
+        node = raw
+        *parents, last = key.split("__")
+        for p in parents:
+            node = node[p]
+        node[last] = value
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_run_json_has_the_documented_keys(tmp_path, capsys):
+    code, out, err = run_cli(["run", str(tiny_file(tmp_path)), "--json"], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    for key in ("step_time_s", "tokens_per_s", "model_tflops_per_device", "mfu", "hfu",
+                "bubble_fraction", "breakdown_s", "memory", "days_to_train"):
+        assert key in data
+    assert {"total_gb", "capacity_gb", "fits"} <= set(data["memory"][0])
+    assert data["step_time_s"] > 0 and 0 < data["mfu"] < 1
+
+
+def test_run_writes_result_trace_and_timeline(tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    code, out, err = run_cli(["run", str(tiny_file(tmp_path)), "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    assert "step time" in out and " s" in out
+    trace = json.loads((out_dir / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"compute", "tp", "pp", "dp"} <= names
+    assert all(e["dur"] >= 0 for e in trace["traceEvents"] if e["ph"] == "X")
+    assert (out_dir / "timeline.png").stat().st_size > 10_000
+    assert json.loads((out_dir / "result.json").read_text())["step_time_s"] > 0
+
+
+def test_set_overrides_a_field(tmp_path, capsys):
+    code, out, _ = run_cli(["run", str(tiny_file(tmp_path)), "--json",
+                            "--set", "parallelism.micro_batch=2"], capsys)
+    assert code == 0
+    assert json.loads(out)["layout"]["micro_batch"] == 2
+
+
+def test_catalog_lists_bundled_entries(capsys):
+    code, out, _ = run_cli(["catalog", "systems"], capsys)
+    assert code == 0 and "selene" in out
+
+
+def test_schedule_show_prints_the_grid(capsys):
+    code, out, _ = run_cli(["schedule", "show", "1f1b", "--stages", "4", "--microbatches", "8"],
+                           capsys)
+    assert code == 0
+    assert "F0" in out and "B7" in out
+
+
+def _error(args, capsys) -> str:
+    code, out, err = run_cli(args, capsys)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err
+    line = " ".join(err.split())
+    assert line.startswith("error:")
+    return line
+
+
+def test_malformed_yaml_names_the_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nsystem: selene\nmodel: [unclosed\ntraining: {}\n")
+    msg = _error(["run", str(path)], capsys)
+    assert "bad.yaml" in msg and "line" in msg and "malformed YAML" in msg
+
+
+def test_unknown_field_suggests_the_right_one(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path)), "--set", "parallelism.tpp=4"], capsys)
+    assert "parallelism.tpp" in msg and "'tp'" in msg
+
+
+def test_unknown_catalog_name_lists_close_matches(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, system="selen"))], capsys)
+    assert "unknown system 'selen'" in msg and "'selene'" in msg
+    msg = _error(["run", "frontierr"], capsys)
+    assert "unknown scenario" in msg
+
+
+def test_wrong_type(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, model__layers="many"))], capsys)
+    assert "model.layers" in msg and "'many'" in msg
+
+
+@pytest.mark.parametrize("key, value", [("model__hidden", 0), ("training__seq_len", -5),
+                                        ("parallelism__micro_batch", 0)])
+def test_zero_or_negative_sizes(tmp_path, capsys, key, value):
+    msg = _error(["run", str(tiny_file(tmp_path, **{key: value}))], capsys)
+    assert key.replace("__", ".") in msg and str(value) in msg
+
+
+def test_degrees_that_do_not_multiply(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, parallelism__dp=3))], capsys)
+    assert "tp(2)·pp(4)·dp(3) = 24 ≠ 8 devices" in msg
+
+
+def test_heads_not_divisible_by_tp(tmp_path, capsys):
+    path = tiny_file(tmp_path, model__heads=8, parallelism__tp=8, parallelism__pp=1,
+                     model__ffn_hidden=2048)
+    msg = _error(["run", str(path), "--set", "model.heads=4", "--set", "model.hidden=512"],
+                 capsys)
+    assert "parallelism.tp: 8 does not divide model.heads=4" in msg
+
+
+def test_layers_not_divisible_by_pp_times_chunks(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, model__layers=10))], capsys)
+    assert "model.layers: 10 is not divisible by pp·virtual_stages" in msg
+
+
+def test_batch_not_divisible_by_micro_batch_times_dp(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, training__global_batch=7,
+                                       parallelism__micro_batch=2))], capsys)
+    assert "training.global_batch: 7 is not divisible by micro_batch·dp" in msg
+
+
+def test_moe_is_rejected_as_not_supported(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, model__moe_experts=8))], capsys)
+    assert "not supported yet" in msg
+
+
+def test_missing_file_and_bad_set_syntax(tmp_path, capsys):
+    assert "does not exist" in _error(["run", str(tmp_path / "nope" / "x.yaml")], capsys)
+    assert "expected key=value" in _error(["run", str(tiny_file(tmp_path)), "--set", "tp"],
+                                          capsys)
+
+
+def test_unknown_catalog_kind(capsys):
+    assert "catalog kind 'gpus'" in _error(["catalog", "gpus"], capsys)
+
+
+def test_schedule_show_rejects_bad_combinations(capsys):
+    _error(["schedule", "show", "interleaved-1f1b", "--stages", "4", "--microbatches", "6",
+            "--chunks", "2"], capsys)

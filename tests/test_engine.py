@@ -1,0 +1,115 @@
+"""Engine: pipeline bubbles against closed forms, invariants of the trace, fidelity modes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from helpers import LayerOnlyCosts, make_scenario
+
+from llmsim import simulate
+
+
+def _pipeline(schedule: str, p: int, m: int, v: int = 1, **extra):
+    layers = 2 * p * v
+    return make_scenario(nodes=p, model__layers=layers, parallelism__tp=8, parallelism__pp=p,
+                         parallelism__schedule=schedule, parallelism__virtual_stages=v,
+                         training__global_batch=m, **extra)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("m", [1, 4, 8, 13])
+def test_bubble_matches_closed_form(schedule, p, m):
+    result = simulate(_pipeline(schedule, p, m), costs=LayerOnlyCosts())
+    expected = (p - 1) / (m + p - 1)
+    for fraction in result.bubble_fraction_per_stage:
+        assert fraction == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("m", [4, 8])
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_bubble_matches_closed_form(p, m, v):
+    result = simulate(_pipeline("interleaved-1f1b", p, m, v), costs=LayerOnlyCosts())
+    expected = (p - 1) / (v * m + p - 1)
+    for fraction in result.bubble_fraction_per_stage:
+        assert fraction == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("p, m", [(4, 8), (8, 8), (8, 24)])
+def test_zero_bubble_h1_is_smaller_than_1f1b(p, m):
+    one = simulate(_pipeline("1f1b", p, m), costs=LayerOnlyCosts())
+    zb = simulate(_pipeline("zb-h1", p, m), costs=LayerOnlyCosts())
+    assert zb.bubble_fraction < one.bubble_fraction
+    assert zb.step_time_s < one.step_time_s
+
+
+@pytest.mark.parametrize("schedule, v", [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2),
+                                         ("zb-h1", 1)])
+def test_every_microbatch_gets_one_f_and_one_b_per_stage(schedule, v):
+    result = simulate(_pipeline(schedule, 4, 8, v), costs=LayerOnlyCosts())
+    passes = Counter((r.stage, r.kind, r.microbatch, r.chunk) for r in result.trace.records
+                     if r.stream == "compute" and r.kind in "FBW")
+    assert set(passes.values()) == {1}
+    assert len(passes) == 3 * 4 * 8 * v
+
+
+def test_busy_plus_idle_is_step_time_on_every_stream(tiny):
+    result = simulate(tiny)
+    usage = result.stream_usage()
+    assert (usage.busy_s + usage.idle_s).tolist() == pytest.approx([result.step_time_s] * len(usage))
+    assert (usage.idle_s >= -1e-12).all()
+
+
+def test_breakdown_sums_to_step_time(tiny):
+    result = simulate(tiny)
+    for stage in result.stages:
+        assert sum(stage.as_dict().values()) == pytest.approx(result.step_time_s, rel=1e-9)
+
+
+def test_dp_of_one_has_no_dp_traffic():
+    result = simulate(make_scenario(nodes=1, parallelism__tp=2, parallelism__pp=4,
+                                    parallelism__zero=1))
+    assert result.scenario.dp == 1
+    assert not [r for r in result.trace.records if r.stream == "dp"]
+    assert result.breakdown_s["dp_comm"] == 0.0
+
+
+def test_dp_traffic_when_replicated():
+    result = simulate(make_scenario(nodes=2, parallelism__tp=2, parallelism__pp=4))
+    assert result.scenario.dp == 2
+    assert [r for r in result.trace.records if r.stream == "dp"]
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"parallelism__zero": 1},
+    {"parallelism__zero": 3, "parallelism__pp": 1, "parallelism__tp": 4},
+    {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2},
+    {"parallelism__schedule": "zb-h1", "parallelism__overlap_dp_comm": False},
+])
+def test_reduced_and_full_fidelity_agree(overrides):
+    base = {"nodes": 2, "parallelism__pp": 2, "training__global_batch": 16} | overrides
+    reduced = simulate(make_scenario(**base))
+    full = simulate(make_scenario(**base, fidelity="full"))
+    assert full.scenario.devices == 16
+    assert len({r.device for r in full.trace.records}) == 16
+    assert full.step_time_s == pytest.approx(reduced.step_time_s, rel=1e-9, abs=0)
+    for a, b in zip(full.stages, reduced.stages, strict=True):
+        for x, y in zip(a.as_dict().values(), b.as_dict().values(), strict=True):
+            assert x == pytest.approx(y, rel=1e-9, abs=1e-12)
+
+
+def test_same_seed_same_json(tiny):
+    first = simulate(tiny).to_json()
+    second = simulate(tiny).to_json()
+    assert first == second
+    assert json.loads(first)["step_time_s"] > 0
+
+
+def test_cost_does_not_grow_with_dp():
+    small = simulate(make_scenario(nodes=2, parallelism__pp=2, training__global_batch=64))
+    large = simulate(make_scenario(nodes=64, parallelism__pp=2, training__global_batch=2048))
+    assert len(small.trace.records) == len(large.trace.records)

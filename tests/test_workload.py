@@ -1,0 +1,99 @@
+"""Workload graph: FLOP closed forms (Narayanan et al. 2021 eq. 3) and op structure."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmsim.workload import build_workload
+
+from helpers import make_scenario
+
+GPT3 = {"name": "gpt3-shape", "layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152,
+        "vocab": 51200, "max_seq_len": 2048}
+
+
+def _gpt3(recompute: str, **extra):
+    s = make_scenario(nodes=128, model=GPT3, parallelism__tp=8, parallelism__pp=8,
+                      parallelism__recompute=recompute, training__global_batch=1536,
+                      training__seq_len=2048, **extra)
+    return s, build_workload(s.model, s.parallelism, s.training, s.dp)
+
+
+def closed_form(B, s, L, h, V, factor, v_div):
+    return factor * B * s * L * h * h * (1 + s / (6 * h) + V / (v_div * L * h))
+
+
+@pytest.mark.parametrize("kernel", ["flash", "unfused"])
+def test_model_flops_match_narayanan_72_form(kernel):
+    # The graph counts every GEMM and attention product; the closed form counts the same
+    # terms (24·B·s·h² per block per pass, 4·B·s²·h attention, 2·B·s·h·V head, ×3 for
+    # forward+backward). It omits biases, norms and softmax (not FLOPs in the graph
+    # either), so the match is exact up to float rounding — well inside 1 %.
+    s, work = _gpt3("none", training__attention_kernel=kernel)
+    expected = closed_form(1536, 2048, 96, 12288, 51200, 72, 12)
+    assert work.model_flops() == pytest.approx(expected, rel=1e-6)
+
+
+def test_hardware_flops_with_full_recompute_match_96_form():
+    # Full recompute repeats every block's forward (not the LM head): 96 = 4 passes × 24.
+    s, work = _gpt3("full")
+    expected = closed_form(1536, 2048, 96, 12288, 51200, 96, 16)
+    assert work.hardware_flops() == pytest.approx(expected, rel=1e-6)
+    assert work.model_flops() == pytest.approx(closed_form(1536, 2048, 96, 12288, 51200, 72, 12),
+                                               rel=1e-6)
+
+
+def test_selective_recompute_adds_only_the_attention_core():
+    _, none = _gpt3("none")
+    _, sel = _gpt3("selective")
+    B, s, L, h = 1536, 2048, 96, 12288
+    assert sel.hardware_flops() - none.hardware_flops() == pytest.approx(4 * B * s * s * h * L,
+                                                                         rel=1e-9)
+
+
+def test_tensor_parallel_collectives_follow_sequence_parallelism():
+    s = make_scenario(parallelism__tp=2, parallelism__pp=1, parallelism__sequence_parallel=False)
+    df = build_workload(s.model, s.parallelism, s.training, s.dp).to_dataframe()
+    block = df[(df.phase == "F") & (df.axis == "tp") & ~df.op.str.startswith(("embed", "loss"))]
+    assert set(block.kind) == {"all_reduce"}
+    assert len(block) == 2 * 8  # two all-reduces per layer in the forward
+    s = make_scenario(parallelism__tp=2, parallelism__pp=1, parallelism__sequence_parallel=True)
+    df = build_workload(s.model, s.parallelism, s.training, s.dp).to_dataframe()
+    block = df[(df.phase == "F") & (df.axis == "tp") & ~df.op.str.startswith(("embed", "loss",
+                                                                            "head"))]
+    assert sorted(set(block.kind)) == ["all_gather", "reduce_scatter"]
+    assert len(block) == 4 * 8
+
+
+def test_no_tp_collectives_without_tensor_parallelism():
+    s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1)
+    df = build_workload(s.model, s.parallelism, s.training, s.dp).to_dataframe()
+    assert (df.axis == "tp").sum() == 0
+
+
+def test_backward_keeps_input_and_weight_gradients_apart():
+    s = make_scenario()
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    for chunk in work.chunks.values():
+        assert {op.phase for op in chunk.weight} == {"W"}
+        assert {op.phase for op in chunk.backward} <= {"B", "R"}
+        assert sum(op.flops for op in chunk.weight) > 0
+
+
+def test_embedding_on_first_stage_head_on_last():
+    s = make_scenario(parallelism__pp=4)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    names = {st: {op.name for op in c.forward} for (st, _), c in work.chunks.items()}
+    assert "embed" in names[0] and "lm_head" not in names[0]
+    assert "lm_head" in names[3] and "embed" not in names[3]
+    assert not ({"embed", "lm_head"} & names[1])
+
+
+def test_dp_buckets_cover_the_gradients():
+    s = make_scenario(nodes=2, parallelism__tp=1, parallelism__pp=1, parallelism__dp_bucket_mb=1)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(0, 0)]
+    ops = work.dp_grad_ops(chunk)
+    assert sum(op.bytes for op in ops) == pytest.approx(chunk.params * 4)
+    assert all(op.bytes <= 1e6 for op in ops)
+    assert {op.collective for op in ops} == {"all_reduce"}
