@@ -170,7 +170,10 @@ def _first_problem(exc: ValueError) -> str:
 # -- nccl-tests / rccl-tests output ---------------------------------------------------------
 
 _START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
-_BINARY = re.compile(r"\b(\w+_perf)\b")
+_BINARY = re.compile(  # the nccl-tests / rccl-tests binaries
+    r"\b((?:all_reduce|all_gather|reduce_scatter|sendrecv|alltoallv?|broadcast|reduce|gather"
+    r"|scatter|hypercube)_perf)(?:_mpi)?\b"
+)
 _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _NEW_RUN = re.compile(r"^#\s*nThread\s+\d+")
 _SRUN_LABEL = re.compile(r"^\s*\d+:\s")  # `srun --label` prefixes every line with "rank: "
@@ -191,8 +194,7 @@ class _NcclRun:
 def _set_collective(run: _NcclRun, binary: str, where: str) -> None:
     if binary not in NCCL_TESTS:
         raise UserError(
-            f"{where}: {binary} is not supported; calibrate with one of "
-            f"{', '.join(NCCL_TESTS)}"
+            f"{where}: {binary} is not supported; calibrate with one of {', '.join(NCCL_TESTS)}"
         )
     run.binary, run.collective = binary, NCCL_TESTS[binary]
 
@@ -265,6 +267,7 @@ def parse_nccl_tests(path: str | Path) -> list[CollectivePoint]:
     except OSError as exc:
         raise UserError(f"cannot read {path}: {exc.strerror}; check the path") from None
     run, points = _NcclRun(), []
+    pending: tuple[str, str] | None = None  # a binary named after a table, for the next run
     for number, line in enumerate(text.splitlines(), start=1):
         where = f"{path.name}:{number}"
         stripped = _SRUN_LABEL.sub("", line, count=1).strip()
@@ -272,10 +275,13 @@ def parse_nccl_tests(path: str | Path) -> list[CollectivePoint]:
             continue
         if stripped.startswith("#"):
             if start := _START.match(stripped):
-                run = _NcclRun()
+                run, pending = _NcclRun(), None
                 _set_collective(run, start.group(1), where)
             elif _NEW_RUN.match(stripped) and run.busbw_col is not None:
                 run = _NcclRun()  # a second run without a 'starting' line
+                if pending is not None:
+                    _set_collective(run, pending[0], pending[1])
+                    pending = None
             elif rank := _RANK.match(stripped):
                 run.hosts[int(rank.group(1))] = rank.group(2)
             else:
@@ -288,9 +294,11 @@ def parse_nccl_tests(path: str | Path) -> list[CollectivePoint]:
             point = _parse_row(run, tokens, where)
             if point is not None:
                 points.append(point)
-        elif run.collective is None and (binary := _BINARY.search(stripped)):
-            if binary.group(1) in NCCL_TESTS or binary.group(1).endswith("_perf"):
+        elif binary := _BINARY.search(stripped):
+            if run.collective is None and run.busbw_col is None:
                 _set_collective(run, binary.group(1), where)
+            else:
+                pending = (binary.group(1), where)
     if not points:
         raise UserError(
             f"{path.name}: no result rows found; give the unmodified stdout of an nccl-tests "

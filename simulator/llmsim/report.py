@@ -12,6 +12,24 @@ def _fmt_days(days: float | None) -> str:
     return "—" if days is None else f"{days:,.1f} days"
 
 
+def fmt_seconds(seconds: float) -> str:
+    """A duration with a unit that keeps three significant digits readable."""
+    if seconds == 0:
+        return "0 s"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:,.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:,.1f} ms"
+    return f"{seconds:,.3f} s"
+
+
+def _stages_to_show(count: int) -> list[int]:
+    """All stages when few; otherwise the first, the last and every eighth."""
+    if count <= 8:
+        return list(range(count))
+    return sorted({0, count - 1, *range(0, count, max(1, count // 6))})
+
+
 def render(result: Result, console: Console) -> None:
     """Print the summary, the step breakdown, the per-stage view and memory."""
     s = result.scenario
@@ -33,7 +51,7 @@ def render(result: Result, console: Console) -> None:
     summary.add_column("value", justify="right")
     peak = result.peak_flops_per_device / 1e12
     rows = [
-        ("step time", f"{result.step_time_s:,.3f} s"),
+        ("step time", fmt_seconds(result.step_time_s)),
         ("throughput", f"{result.tokens_per_s:,.0f} tokens/s"),
         ("model FLOPs per device", f"{result.model_tflops_per_device:,.1f} TFLOP/s"),
         ("MFU", f"{100 * result.mfu:.1f} % of {peak:,.1f} TFLOP/s"),
@@ -57,19 +75,20 @@ def render(result: Result, console: Console) -> None:
              "dp_comm": "exposed DP comm", "bubble": "pipeline bubble / wait",
              "optimizer": "optimizer"}
     for key, value in result.breakdown_s.items():
-        parts.add_row(names[key], f"{value:,.3f} s", f"{100 * value / result.step_time_s:.1f} %")
+        parts.add_row(names[key], fmt_seconds(value), f"{100 * value / result.step_time_s:.1f} %")
     console.print(parts)
 
-    mem = Table(title="Memory per device", title_justify="left")
-    for col in ("stage", "weights", "grads", "optimizer", "activations", "other", "total",
+    mem = Table(title="Memory per device, GB", title_justify="left")
+    for col in ("stage", "weights", "grads", "optim.", "activ.", "buffers+reserve", "total",
                 "capacity", "fits"):
         mem.add_column(col, justify="right")
-    for m in result.memory:
+    for stage in _stages_to_show(len(result.memory)):
+        m = result.memory[stage]
         gb = m.as_gb()
         other = gb["buffers_gb"] + gb["reserve_gb"]
-        mem.add_row(str(m.stage), f"{gb['weights_gb']:.1f} GB", f"{gb['grads_gb']:.1f} GB",
-                    f"{gb['optimizer_gb']:.1f} GB", f"{gb['activations_gb']:.1f} GB",
-                    f"{other:.1f} GB", f"{gb['total_gb']:.1f} GB", f"{gb['capacity_gb']:.0f} GB",
+        mem.add_row(str(m.stage), f"{gb['weights_gb']:.1f}", f"{gb['grads_gb']:.1f}",
+                    f"{gb['optimizer_gb']:.1f}", f"{gb['activations_gb']:.1f}",
+                    f"{other:.1f}", f"{gb['total_gb']:.1f}", f"{gb['capacity_gb']:.0f}",
                     "yes" if m.fits else "[red]NO[/red]")
     console.print(mem)
     for warning in result.warnings:

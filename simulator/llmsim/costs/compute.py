@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,7 +77,10 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> floa
     ``k_fill`` K-elements of stages before its first MMA and drains them at the end
     (CUTLASS multistage main loop; the value per accelerator is in its YAML).
     """
-    shape = gemm_shape(m, n, k, batch, gemm)
+    return _efficiency(gemm_shape(m, n, k, batch, gemm), gemm)
+
+
+def _efficiency(shape: GemmShape, gemm: GemmModel) -> float:
     return gemm.peak_fraction * shape.wave_efficiency * shape.k_efficiency
 
 
@@ -85,11 +88,12 @@ def gemm_math_s(m: int, n: int, k: int, batch: int, gemm: GemmModel, peak_flops:
     """Math time of a GEMM: padded FLOPs / (peak · η_gemm).
 
     Padding (tile quantisation, guide §3.1) is counted as work: an M of 129 with 128-row
-    tiles costs as much as an M of 256.
+    tiles costs as much as an M of 256. Equivalently the time is
+    2·tile_m·tile_n·waves·compute_units·(K + k_fill) / (peak · peak_fraction): it grows
+    with the number of waves and with K, never with a smaller problem.
     """
     shape = gemm_shape(m, n, k, batch, gemm)
-    eta = gemm.peak_fraction * shape.wave_efficiency * shape.k_efficiency
-    return shape.padded_flops / (peak_flops * eta)
+    return shape.padded_flops / (peak_flops * _efficiency(shape, gemm))
 
 
 class GemmTable:
@@ -136,6 +140,11 @@ class ComputeModel:
         self.launch_s = accelerator.kernel_launch_us * 1e-6
         self.gemm_table = gemm_table if gemm_table and gemm_table.covers(dtype) else None
         self._cache: dict[tuple[object, ...], float] = {}
+        self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
+            "gemm": self.gemm_math_s,
+            "attention": self.attention_math_s,
+            "memory": self.memory_math_s,
+        }
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of ``op`` in seconds: max(math, memory) + launch."""
@@ -148,11 +157,15 @@ class ComputeModel:
         return cached
 
     def math_s(self, op: ComputeOp) -> float:
-        """Math-bound time of ``op`` (0 for memory-bound kernels)."""
-        if op.kind == "memory":
-            return 0.0
-        if op.kind == "attention":
-            return self.attention_math_s(op)
+        """Math-bound time of ``op`` by kind: GEMM, fused attention, none for memory."""
+        return self._math_by_kind[op.kind](op)
+
+    def memory_math_s(self, op: ComputeOp) -> float:
+        """A memory-bound kernel has no math term: its time is its bytes."""
+        return 0.0
+
+    def gemm_math_s(self, op: ComputeOp) -> float:
+        """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput."""
         if op.mnk is None:
             # No shape: a large, well-shaped GEMM (no quantisation losses).
             return op.executed_flops / (self.peak_flops * self.accelerator.gemm.peak_fraction)

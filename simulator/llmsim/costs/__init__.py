@@ -1,0 +1,99 @@
+"""Cost models: a duration in seconds for every op of the workload graph (design §6).
+
+:class:`HardwareCosts` prices compute ops with the roofline model of
+:mod:`llmsim.costs.compute` and communication ops with the α–β collective models of
+:mod:`llmsim.costs.collectives`, on the path each group uses in the Plan. A
+:class:`~llmsim.calibration.Calibration` profile replaces the GEMM efficiency model and
+the collectives it has measurements for. Any object with ``compute_s`` and ``comm_s``
+(:class:`CostModel`) can stand in for it.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from llmsim.calibration import Calibration, load_calibration
+from llmsim.costs.collectives import (
+    ALGORITHMS,
+    CollectiveModel,
+    CollectiveTable,
+    GroupPath,
+    algorithm_times_s,
+    group_path,
+)
+from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
+from llmsim.errors import UserError
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.plan import Plan
+from llmsim.specs import Dtype, Scenario, System
+
+__all__ = [
+    "ALGORITHMS",
+    "CollectiveModel",
+    "CollectiveTable",
+    "ComputeModel",
+    "CostModel",
+    "GemmTable",
+    "GroupPath",
+    "HardwareCosts",
+    "algorithm_times_s",
+    "gemm_efficiency",
+    "gemm_shape",
+    "group_path",
+]
+
+
+class CostModel(Protocol):
+    """Prices ops in seconds; deterministic and cheap (the engine calls it per op)."""
+
+    def compute_s(self, op: ComputeOp) -> float: ...
+    def comm_s(self, op: CommOp) -> float: ...
+
+
+class HardwareCosts:
+    """The hardware cost model of one plan on one system in one data type.
+
+    Durations are memoised per distinct op, and monotone: more peak FLOP/s, HBM,
+    fabric or network bandwidth never lengthens an op, and a bigger message never
+    takes less time.
+    """
+
+    def __init__(
+        self,
+        system: System,
+        plan: Plan,
+        dtype: Dtype,
+        calibration: Calibration | None = None,
+    ) -> None:
+        accelerator = system.node.accelerator
+        if not accelerator.supports(dtype):
+            have = [k for k, v in accelerator.dense_tflops.model_dump().items() if v]
+            raise UserError(
+                f"training.precision: {dtype} is not supported by {accelerator.name}; "
+                f"use one of {', '.join(have)}"
+            )
+        self.system, self.plan, self.dtype, self.calibration = system, plan, dtype, calibration
+        gemm_table = GemmTable(calibration.gemm) if calibration and calibration.gemm else None
+        table = (
+            CollectiveTable(calibration.collectives)
+            if calibration and calibration.collectives
+            else None
+        )
+        self.compute = ComputeModel(accelerator, dtype, gemm_table)
+        self.collectives = CollectiveModel(
+            system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
+        )
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, plan: Plan) -> HardwareCosts:
+        """Costs of a validated scenario, with its calibration profile if it names one."""
+        calibration = load_calibration(scenario.calibration) if scenario.calibration else None
+        return cls(scenario.system, plan, scenario.training.precision, calibration)
+
+    def compute_s(self, op: ComputeOp) -> float:
+        """Duration of a compute op, seconds."""
+        return self.compute.compute_s(op)
+
+    def comm_s(self, op: CommOp) -> float:
+        """Duration of a communication op, seconds."""
+        return self.collectives.comm_s(op)

@@ -1,0 +1,327 @@
+"""Collective cost model: α–β algorithms on the path a group actually uses.
+
+A group of ``n`` ranks has ``k`` members on each of ``N`` nodes (from the Plan's
+:class:`~llmsim.plan.GroupPlacement`). Its traffic uses two kinds of link:
+
+* inside a node, the fabric tier that holds its ``span_devices`` consecutive devices:
+  ``B_intra = gbps_per_direction × efficiency`` per device, step latency ``α_intra``;
+* between nodes, its share of the node's network injection: every group of the axis on
+  the node runs at the same time, so a device owns ``1/devices_per_node`` of it and the
+  group ``B_inter = node_bw × network.efficiency × taper × k/devices_per_node``, with step
+  latency ``α_inter = hop_latency × hops``. ``node_bw`` is the NIC injection bandwidth; on
+  a torus (one device per node) a ring embedded along the torus sends to both neighbours
+  over direct links, so ``node_bw = min(2 × link bandwidth, injection)``.
+
+Each algorithm gives a time; like NCCL's tuner (``src/graph/tuning.cc``,
+``ncclTopoTuneModel``/``ncclTopoGetAlgoTime``), the fastest is taken per call, plus one
+kernel launch. A measured nccl-tests table replaces the model (:class:`CollectiveTable`).
+See ``docs/cost-models.md`` for the derivations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmsim.calibration import CollectivePoint, bus_factor
+from llmsim.ops import Collective, CommOp
+from llmsim.plan import GroupPlacement, Plan
+from llmsim.specs import System, Torus
+
+INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPath:
+    """What one communicator's traffic crosses, in SI units."""
+
+    ranks: int
+    """n: ranks in the group."""
+    nodes: int
+    """N: nodes holding them."""
+    per_node: int
+    """k: members on one node."""
+    intra_bytes_per_s: float
+    """Achieved fabric bandwidth per device per direction (inf when k = 1)."""
+    intra_latency_s: float
+    """Latency of one algorithm step inside a node."""
+    inter_bytes_per_s: float
+    """Achieved network bandwidth of the whole group per direction (inf when N = 1)."""
+    inter_latency_s: float
+    """Latency of one algorithm step between nodes."""
+
+    @property
+    def bottleneck_bytes_per_s(self) -> float:
+        """Slowest link a pipelined ring or tree crosses: min(B_intra, B_inter)."""
+        return min(self.intra_bytes_per_s, self.inter_bytes_per_s)
+
+    @property
+    def device_inter_bytes_per_s(self) -> float:
+        """One device's share of the node's network bandwidth."""
+        return self.inter_bytes_per_s / self.per_node
+
+
+def node_network_bytes_per_s(system: System) -> float:
+    """Line-rate network bandwidth of a node per direction.
+
+    NIC injection, except on a torus with direct node links (Tofu-D), where a ring
+    embedded along the torus sends to both of its neighbours at once: two links, capped
+    by what the node can inject.
+    """
+    injection = system.node.injection_bytes_per_s
+    network = system.network
+    if isinstance(network, Torus):
+        return min(2.0 * network.link_gbps_per_direction * 1e9, injection)
+    return injection
+
+
+def group_path(system: System, placement: GroupPlacement) -> GroupPath:
+    """The links and latencies of one group on ``system`` (see the module docstring).
+
+    A group whose nodes lie in more than one leaf switch / dragonfly group
+    (``domains_spanned > 1``) crosses the tapered level: its bandwidth is scaled by the
+    network's cross-domain ``bandwidth_fraction`` (1/oversubscription, 1/global_taper)
+    and its hops are the cross-domain hops. Both are evaluated at the whole system's
+    node count, where the taper applies whatever the group's own node count.
+    """
+    node, network = system.node, system.network
+    k, n_nodes = placement.members_per_node, placement.nodes_spanned
+    if k > 1 and node.fabric:
+        tier = node.tier_for(placement.span_devices)
+        intra_bw = tier.gbps_per_direction * 1e9 * tier.efficiency
+        intra_lat = tier.latency_us * 1e-6
+    else:
+        intra_bw, intra_lat = INF, 0.0
+    if n_nodes > 1:
+        span = system.nodes if placement.domains_spanned > 1 else n_nodes
+        share = min(1.0, k / node.devices_per_node)
+        inter_bw = (
+            node_network_bytes_per_s(system)
+            * network.efficiency
+            * network.bandwidth_fraction(span, system.nodes)
+            * share
+        )
+        inter_lat = network.hop_latency_us * network.hops(span, system.nodes) * 1e-6
+    else:
+        inter_bw, inter_lat = INF, 0.0
+    return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat)
+
+
+# -- algorithms ---------------------------------------------------------------------------
+
+
+def volume_factor(collective: Collective, ranks: int) -> float:
+    """Bytes each rank sends per byte of S: 2(n−1)/n all-reduce, (n−1)/n RS/AG.
+
+    nccl-tests ``doc/PERFORMANCE.md``: the bus-bandwidth factors are these optimal
+    per-rank volumes (ring all-reduce = reduce-scatter + all-gather).
+    """
+    return bus_factor(collective, ranks)
+
+
+def ring_steps(collective: Collective, ranks: int) -> int:
+    """Latency steps of a ring: 2(n−1) for all-reduce, n−1 for RS/AG."""
+    return 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
+
+
+def ring_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
+    """Ring (NCCL's default): f(n)·S/B + (steps(n) − steps(N))·α_intra + steps(N)·α_inter.
+
+    Reference time 2(n−1)/n·S/B + 2(n−1)·α for an all-reduce (Patarasuk & Yuan 2009;
+    nccl-tests PERFORMANCE.md). Across nodes the ring threads the k local members and
+    leaves each node once per channel; with k rotated channels a node sends
+    f(n)·S through its NICs while each device sends at most f(n)·S over the fabric, and
+    chunks are pipelined through both, so B = min(B_intra, B_inter) (NCCL's tuner: bus
+    bandwidth = channels × graph speed, the speed the slowest hop sustains). Of the
+    steps, 2(N−1) (all-reduce) or N−1 cross the network (tuning.cc ``nInterSteps``).
+    """
+    if collective == "send_recv":
+        return None
+    n, n_nodes = path.ranks, path.nodes
+    inter_steps = ring_steps(collective, n_nodes)
+    latency = (ring_steps(collective, n) - inter_steps) * path.intra_latency_s
+    latency += inter_steps * path.inter_latency_s
+    return volume_factor(collective, n) * nbytes / path.bottleneck_bytes_per_s + latency
+
+
+def hierarchical_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
+    """Two-level: intra-node phase on the fabric, then an inter-node phase, in sequence.
+
+    All-reduce = reduce-scatter among the k local members, all-reduce of the S/k shard
+    among the N nodes (k such rings side by side, one per local index, each on a device's
+    network share), all-gather among the k; reduce-scatter and all-gather keep only
+    their half. Time f(k)·S/B_intra + steps(k)·α_intra + f(N)·S/B_inter + steps(N)·α_inter
+    (the k inter-node rings move f(N)·S/k each over B_inter/k). It moves less data over
+    the network than the flat ring, f(N)·S instead of f(n)·S, and wins when the fabric is
+    much faster than the network share.
+    """
+    if collective == "send_recv" or path.nodes < 2 or path.per_node < 2:
+        return None
+    k, n_nodes = path.per_node, path.nodes
+    intra = volume_factor(collective, k) * nbytes / path.intra_bytes_per_s
+    intra += ring_steps(collective, k) * path.intra_latency_s
+    inter = volume_factor(collective, n_nodes) * nbytes / path.inter_bytes_per_s
+    inter += ring_steps(collective, n_nodes) * path.inter_latency_s
+    return intra + inter
+
+
+def tree_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
+    """NCCL double binary tree all-reduce across nodes (Sanders, Speck & Träff 2009).
+
+    NCCL's tuner prices it with algorithm bandwidth = ½ bus bandwidth, i.e. 2·S/B, and
+    latency 2·((k−1)·α_intra + log2(N)·α_inter): a chain inside each node and a tree of
+    depth log2 N between nodes (tuning.cc). Fewer latency steps than the ring make it the
+    choice for small messages on many nodes.
+    """
+    if collective != "all_reduce" or path.nodes < 2:
+        return None
+    latency = 2 * (
+        (path.per_node - 1) * path.intra_latency_s
+        + math.ceil(math.log2(path.nodes)) * path.inter_latency_s
+    )
+    return 2.0 * nbytes / path.bottleneck_bytes_per_s + latency
+
+
+def point_to_point_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
+    """send/recv between neighbouring ranks: α + S/B.
+
+    Across nodes B is one device's share of the node's network (every device of a stage
+    sends its slice at the same time); inside a node it is the fabric per device.
+    """
+    if collective != "send_recv":
+        return None
+    if path.nodes > 1:
+        return path.inter_latency_s + nbytes / path.device_inter_bytes_per_s
+    return path.intra_latency_s + nbytes / path.intra_bytes_per_s
+
+
+Algorithm = Callable[[Collective, float, GroupPath], "float | None"]
+ALGORITHMS: dict[str, Algorithm] = {
+    "ring": ring_s,
+    "hierarchical": hierarchical_s,
+    "tree": tree_s,
+    "point_to_point": point_to_point_s,
+}
+"""Registered algorithms; each returns None where it does not apply."""
+
+
+def algorithm_times_s(collective: Collective, nbytes: float, path: GroupPath) -> dict[str, float]:
+    """Time of every applicable algorithm (without the launch cost), by name."""
+    times = {name: algo(collective, nbytes, path) for name, algo in ALGORITHMS.items()}
+    return {name: t for name, t in times.items() if t is not None}
+
+
+# -- measured tables ------------------------------------------------------------------------
+
+
+class _Series:
+    """busbw(size) of one (collective, ranks, nodes), sorted by size."""
+
+    def __init__(self, ranks: int, nodes: int, sizes: dict[int, list[float]]) -> None:
+        self.ranks, self.nodes = ranks, nodes
+        self.sizes = np.array(sorted(sizes), dtype=float)
+        self.busbw = np.array([sum(sizes[s]) / len(sizes[s]) for s in sorted(sizes)]) * 1e9
+        self.log_sizes = np.log(self.sizes)
+
+    def time_s(self, collective: Collective, ranks: int, nbytes: float) -> float:
+        """t = S / algbw, algbw = busbw(S) / factor(n), busbw interpolated in log S.
+
+        Below the smallest measured size the smallest size's time is used (latency
+        bound); above the largest, its busbw. Measured times are made monotone by a
+        running maximum, so a bigger message never takes less time even when the
+        measured busbw jumps (protocol switches).
+        """
+        factor = bus_factor(collective, ranks)
+        measured = np.maximum.accumulate(self.sizes * factor / self.busbw)
+        if nbytes <= self.sizes[0]:
+            return float(measured[0])
+        i = int(np.searchsorted(self.sizes, nbytes, side="right")) - 1
+        busbw = float(np.interp(math.log(nbytes), self.log_sizes, self.busbw))
+        return max(float(measured[i]), nbytes * factor / busbw)
+
+
+class CollectiveTable:
+    """Measured nccl-tests bus bandwidths, looked up for a group's shape.
+
+    For a group of n ranks on N nodes, the measured series of that collective closest
+    in shape is used: smallest |log(k_meas/k)| + |log(N_meas/N)| (k = ranks per node),
+    then closest rank count, then fewer ranks. With single-node sweeps this is the
+    closest measured rank count.
+    """
+
+    def __init__(self, points: Iterable[CollectivePoint]) -> None:
+        grouped: dict[tuple[str, int, int], dict[int, list[float]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for p in points:
+            grouped[(p.collective, p.ranks, p.nodes)][p.bytes].append(p.busbw_gbps)
+        self._series: dict[str, list[_Series]] = defaultdict(list)
+        for (collective, ranks, nodes), sizes in sorted(grouped.items()):
+            self._series[collective].append(_Series(ranks, nodes, sizes))
+
+    def covers(self, collective: Collective) -> bool:
+        """Whether ``collective`` was measured."""
+        return bool(self._series.get(collective))
+
+    def series_for(self, collective: Collective, ranks: int, nodes: int) -> _Series:
+        """The measured series closest to a group of ``ranks`` on ``nodes``."""
+        per_node = ranks / nodes
+
+        def distance(s: _Series) -> tuple[float, float, int]:
+            shape = abs(math.log(s.ranks / s.nodes / per_node)) + abs(math.log(s.nodes / nodes))
+            return (round(shape, 12), abs(math.log(s.ranks / ranks)), s.ranks)
+
+        return min(self._series[collective], key=distance)
+
+    def time_s(self, collective: Collective, ranks: int, nodes: int, nbytes: float) -> float:
+        """Measured time of ``collective`` on ``ranks`` over ``nodes`` (must be covered)."""
+        return self.series_for(collective, ranks, nodes).time_s(collective, ranks, nbytes)
+
+
+# -- the model ------------------------------------------------------------------------------
+
+
+class CollectiveModel:
+    """Prices communication ops of a plan on a system (memoised per op)."""
+
+    def __init__(
+        self,
+        system: System,
+        plan: Plan,
+        launch_s: float = 0.0,
+        table: CollectiveTable | None = None,
+    ) -> None:
+        self.system, self.plan, self.launch_s, self.table = system, plan, launch_s, table
+        self._paths: dict[str, GroupPath] = {}
+        self._cache: dict[tuple[str, str, float], float] = {}
+
+    def path(self, axis: str) -> GroupPath | None:
+        """The path of ``axis``'s groups, or None when the axis has one rank."""
+        placement = self.plan.placements.get(axis)
+        if placement is None or placement.size < 2:
+            return None
+        if axis not in self._paths:
+            self._paths[axis] = group_path(self.system, placement)
+        return self._paths[axis]
+
+    def comm_s(self, op: CommOp) -> float:
+        """Duration of ``op`` in seconds (0 for a one-rank group or an empty message)."""
+        key = (op.collective, op.axis, op.bytes)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._price(op.collective, op.axis, op.bytes)
+        return cached
+
+    def _price(self, collective: Collective, axis: str, nbytes: float) -> float:
+        path = self.path(axis)
+        if path is None or nbytes <= 0:
+            return 0.0
+        if self.table is not None and self.table.covers(collective):
+            if collective == "send_recv":  # a pair of neighbours, on one node or two
+                return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
+            return self.table.time_s(collective, path.ranks, path.nodes, nbytes)
+        return min(algorithm_times_s(collective, nbytes, path).values()) + self.launch_s

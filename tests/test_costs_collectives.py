@@ -1,0 +1,366 @@
+"""Collective cost model: closed forms per algorithm, the path a group uses, measured tables."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llmsim import load_scenario
+from llmsim.calibration import (
+    Calibration,
+    CollectivePoint,
+    build_calibration,
+    parse_nccl_tests,
+    save_calibration,
+)
+from llmsim.costs import HardwareCosts, algorithm_times_s
+from llmsim.costs.collectives import CollectiveTable
+from llmsim.errors import UserError
+from llmsim.ops import CommOp
+from llmsim.plan import Plan
+from llmsim.specs import Parallelism, System
+
+DATA = Path(__file__).parent / "data"
+LAUNCH_S = 5e-6
+FAT_TREE = {"kind": "fat_tree", "nodes_per_leaf": 16, "hop_latency_us": 1.0, "efficiency": 0.9}
+ACCELERATOR = {
+    "name": "test-gpu",
+    "dense_tflops": {"bf16": 300.0},
+    "hbm_gb": 80,
+    "hbm_tbps": 2.0,
+    "gemm": {"peak_fraction": 0.8, "compute_units": 100},
+    "memory_bound_fraction": 0.9,
+    "kernel_launch_us": LAUNCH_S * 1e6,
+}
+
+
+def system(
+    *,
+    nodes: int = 64,
+    devices: int = 8,
+    fabric_gbps: float = 300.0,
+    fabric_efficiency: float = 0.8,
+    nics: int = 8,
+    nic_gbit: float = 200.0,
+    network: dict[str, Any] | None = None,
+) -> System:
+    """An 8-GPU switched node (300 GB/s per device) with 8 × 200 Gb/s NICs."""
+    fabric = (
+        [
+            {
+                "devices": devices,
+                "gbps_per_direction": fabric_gbps,
+                "efficiency": fabric_efficiency,
+                "latency_us": 2.0,
+            }
+        ]
+        if devices > 1
+        else []
+    )
+    return System.model_validate(
+        {
+            "name": "test-system",
+            "nodes": nodes,
+            "node": {
+                "accelerator": ACCELERATOR,
+                "devices_per_node": devices,
+                "fabric": fabric,
+                "nics_per_node": nics,
+                "nic_gbit": nic_gbit,
+            },
+            "network": network or FAT_TREE,
+        }
+    )
+
+
+def costs(
+    sysm: System, nodes: int, tp: int = 1, pp: int = 1, calibration: Calibration | None = None
+) -> HardwareCosts:
+    dp = nodes * sysm.node.devices_per_node // (tp * pp)
+    plan = Plan(sysm, nodes, Parallelism(tp=tp, pp=pp, dp=dp), dp)
+    return HardwareCosts(sysm, plan, "bf16", calibration)
+
+
+def price(model: HardwareCosts, collective: str, axis: str, nbytes: float) -> float:
+    return model.comm_s(CommOp("op", collective, axis, "F", nbytes))  # type: ignore[arg-type]
+
+
+# -- closed forms ---------------------------------------------------------------------------
+
+B_INTRA = 300e9 * 0.8
+ALPHA_INTRA = 2e-6
+
+
+@pytest.mark.parametrize("nbytes", [1e3, 1e6, 1e9])
+def test_ring_all_reduce_on_one_node(nbytes: float) -> None:
+    model = costs(system(), nodes=1, tp=8)
+    expected = 2 * 7 / 8 * nbytes / B_INTRA + 2 * 7 * ALPHA_INTRA + LAUNCH_S
+    assert price(model, "all_reduce", "tp", nbytes) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_reduce_scatter_and_all_gather_take_half_the_volume(collective: str) -> None:
+    model = costs(system(), nodes=1, tp=8)
+    expected = 7 / 8 * 1e8 / B_INTRA + 7 * ALPHA_INTRA + LAUNCH_S
+    assert price(model, collective, "tp", 1e8) == pytest.approx(expected)
+
+
+def test_send_recv_inside_a_node_and_between_nodes() -> None:
+    inside = costs(system(), nodes=1, pp=8)
+    assert price(inside, "send_recv", "pp", 1e7) == pytest.approx(
+        ALPHA_INTRA + 1e7 / B_INTRA + LAUNCH_S
+    )
+    across = costs(system(), nodes=2, tp=8, pp=2)
+    per_device = 8 * 25e9 * 0.9 / 8  # the node's NICs shared by its 8 devices
+    assert price(across, "send_recv", "pp", 1e7) == pytest.approx(
+        1e-6 + 1e7 / per_device + LAUNCH_S
+    )
+
+
+def test_one_member_per_node_ring_versus_tree() -> None:
+    """dp over 16 nodes, one member per node: each group owns 1/8 of the node's NICs."""
+    model = costs(system(), nodes=16, tp=8)
+    path = model.collectives.path("dp")
+    assert path is not None
+    bw = 8 * 25e9 * 0.9 / 8
+    assert (path.ranks, path.nodes, path.per_node) == (16, 16, 1)
+    assert path.inter_bytes_per_s == pytest.approx(bw)
+
+    def ring(s: float) -> float:
+        return 2 * 15 / 16 * s / bw + 2 * 15 * 1e-6
+
+    def tree(s: float) -> float:
+        return 2 * s / bw + 2 * math.log2(16) * 1e-6
+
+    for nbytes in (1e3, 1e5, 1e9):
+        times = algorithm_times_s("all_reduce", nbytes, path)
+        assert times == {"ring": pytest.approx(ring(nbytes)), "tree": pytest.approx(tree(nbytes))}
+        assert price(model, "all_reduce", "dp", nbytes) == pytest.approx(
+            min(ring(nbytes), tree(nbytes)) + LAUNCH_S
+        )
+    assert tree(1e3) < ring(1e3) and ring(1e9) < tree(1e9)  # NCCL: tree small, ring large
+
+
+def test_several_members_per_node_ring_or_hierarchical() -> None:
+    """tp 2 → dp groups of 16 with 4 members on each of 4 nodes."""
+    model = costs(system(), nodes=4, tp=2)
+    path = model.collectives.path("dp")
+    assert path is not None and (path.ranks, path.nodes, path.per_node) == (16, 4, 4)
+    net = 8 * 25e9 * 0.9 * 4 / 8
+    assert path.inter_bytes_per_s == pytest.approx(net)
+    s = 1e9
+    ring = 2 * 15 / 16 * s / min(B_INTRA, net) + (30 - 6) * ALPHA_INTRA + 6 * 1e-6
+    hier = 2 * 3 / 4 * s / B_INTRA + 6 * ALPHA_INTRA + 2 * 3 / 4 * s / net + 6 * 1e-6
+    times = algorithm_times_s("all_reduce", s, path)
+    assert times["ring"] == pytest.approx(ring)
+    assert times["hierarchical"] == pytest.approx(hier)
+    assert price(model, "all_reduce", "dp", s) == pytest.approx(min(times.values()) + LAUNCH_S)
+    assert ring < hier  # a fabric only 2.7× the network share: the pipelined ring wins
+    fast_fabric = costs(system(fabric_gbps=3000.0), nodes=4, tp=2).collectives.path("dp")
+    assert fast_fabric is not None
+    fast = algorithm_times_s("all_reduce", s, fast_fabric)
+    assert fast["hierarchical"] < fast["ring"]  # it moves less over the network
+
+
+def test_fat_tree_taper_applies_only_across_leaves() -> None:
+    s = 1e9
+    within = costs(system(network={**FAT_TREE, "oversubscription": 2.0}), nodes=16, tp=8)
+    small_leaves = {**FAT_TREE, "nodes_per_leaf": 4, "oversubscription": 2.0}
+    across = costs(system(network=small_leaves), nodes=16, tp=8)
+    p_in, p_out = within.collectives.path("dp"), across.collectives.path("dp")
+    assert p_in is not None and p_out is not None
+    assert p_out.inter_bytes_per_s == pytest.approx(p_in.inter_bytes_per_s / 2)
+    assert (p_in.inter_latency_s, p_out.inter_latency_s) == (
+        pytest.approx(1e-6),
+        pytest.approx(3e-6),
+    )
+    assert price(across, "all_reduce", "dp", s) > price(within, "all_reduce", "dp", s)
+
+
+def test_dragonfly_global_taper() -> None:
+    dragonfly = {
+        "kind": "dragonfly",
+        "nodes_per_group": 8,
+        "global_taper": 1.75,
+        "hop_latency_us": 1.0,
+        "efficiency": 0.9,
+    }
+    inside = costs(system(network=dragonfly), nodes=8, tp=8).collectives.path("dp")
+    across = costs(system(network=dragonfly), nodes=16, tp=8).collectives.path("dp")
+    assert inside is not None and across is not None
+    assert across.inter_bytes_per_s == pytest.approx(inside.inter_bytes_per_s / 1.75)
+
+
+def test_torus_ring_uses_both_neighbour_links() -> None:
+    """One device per node (Fugaku-like): a ring along the torus sends to both neighbours."""
+    torus = {
+        "kind": "torus",
+        "dims": [4, 4, 4],
+        "link_gbps_per_direction": 6.8,
+        "hop_latency_us": 0.5,
+        "efficiency": 0.8,
+    }
+    sysm = system(nodes=64, devices=1, nics=6, nic_gbit=54.4, network=torus)
+    model = costs(sysm, nodes=64)
+    path = model.collectives.path("dp")
+    assert path is not None and path.per_node == 1
+    assert path.inter_bytes_per_s == pytest.approx(min(2 * 6.8e9, 6 * 6.8e9) * 0.8)
+    narrow = costs(system(nodes=64, devices=1, nics=1, nic_gbit=54.4, network=torus), nodes=64)
+    narrow_path = narrow.collectives.path("dp")
+    assert narrow_path is not None
+    assert narrow_path.inter_bytes_per_s == pytest.approx(6.8e9 * 0.8)  # injection-bound
+
+
+def test_trivial_groups_and_empty_messages_are_free() -> None:
+    model = costs(system(), nodes=1, tp=8)  # dp = 1
+    assert price(model, "all_reduce", "dp", 1e9) == 0.0
+    assert price(model, "all_reduce", "tp", 0.0) == 0.0
+
+
+def test_unsupported_precision_is_a_user_error() -> None:
+    sysm = system()
+    plan = Plan(sysm, 1, Parallelism(tp=8, dp=1), 1)
+    with pytest.raises(UserError, match=r"training\.precision: fp8"):
+        HardwareCosts(sysm, plan, "fp8")
+
+
+# -- measured tables ------------------------------------------------------------------------
+
+
+def test_measured_table_reproduces_nccl_tests_times() -> None:
+    cal = build_calibration(nccl_outputs=[DATA / "nccl_all_reduce_8xa100.txt"])
+    model = costs(system(), nodes=1, tp=8, calibration=cal)
+    # "8589934592 ... 64816.8 132.53 231.92": t = S / algbw = S·2(n−1)/n / busbw.
+    assert price(model, "all_reduce", "tp", 8589934592) == pytest.approx(64816.8e-6, rel=1e-4)
+    assert price(model, "all_reduce", "tp", 2097152) == pytest.approx(37.82e-6, rel=1e-3)
+    assert price(model, "all_reduce", "tp", 1) == pytest.approx(22.0e-6, rel=1e-3)  # floor
+    # Collectives without measurements keep the model.
+    plain = costs(system(), nodes=1, tp=8)
+    assert price(model, "all_gather", "tp", 1e8) == price(plain, "all_gather", "tp", 1e8)
+
+
+def test_measured_busbw_interpolates_in_log_size() -> None:
+    points = [
+        CollectivePoint(collective="all_gather", ranks=8, nodes=1, bytes=b, busbw_gbps=g)
+        for b, g in ((1 << 20, 50.0), (1 << 22, 150.0))
+    ]
+    table = CollectiveTable(points)
+    t = table.time_s("all_gather", 8, 1, 1 << 21)
+    assert t == pytest.approx((1 << 21) * 7 / 8 / 100e9)
+
+
+def test_closest_measured_shape_is_used() -> None:
+    def series(ranks: int, nodes: int, gbps: float) -> CollectivePoint:
+        return CollectivePoint(
+            collective="all_reduce", ranks=ranks, nodes=nodes, bytes=1 << 30, busbw_gbps=gbps
+        )
+
+    table = CollectiveTable([series(2, 1, 10.0), series(8, 1, 20.0), series(16, 2, 30.0)])
+    assert table.series_for("all_reduce", 4, 1).ranks == 2  # tie in log distance: fewer ranks
+    assert table.series_for("all_reduce", 8, 1).ranks == 8
+    assert table.series_for("all_reduce", 64, 8).ranks == 16  # the multi-node measurement
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10))
+def test_measured_times_never_decrease_with_size(a: float, b: float) -> None:
+    """Even where the measured busbw jumps faster than the size (protocol switch)."""
+    rows = ((4 << 20, 11.2), (8 << 20, 32.7), (16 << 20, 36.7), (64 << 20, 30.0))
+    table = CollectiveTable(
+        [
+            CollectivePoint(collective="all_reduce", ranks=16, nodes=2, bytes=s, busbw_gbps=g)
+            for s, g in rows
+        ]
+    )
+    small, big = sorted((a, b))
+    assert table.time_s("all_reduce", 16, 2, big) >= table.time_s("all_reduce", 16, 2, small)
+
+
+def test_from_scenario_loads_the_calibration(tmp_path: Path) -> None:
+    cal = Calibration(collectives=parse_nccl_tests(DATA / "nccl_all_reduce_8xa100.txt"))
+    path = tmp_path / "profile.yaml"
+    save_calibration(cal, path)
+    scenario = load_scenario(
+        {
+            "system": system(nodes=2).model_dump(),
+            "model": {
+                "name": "m",
+                "layers": 4,
+                "hidden": 512,
+                "heads": 8,
+                "ffn_hidden": 2048,
+                "vocab": 1024,
+            },
+            "parallelism": {"tp": 8, "pp": 2},
+            "training": {"global_batch": 8, "seq_len": 512, "tokens": 1e9},
+            "calibration": str(path),
+        }
+    )
+    model = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    assert model.calibration == cal
+    assert price(model, "all_reduce", "tp", 8589934592) == pytest.approx(64816.8e-6, rel=1e-4)
+
+
+# -- monotonicity ---------------------------------------------------------------------------
+
+LAYOUTS = [  # (nodes, tp, pp, network)
+    (1, 8, 1, FAT_TREE),
+    (4, 2, 1, FAT_TREE),
+    (16, 8, 1, FAT_TREE),
+    (8, 4, 2, FAT_TREE),
+    (32, 8, 2, {**FAT_TREE, "nodes_per_leaf": 4, "oversubscription": 3.0}),
+    (16, 2, 2, {"kind": "dragonfly", "nodes_per_group": 4, "global_taper": 1.75}),
+]
+layouts = st.sampled_from(LAYOUTS)
+collectives = st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "send_recv"])
+axes = st.sampled_from(["tp", "dp", "pp"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layout=layouts,
+    collective=collectives,
+    axis=axes,
+    nbytes=st.floats(1.0, 1e10),
+    gain=st.floats(1.0, 8.0),
+    which=st.sampled_from(["fabric_gbps", "nic_gbit", "nics"]),
+)
+def test_more_bandwidth_never_takes_longer(
+    layout: tuple, collective: str, axis: str, nbytes: float, gain: float, which: str
+) -> None:
+    nodes, tp, pp, network = layout
+    base_kwargs: dict[str, Any] = {
+        "fabric_gbps": 300.0,
+        "nic_gbit": 200.0,
+        "nics": 4,
+        "network": network,
+    }
+    faster = dict(base_kwargs)
+    faster[which] = (
+        round(base_kwargs[which] * gain) if which == "nics" else (base_kwargs[which] * gain)
+    )
+    slow = costs(system(**base_kwargs), nodes, tp, pp)
+    fast = costs(system(**faster), nodes, tp, pp)
+    t_slow = price(slow, collective, axis, nbytes)
+    assert price(fast, collective, axis, nbytes) <= t_slow * (1 + 1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layout=layouts,
+    collective=collectives,
+    axis=axes,
+    a=st.floats(0.0, 1e10),
+    b=st.floats(0.0, 1e10),
+)
+def test_bigger_messages_never_take_less_time(
+    layout: tuple, collective: str, axis: str, a: float, b: float
+) -> None:
+    nodes, tp, pp, network = layout
+    model = costs(system(network=network), nodes, tp, pp)
+    small, big = sorted((a, b))
+    assert price(model, collective, axis, big) >= price(model, collective, axis, small)

@@ -1,0 +1,193 @@
+"""Compute cost model: roofline, GEMM tile/wave quantisation, attention, measured tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llmsim.calibration import GemmPoint
+from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
+from llmsim.ops import ComputeOp
+from llmsim.specs import Accelerator
+
+PEAK_TFLOPS = 300.0
+UNITS = 100
+
+
+def accelerator(**overrides: Any) -> Accelerator:
+    """A GPU-like device with round numbers: 300 TF bf16, 2 TB/s, 100 units of 128×128 tiles."""
+    raw: dict[str, Any] = {
+        "name": "test-gpu",
+        "dense_tflops": {"bf16": PEAK_TFLOPS, "fp32": 20.0},
+        "hbm_gb": 80,
+        "hbm_tbps": 2.0,
+        "gemm": {
+            "peak_fraction": 0.8,
+            "compute_units": UNITS,
+            "tile_m": 128,
+            "tile_n": 128,
+            "k_fill": 64,
+        },
+        "memory_bound_fraction": 0.9,
+        "attention_fraction": 0.5,
+        "kernel_launch_us": 5.0,
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    return Accelerator.model_validate(raw)
+
+
+def gemm_op(m: int, n: int, k: int, batch: int = 1, bytes_: float = 0.0) -> ComputeOp:
+    return ComputeOp("g", "gemm", "F", 2.0 * m * n * k * batch, bytes_, (m, n, k), batch)
+
+
+def test_wave_quantisation_one_more_tile_than_units_takes_two_waves() -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    full = gemm_op(128 * 10, 128 * 10, 4096)  # 100 tiles: one full wave
+    spill = gemm_op(128 * 101, 128, 4096)  # 101 tiles: a second, nearly empty wave
+    assert gemm_shape(128 * 101, 128, 4096, 1, accelerator().gemm).waves == 2
+    assert model.compute_s(spill) / model.compute_s(full) == pytest.approx(2.0)
+
+
+def test_full_wave_gemm_closed_form() -> None:
+    acc = accelerator()
+    model = ComputeModel(acc, "bf16")
+    m, n, k = 1280, 1280, 4096
+    eta = 0.8 * 1.0 * k / (k + 64)
+    assert gemm_efficiency(m, n, k, 1, acc.gemm) == pytest.approx(eta)
+    expected = 2 * m * n * k / (PEAK_TFLOPS * 1e12 * eta) + 5e-6
+    assert model.compute_s(gemm_op(m, n, k)) == pytest.approx(expected)
+
+
+def test_tile_quantisation_counts_the_padding_as_work() -> None:
+    model = ComputeModel(accelerator(), "bf16")
+    assert model.compute_s(gemm_op(129, 1280, 4096)) == model.compute_s(gemm_op(256, 1280, 4096))
+    shape = gemm_shape(129, 1280, 4096, 1, accelerator().gemm)
+    assert shape.padded_flops == 2 * 256 * 1280 * 4096
+
+
+def test_batched_gemm_tiles_multiply() -> None:
+    shape = gemm_shape(128, 128, 64, 250, accelerator().gemm)
+    assert (shape.tiles, shape.waves, shape.wave_efficiency) == (250, 3, pytest.approx(250 / 300))
+
+
+def test_memory_bound_kernel_and_roofline() -> None:
+    model = ComputeModel(accelerator(), "bf16")
+    norm = ComputeOp("ln", "memory", "F", 0.0, 1.8e9)
+    assert model.compute_s(norm) == pytest.approx(1.8e9 / (2e12 * 0.9) + 5e-6)
+    # A skinny GEMM whose operands dominate is priced by its bytes.
+    skinny = gemm_op(128, 128, 1 << 20, bytes_=4e10)
+    assert model.compute_s(skinny) == pytest.approx(4e10 / 1.8e12 + 5e-6)
+
+
+def test_attention_at_attention_fraction_of_executed_flops() -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    op = ComputeOp("attn", "attention", "F", 1e12, 0.0, executed_fraction=0.5)
+    assert model.compute_s(op) == pytest.approx(0.5e12 / (PEAK_TFLOPS * 1e12 * 0.5))
+
+
+def test_attention_without_fused_kernel_runs_at_gemm_efficiency() -> None:
+    model = ComputeModel(accelerator(attention_fraction=0.0, kernel_launch_us=0.0), "bf16")
+    op = ComputeOp("attn", "attention", "F", 1e12, 0.0)
+    assert model.compute_s(op) == pytest.approx(1e12 / (PEAK_TFLOPS * 1e12 * 0.8))
+
+
+def test_gemm_without_shape_runs_at_peak_fraction() -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    op = ComputeOp("g", "gemm", "F", 1e12, 0.0)
+    assert model.compute_s(op) == pytest.approx(1e12 / (PEAK_TFLOPS * 1e12 * 0.8))
+
+
+def test_dtype_selects_the_peak() -> None:
+    op = gemm_op(1280, 1280, 4096)
+    bf16 = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16").compute_s(op)
+    fp32 = ComputeModel(accelerator(kernel_launch_us=0.0), "fp32").compute_s(op)
+    assert fp32 / bf16 == pytest.approx(PEAK_TFLOPS / 20.0)
+
+
+def test_results_are_memoised_per_distinct_op() -> None:
+    model = ComputeModel(accelerator(), "bf16")
+    a = gemm_op(1024, 1024, 1024)
+    b = ComputeOp("other_name", "gemm", "B", a.flops, a.bytes, a.mnk, a.batch)
+    assert model.compute_s(a) == model.compute_s(b)
+    assert len(model._cache) == 1
+
+
+# -- measured GEMM tables -------------------------------------------------------------------
+
+TABLE = [
+    GemmPoint(m=1024, n=1024, k=1024, dtype="bf16", tflops=100.0),
+    GemmPoint(m=4096, n=4096, k=4096, dtype="bf16", tflops=200.0),
+    GemmPoint(m=2048, n=8192, k=4096, dtype="bf16", tflops=230.0),  # same volume as 4096³
+]
+
+
+def test_table_reproduces_measured_shapes() -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16", GemmTable(TABLE))
+    op = gemm_op(1024, 1024, 1024)
+    assert model.compute_s(op) == pytest.approx(op.flops / 100e12)
+
+
+def test_table_interpolates_in_log_volume_and_clamps() -> None:
+    table = GemmTable(TABLE)
+    mid = table.achieved_flops(2048, 2048, 2048, 1, "bf16")  # halfway in log(MNK)
+    assert mid == pytest.approx((100 + (200 + 230) / 2) / 2 * 1e12)
+    assert table.achieved_flops(8, 8, 8, 1, "bf16") == 100e12
+    assert table.achieved_flops(1 << 15, 1 << 15, 1 << 15, 1, "bf16") == pytest.approx(215e12)
+    assert table.achieved_flops(1024, 1024, 256, 4, "bf16") == 100e12  # batch·M·N·K
+
+
+def test_table_without_the_dtype_falls_back_to_the_model() -> None:
+    op = gemm_op(1280, 1280, 4096)
+    plain = ComputeModel(accelerator(), "fp32").compute_s(op)
+    assert ComputeModel(accelerator(), "fp32", GemmTable(TABLE)).compute_s(op) == plain
+
+
+# -- monotonicity ---------------------------------------------------------------------------
+
+ops = st.one_of(
+    st.builds(
+        gemm_op,
+        st.integers(1, 20000),
+        st.integers(1, 20000),
+        st.integers(1, 20000),
+        st.integers(1, 64),
+        st.floats(0, 1e10),
+    ),
+    st.builds(
+        lambda f, b: ComputeOp("a", "attention", "F", f, b), st.floats(0, 1e14), st.floats(0, 1e10)
+    ),
+    st.builds(lambda b: ComputeOp("n", "memory", "F", 0.0, b), st.floats(0, 1e10)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(op=ops, gain=st.floats(1.0, 10.0))
+def test_more_peak_or_hbm_bandwidth_never_takes_longer(op: ComputeOp, gain: float) -> None:
+    base = ComputeModel(accelerator(), "bf16").compute_s(op)
+    faster_math = ComputeModel(
+        accelerator(dense_tflops={"bf16": PEAK_TFLOPS * gain}), "bf16"
+    ).compute_s(op)
+    faster_memory = ComputeModel(accelerator(hbm_tbps=2.0 * gain), "bf16").compute_s(op)
+    assert faster_math <= base * (1 + 1e-12)
+    assert faster_memory <= base * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    m=st.integers(1, 20000),
+    n=st.integers(1, 20000),
+    k=st.integers(1, 20000),
+    dm=st.integers(0, 5000),
+    dn=st.integers(0, 5000),
+    dk=st.integers(0, 5000),
+)
+def test_a_bigger_gemm_never_runs_faster(m: int, n: int, k: int, dm: int, dn: int, dk: int) -> None:
+    model = ComputeModel(accelerator(), "bf16")
+    small = model.compute_s(gemm_op(m, n, k))
+    assert model.compute_s(gemm_op(m + dm, n + dn, k + dk)) >= small * (1 - 1e-12)
