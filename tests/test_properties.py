@@ -1,0 +1,69 @@
+"""Step-level invariants (hypothesis): more hardware never makes a step slower."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from helpers import make_scenario
+
+from llmsim import simulate
+
+FAST = settings(max_examples=12, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+layouts = st.sampled_from([
+    {"nodes": 2, "parallelism__tp": 2, "parallelism__pp": 2},
+    {"nodes": 2, "parallelism__tp": 8, "parallelism__pp": 2, "parallelism__zero": 1},
+    {"nodes": 4, "parallelism__tp": 1, "parallelism__pp": 4, "parallelism__schedule": "zb-h1"},
+    {"nodes": 2, "parallelism__tp": 4, "parallelism__pp": 1, "parallelism__zero": 3},
+    {"nodes": 2, "parallelism__tp": 2, "parallelism__pp": 2,
+     "parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
+     "parallelism__overlap_dp_comm": False},
+])
+factors = st.floats(min_value=1.0, max_value=8.0)
+
+
+def _step(layout: dict, **changes) -> float:
+    return simulate(make_scenario(training__global_batch=32, **layout, **changes)).step_time_s
+
+
+@FAST
+@given(layout=layouts, factor=factors)
+def test_more_fabric_bandwidth_never_slows_a_step(layout, factor):
+    base = make_scenario(**layout).system.node.fabric[0]
+    tier = base.model_dump() | {"gbps_per_direction": base.gbps_per_direction * factor}
+    assert _step(layout, system__node__fabric=[tier]) <= _step(layout) * (1 + 1e-12)
+
+
+@FAST
+@given(layout=layouts, factor=factors)
+def test_more_network_bandwidth_never_slows_a_step(layout, factor):
+    nic = make_scenario(**layout).system.node.nic_gbit
+    assert _step(layout, system__node__nic_gbit=nic * factor) <= _step(layout) * (1 + 1e-12)
+
+
+@FAST
+@given(layout=layouts, factor=factors)
+def test_more_peak_flops_never_slows_a_step(layout, factor):
+    peak = make_scenario(**layout).system.node.accelerator.dense_tflops.bf16
+    faster = _step(layout, system__node__accelerator__dense_tflops__bf16=peak * factor)
+    assert faster <= _step(layout) * (1 + 1e-12)
+
+
+@FAST
+@given(layout=layouts, factor=factors)
+def test_more_memory_bandwidth_never_slows_a_step(layout, factor):
+    hbm = make_scenario(**layout).system.node.accelerator.hbm_tbps
+    assert _step(layout, system__node__accelerator__hbm_tbps=hbm * factor) <= _step(layout) * (
+        1 + 1e-12)
+
+
+@FAST
+@given(layout=layouts)
+def test_stream_usage_and_breakdown_add_up(layout):
+    result = simulate(make_scenario(training__global_batch=32, **layout))
+    usage = result.stream_usage()
+    assert ((usage.busy_s + usage.idle_s - result.step_time_s).abs() < 1e-9).all()
+    for stage in result.stages:
+        assert abs(sum(stage.as_dict().values()) - result.step_time_s) < 1e-9
+        assert min(stage.as_dict().values()) >= 0
