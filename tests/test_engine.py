@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 from helpers import LayerOnlyCosts, make_scenario
-
 from llmsim import simulate
 
 
@@ -59,7 +58,8 @@ def test_every_microbatch_gets_one_f_and_one_b_per_stage(schedule, v):
 def test_busy_plus_idle_is_step_time_on_every_stream(tiny):
     result = simulate(tiny)
     usage = result.stream_usage()
-    assert (usage.busy_s + usage.idle_s).tolist() == pytest.approx([result.step_time_s] * len(usage))
+    total = (usage.busy_s + usage.idle_s).tolist()
+    assert total == pytest.approx([result.step_time_s] * len(usage))
     assert (usage.idle_s >= -1e-12).all()
 
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
-from llmsim.workload import build_workload
-
 from helpers import make_scenario
+from llmsim.workload import build_workload
 
 GPT3 = {"name": "gpt3-shape", "layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152,
         "vocab": 51200, "max_seq_len": 2048}
@@ -29,14 +27,14 @@ def test_model_flops_match_narayanan_72_form(kernel):
     # terms (24·B·s·h² per block per pass, 4·B·s²·h attention, 2·B·s·h·V head, ×3 for
     # forward+backward). It omits biases, norms and softmax (not FLOPs in the graph
     # either), so the match is exact up to float rounding — well inside 1 %.
-    s, work = _gpt3("none", training__attention_kernel=kernel)
+    _s, work = _gpt3("none", training__attention_kernel=kernel)
     expected = closed_form(1536, 2048, 96, 12288, 51200, 72, 12)
     assert work.model_flops() == pytest.approx(expected, rel=1e-6)
 
 
 def test_hardware_flops_with_full_recompute_match_96_form():
     # Full recompute repeats every block's forward (not the LM head): 96 = 4 passes × 24.
-    s, work = _gpt3("full")
+    _s, work = _gpt3("full")
     expected = closed_form(1536, 2048, 96, 12288, 51200, 96, 16)
     assert work.hardware_flops() == pytest.approx(expected, rel=1e-6)
     assert work.model_flops() == pytest.approx(closed_form(1536, 2048, 96, 12288, 51200, 72, 12),

@@ -32,8 +32,8 @@ from llmsim.workload import Chunk, Op, Workload
 class CostModel(Protocol):
     """Prices ops in seconds (see :mod:`llmsim.costs`)."""
 
-    def compute_s(self, op: ComputeOp) -> float: ...  # noqa: D102
-    def comm_s(self, op: CommOp) -> float: ...  # noqa: D102
+    def compute_s(self, op: ComputeOp) -> float: ...
+    def comm_s(self, op: CommOp) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)

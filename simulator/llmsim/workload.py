@@ -233,7 +233,7 @@ class _LayerBuilder:
     # -- one block ----------------------------------------------------------------------
     def layer(self) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
         """Forward, recompute, input-gradient and weight-gradient ops of one block."""
-        m, t, T, e = self.m, self.t, self.T, self.e
+        m, t, T, _e = self.m, self.t, self.T, self.e
         h, f = m.hidden, m.ffn_hidden
         n_sp = T * h / t if self.sp else T * h  # elements of a norm/residual on this device
         qkv_n = (h + 2 * m.kv_dim) // t
