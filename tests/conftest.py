@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import make_scenario
+
 from llmsim.specs import Scenario
 
 

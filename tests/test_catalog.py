@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from llmsim import catalog
 from llmsim.loader import load_scenario, load_spec, read_yaml
 

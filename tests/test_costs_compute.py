@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from llmsim.calibration import GemmPoint
 from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
 from llmsim.ops import ComputeOp

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 from helpers import LayerOnlyCosts, make_scenario
+
 from llmsim import simulate
 
 

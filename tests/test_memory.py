@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from llmsim.errors import UserError
 from llmsim.loader import load_scenario, load_spec
 from llmsim.memory import (

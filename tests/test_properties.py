@@ -5,6 +5,7 @@ from __future__ import annotations
 from helpers import make_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from llmsim import simulate
 
 FAST = settings(max_examples=12, deadline=None,

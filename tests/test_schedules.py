@@ -11,6 +11,7 @@ from typing import get_args
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from llmsim.errors import UserError
 from llmsim.schedules import (
     SCHEDULES,

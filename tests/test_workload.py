@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import make_scenario
+
 from llmsim.workload import build_workload
 
 GPT3 = {"name": "gpt3-shape", "layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152,

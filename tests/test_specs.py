@@ -1,0 +1,96 @@
+"""Specs: hypothesis round-trips through dicts and YAML, and field documentation."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from llmsim import load_spec
+from llmsim.specs import Accelerator, Model, Parallelism, Scenario, System, Training
+
+
+@st.composite
+def models(draw):
+    head_dim = draw(st.sampled_from([32, 64, 128]))
+    heads = draw(st.sampled_from([4, 8, 16, 32]))
+    kv = draw(st.sampled_from([h for h in (1, 2, 4, 8, heads) if heads % h == 0]))
+    return Model(
+        name="m", layers=draw(st.integers(1, 128)), hidden=heads * head_dim, heads=heads,
+        kv_heads=kv, ffn_hidden=draw(st.integers(1, 8)) * 256, vocab=draw(st.integers(1, 10**6)),
+        activation=draw(st.sampled_from(["gelu", "swiglu"])),
+        tied_embeddings=draw(st.booleans()),
+        position_embedding=draw(st.sampled_from(["learned", "rope"])),
+        norm=draw(st.sampled_from(["layernorm", "rmsnorm"])), bias=draw(st.booleans()),
+    )
+
+
+parallelisms = st.builds(
+    Parallelism, tp=st.integers(1, 16), pp=st.integers(1, 16),
+    dp=st.one_of(st.just("auto"), st.integers(1, 1024)),
+    schedule=st.sampled_from(["gpipe", "1f1b", "zb-h1"]), micro_batch=st.integers(1, 8),
+    zero=st.integers(0, 3), sequence_parallel=st.booleans(),
+    recompute=st.sampled_from(["none", "selective", "full"]), overlap_dp_comm=st.booleans(),
+)
+trainings = st.builds(
+    Training, global_batch=st.integers(1, 10**5), seq_len=st.integers(1, 10**6),
+    precision=st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
+    attention_kernel=st.sampled_from(["flash", "unfused"]),
+    tokens=st.one_of(st.none(), st.floats(1e6, 1e14)),
+)
+
+
+def _round_trip(spec):
+    again = type(spec).model_validate(spec.model_dump())
+    assert again == spec
+    via_yaml = type(spec).model_validate(yaml.safe_load(yaml.safe_dump(spec.model_dump(
+        mode="json"))))
+    assert via_yaml == spec
+
+
+@settings(max_examples=60, deadline=None)
+@given(models())
+def test_model_round_trips(model):
+    _round_trip(model)
+    assert model.params > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(parallelisms)
+def test_parallelism_round_trips(par):
+    _round_trip(par)
+
+
+@settings(max_examples=60, deadline=None)
+@given(trainings)
+def test_training_round_trips(training):
+    _round_trip(training)
+
+
+@pytest.mark.parametrize("kind, name", [("accelerators", "h100-sxm5-80gb"),
+                                        ("systems", "frontier"), ("systems", "fugaku"),
+                                        ("models", "llama3-405b")])
+def test_catalog_specs_round_trip(kind, name):
+    _round_trip(load_spec(kind, name))
+
+
+def test_scenario_round_trips():
+    from llmsim import load_scenario
+
+    _round_trip(load_scenario("frontier"))
+
+
+@pytest.mark.parametrize("spec", [Accelerator, System, Model, Parallelism, Training, Scenario])
+def test_every_field_is_documented(spec):
+    for name, field in spec.model_fields.items():
+        assert field.description, f"{spec.__name__}.{name} has no docstring"
+
+
+def test_specs_are_frozen_and_reject_unknown_fields():
+    par = Parallelism()
+    with pytest.raises(ValidationError):
+        par.tp = 2
+    with pytest.raises(ValidationError):
+        Parallelism(tensor_parallel=2)
