@@ -91,6 +91,74 @@ def schedule_show(
     out.print(schedules.format_grid(plan), highlight=False)
 
 
+@app.command("validate")
+def validate_cmd(
+    subset: Annotated[
+        str | None,
+        typer.Option("--subset", help="Only rows whose id starts with PREFIX (NAR21, ZB24 ...)."),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Write validation.csv and validation.png here.")
+    ] = None,
+) -> None:
+    """Compare llmsim with published, measured training runs (docs/validation.md)."""
+    from rich import box
+
+    from llmsim import validation
+
+    df = validation.validate(validation.load_runs(subset), progress=True)
+    units = {"iteration_time_s": "s/iteration", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU %"}
+    table = Table(
+        title="llmsim vs published measurements", title_justify="left", box=box.SIMPLE_HEAD
+    )
+    for name in ("id", "quantity", "measured", "llmsim", "error %"):
+        table.add_column(name, justify="left" if name in ("id", "quantity") else "right")
+    for r in df.itertuples():
+        size = abs(r.error_pct)
+        colour = "green" if size <= 10 else "yellow" if size <= 20 else "red"
+        error = f"[{colour}]{r.error_pct:+.1f}[/{colour}]"
+        table.add_row(r.id, units[r.metric], f"{r.measured:.4g}", f"{r.predicted:.4g}", error)
+    out.print(table)
+    stats = Table(
+        title="summary, % (MAPE, median |error|, mean error, worst row)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+    )
+    for name in ("source", "rows", "MAPE", "median", "mean", "worst row", "worst"):
+        stats.add_column(name, justify="left" if name in ("source", "worst row") else "right")
+    for s in validation.summary(df).itertuples():
+        stats.add_row(
+            s.group,
+            str(s.rows),
+            f"{s.mape_pct:.1f}",
+            f"{s.median_abs_pct:.1f}",
+            f"{s.bias_pct:+.1f}",
+            s.worst_id,
+            f"{s.worst_error_pct:+.0f}",
+        )
+    out.print(stats)
+    ranking = validation.schedule_ranking(df)
+    if not ranking.empty:
+        orders = Table(
+            title=f"ZB24 schedule order (fastest first) reproduced in "
+            f"{int(ranking['same'].sum())} of {len(ranking)} configurations",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+        )
+        for name in ("configuration", "measured", "llmsim", "same"):
+            orders.add_column(name)
+        for r in ranking.itertuples():
+            tie = f" ({r.ties})" if r.ties else ""
+            same = "yes" if r.same else "[red]no[/red]"
+            orders.add_row(r.config, r.measured_order + tie, r.predicted_order, same)
+        out.print(orders)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        df.to_csv(out_dir / "validation.csv", index=False)
+        png = validation.plot_validation(df, out_dir / "validation.png")
+        out.print(f"wrote {out_dir / 'validation.csv'}, {png}")
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2."""
     try:

@@ -38,6 +38,9 @@ class ComputeOp:
     """Share of ``flops`` the kernel really executes: causal flash attention skips the
     masked half (0.5); its backward recomputes the scores (FlashAttention-2: backward
     executes 2.5× the forward, against 2× counted as model FLOPs)."""
+    dtype: str | None = None
+    """Data type of the math when it differs from the training precision (FP8 training
+    with Transformer Engine runs attention in BF16)."""
 
     @property
     def executed_flops(self) -> float:

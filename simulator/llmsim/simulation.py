@@ -29,7 +29,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
     trace = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
                    split_backward=par.schedule in schedules.SPLIT_BACKWARD).run()
     step = trace.step_end_s + trn.step_overhead_s
-    stages = [_stage_breakdown(trace, s, step) for s in range(par.pp)]
+    reps = _representatives(trace)
+    stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
     memory = memory_per_stage(scenario.model, par, trn, scenario.dp,
                               scenario.system.node.accelerator)
     return Result(
@@ -39,22 +40,36 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
         memory=memory,
         step_time_s=step,
         stages=stages,
-        bubble_fraction_per_stage=[_bubble_fraction(trace, s) for s in range(par.pp)],
+        bubble_fraction_per_stage=[_bubble_fraction(trace, reps[s]) for s in range(par.pp)],
         warnings=_warnings(scenario, memory),
     )
 
 
-def _first_device(trace: Trace, stage: int) -> int:
-    return min(r.device for r in trace.records if r.stage == stage)
+_Representative = tuple[list, list]
+"""The records and the pipeline waits of one stage's first device."""
 
 
-def _stage_breakdown(trace: Trace, stage: int, step_s: float) -> StageBreakdown:
-    """Split ``step_s`` of one stage's representative device into its parts."""
-    device = _first_device(trace, stage)
-    compute = tp = optimizer = dp = 0.0
+def _representatives(trace: Trace) -> dict[int, _Representative]:
+    """Per stage, its first device's records and pipeline waits, in one pass over the trace."""
+    first: dict[int, int] = {}
     for r in trace.records:
-        if r.device != device:
-            continue
+        first[r.stage] = min(first.get(r.stage, r.device), r.device)
+    by_device: dict[int, _Representative] = {d: ([], []) for d in first.values()}
+    for r in trace.records:
+        if r.device in by_device:
+            by_device[r.device][0].append(r)
+    for wait in trace.pp_waits:
+        if wait[0] in by_device:
+            by_device[wait[0]][1].append(wait)
+    return {stage: by_device[device] for stage, device in first.items()}
+
+
+def _stage_breakdown(trace: Trace, stage: int, step_s: float,
+                     rep: _Representative) -> StageBreakdown:
+    """Split ``step_s`` of one stage's representative device into its parts."""
+    records, waits = rep
+    compute = tp = optimizer = dp = 0.0
+    for r in records:
         if r.stream == "compute" and r.kind in "FBW":
             block = trace.blocks[(stage, r.chunk, r.kind)]
             compute += block.compute_s
@@ -65,17 +80,16 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float) -> StageBreakdown:
             else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
                 dp += r.end_s - r.start_s
     dp += trace.stage_dp_done_s[stage] - trace.stage_last_compute_s[stage]
-    pp = sum(end - max(start, sent) for dev, start, end, sent in trace.pp_waits if dev == device)
+    pp = sum(end - max(start, sent) for _, start, end, sent in waits)
     bubble = step_s - compute - tp - optimizer - dp - pp
     return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer)
 
 
-def _bubble_fraction(trace: Trace, stage: int) -> float:
-    """Idle share of the compute stream of ``stage`` during the pipeline phase."""
-    device = _first_device(trace, stage)
+def _bubble_fraction(trace: Trace, rep: _Representative) -> float:
+    """Idle share of the compute stream of a stage's first device during the pipeline phase."""
     phase = max(trace.stage_last_compute_s.values())
-    busy = sum(r.end_s - r.start_s for r in trace.records
-               if r.device == device and r.stream == "compute" and r.kind in "FBW")
+    busy = sum(r.end_s - r.start_s for r in rep[0]
+               if r.stream == "compute" and r.kind in "FBW")
     return (phase - busy) / phase if phase > 0 else 0.0
 
 

@@ -10,7 +10,7 @@ are divided by the tensor-parallel degree ``t``. Shapes follow Megatron-LM's lay
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -159,6 +159,11 @@ class _LayerBuilder:
         self.T = par.micro_batch * training.seq_len  # tokens per micro-batch
         self.e = DTYPE_BYTES[training.precision]
         self.sp = par.sequence_parallel and par.tp > 1
+        self.fp8 = training.precision == "fp8"
+        # FP8 training (Transformer Engine, 2023) runs only the linear layers in FP8;
+        # attention stays in BF16 (Micikevicius et al. 2022, "FP8 Formats for Deep
+        # Learning" §4; TE's DotProductAttention of that time has no FP8 path).
+        self.attn_dtype = "bf16" if self.fp8 else None
 
     # -- helpers ---------------------------------------------------------------------
     def _gemm(self, name: str, phase: str, m: int, n: int, k: int, batch: int = 1) -> ComputeOp:
@@ -176,6 +181,19 @@ class _LayerBuilder:
     def _mem(self, name: str, phase: str, elements: float, passes: float) -> ComputeOp:
         """A memory-bound kernel touching ``elements`` values ``passes`` times."""
         return ComputeOp(name, "memory", phase, 0.0, float(elements * passes * self.e))
+
+    def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
+        """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
+
+        Transformer Engine quantises each GEMM operand it does not already hold in FP8:
+        it reads the 16-bit tensor and writes the FP8 copy and its transpose (the
+        transpose feeds the weight-gradient GEMM): 2 + 1 + 1 bytes per element.
+        """
+        if not self.fp8 or gemm.mnk is None:
+            return []
+        m, n, k = gemm.mnk
+        elements = m * (k if operand == "input" else n)
+        return [ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements)]
 
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float) -> list[CommOp]:
         return [CommOp(name, kind, "tp", phase, nbytes)] if self.t > 1 else []
@@ -201,14 +219,14 @@ class _LayerBuilder:
             kv_local = max(1, m.n_kv_heads // t)
             io = self.e * self.T * d * (2 * heads + 2 * kv_local)  # read Q, K, V; write O
             return [ComputeOp("attn", "attention", phase, flops, float(io),
-                              executed_fraction=0.5)]
+                              executed_fraction=0.5, dtype=self.attn_dtype)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
         return [
-            self._gemm("attn_scores", phase, s, s, d, b * heads),
+            replace(self._gemm("attn_scores", phase, s, s, d, b * heads), dtype=self.attn_dtype),
             self._mem("attn_softmax", phase, probs, 2),     # read scores, write probs
             self._mem("attn_dropout", phase, probs, 2.5),   # read, write, 1-byte mask
-            self._gemm("attn_context", phase, s, d, s, b * heads),
+            replace(self._gemm("attn_context", phase, s, d, s, b * heads), dtype=self.attn_dtype),
         ]
 
     def _attention_backward(self) -> list[ComputeOp]:
@@ -219,7 +237,7 @@ class _LayerBuilder:
             fwd = self._attention_forward("B")[0]
             # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
             return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,
-                              executed_fraction=0.5 * 2.5 / 2)]
+                              executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype)]
         probs = float(b * heads * s * s)
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
         context = self._gemm("attn_context", "B", s, d, s, b * heads)
@@ -228,7 +246,7 @@ class _LayerBuilder:
                self._mem("attn_dropout_bwd", "B", probs, 2.5),
                self._mem("attn_softmax_bwd", "B", probs, 3),
                *self._gemm_grads(scores)]
-        return [ComputeOp(o.name, o.kind, "B", o.flops, o.bytes, o.mnk, o.batch) for o in ops]
+        return [replace(o, phase="B") for o in ops]
 
     # -- one block ----------------------------------------------------------------------
     def layer(self) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
@@ -246,15 +264,19 @@ class _LayerBuilder:
         fwd: list[Op] = [
             self._mem("ln1", "F", n_sp, 2),
             *self._entry("tp_ag_attn", "F"),
+            *self._fp8_cast(qkv, "input"),
             qkv,
             *self._attention_forward("F"),
+            *self._fp8_cast(proj, "input"),
             proj,
             *self._exit("tp_attn", "F"),
             self._mem("residual1", "F", n_sp, 3),
             self._mem("ln2", "F", n_sp, 2),
             *self._entry("tp_ag_mlp", "F"),
+            *self._fp8_cast(up, "input"),
             up,
             self._mem("act", "F", T * f / t, act_passes),
+            *self._fp8_cast(down, "input"),
             down,
             *self._exit("tp_mlp", "F"),
             self._mem("residual2", "F", n_sp, 3),
@@ -275,14 +297,18 @@ class _LayerBuilder:
         bwd: list[Op] = [
             self._mem("residual2_bwd", "B", n_sp, 2),
             *self._entry("tp_ag_mlp_bwd", "B"),
+            *_in_phase(self._fp8_cast(down, "grad"), "B"),
             down_dx,
             self._mem("act_bwd", "B", T * f / t, act_passes + 1),
+            *_in_phase(self._fp8_cast(up, "grad"), "B"),
             up_dx,
             *self._exit("tp_mlp_bwd", "B"),
             self._mem("ln2_bwd", "B", n_sp, 4),
             *self._entry("tp_ag_attn_bwd", "B"),
+            *_in_phase(self._fp8_cast(proj, "grad"), "B"),
             proj_dx,
             *self._attention_backward(),
+            *_in_phase(self._fp8_cast(qkv, "grad"), "B"),
             qkv_dx,
             *self._exit("tp_attn_bwd", "B"),
             self._mem("ln1_bwd", "B", n_sp, 4),
@@ -319,10 +345,11 @@ class _LayerBuilder:
 
 
 def _as_phase(op: Op, phase: str) -> Op:
-    if isinstance(op, ComputeOp):
-        return ComputeOp(op.name, op.kind, phase, op.flops, op.bytes, op.mnk, op.batch,
-                         op.executed_fraction)  # type: ignore[arg-type]
-    return CommOp(op.name, op.collective, op.axis, phase, op.bytes)  # type: ignore[arg-type]
+    return replace(op, phase=phase)
+
+
+def _in_phase(ops: list[ComputeOp], phase: str) -> list[ComputeOp]:
+    return [replace(op, phase=phase, name=f"{op.name}_{phase.lower()}") for op in ops]
 
 
 def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,

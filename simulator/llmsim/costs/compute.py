@@ -68,7 +68,9 @@ def gemm_shape(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> GemmShape
     )
 
 
-def gemm_efficiency(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> float:
+def gemm_efficiency(
+    m: int, n: int, k: int, batch: int, gemm: GemmModel, dtype: Dtype = "bf16"
+) -> float:
     """η_gemm = peak_fraction × wave efficiency × K/(K + k_fill), on the padded FLOPs.
 
     ``peak_fraction`` is the best measured fraction of dense peak (a large, well-shaped
@@ -77,14 +79,16 @@ def gemm_efficiency(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> floa
     ``k_fill`` K-elements of stages before its first MMA and drains them at the end
     (CUTLASS multistage main loop; the value per accelerator is in its YAML).
     """
-    return _efficiency(gemm_shape(m, n, k, batch, gemm), gemm)
+    return _efficiency(gemm_shape(m, n, k, batch, gemm), gemm, dtype)
 
 
-def _efficiency(shape: GemmShape, gemm: GemmModel) -> float:
-    return gemm.peak_fraction * shape.wave_efficiency * shape.k_efficiency
+def _efficiency(shape: GemmShape, gemm: GemmModel, dtype: Dtype) -> float:
+    return gemm.fraction(dtype) * shape.wave_efficiency * shape.k_efficiency
 
 
-def gemm_math_s(m: int, n: int, k: int, batch: int, gemm: GemmModel, peak_flops: float) -> float:
+def gemm_math_s(
+    m: int, n: int, k: int, batch: int, gemm: GemmModel, peak_flops: float, dtype: Dtype = "bf16"
+) -> float:
     """Math time of a GEMM: padded FLOPs / (peak · η_gemm).
 
     Padding (tile quantisation, guide §3.1) is counted as work: an M of 129 with 128-row
@@ -93,7 +97,7 @@ def gemm_math_s(m: int, n: int, k: int, batch: int, gemm: GemmModel, peak_flops:
     with the number of waves and with K, never with a smaller problem.
     """
     shape = gemm_shape(m, n, k, batch, gemm)
-    return shape.padded_flops / (peak_flops * _efficiency(shape, gemm))
+    return shape.padded_flops / (peak_flops * _efficiency(shape, gemm, dtype))
 
 
 class GemmTable:
@@ -138,7 +142,7 @@ class ComputeModel:
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction
         self.launch_s = accelerator.kernel_launch_us * 1e-6
-        self.gemm_table = gemm_table if gemm_table and gemm_table.covers(dtype) else None
+        self.gemm_table = gemm_table
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
             "gemm": self.gemm_math_s,
@@ -148,7 +152,7 @@ class ComputeModel:
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of ``op`` in seconds: max(math, memory) + launch."""
-        key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction)
+        key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
@@ -164,17 +168,22 @@ class ComputeModel:
         """A memory-bound kernel has no math term: its time is its bytes."""
         return 0.0
 
+    def _dtype(self, op: ComputeOp) -> Dtype:
+        return op.dtype or self.dtype  # type: ignore[return-value]
+
     def gemm_math_s(self, op: ComputeOp) -> float:
         """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput."""
+        dtype = self._dtype(op)
+        peak = self.accelerator.peak_flops(dtype)
         if op.mnk is None:
             # No shape: a large, well-shaped GEMM (no quantisation losses).
-            return op.executed_flops / (self.peak_flops * self.accelerator.gemm.peak_fraction)
+            return op.executed_flops / (peak * self.accelerator.gemm.fraction(dtype))
         m, n, k = op.mnk
-        if self.gemm_table is not None:
-            achieved = self.gemm_table.achieved_flops(m, n, k, op.batch, self.dtype)
+        if self.gemm_table is not None and self.gemm_table.covers(dtype):
+            achieved = self.gemm_table.achieved_flops(m, n, k, op.batch, dtype)
             return op.executed_flops / achieved
         scale = op.executed_fraction
-        return scale * gemm_math_s(m, n, k, op.batch, self.accelerator.gemm, self.peak_flops)
+        return scale * gemm_math_s(m, n, k, op.batch, self.accelerator.gemm, peak, dtype)
 
     def attention_math_s(self, op: ComputeOp) -> float:
         """Fused attention: executed FLOPs at ``attention_fraction`` of peak.
@@ -184,5 +193,6 @@ class ComputeModel:
         efficiency ``gemm.peak_fraction`` (the op carries no single GEMM shape to
         quantise; the softmax traffic is in its ``bytes``).
         """
-        fraction = self.accelerator.attention_fraction or self.accelerator.gemm.peak_fraction
-        return op.executed_flops / (self.peak_flops * fraction)
+        dtype = self._dtype(op)
+        fraction = self.accelerator.attention_fraction or self.accelerator.gemm.fraction(dtype)
+        return op.executed_flops / (self.accelerator.peak_flops(dtype) * fraction)

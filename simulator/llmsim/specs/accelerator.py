@@ -46,6 +46,12 @@ class GemmModel(Spec):
     """Columns of one output tile."""
     k_fill: float = Field(default=0.0, ge=0)
     """Per-tile pipeline prologue/epilogue, in equivalent K elements."""
+    peak_fraction_by_dtype: dict[Dtype, float] = Field(default_factory=dict)
+    """Measured best fraction for data types that differ from ``peak_fraction`` (e.g. fp8)."""
+
+    def fraction(self, dtype: Dtype) -> float:
+        """Best fraction of the dense peak of ``dtype`` reached by large GEMMs."""
+        return self.peak_fraction_by_dtype.get(dtype, self.peak_fraction)
 
 
 class Accelerator(Spec):
