@@ -159,12 +159,13 @@ class Engine:
 
     def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
                  devices: list[Device], overlap_dp: bool = True,
-                 split_backward: bool = False) -> None:
+                 split_backward: bool = False, overlap_pp: bool = True) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
         # Zero-Bubble schedules split B from W and send right after B.
         self.split_backward = split_backward
+        self.overlap_pp = overlap_pp
         self.devices, self.overlap_dp = devices, overlap_dp
         self.env = simpy.Environment()
         self.barrier = _Barrier(self.env)
@@ -257,12 +258,17 @@ class Engine:
             yield env.timeout(block.duration_s)
             self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
                                        act.microbatch, act.chunk, start, env.now))
+            send: simpy.Process | None = None
             if act.kind == "F" and vs < last_vs:
-                env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
-                                       act.microbatch, act.chunk))
+                send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
+                                              act.microbatch, act.chunk))
             if vs > 0 and (act.kind == "B") == self.split_backward and act.kind in "BW":
-                env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
-                                       act.microbatch, act.chunk))
+                send = env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
+                                              act.microbatch, act.chunk))
+            if send is not None and not self.overlap_pp:
+                blocked = env.now
+                yield send  # a blocking send: the stage waits for its transfer
+                self.pp_waits.append((dev.id, blocked, env.now, blocked))
             if act.kind == "W":
                 w_seen[act.chunk] += 1
                 if self.overlap_dp:

@@ -24,7 +24,6 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -118,11 +117,6 @@ def _choices(raw: Mapping[str, Any], where: str) -> dict[str, Choice]:
     return out
 
 
-@cache
-def _choice_file() -> dict[str, Any]:
-    return read_yaml(validation_dir() / "choices.yaml")
-
-
 def _read_rows() -> list[dict[str, str]]:
     with (validation_dir() / "runs.csv").open(newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
@@ -130,7 +124,7 @@ def _read_rows() -> list[dict[str, str]]:
 
 def load_runs(subset: str | None = None) -> list[Run]:
     """The validation rows (those whose id starts with ``subset``, if given)."""
-    spec = _choice_file()
+    spec = read_yaml(validation_dir() / "choices.yaml")
     sources: dict[str, Any] = spec["sources"]
     runs = []
     for row in _read_rows():
@@ -250,7 +244,8 @@ def scenario_mapping(run: Run) -> dict[str, Any]:
     training: dict[str, Any] = {"global_batch": int(row["global_batch"]), "seq_len": seq}
     parts = {"model": model, "parallelism": par, "training": training}
     precision = run.value("training.precision")
-    for key, choice in run.choices.items():
+    # Model fields first: the special values of the others are derived from the model.
+    for key, choice in sorted(run.choices.items(), key=lambda kv: not kv[0].startswith("model")):
         section, _, field = key.partition(".")
         if section in parts and key not in ("model.layers", "model.vocab"):
             parts[section][field] = _resolve(run, key, choice.value, model, dp, precision)

@@ -39,6 +39,10 @@ class Parallelism(Spec):
     """Activation recomputation: none, attention core only, or every layer."""
     overlap_dp_comm: bool = True
     """Overlap the gradient reduction with the backward pass (bucketed)."""
+    overlap_pp_comm: bool = False
+    """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
+    transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
+    (interleaved schedule) hides them."""
     dp_bucket_mb: float = Field(default=25.0, gt=0)
     """Gradient bucket size for the overlapped reduction, MB."""
     rank_order: list[Axis] = Field(default_factory=lambda: ["tp", "cp", "ep", "dp", "pp"])

@@ -1,0 +1,244 @@
+"""Validation against published, measured runs (docs/validation.md).
+
+The suite's plumbing (rows, choices, scenarios), the sources' FLOP conventions checked
+against the sources' own arithmetic (BLOOM log line, Megatron-LM README Sep-2020,
+Megatron-Core's FLOP formula), the ``llmsim validate`` command, and llmsim's accuracy on
+the target set: NAR21 Tables 1-2, Megatron-LM README 2020 and 2024 (H100 rows 01-09),
+BLOOM iteration times, MLPerf v3.0 H100, Zero Bubble Table 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pandas as pd
+import pytest
+from test_cli import run_cli
+
+from llmsim import validation as v
+from llmsim.workload import build_workload
+
+RUNS = v.load_runs()
+BY_ID = {r.id: r for r in RUNS}
+FAST_IDS = [
+    "MEGREADME-2009-V100-1",
+    "MEGREADME-2009-A100-2",
+    "MEGREADME-2009-A100DP-4",
+    "MEGREADME-H100-01",
+    "MEGREADME-H100-04",
+    "BLOOM-02",
+    "BLOOM-03",
+    "VOCABPP-T5-05",
+    "NAR21-T1-03",
+    "NAR21-T2-02",
+]
+# Current accuracy on the target set (rounded up to the next whole percent): the number
+# may only fall. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 24.0
+ZB24_ORDERS_REPRODUCED = 11
+
+
+@pytest.fixture(scope="module")
+def target() -> dict[str, v.Prediction]:
+    """Every target-set row predicted once (the slow part of this module, ~50 s)."""
+    return {r.id: v.predict(r) for r in RUNS if r.target}
+
+
+def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
+    """The DataFrame :func:`validate` builds, from predictions already made."""
+    return pd.DataFrame([v._record(p) for p in predictions.values()])
+
+
+# ---------------------------------------------------------------- rows and choices
+
+
+def test_rows_are_the_published_ones_with_a_full_layout():
+    assert len(RUNS) == len(BY_ID) == 126
+    assert {r.source for r in RUNS} == {
+        "NAR21-T1",
+        "NAR21-T2",
+        "MEGREADME-2101",
+        "MEGREADME-2009",
+        "MEGREADME-H100",
+        "BLOOM",
+        "ZB24",
+        "VOCABPP",
+        "FUGAKU-DEV",
+        "MLPERF-v3.0",
+    }
+    for r in RUNS:
+        tp, pp, dp = (int(r.row[k]) for k in ("tp", "pp", "dp"))
+        assert tp * pp * dp == r.gpus, r.id
+        assert r.metric in v.METRICS and r.measured > 0, r.id
+        assert r.row["source"] and r.row["verified"] == "yes", r.id
+
+
+def test_every_choice_gives_a_reason_and_the_values_llmsim_needs():
+    needed = {
+        "system",
+        "flops_convention",
+        "vocab_pad_multiple",
+        "training.precision",
+        "training.attention_kernel",
+        "parallelism.recompute",
+        "parallelism.zero",
+        "parallelism.schedule",
+        "parallelism.sequence_parallel",
+    }
+    for r in RUNS:
+        assert needed <= set(r.choices), (r.id, needed - set(r.choices))
+        assert all(len(c.why) > 10 for c in r.choices.values()), r.id
+        if r.metric == "mfu":
+            assert r.value("peak_tflops") is not None, r.id
+
+
+def test_target_set_is_the_issue_s():
+    ids = {r.id for r in RUNS if r.target}
+    assert {i for i in ids if i.startswith("BLOOM")} == {"BLOOM-01", "BLOOM-02"}
+    assert sum(i.startswith("MEGREADME-H100-0") for i in ids) == 9
+    assert sum(i.startswith("ZB24") for i in ids) == 36
+    assert not any(i.startswith(("VOCABPP", "FUGAKU", "MEGREADME-2101")) for i in ids)
+    assert len(ids) == 10 + 12 + 12 + 9 + 2 + 36 + 5
+
+
+def test_every_row_is_a_valid_scenario_on_the_run_s_devices():
+    for r in RUNS:
+        s = v.scenario_for(r)
+        assert s.devices == r.gpus, r.id
+        assert s.model.vocab % (128 * s.parallelism.tp) == 0, r.id
+        assert s.model.vocab >= v.base_vocab(r), r.id
+        assert s.training.global_batch == int(r.row["global_batch"]), r.id
+
+
+def test_megatron_vocabulary_padding():
+    assert v.padded_vocab(50257, 128, 8) == 51200
+    assert v.padded_vocab(250680, 128, 4) == 250880  # BLOOM's released vocab_size
+    assert v.padded_vocab(50304, 128, 4) == 50688  # MLPerf GPT-3 under NeMo, tp 4
+    assert v.padded_vocab(32768, 128, 1) == 32768
+
+
+def test_id_ranges_expand_with_their_zero_padding():
+    assert v._expand(["ZB24-T4-01..03", "BLOOM-03"]) == {
+        "ZB24-T4-01",
+        "ZB24-T4-02",
+        "ZB24-T4-03",
+        "BLOOM-03",
+    }
+
+
+def test_part_of_a_switched_node_keeps_the_node_s_bandwidth():
+    whole = v.scenario_for(BY_ID["MEGREADME-2009-A100-4"]).system.node
+    part = v.scenario_for(BY_ID["MEGREADME-2009-A100-2"]).system.node
+    assert (part.devices_per_node, len(part.fabric), part.fabric[0].devices) == (2, 1, 2)
+    assert part.fabric[0].gbps_per_direction == whole.fabric[0].gbps_per_direction
+    assert v.scenario_for(BY_ID["MEGREADME-2009-V100-1"]).devices == 1
+
+
+def test_layout_choices_reach_the_scenario():
+    s = v.scenario_for(BY_ID["NAR21-T1-09"]).parallelism  # run_table_1.sh: 1 layer / chunk
+    assert (s.schedule, s.virtual_stages, s.micro_batch) == ("interleaved-1f1b", 3, 1)
+    s = v.scenario_for(BY_ID["MEGREADME-H100-09"])
+    assert s.parallelism.virtual_stages == 112 // 16 and s.system.nodes == 1344
+    assert s.parallelism.dp_bucket_mb == 4 * 48  # max(4e7, 1e6*48) params x 4 B
+    assert v.scenario_for(BY_ID["ZB24-T4-25"]).parallelism.schedule == "zb-h1"
+
+
+# ---------------------------------------------------------------- FLOP conventions
+
+
+def test_narayanan_eq3_reproduces_the_bloom_log():
+    """BLOOM-01's log prints 149.77 TFLOPs for 104.70 s per iteration on 384 GPUs."""
+    r = BY_ID["BLOOM-01"]
+    s = v.scenario_for(r)
+    flops = v.narayanan_flops(2048, 2048, 70, s.model.hidden, s.model.vocab, recompute=True)
+    assert flops / 104.70 / 384 / 1e12 == pytest.approx(149.77, abs=0.02)
+
+
+def test_narayanan_eq3_reproduces_the_2020_readme():
+    """The Sep-2020 README prints 71.9 TFLOP/s for 1.121 s (1.2B model on one V100)."""
+    flops = v.narayanan_flops(8, 1024, 24, 1920, 51200, recompute=True)
+    assert flops / 1.121 / 1e12 == pytest.approx(71.9, abs=0.05)
+
+
+def test_llmsim_model_flops_are_megatron_core_s_formula():
+    """Megatron-Core num_floating_point_operations = 72·B·s·l·h²(1 + s/6h + V/12lh)."""
+    for r in RUNS:
+        if r.source != "MEGREADME-H100":
+            continue
+        s = v.scenario_for(r)
+        w = build_workload(s.model, s.parallelism, s.training, s.dp)
+        m = s.model
+        closed = v.narayanan_flops(
+            s.training.global_batch,
+            s.training.seq_len,
+            m.layers,
+            m.hidden,
+            m.vocab,
+            recompute=False,
+        )
+        assert w.model_flops() == pytest.approx(closed, rel=1e-12), r.id
+
+
+def test_the_measured_value_is_not_an_input():
+    run = BY_ID["MEGREADME-2009-A100-1"]
+    other = dataclasses.replace(run, row={**run.row, "measured_value": "99.0"})
+    assert v.predict(other).predicted == v.predict(run).predicted
+    assert v.predict(other).error_pct != v.predict(run).error_pct
+
+
+# ---------------------------------------------------------------- the suite
+
+
+def test_fast_rows_give_finite_errors_and_a_summary():
+    df = v.validate([BY_ID[i] for i in FAST_IDS], progress=False)
+    assert list(df.columns[:6]) == ["id", "source", "metric", "measured", "predicted", "error_pct"]
+    assert df["error_pct"].map(math.isfinite).all()
+    assert (df["predicted"] > 0).all() and (df["step_time_s"] > 0).all()
+    expected = (df["predicted"] - df["measured"]) / df["measured"] * 100
+    assert (df["error_pct"] - expected).abs().max() < 1e-9
+    stats = v.summary(df).set_index("group")
+    assert {"BLOOM", "MEGREADME-H100", "target set", "all"} <= set(stats.index)
+    assert stats.loc["all", "rows"] == len(FAST_IDS)
+    assert stats.loc["all", "mape_pct"] == pytest.approx(df["error_pct"].abs().mean())
+
+
+def test_unknown_subset_is_one_clear_error(capsys):
+    code, _, err = run_cli(["validate", "--subset", "NOPE"], capsys)
+    assert code == 2 and "--subset 'NOPE' matches no validation row" in " ".join(err.split())
+
+
+def test_cli_validate_nar21_end_to_end(target, tmp_path, capsys, monkeypatch):
+    """``llmsim validate --subset NAR21 --out DIR`` (simulations reused from the fixture)."""
+    monkeypatch.setattr(v, "predict", lambda run: target[run.id])
+    code, out, err = run_cli(["validate", "--subset", "NAR21", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "NAR21-T1-01" in out and "NAR21-T2-12" in out and "MAPE" in out
+    df = pd.read_csv(tmp_path / "validation.csv")
+    assert len(df) == 22 and set(df["source"]) == {"NAR21-T1", "NAR21-T2"}
+    assert (tmp_path / "validation.png").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+def test_zero_bubble_schedule_order(target):
+    """Qi et al. 2024 Table 4: per (model, batch), the order of 1F1B, interleaved, ZB-1p."""
+    ranking = v.schedule_ranking(_frame(target))
+    assert len(ranking) == 12
+    assert ranking["same"].sum() >= ZB24_ORDERS_REPRODUCED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="target-set MAPE 23.8 %, median 13.8 %, worst row +278 % "
+    "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
+)
+def test_target_set_meets_the_accuracy_goal(target):
+    errors = _frame(target)["error_pct"].abs()
+    assert errors.mean() <= v.TARGET_MAPE_PCT
+    assert errors.max() <= v.TARGET_WORST_PCT
+
+
+def test_target_set_accuracy_does_not_regress(target):
+    assert _frame(target)["error_pct"].abs().mean() <= TARGET_MAPE_CEILING_PCT
