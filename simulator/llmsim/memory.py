@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from itertools import islice
 
 from llmsim.errors import UserError
+from llmsim.params import (
+    embedding_params_per_device,
+    head_params_per_device,
+    kv_dim_per_rank,
+    layer_params_per_device,
+)
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 RUNTIME_CONTEXT_BYTES = 1.0e9
@@ -110,45 +116,6 @@ def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
     return (4, 4, 8) if precision == "fp32" else (2, 2, 12)
 
 
-def _kv_dim_per_rank(model: Model, tp: int) -> int:
-    """Key (or value) width on one TP rank; heads are replicated when tp > kv_heads."""
-    return max(model.n_kv_heads // tp, 1) * model.head_dim
-
-
-def layer_params_per_device(model: Model, tp: int) -> int:
-    """Parameters of one transformer block on one TP rank (Megatron's split).
-
-    Column-parallel matrices (QKV, MLP up/gate) and their biases and row-parallel matrices
-    (attention output, MLP down) are divided by ``tp`` (Shoeybi et al. 2019 §3); norms and
-    row-parallel biases are replicated on every rank. K/V heads are replicated when
-    ``tp > kv_heads``. With ``tp = 1`` this equals ``Model.params_per_layer``.
-    """
-    h, f = model.hidden, model.ffn_hidden
-    q, kv, f_rank = h // tp, _kv_dim_per_rank(model, tp), f // tp
-    matrices = h * (q + 2 * kv) + q * h + model.mlp_matrices * h * f_rank
-    biases = (q + 2 * kv) + (model.mlp_matrices - 1) * f_rank + 2 * h if model.bias else 0
-    norms = 2 * h * (2 if model.norm == "layernorm" else 1)
-    return matrices + biases + norms
-
-
-def embedding_params_per_device(model: Model, tp: int) -> int:
-    """Vocabulary-parallel word embedding (⌈V/t⌉·h) plus replicated learned positions."""
-    positions = model.embedding_params - model.vocab * model.hidden
-    return math.ceil(model.vocab / tp) * model.hidden + positions
-
-
-def head_params_per_device(model: Model, tp: int, pp: int) -> int:
-    """Final norm plus the vocabulary-parallel LM head on the last stage.
-
-    With tied embeddings and ``pp > 1`` Megatron keeps a copy of the word embedding on the
-    last stage and all-reduces the two copies' gradients (Narayanan et al. 2021, and
-    Megatron-LM ``setup_embeddings_and_output_layer``), so the head is counted there.
-    """
-    final_norm = model.head_params - (0 if model.tied_embeddings else model.vocab * model.hidden)
-    has_matrix = not model.tied_embeddings or pp > 1
-    return final_norm + (math.ceil(model.vocab / tp) * model.hidden if has_matrix else 0)
-
-
 def stage_params(model: Model, tp: int, pp: int, stage: int) -> int:
     """Parameters on one device of ``stage``: its blocks, the embedding on the first stage,
     final norm and LM head on the last (both on stage 0 when ``pp = 1``)."""
@@ -199,7 +166,7 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
         return e * sb * h / (t if sp else 1)
     outside_tp = (4 * e + 2 * _MASK_BYTES) * sb * h / (t if sp else 1)
     act_inputs = 2 if model.activation == "swiglu" else 1
-    sharded = e * sb * (2 * h / t + 2 * _kv_dim_per_rank(model, t) + (act_inputs + 1) * f / t)
+    sharded = e * sb * (2 * h / t + 2 * kv_dim_per_rank(model, t) + (act_inputs + 1) * f / t)
     core = 0.0
     if parallelism.recompute == "none":
         heads = model.heads / t

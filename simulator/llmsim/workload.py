@@ -15,6 +15,11 @@ from dataclasses import dataclass, field, replace
 import pandas as pd
 
 from llmsim.ops import CommOp, ComputeOp
+from llmsim.params import (
+    embedding_params_per_device,
+    head_params_per_device,
+    layer_params_per_device,
+)
 from llmsim.specs import Model, Parallelism, Training
 
 Op = ComputeOp | CommOp
@@ -354,20 +359,12 @@ def _in_phase(ops: list[ComputeOp], phase: str) -> list[ComputeOp]:
 
 def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
                  stages: int) -> int:
-    """Parameters of one chunk on one device (matrices split by tp; norms replicated).
-
-    With pipeline parallelism and tied embeddings, Megatron keeps a copy of the
-    embedding on the last stage for the LM head.
-    """
-    per_layer = model.params_per_layer
-    norms = 2 * model.hidden * (2 if model.norm == "layernorm" else 1)
-    params = layers * ((per_layer - norms) // tp + norms)
+    """Parameters of one chunk on one device (see :mod:`llmsim.params`)."""
+    params = layers * layer_params_per_device(model, tp)
     if first:
-        params += model.embedding_params // tp
+        params += embedding_params_per_device(model, tp)
     if last:
-        params += model.head_params // tp
-        if model.tied_embeddings and stages > 1:
-            params += model.vocab * model.hidden // tp
+        params += head_params_per_device(model, tp, stages)
     return params
 
 
