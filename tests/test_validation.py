@@ -35,8 +35,8 @@ FAST_IDS = [
 ]
 # Current accuracy on the target set (rounded up to the next whole percent): the number
 # may only fall. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 24.0
-ZB24_ORDERS_REPRODUCED = 11
+TARGET_MAPE_CEILING_PCT = 22.0
+ZB24_ORDERS_REPRODUCED = 9
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,8 @@ def test_every_choice_gives_a_reason_and_the_values_llmsim_needs():
         "parallelism.zero",
         "parallelism.schedule",
         "parallelism.sequence_parallel",
+        "parallelism.overlap_dp_comm",
+        "parallelism.overlap_pp_comm",
     }
     for r in RUNS:
         assert needed <= set(r.choices), (r.id, needed - set(r.choices))
@@ -231,7 +233,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 23.8 %, median 13.8 %, worst row +278 % "
+    reason="target-set MAPE 21.3 %, median 12.6 %, worst row +278 % "
     "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

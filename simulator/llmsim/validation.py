@@ -434,6 +434,7 @@ def plot_validation(df: pd.DataFrame, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
 
     metrics = [m for m in METRICS if (df["metric"] == m).any()]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.8), squeeze=False)
@@ -460,6 +461,10 @@ def plot_validation(df: pd.DataFrame, path: str | Path) -> Path:
             xlabel=f"measured {units[metric]}",
             ylabel=f"llmsim {units[metric]}",
         )
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(subs=(1.0,) if hi / lo > 300 else (1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
         ax.legend(fontsize=7, loc="upper left")
     fig.suptitle("llmsim vs published measurements")
     fig.tight_layout()
