@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from llmsim import catalog
+from llmsim.costs.compute import gemm_math_s
 from llmsim.loader import load_scenario, load_spec, read_yaml
 
 KINDS = ("accelerators", "systems", "models", "scenarios")
@@ -164,6 +165,18 @@ def test_pvc_device_is_one_aurora_stack() -> None:
     # ALCF measured 273 TF BF16 per tile; the stored peak must sit above it.
     assert stack.dense_tflops.bf16 * stack.gemm.peak_fraction == pytest.approx(273, rel=1e-2)
     assert load_spec("systems", "aurora").node.devices_per_node == 12
+
+
+@pytest.mark.parametrize(
+    ("name", "measured_tflops"),
+    [("a100-sxm4-80gb", 230.0), ("a100-sxm4-40gb", 230.0), ("v100-sxm2-16gb", 95.0)],
+)
+def test_gemm_model_reproduces_the_sourced_8192_cube_matmul(name: str, measured_tflops: float) -> None:
+    """mli/transformers-benchmarks: sustained 8192³ FP16 matmul, CUDA 11.7 (see the YAML)."""
+    acc = load_spec("accelerators", name)
+    n = 8192
+    seconds = gemm_math_s(n, n, n, 1, acc.gemm, acc.peak_flops("fp16"), "fp16")
+    assert 2 * n**3 / seconds / 1e12 == pytest.approx(measured_tflops, rel=2e-3)
 
 
 def test_a64fx_has_no_bf16() -> None:
