@@ -171,7 +171,7 @@ def test_pvc_device_is_one_aurora_stack() -> None:
     ("name", "measured_tflops"),
     [("a100-sxm4-80gb", 230.0), ("a100-sxm4-40gb", 230.0), ("v100-sxm2-16gb", 95.0)],
 )
-def test_gemm_model_reproduces_the_sourced_8192_cube_matmul(name: str, measured_tflops: float) -> None:
+def test_gemm_model_reproduces_the_sourced_8192_cube(name: str, measured_tflops: float) -> None:
     """mli/transformers-benchmarks: sustained 8192³ FP16 matmul, CUDA 11.7 (see the YAML)."""
     acc = load_spec("accelerators", name)
     n = 8192

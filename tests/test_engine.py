@@ -144,3 +144,57 @@ def test_fp8_keeps_attention_in_bf16_and_adds_casts():
                                   training__seq_len=2048))
     # FP8 doubles the GEMM peak but not attention, casts or communication.
     assert bf16.step_time_s / 2 < fast.step_time_s < bf16.step_time_s
+
+
+class _GatherOnlyCosts(LayerOnlyCosts):
+    """Blocks priced by FLOPs and bytes; every ZeRO-3 layer gather takes ``gather_s``."""
+
+    def __init__(self, gather_s: float) -> None:
+        super().__init__()
+        self.gather_s = gather_s
+
+    def comm_s(self, op):
+        return self.gather_s if op.name.startswith("z3_ag") else 0.0
+
+
+def _zero3(costs=None):
+    scenario = make_scenario(nodes=2, parallelism__zero=3, parallelism__pp=1,
+                             parallelism__tp=4, training__global_batch=16)
+    return simulate(scenario, costs)
+
+
+def test_zero3_gathers_each_layer_before_its_forward_and_backward():
+    result = _zero3()
+    layers = result.scenario.model.layers  # pp = 1: one chunk holds every layer
+    gathers = [r for r in result.trace.records if r.name.startswith("z3_ag")]
+    passes = [r for r in result.trace.records if r.stream == "compute" and r.kind in "FB"]
+    assert len(gathers) == len({(r.microbatch, r.kind) for r in passes}) * layers
+    assert len({r.name for r in gathers}) == layers
+
+
+def test_zero3_prefetch_hides_gathers_shorter_than_a_layer():
+    f_layer = _zero3(_GatherOnlyCosts(0.0)).trace.blocks[(0, 0, "F")].duration_s / 8
+    free = _zero3(_GatherOnlyCosts(0.0))
+    cheap = _zero3(_GatherOnlyCosts(f_layer / 10))
+    # Only the very first layer's gather has nothing to hide behind.
+    assert cheap.step_time_s == pytest.approx(free.step_time_s + f_layer / 10, rel=1e-9)
+    assert cheap.breakdown_s["dp_comm"] == pytest.approx(f_layer / 10, rel=1e-9)
+
+
+def test_zero3_forward_is_gather_bound_when_gathers_are_slow():
+    costs = _GatherOnlyCosts(0.0)
+    f_layer = _zero3(costs).trace.blocks[(0, 0, "F")].duration_s / 8
+    slow = _zero3(_GatherOnlyCosts(10 * f_layer))
+    first_forward = [r for r in slow.trace.records
+                     if r.stream == "compute" and r.kind == "F" and r.microbatch == 0]
+    # Gathers run back to back, one per layer; the last layer computes after the last.
+    assert max(r.end_s for r in first_forward) == pytest.approx(8 * 10 * f_layer + f_layer)
+    assert sum(r.end_s - r.start_s for r in first_forward) == pytest.approx(8 * f_layer)
+    ops = [r for r in slow.trace.expand() if r.microbatch == 0 and r.kind == "F"]
+    assert sum(r.end_s - r.start_s for r in ops) == pytest.approx(8 * f_layer)
+    assert max(r.end_s for r in ops) == pytest.approx(8 * 10 * f_layer + f_layer)
+    usage = slow.stream_usage()
+    assert (usage.busy_s + usage.idle_s).tolist() == pytest.approx(
+        [slow.step_time_s] * len(usage))
+    for stage in slow.stages:
+        assert sum(stage.as_dict().values()) == pytest.approx(slow.step_time_s, rel=1e-9)

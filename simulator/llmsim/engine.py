@@ -17,6 +17,7 @@ chunk's block template and expanded only when a trace is asked for.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -85,6 +86,17 @@ class Record:
     chunk: int
     start_s: float
     end_s: float
+    block_from_s: float = 0.0
+    """For a compute record that runs only part of its block (a ZeRO-3 pass interrupted
+    while a layer's weights arrive): where in the block it starts, seconds."""
+    block_to_s: float = math.inf
+    """… and where it ends (``inf``: the rest of the block)."""
+
+    def block_share(self, block: Block) -> float:
+        """Fraction of ``block``'s duration this record runs."""
+        if block.duration_s <= 0:
+            return 1.0
+        return (min(self.block_to_s, block.duration_s) - self.block_from_s) / block.duration_s
 
 
 @dataclass
@@ -99,6 +111,8 @@ class Trace:
     step_end_s: float
     pp_waits: list[tuple[int, float, float, float]] = field(default_factory=list)
     """(device, wait start, wait end, transfer start) for every wait on a pipeline message."""
+    dp_waits: list[tuple[int, float, float]] = field(default_factory=list)
+    """(device, wait start, wait end) for every wait on a ZeRO-3 weight gather."""
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
@@ -108,9 +122,11 @@ class Trace:
                 yield r
                 continue
             for s in block.spans:
+                if not r.block_from_s <= s.offset_s < r.block_to_s:
+                    continue
+                start = r.start_s + s.offset_s - r.block_from_s
                 yield Record(r.device, r.stage, s.stream if s.stream == "compute" else "tp",
-                             s.name, s.phase, r.microbatch, r.chunk,
-                             r.start_s + s.offset_s, r.start_s + s.offset_s + s.duration_s)
+                             s.name, s.phase, r.microbatch, r.chunk, start, start + s.duration_s)
 
 
 class _Barrier:
@@ -171,6 +187,7 @@ class Engine:
         self.barrier = _Barrier(self.env)
         self.records: list[Record] = []
         self.pp_waits: list[tuple[int, float, float, float]] = []
+        self.dp_waits: list[tuple[int, float, float]] = []
         self.blocks = self._price_blocks()
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
@@ -229,9 +246,9 @@ class Engine:
         w_seen: dict[int, int] = defaultdict(int)
         grad_ops: list[simpy.Process] = []
         deferred: list[tuple[Chunk, int, int]] = []
-        gathers: dict[tuple[int, int, str], simpy.Event] = {}
+        gathers: dict[tuple[int, int, str, int], simpy.Event] = {}
         actions = self.schedule[dev.stage]
-        self._prefetch(dev, actions, 0, gathers)
+        self._prefetch(dev, actions, 0, 0, gathers)
         for i, act in enumerate(actions):
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
@@ -246,18 +263,18 @@ class Engine:
                 key = (dev.pipe, act.kind, vs, act.microbatch)
                 self.pp_waits.append((dev.id, wait_start, env.now,
                                       self.message_start.get(key, wait_start)))
-            gather = gathers.get((act.microbatch, act.chunk, act.kind))
-            if gather is not None and not gather.triggered:
-                yield gather
-            self._prefetch(dev, actions, i + 1, gathers)
             block = self.blocks[(dev.stage, act.chunk, act.kind)]
             key, members = dev.tp_group
             if members > 1:
                 yield self.barrier.arrive((key, i), members)
-            start = env.now
-            yield env.timeout(block.duration_s)
-            self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
-                                       act.microbatch, act.chunk, start, env.now))
+            if (act.microbatch, act.chunk, act.kind, 0) in gathers:
+                yield from self._zero3_pass(dev, actions, i, block, gathers)
+            else:
+                self._prefetch(dev, actions, i + 1, 0, gathers)
+                start = env.now
+                yield env.timeout(block.duration_s)
+                self.records.append(Record(dev.id, dev.stage, "compute", _label(act),
+                                           act.kind, act.microbatch, act.chunk, start, env.now))
             send: simpy.Process | None = None
             if act.kind == "F" and vs < last_vs:
                 send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
@@ -306,19 +323,60 @@ class Engine:
             return []
         return [self.env.process(self._collective(dev, op)) for op in work.dp_grad_ops(chunk)]
 
-    def _prefetch(self, dev: Device, actions: list[Action], i: int,
-                  gathers: dict[tuple[int, int, str], simpy.Event]) -> None:
-        """ZeRO-3: gather the weights of the next F/B action while the current one runs."""
+    def _zero3_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
+                    gathers: dict[tuple[int, int, str, int], simpy.Event],
+                    ) -> Iterator[simpy.Event]:
+        """Run a ZeRO-3 pass layer by layer, each layer waiting for its weights.
+
+        Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
+        in-flight limit the memory model assumes), the first layer's while the previous
+        pass runs. The pass's block is split evenly over its layers; a wait splits its
+        compute record in two, and the wait is recorded as exposed DP time.
+        """
+        env, act = self.env, actions[i]
+        layers = self.work.chunks[(dev.stage, act.chunk)].layers
+        layer_s = block.duration_s / layers
+        seg_start, seg_from = env.now, 0.0
+        for j in range(layers):
+            gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
+            if not gather.triggered:
+                if env.now > seg_start:
+                    self._record_part(dev, act, seg_start, seg_from, j * layer_s)
+                wait_start = env.now
+                yield gather
+                self.dp_waits.append((dev.id, wait_start, env.now))
+                seg_start, seg_from = env.now, j * layer_s
+            if j + 1 < layers:
+                self._prefetch(dev, actions, i, j + 1, gathers)
+            else:
+                self._prefetch(dev, actions, i + 1, 0, gathers)
+            yield env.timeout(layer_s)
+        self._record_part(dev, act, seg_start, seg_from, math.inf)
+
+    def _record_part(self, dev: Device, act: Action, start: float, block_from: float,
+                     block_to: float) -> None:
+        self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
+                                   act.microbatch, act.chunk, start, self.env.now,
+                                   block_from, block_to))
+
+    def _prefetch(self, dev: Device, actions: list[Action], i: int, layer: int,
+                  gathers: dict[tuple[int, int, str, int], simpy.Event]) -> None:
+        """ZeRO-3: issue the gather of one layer's weights for F/B action ``i``.
+
+        The backward walks the layers in reverse, so its j-th gather is of layer L−1−j.
+        """
         if self.work.zero != 3 or i >= len(actions):
             return
         act = actions[i]
-        if act.kind == "W" or (act.microbatch, act.chunk, act.kind) in gathers:
+        key = (act.microbatch, act.chunk, act.kind, layer)
+        if act.kind == "W" or key in gathers:
             return
-        op = self.work.zero3_gather(self.work.chunks[(dev.stage, act.chunk)])
-        if op is None:
+        ops = self.work.zero3_gathers(self.work.chunks[(dev.stage, act.chunk)])
+        if not ops:
             return
+        op = ops[layer if act.kind == "F" else len(ops) - 1 - layer]
         done = self.env.event()
-        gathers[(act.microbatch, act.chunk, act.kind)] = done
+        gathers[key] = done
         self.env.process(self._collective(dev, op, done, tag=(act.microbatch, act.kind)))
 
     def run(self) -> Trace:
@@ -336,6 +394,7 @@ class Engine:
             optimizer_start_s=min(opt),
             step_end_s=self.env.now,
             pp_waits=self.pp_waits,
+            dp_waits=self.dp_waits,
         )
 
 

@@ -46,8 +46,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
     )
 
 
-_Representative = tuple[list, list]
-"""The records and the pipeline waits of one stage's first device."""
+_Representative = tuple[list, list, list]
+"""The records, the pipeline waits and the ZeRO-3 gather waits of one stage's first device."""
 
 
 def _representatives(trace: Trace) -> dict[int, _Representative]:
@@ -55,26 +55,31 @@ def _representatives(trace: Trace) -> dict[int, _Representative]:
     first: dict[int, int] = {}
     for r in trace.records:
         first[r.stage] = min(first.get(r.stage, r.device), r.device)
-    by_device: dict[int, _Representative] = {d: ([], []) for d in first.values()}
+    by_device: dict[int, _Representative] = {d: ([], [], []) for d in first.values()}
     for r in trace.records:
         if r.device in by_device:
             by_device[r.device][0].append(r)
     for wait in trace.pp_waits:
         if wait[0] in by_device:
             by_device[wait[0]][1].append(wait)
+    for dp_wait in trace.dp_waits:
+        if dp_wait[0] in by_device:
+            by_device[dp_wait[0]][2].append(dp_wait)
     return {stage: by_device[device] for stage, device in first.items()}
 
 
 def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> StageBreakdown:
     """Split ``step_s`` of one stage's representative device into its parts."""
-    records, waits = rep
-    compute = tp = optimizer = dp = 0.0
+    records, waits, dp_waits = rep
+    compute = tp = optimizer = 0.0
+    dp = sum(end - start for _, start, end in dp_waits)  # ZeRO-3 passes waiting for weights
     for r in records:
         if r.stream == "compute" and r.kind in "FBW":
             block = trace.blocks[(stage, r.chunk, r.kind)]
-            compute += block.compute_s
-            tp += block.tp_s
+            share = r.block_share(block)
+            compute += block.compute_s * share
+            tp += block.tp_s * share
         elif r.kind == "O":
             if r.stream == "compute":
                 optimizer += r.end_s - r.start_s

@@ -110,12 +110,19 @@ class Workload:
         return CommOp("dp_ag_params", "all_gather", "dp", "O",
                       self.stage_params(stage) * self.param_bytes_per_param)
 
-    def zero3_gather(self, chunk: Chunk) -> CommOp | None:
-        """ZeRO-3: all-gather a chunk's weights before its forward and its backward."""
+    def zero3_gathers(self, chunk: Chunk) -> list[CommOp]:
+        """ZeRO-3: the per-layer all-gathers of a chunk's weights, in forward order.
+
+        DeepSpeed ZeRO-3 and PyTorch FSDP fetch the weights of one block (module) at a
+        time, before its forward and again before its recompute and backward, and free
+        them afterwards. The chunk's weights (the embedding or LM head included on the
+        first and last chunk) are split evenly over its layers.
+        """
         if self.dp == 1 or self.zero != 3:
-            return None
-        return CommOp(f"z3_ag_c{chunk.virtual_stage}", "all_gather", "dp", "F",
-                      chunk.params * self.param_bytes_per_param)
+            return []
+        nbytes = chunk.params * self.param_bytes_per_param / chunk.layers
+        return [CommOp(f"z3_ag_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F", nbytes)
+                for i in range(chunk.layers)]
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
