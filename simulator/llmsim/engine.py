@@ -188,6 +188,8 @@ class Engine:
         self.records: list[Record] = []
         self.pp_waits: list[tuple[int, float, float, float]] = []
         self.dp_waits: list[tuple[int, float, float]] = []
+        self.zero3_ops: dict[tuple[int, int], list[CommOp]] = {}
+        """(stage, chunk) → its per-layer ZeRO-3 gathers, built once."""
         self.blocks = self._price_blocks()
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
@@ -371,7 +373,10 @@ class Engine:
         key = (act.microbatch, act.chunk, act.kind, layer)
         if act.kind == "W" or key in gathers:
             return
-        ops = self.work.zero3_gathers(self.work.chunks[(dev.stage, act.chunk)])
+        chunk_key = (dev.stage, act.chunk)
+        if chunk_key not in self.zero3_ops:
+            self.zero3_ops[chunk_key] = self.work.zero3_gathers(self.work.chunks[chunk_key])
+        ops = self.zero3_ops[chunk_key]
         if not ops:
             return
         op = ops[layer if act.kind == "F" else len(ops) - 1 - layer]
