@@ -148,6 +148,13 @@ def test_layers_not_divisible_by_pp_times_chunks(tmp_path, capsys):
     assert "model.layers: 10 is not divisible by pp·virtual_stages" in msg
 
 
+def test_first_and_last_stage_layers_that_leave_an_uneven_rest(tmp_path, capsys):
+    path = tiny_file(tmp_path, parallelism__first_stage_layers=1,
+                     parallelism__last_stage_layers=2)
+    msg = _error(["run", str(path)], capsys)
+    assert "first_stage_layers=1, last_stage_layers=2 leave 5 of model.layers=8" in msg
+
+
 def test_batch_not_divisible_by_micro_batch_times_dp(tmp_path, capsys):
     msg = _error(["run", str(tiny_file(tmp_path, training__global_batch=7,
                                        parallelism__micro_batch=2))], capsys)

@@ -33,10 +33,12 @@ FAST_IDS = [
     "NAR21-T1-03",
     "NAR21-T2-02",
 ]
-# Current accuracy on the target set (rounded up to the next whole percent): the number
-# may only fall. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 17.0
-ZB24_ORDERS_REPRODUCED = 9
+# Current accuracy on the target set (the measured MAPE, 18.55 %, rounded up): the number
+# may only fall. It rose from 17.0 % when BLOOM and ZB24 got their stated layer split
+# (first and last stage lighter) instead of rounded-up layer counts, which had hidden
+# errors of the opposite sign. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 18.6
+ZB24_ORDERS_REPRODUCED = 10
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +235,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 17.0 %, median 7.7 %, worst row +278 % "
+    reason="target-set MAPE 18.6 %, median 7.8 %, worst row +278 % "
     "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

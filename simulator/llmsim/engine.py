@@ -336,7 +336,7 @@ class Engine:
         compute record in two, and the wait is recorded as exposed DP time.
         """
         env, act = self.env, actions[i]
-        layers = self.work.chunks[(dev.stage, act.chunk)].layers
+        layers = self.work.chunks[(dev.stage, act.chunk)].units
         layer_s = block.duration_s / layers
         seg_start, seg_from = env.now, 0.0
         for j in range(layers):

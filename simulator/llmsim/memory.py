@@ -24,6 +24,7 @@ from llmsim.params import (
     kv_dim_per_rank,
     layer_params_per_device,
 )
+from llmsim.partition import chunk_layers
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 RUNTIME_CONTEXT_BYTES = 1.0e9
@@ -116,10 +117,12 @@ def state_bytes_per_param(precision: str) -> tuple[int, int, int]:
     return (4, 4, 8) if precision == "fp32" else (2, 2, 12)
 
 
-def stage_params(model: Model, tp: int, pp: int, stage: int) -> int:
-    """Parameters on one device of ``stage``: its blocks, the embedding on the first stage,
-    final norm and LM head on the last (both on stage 0 when ``pp = 1``)."""
-    params = model.layers // pp * layer_params_per_device(model, tp)
+def stage_params(model: Model, tp: int, pp: int, stage: int, layers: int | None = None) -> int:
+    """Parameters on one device of ``stage``: its ``layers`` blocks (default an even split,
+    ``model.layers / pp``), the embedding on the first stage, final norm and LM head on the
+    last (both on stage 0 when ``pp = 1``)."""
+    layers = model.layers // pp if layers is None else layers
+    params = layers * layer_params_per_device(model, tp)
     if stage == 0:
         params += embedding_params_per_device(model, tp)
     if stage == pp - 1:
@@ -264,14 +267,15 @@ def in_flight_microbatches(
 # ---------------------------------------------------------------- the whole device
 
 
-def _check(model: Model, parallelism: Parallelism, training: Training, dp: int) -> int:
-    """The number of micro-batches m, or a UserError for a layout that cannot be split."""
-    chunks = parallelism.pp * parallelism.virtual_stages
-    if model.layers % chunks:
-        raise UserError(
-            f"model.layers: {model.layers} is not divisible by pp·virtual_stages = {chunks}; "
-            "change pp or virtual_stages"
-        )
+def _check(
+    model: Model, parallelism: Parallelism, training: Training, dp: int
+) -> tuple[int, list[list[int]]]:
+    """The number of micro-batches m and the layers of each chunk ``[stage][chunk]``, or a
+    UserError for a layout that cannot be split."""
+    try:
+        split = chunk_layers(model.layers, parallelism)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     if model.heads % parallelism.tp or model.ffn_hidden % parallelism.tp:
         raise UserError(
             f"parallelism.tp: {parallelism.tp} must divide model.heads={model.heads} and "
@@ -283,7 +287,7 @@ def _check(model: Model, parallelism: Parallelism, training: Training, dp: int) 
             f"training.global_batch: {training.global_batch} is not a multiple of "
             f"micro_batch·dp = {parallelism.micro_batch}·{dp}; use a multiple of {per_step}"
         )
-    return training.global_batch // per_step
+    return training.global_batch // per_step, split
 
 
 def _buffer_bytes(
@@ -327,30 +331,30 @@ def memory_per_stage(
     Model state: ``stage_params`` × :func:`state_bytes_per_param`, with ZeRO stage 1
     dividing the optimizer state by dp, 2 also the gradients, 3 also the weights
     (Rajbhandari et al. 2020 §5: 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N). Activations:
-    :func:`activation_bytes_per_layer` × layers per chunk × chunk-micro-batches in flight
-    (:func:`in_flight_chunks`), plus, when recomputing, one block's re-materialised
-    activations for the micro-batch being back-propagated; the first stage adds
-    :func:`embedding_activation_bytes` and the last :func:`output_activation_bytes` per
-    in-flight micro-batch of their chunk. Reserve: :data:`RUNTIME_CONTEXT_BYTES` +
-    :data:`FRAGMENTATION_FRACTION` of everything else. Not fitting is a result
-    (``fits`` False), never an error.
+    :func:`activation_bytes_per_layer` × Σ over the stage's chunks of its layers × its
+    micro-batches in flight (:func:`in_flight_chunks`), plus, when recomputing and the
+    stage has layers, one block's re-materialised activations for the micro-batch being
+    back-propagated; the first stage adds :func:`embedding_activation_bytes` and the last
+    :func:`output_activation_bytes` per in-flight micro-batch of their chunk. Reserve:
+    :data:`RUNTIME_CONTEXT_BYTES` + :data:`FRAGMENTATION_FRACTION` of everything else. Not
+    fitting is a result (``fits`` False), never an error.
     """
-    m = _check(model, parallelism, training, dp)
+    m, split = _check(model, parallelism, training, dp)
     p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
     chunks = in_flight_chunks(parallelism.schedule, p, m, v)
     per_layer = activation_bytes_per_layer(model, parallelism, training)
     no_recompute = parallelism.model_copy(update={"recompute": "none"})
     rematerialised = activation_bytes_per_layer(model, no_recompute, training) - per_layer
-    chunk_layers = model.layers // (p * v)
     w_b, g_b, o_b = state_bytes_per_param(training.precision)
 
     stages = []
     for i in range(p):
-        params = stage_params(model, t, p, i)
+        params = stage_params(model, t, p, i, sum(split[i]))
         weights = params * w_b / (dp if zero >= 3 else 1)
         grads = params * g_b / (dp if zero >= 2 else 1)
         optimizer = params * o_b / (dp if zero >= 1 else 1)
-        activations = sum(chunks[i]) * chunk_layers * per_layer + rematerialised
+        held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
+        activations = held * per_layer + (rematerialised if held else 0.0)
         if i == 0:
             activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
         if i == p - 1:
@@ -360,7 +364,7 @@ def memory_per_stage(
         stages.append(
             StageMemory(
                 stage=i,
-                layers=model.layers // p,
+                layers=sum(split[i]),
                 params=params,
                 weights_bytes=weights,
                 grads_bytes=grads,

@@ -32,9 +32,10 @@ import pandas as pd
 from llmsim import catalog
 from llmsim.errors import UserError
 from llmsim.loader import load_scenario, read_yaml
+from llmsim.partition import stage_layers
 from llmsim.result import Result
 from llmsim.simulation import simulate
-from llmsim.specs import Model, Scenario
+from llmsim.specs import Model, Parallelism, Scenario
 from llmsim.workload import grad_bytes_per_param
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu")
@@ -208,7 +209,9 @@ def _system(run: Run) -> tuple[str | dict[str, Any], int]:
 def _resolve(run: Run, key: str, value: Any, model: dict[str, Any], dp: int, precision: str) -> Any:
     """Turn the special values of choices.yaml into numbers."""
     if key == "parallelism.virtual_stages" and value == "one-layer-per-chunk":
-        return model["layers"] // int(run.row["pp"])
+        edges = {k: run.value(f"parallelism.{k}")
+                 for k in ("first_stage_layers", "last_stage_layers")}
+        return max(stage_layers(model["layers"], Parallelism(pp=int(run.row["pp"]), **edges)))
     if key == "parallelism.dp_bucket_mb" and value == "megatron-core":
         return max(40_000_000, 1_000_000 * dp) * 4 / 1e6
     if key == "parallelism.dp_bucket_mb" and value == "one-buffer":

@@ -20,6 +20,7 @@ from llmsim.params import (
     head_params_per_device,
     layer_params_per_device,
 )
+from llmsim.partition import chunk_layers
 from llmsim.specs import Model, Parallelism, Training
 
 Op = ComputeOp | CommOp
@@ -59,6 +60,12 @@ class Chunk:
     backward: tuple[Op, ...]
     """Input-gradient ops, recompute ops (phase R) first."""
     weight: tuple[Op, ...]
+
+    @property
+    def units(self) -> int:
+        """Blocks ZeRO-3 gathers one at a time: its layers, or one for a chunk that holds
+        only the embedding or the LM head."""
+        return max(self.layers, 1)
 
 
 @dataclass(frozen=True)
@@ -120,9 +127,9 @@ class Workload:
         """
         if self.dp == 1 or self.zero != 3:
             return []
-        nbytes = chunk.params * self.param_bytes_per_param / chunk.layers
+        nbytes = chunk.params * self.param_bytes_per_param / chunk.units
         return [CommOp(f"z3_ag_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F", nbytes)
-                for i in range(chunk.layers)]
+                for i in range(chunk.units)]
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
@@ -382,21 +389,21 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     layer_f, layer_r, layer_b, layer_w = builder.layer()
     emb_f, emb_b, emb_w = builder.embedding()
     head_f, head_b, head_w = builder.head()
-    layers_per_chunk = model.layers // (p * v)
+    split = chunk_layers(model.layers, par)
     chunks: dict[tuple[int, int], Chunk] = {}
     for stage in range(p):
         for c in range(v):
-            vs = c * p + stage
+            vs, n = c * p + stage, split[stage][c]
             first, last = vs == 0, vs == p * v - 1
-            fwd = (emb_f if first else []) + layer_f * layers_per_chunk + (head_f if last else [])
+            fwd = (emb_f if first else []) + layer_f * n + (head_f if last else [])
             bwd: list[Op] = list(head_b if last else [])
-            for _ in range(layers_per_chunk):
+            for _ in range(n):
                 bwd += layer_r + layer_b
             bwd += emb_b if first else []
-            wgt = (head_w if last else []) + layer_w * layers_per_chunk + (emb_w if first else [])
+            wgt = (head_w if last else []) + layer_w * n + (emb_w if first else [])
             chunks[(stage, c)] = Chunk(
-                stage, c, vs, layers_per_chunk, first, last,
-                chunk_params(model, par.tp, layers_per_chunk, first, last, p),
+                stage, c, vs, n, first, last,
+                chunk_params(model, par.tp, n, first, last, p),
                 tuple(fwd), tuple(bwd), tuple(wgt),
             )
     e = DTYPE_BYTES[training.precision]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from llmsim.specs._base import Spec
 
@@ -29,6 +29,13 @@ class Parallelism(Spec):
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1
     """Model chunks per pipeline stage (interleaved 1F1B)."""
+    first_stage_layers: NonNegativeInt | None = None
+    """Transformer layers on the first stage, which also runs the embedding (default: an
+    even split). The stages without a count split the remaining layers evenly
+    (Megatron-Core ``--decoder-first-pipeline-num-layers``); see :mod:`llmsim.partition`."""
+    last_stage_layers: NonNegativeInt | None = None
+    """Transformer layers on the last stage, which also runs the LM head and loss
+    (Megatron-Core ``--decoder-last-pipeline-num-layers``)."""
     micro_batch: PositiveInt = 1
     """Sequences per micro-batch."""
     zero: int = Field(default=0, ge=0, le=3)
@@ -74,6 +81,13 @@ class Parallelism(Spec):
                 f"parallelism.virtual_stages: {self.virtual_stages} needs schedule "
                 f"interleaved-1f1b (got {self.schedule}); change one of them"
             )
+        if self.pp == 1:
+            for field in ("first_stage_layers", "last_stage_layers"):
+                if getattr(self, field) is not None:
+                    raise ValueError(
+                        f"parallelism.{field}: {getattr(self, field)} needs pp ≥ 2 (one stage "
+                        "holds every layer); remove it or raise pp"
+                    )
         if sorted(self.rank_order) != sorted(["tp", "cp", "ep", "dp", "pp"]):
             raise ValueError(
                 f"parallelism.rank_order: {self.rank_order} must list each of tp, cp, ep, dp, pp "

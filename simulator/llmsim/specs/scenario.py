@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
+from llmsim.partition import chunk_layers
 from llmsim.specs._base import Spec
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
@@ -74,12 +75,7 @@ class Scenario(Spec):
                 f"parallelism.tp: {par.tp} does not divide model.ffn_hidden={mdl.ffn_hidden}; "
                 "choose a tp that divides it"
             )
-        chunks = par.pp * par.virtual_stages
-        if mdl.layers % chunks:
-            raise ValueError(
-                f"model.layers: {mdl.layers} is not divisible by pp·virtual_stages = "
-                f"{par.pp}·{par.virtual_stages} = {chunks}; change pp or virtual_stages"
-            )
+        chunk_layers(mdl.layers, par)  # raises a ValueError naming the field
         per_step = par.micro_batch * self.dp
         if trn.global_batch % per_step:
             raise ValueError(
