@@ -291,7 +291,8 @@ def _check(
 
 
 def _buffer_bytes(
-    model: Model, parallelism: Parallelism, training: Training, dp: int, stage: int
+    model: Model, parallelism: Parallelism, training: Training, dp: int, stage: int,
+    layers: int,
 ) -> float:
     """Communication buffers on one device of ``stage``.
 
@@ -301,7 +302,8 @@ def _buffer_bytes(
       e·sbh (÷t with sequence parallelism); interleaving gives every stage two neighbours.
     * ZeRO-3: the gathered weights of two units, the one computing and the one
       prefetched (PyTorch FSDP's limit of two in-flight all-gathers, Zhao et al. 2023,
-      "rate limiter"), a unit being a block, the embedding or the LM head.
+      "rate limiter"), a unit being one of the stage's ``layers`` blocks, the embedding
+      or the LM head.
     """
     p, t, sp = parallelism.pp, parallelism.tp, parallelism.sequence_parallel
     out = 2 * parallelism.dp_bucket_mb * _MB if dp > 1 else 0.0
@@ -310,7 +312,7 @@ def _buffer_bytes(
         activation = _activation_bytes(training) * training.seq_len * parallelism.micro_batch
         out += neighbours * 2 * activation * model.hidden / (t if sp else 1)
     if parallelism.zero >= 3 and dp > 1:
-        units = [layer_params_per_device(model, t)]
+        units = [layer_params_per_device(model, t)] if layers else []
         if stage == 0:
             units.append(embedding_params_per_device(model, t))
         if stage == p - 1:
@@ -359,7 +361,7 @@ def memory_per_stage(
             activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
         if i == p - 1:
             activations += chunks[i][-1] * output_activation_bytes(model, parallelism, training)
-        buffers = _buffer_bytes(model, parallelism, training, dp, i)
+        buffers = _buffer_bytes(model, parallelism, training, dp, i, sum(split[i]))
         tensors = weights + grads + optimizer + activations + buffers
         stages.append(
             StageMemory(
