@@ -9,6 +9,8 @@ import pytest
 from helpers import LayerOnlyCosts, make_scenario
 
 from llmsim import simulate
+from llmsim.errors import UserError
+from llmsim.workload import build_workload
 
 
 def _pipeline(schedule: str, p: int, m: int, v: int = 1, **extra):
@@ -198,3 +200,71 @@ def test_zero3_forward_is_gather_bound_when_gathers_are_slow():
         [slow.step_time_s] * len(usage))
     for stage in slow.stages:
         assert sum(stage.as_dict().values()) == pytest.approx(slow.step_time_s, rel=1e-9)
+
+
+# ---------------------------------------------------------------- TP communication overlap
+
+
+class _TpCosts(LayerOnlyCosts):
+    """Layer ops by FLOPs and bytes, every TP collective ``comm_s``, nothing else."""
+
+    def __init__(self, comm_s: float) -> None:
+        super().__init__()
+        self.tp_comm_s = comm_s
+
+    def comm_s(self, op):
+        return self.tp_comm_s if op.axis == "tp" else 0.0
+
+
+def _sp(overlap: bool, **extra):
+    return make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
+                         parallelism__sequence_parallel=True,
+                         parallelism__overlap_tp_comm=overlap, **extra)
+
+
+@pytest.mark.parametrize("comm_factor", [0.0, 0.3, 1.0, 3.0])
+def test_tp_overlap_exposes_what_the_pipelining_formula_says(comm_factor):
+    from llmsim.engine import exposed_overlap_s
+
+    base = simulate(_sp(False), costs=_TpCosts(0.0)).trace.blocks[(1, 0, "F")]
+    qkv = next(s for s in base.spans if s.name == "qkv").duration_s
+    c = comm_factor * qkv
+    plain = simulate(_sp(False), costs=_TpCosts(c)).trace.blocks[(1, 0, "F")]
+    over = simulate(_sp(True), costs=_TpCosts(c)).trace.blocks[(1, 0, "F")]
+    gemms = {s.name: s.duration_s for s in base.spans}
+    pairs = {"tp_ag_attn": "qkv", "tp_attn": "attn_proj", "tp_ag_mlp": "mlp_up",
+             "tp_mlp": "mlp_down"}
+    layers = sum(1 for s in base.spans if s.name == "qkv")
+    hidden = layers * sum(c - exposed_overlap_s(c, gemms[g], 8) for g in pairs.values())
+    assert plain.duration_s - over.duration_s == pytest.approx(hidden, rel=1e-9, abs=1e-15)
+    assert over.tp_s == pytest.approx(plain.tp_s - hidden, rel=1e-9, abs=1e-15)
+
+
+def test_tp_overlap_closed_form():
+    from llmsim.engine import exposed_overlap_s
+
+    assert exposed_overlap_s(1.0, 4.0, 4) == pytest.approx(0.25)  # hidden but one piece
+    assert exposed_overlap_s(4.0, 1.0, 4) == pytest.approx(3.25)  # the excess + a piece
+    assert exposed_overlap_s(0.0, 1.0, 8) == 0.0
+
+
+def test_every_sequence_parallel_collective_pairs_with_a_gemm():
+    from llmsim.engine import _paired_gemm
+
+    s = _sp(True)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    for chunk in work.chunks.values():
+        for block in (chunk.forward, chunk.backward):
+            for i, op in enumerate(block):
+                if getattr(op, "collective", None) in ("all_gather", "reduce_scatter"):
+                    j = _paired_gemm(block, i)
+                    if op.name == "embed_tp":  # follows the lookup, no GEMM
+                        assert op.pairs_with is None and j is None
+                    else:
+                        assert j is not None and block[j].kind == "gemm", op.name
+
+
+def test_tp_overlap_needs_sequence_parallelism():
+    with pytest.raises(UserError, match="overlap_tp_comm: true needs sequence_parallel"):
+        make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
+                      parallelism__overlap_tp_comm=True)

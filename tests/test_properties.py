@@ -19,6 +19,8 @@ layouts = st.sampled_from([
     {"nodes": 2, "parallelism__tp": 2, "parallelism__pp": 2,
      "parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
      "parallelism__overlap_dp_comm": False},
+    {"nodes": 2, "parallelism__tp": 8, "parallelism__pp": 2,
+     "parallelism__sequence_parallel": True, "parallelism__overlap_tp_comm": True},
 ])
 factors = st.floats(min_value=1.0, max_value=8.0)
 
@@ -67,3 +69,11 @@ def test_stream_usage_and_breakdown_add_up(layout):
     for stage in result.stages:
         assert abs(sum(stage.as_dict().values()) - result.step_time_s) < 1e-9
         assert min(stage.as_dict().values()) >= 0
+
+
+@FAST
+@given(layout=layouts)
+def test_overlapping_tp_communication_never_slows_a_step(layout):
+    sp = {**layout, "parallelism__sequence_parallel": True}
+    on = _step({**sp, "parallelism__overlap_tp_comm": True})
+    assert on <= _step({**sp, "parallelism__overlap_tp_comm": False}) * (1 + 1e-12)

@@ -33,11 +33,12 @@ FAST_IDS = [
     "NAR21-T1-03",
     "NAR21-T2-02",
 ]
-# Current accuracy on the target set (the measured MAPE, 18.55 %, rounded up): the number
-# may only fall. It rose from 17.0 % when BLOOM and ZB24 got their stated layer split
-# (first and last stage lighter) instead of rounded-up layer counts, which had hidden
-# errors of the opposite sign. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 18.6
+# Current accuracy on the target set (the measured MAPE, 19.5 %, rounded up): the number
+# may only fall. It rose from 17.0 % as two stated settings became expressible and
+# removed errors of the opposite sign: BLOOM's and ZB24's layer split (first and last
+# stage lighter, was rounded-up layer counts; 18.6 %) and MEGREADME-H100's
+# --tp-comm-overlap (19.5 %). See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 19.5
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -235,7 +236,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 18.6 %, median 7.8 %, worst row +278 % "
+    reason="target-set MAPE 19.5 %, median 8.1 %, worst row +278 % "
     "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

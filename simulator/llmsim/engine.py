@@ -58,19 +58,67 @@ class Block:
     tp_s: float
 
     @classmethod
-    def of(cls, ops: tuple[Op, ...], costs: CostModel) -> Block:
-        """Price ``ops`` and lay them out back to back."""
+    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_chunks: int = 0) -> Block:
+        """Price ``ops`` and lay them out back to back.
+
+        With ``overlap_chunks = n > 1`` (TP communication overlap) a collective that
+        pairs with a GEMM keeps only its exposed part (:func:`exposed_overlap_s`).
+        """
+        durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
+                     for op in ops]
+        if overlap_chunks > 1:
+            for i in range(len(ops)):
+                j = _paired_gemm(ops, i)
+                if j is not None:
+                    durations[i] = exposed_overlap_s(durations[i], durations[j],
+                                                     overlap_chunks)
         spans, t, compute, tp = [], 0.0, 0.0, 0.0
-        for op in ops:
+        for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):
-                d, stream = costs.compute_s(op), "compute"
+                stream = "compute"
                 compute += d
             else:
-                d, stream = costs.comm_s(op), op.axis
+                stream = op.axis
                 tp += d
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
         return cls(tuple(spans), t, compute, tp)
+
+
+def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:
+    """Time a TP collective adds to the GEMM it is pipelined with.
+
+    Transformer Engine's overlap (Megatron-LM ``--tp-comm-overlap``) splits the GEMM and
+    its all-gather or reduce-scatter into ``chunks = tp`` pieces and moves one piece
+    while the GEMM works on another (Wang et al. 2023, "Overlap communication with
+    dependent computation via decomposition", ASPLOS). Two pipelined operations take
+    ``max(c, g) + min(c, g)/n``: the longer one, plus one piece of the shorter that has
+    nothing to hide behind (the first transfer, or the last reduction). What the
+    collective adds is that minus the GEMM's own time. Ideal: the copy engines and the
+    few SMs the transfers use are not charged to the GEMM.
+    """
+    return max(comm_s, gemm_s) + min(comm_s, gemm_s) / chunks - gemm_s
+
+
+def _paired_gemm(ops: tuple[Op, ...], i: int) -> int | None:
+    """Index of the GEMM that collective ``ops[i]`` pairs with, or None.
+
+    Searches in the op's ``pairs_with`` direction, past memory-bound ops (an FP8 cast)
+    but not past another collective.
+    """
+    op = ops[i]
+    if not isinstance(op, CommOp) or op.pairs_with is None:
+        return None
+    step = 1 if op.pairs_with == "next" else -1
+    j = i + step
+    while 0 <= j < len(ops):
+        other = ops[j]
+        if isinstance(other, CommOp):
+            return None
+        if other.kind == "gemm":
+            return j
+        j += step
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,13 +223,15 @@ class Engine:
 
     def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
                  devices: list[Device], overlap_dp: bool = True,
-                 split_backward: bool = False, overlap_pp: bool = True) -> None:
+                 split_backward: bool = False, overlap_pp: bool = True,
+                 overlap_tp: bool = False) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
         # Zero-Bubble schedules split B from W and send right after B.
         self.split_backward = split_backward
         self.overlap_pp = overlap_pp
+        self.overlap_chunks = workload.tp if overlap_tp else 0
         self.devices, self.overlap_dp = devices, overlap_dp
         self.env = simpy.Environment()
         self.barrier = _Barrier(self.env)
@@ -205,9 +255,10 @@ class Engine:
     def _price_blocks(self) -> dict[tuple[int, int, str], Block]:
         out = {}
         for (s, c), chunk in self.work.chunks.items():
-            out[(s, c, "F")] = Block.of(chunk.forward, self.costs)
-            out[(s, c, "B")] = Block.of(chunk.backward, self.costs)
-            out[(s, c, "W")] = Block.of(chunk.weight, self.costs)
+            n = self.overlap_chunks
+            out[(s, c, "F")] = Block.of(chunk.forward, self.costs, n)
+            out[(s, c, "B")] = Block.of(chunk.backward, self.costs, n)
+            out[(s, c, "W")] = Block.of(chunk.weight, self.costs, n)
         return out
 
     # -- messages between pipeline stages ---------------------------------------------

@@ -67,3 +67,7 @@ class CommOp:
     """Where in the step it belongs."""
     bytes: float
     """Message size in bytes (nccl-tests convention, see above)."""
+    pairs_with: Literal["next", "previous"] | None = None
+    """A sequence-parallel TP collective and the GEMM it can be pipelined with when TP
+    communication overlap is on: the next GEMM for the all-gather that feeds it, the
+    previous GEMM for the reduce-scatter of its output."""

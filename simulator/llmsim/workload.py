@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import pandas as pd
 
@@ -214,18 +215,24 @@ class _LayerBuilder:
         elements = m * (k if operand == "input" else n)
         return [ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements)]
 
-    def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float) -> list[CommOp]:
-        return [CommOp(name, kind, "tp", phase, nbytes)] if self.t > 1 else []
+    def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
+                 pairs_with: Literal["next", "previous"] | None = None) -> list[CommOp]:
+        return [CommOp(name, kind, "tp", phase, nbytes, pairs_with)] if self.t > 1 else []
 
     def _entry(self, name: str, phase: str) -> list[CommOp]:
-        """Before a column-parallel GEMM: SP all-gathers the sequence-split input."""
-        return self._tp_comm(name, "all_gather", phase, self.T * self.m.hidden * self.e) \
-            if self.sp else []
+        """Before a column-parallel GEMM: SP all-gathers the sequence-split input (the
+        GEMM it feeds is the next one)."""
+        return self._tp_comm(name, "all_gather", phase, self.T * self.m.hidden * self.e,
+                             "next") if self.sp else []
 
-    def _exit(self, name: str, phase: str) -> list[CommOp]:
-        """After a row-parallel GEMM: all-reduce, or reduce-scatter with SP."""
-        kind = "reduce_scatter" if self.sp else "all_reduce"
-        return self._tp_comm(name, kind, phase, self.T * self.m.hidden * self.e)
+    def _exit(self, name: str, phase: str, after_gemm: bool = True) -> list[CommOp]:
+        """After a row-parallel GEMM (or the vocab-parallel embedding lookup): all-reduce,
+        or reduce-scatter with SP (of the previous GEMM's output)."""
+        if self.sp:
+            return self._tp_comm(name, "reduce_scatter", phase,
+                                 self.T * self.m.hidden * self.e,
+                                 "previous" if after_gemm else None)
+        return self._tp_comm(name, "all_reduce", phase, self.T * self.m.hidden * self.e)
 
     # -- attention core ---------------------------------------------------------------
     def _attention_forward(self, phase: str) -> list[ComputeOp]:
@@ -340,7 +347,7 @@ class _LayerBuilder:
         """Vocab-parallel embedding lookup (+ positions): F, B, W ops."""
         h = self.m.hidden
         fwd: list[Op] = [self._mem("embed", "F", self.T * h, 3),
-                         *self._exit("embed_tp", "F")]
+                         *self._exit("embed_tp", "F", after_gemm=False)]
         wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3)]
         return fwd, [], wgt
 

@@ -46,6 +46,10 @@ class Parallelism(Spec):
     """Activation recomputation: none, attention core only, or every layer."""
     overlap_dp_comm: bool = True
     """Overlap the gradient reduction with the backward pass (bucketed)."""
+    overlap_tp_comm: bool = False
+    """Pipeline each sequence-parallel all-gather / reduce-scatter with the GEMM it feeds
+    or follows, in ``tp`` pieces (Transformer Engine userbuffers; Megatron-LM
+    ``--tp-comm-overlap``, which requires ``--sequence-parallel``)."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
@@ -80,6 +84,12 @@ class Parallelism(Spec):
             raise ValueError(
                 f"parallelism.virtual_stages: {self.virtual_stages} needs schedule "
                 f"interleaved-1f1b (got {self.schedule}); change one of them"
+            )
+        if self.overlap_tp_comm and self.tp > 1 and not self.sequence_parallel:
+            raise ValueError(
+                "parallelism.overlap_tp_comm: true needs sequence_parallel: true (the "
+                "overlap pipelines its all-gathers and reduce-scatters, as Megatron-LM's "
+                "--tp-comm-overlap requires --sequence-parallel); set both or neither"
             )
         if self.pp == 1:
             for field in ("first_stage_layers", "last_stage_layers"):
