@@ -149,14 +149,15 @@ def test_fp8_keeps_attention_in_bf16_and_adds_casts():
 
 
 class _GatherOnlyCosts(LayerOnlyCosts):
-    """Blocks priced by FLOPs and bytes; every ZeRO-3 layer gather takes ``gather_s``."""
+    """Blocks priced by FLOPs and bytes; every layer's weight gather (ZeRO-3 or the
+    overlapped ZeRO-1 parameter gather) and the post-optimizer gather take ``gather_s``."""
 
     def __init__(self, gather_s: float) -> None:
         super().__init__()
         self.gather_s = gather_s
 
     def comm_s(self, op):
-        return self.gather_s if op.name.startswith("z3_ag") else 0.0
+        return self.gather_s if op.name.startswith(("z3_ag", "dp_ag_params")) else 0.0
 
 
 def _zero3(costs=None):
@@ -268,3 +269,41 @@ def test_tp_overlap_needs_sequence_parallelism():
     with pytest.raises(UserError, match="overlap_tp_comm: true needs sequence_parallel"):
         make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
                       parallelism__overlap_tp_comm=True)
+
+
+# ---------------------------------------------------------------- overlapped ZeRO-1 gather
+
+
+def _zero1(overlap: bool, costs=None):
+    scenario = make_scenario(nodes=2, parallelism__zero=1, parallelism__pp=1,
+                             parallelism__tp=4, parallelism__overlap_param_gather=overlap,
+                             training__global_batch=16)
+    return simulate(scenario, costs)
+
+
+def test_overlapped_param_gather_moves_to_the_first_forward():
+    blocking, overlapped = _zero1(False), _zero1(True)
+    names = [r.name for r in blocking.trace.records if r.stream == "dp"]
+    assert names.count("dp_ag_params") == 1  # one gather, after the optimizer
+    gathers = [r for r in overlapped.trace.records if r.name.startswith("dp_ag_params")]
+    layers = overlapped.scenario.model.layers  # pp = 1: one chunk
+    assert len(gathers) == layers and "dp_ag_params" not in {r.name for r in gathers}
+    optimizer_end = max(r.end_s for r in overlapped.trace.records if r.name == "optimizer")
+    assert overlapped.trace.step_end_s == pytest.approx(optimizer_end)
+
+
+def test_overlapped_param_gather_hides_all_but_the_first_layer():
+    f_layer = _zero1(True, _GatherOnlyCosts(0.0)).trace.blocks[(0, 0, "F")].duration_s / 8
+    free = _zero1(False, _GatherOnlyCosts(0.0))
+    g = f_layer / 10
+    blocking = _zero1(False, _GatherOnlyCosts(8 * g))  # the whole model in one gather
+    overlapped = _zero1(True, _GatherOnlyCosts(g))  # one layer at a time
+    assert blocking.step_time_s == pytest.approx(free.step_time_s + 8 * g, rel=1e-9)
+    assert overlapped.step_time_s == pytest.approx(free.step_time_s + g, rel=1e-9)
+    assert overlapped.breakdown_s["dp_comm"] == pytest.approx(g, rel=1e-9)
+
+
+def test_overlapped_param_gather_needs_a_distributed_optimizer():
+    with pytest.raises(UserError, match="overlap_param_gather: true needs zero 1 or 2"):
+        make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
+                      parallelism__overlap_param_gather=True)

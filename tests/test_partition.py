@@ -129,7 +129,7 @@ def test_zero3_gathers_a_chunk_that_holds_only_the_embedding():
     work = build_workload(s.model, s.parallelism, s.training, s.dp)
     embedding_only = work.chunks[(0, 0)]
     assert s.dp == 2 and embedding_only.layers == 0 and embedding_only.first
-    assert len(work.zero3_gathers(embedding_only)) == 1
+    assert len(work.weight_gathers(embedding_only)) == 1
     result = simulate(s)
     assert result.step_time_s > 0
     assert sum(result.stages[0].as_dict().values()) == pytest.approx(result.step_time_s)

@@ -135,7 +135,7 @@ class Record:
     start_s: float
     end_s: float
     block_from_s: float = 0.0
-    """For a compute record that runs only part of its block (a ZeRO-3 pass interrupted
+    """For a compute record that runs only part of its block (a pass interrupted
     while a layer's weights arrive): where in the block it starts, seconds."""
     block_to_s: float = math.inf
     """… and where it ends (``inf``: the rest of the block)."""
@@ -160,7 +160,8 @@ class Trace:
     pp_waits: list[tuple[int, float, float, float]] = field(default_factory=list)
     """(device, wait start, wait end, transfer start) for every wait on a pipeline message."""
     dp_waits: list[tuple[int, float, float]] = field(default_factory=list)
-    """(device, wait start, wait end) for every wait on a ZeRO-3 weight gather."""
+    """(device, wait start, wait end) for every wait on a weight gather (ZeRO-3, or
+    ZeRO-1/2 with ``overlap_param_gather``)."""
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
@@ -238,8 +239,8 @@ class Engine:
         self.records: list[Record] = []
         self.pp_waits: list[tuple[int, float, float, float]] = []
         self.dp_waits: list[tuple[int, float, float]] = []
-        self.zero3_ops: dict[tuple[int, int], list[CommOp]] = {}
-        """(stage, chunk) → its per-layer ZeRO-3 gathers, built once."""
+        self.gather_ops: dict[tuple[int, int], list[CommOp]] = {}
+        """(stage, chunk) → its per-layer weight gathers, built once."""
         self.blocks = self._price_blocks()
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
@@ -321,7 +322,7 @@ class Engine:
             if members > 1:
                 yield self.barrier.arrive((key, i), members)
             if (act.microbatch, act.chunk, act.kind, 0) in gathers:
-                yield from self._zero3_pass(dev, actions, i, block, gathers)
+                yield from self._gathered_pass(dev, actions, i, block, gathers)
             else:
                 self._prefetch(dev, actions, i + 1, 0, gathers)
                 start = env.now
@@ -376,10 +377,11 @@ class Engine:
             return []
         return [self.env.process(self._collective(dev, op)) for op in work.dp_grad_ops(chunk)]
 
-    def _zero3_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
-                    gathers: dict[tuple[int, int, str, int], simpy.Event],
-                    ) -> Iterator[simpy.Event]:
-        """Run a ZeRO-3 pass layer by layer, each layer waiting for its weights.
+    def _gathered_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
+                       gathers: dict[tuple[int, int, str, int], simpy.Event],
+                       ) -> Iterator[simpy.Event]:
+        """Run a pass layer by layer, each layer waiting for its gathered weights (ZeRO-3,
+        or the first forward with ``overlap_param_gather``).
 
         Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
         in-flight limit the memory model assumes), the first layer's while the previous
@@ -414,20 +416,21 @@ class Engine:
 
     def _prefetch(self, dev: Device, actions: list[Action], i: int, layer: int,
                   gathers: dict[tuple[int, int, str, int], simpy.Event]) -> None:
-        """ZeRO-3: issue the gather of one layer's weights for F/B action ``i``.
+        """Issue the gather of one layer's weights for action ``i``, if it needs one
+        (:meth:`Workload.gathers_before`).
 
         The backward walks the layers in reverse, so its j-th gather is of layer L−1−j.
         """
-        if self.work.zero != 3 or i >= len(actions):
+        if i >= len(actions):
             return
         act = actions[i]
         key = (act.microbatch, act.chunk, act.kind, layer)
-        if act.kind == "W" or key in gathers:
+        if not self.work.gathers_before(act.kind, act.microbatch) or key in gathers:
             return
         chunk_key = (dev.stage, act.chunk)
-        if chunk_key not in self.zero3_ops:
-            self.zero3_ops[chunk_key] = self.work.zero3_gathers(self.work.chunks[chunk_key])
-        ops = self.zero3_ops[chunk_key]
+        if chunk_key not in self.gather_ops:
+            self.gather_ops[chunk_key] = self.work.weight_gathers(self.work.chunks[chunk_key])
+        ops = self.gather_ops[chunk_key]
         if not ops:
             return
         op = ops[layer if act.kind == "F" else len(ops) - 1 - layer]

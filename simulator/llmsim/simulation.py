@@ -47,7 +47,7 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
 
 
 _Representative = tuple[list, list, list]
-"""The records, the pipeline waits and the ZeRO-3 gather waits of one stage's first device."""
+"""The records, the pipeline waits and the weight-gather waits of one stage's first device."""
 
 
 def _representatives(trace: Trace) -> dict[int, _Representative]:
@@ -73,7 +73,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     """Split ``step_s`` of one stage's representative device into its parts."""
     records, waits, dp_waits = rep
     compute = tp = optimizer = 0.0
-    dp = sum(end - start for _, start, end in dp_waits)  # ZeRO-3 passes waiting for weights
+    dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     for r in records:
         if r.stream == "compute" and r.kind in "FBW":
             block = trace.blocks[(stage, r.chunk, r.kind)]

@@ -84,6 +84,9 @@ class Workload:
     dp: int
     tp: int
     bucket_bytes: float
+    overlap_param_gather: bool = False
+    """ZeRO-1/2: the updated weights are gathered during the next step's first forward
+    (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
     optimizer: dict[int, ComputeOp] = field(default_factory=dict)
     """Stage → optimizer step over the local shard."""
 
@@ -112,25 +115,43 @@ class Workload:
                        kind, "dp", "W", total / buckets) for i in range(buckets)]
 
     def dp_param_gather(self, stage: int) -> CommOp | None:
-        """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step."""
-        if self.dp == 1 or self.zero not in (1, 2):
+        """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step
+        (None when that gather overlaps the next step's forward instead)."""
+        if self.dp == 1 or self.zero not in (1, 2) or self.overlap_param_gather:
             return None
         return CommOp("dp_ag_params", "all_gather", "dp", "O",
                       self.stage_params(stage) * self.param_bytes_per_param)
 
-    def zero3_gathers(self, chunk: Chunk) -> list[CommOp]:
-        """ZeRO-3: the per-layer all-gathers of a chunk's weights, in forward order.
+    def gathers_before(self, kind: str, microbatch: int) -> bool:
+        """Whether a pass of this kind and micro-batch waits, layer by layer, for
+        :meth:`weight_gathers`.
 
-        DeepSpeed ZeRO-3 and PyTorch FSDP fetch the weights of one block (module) at a
-        time, before its forward and again before its recompute and backward, and free
-        them afterwards. The chunk's weights (the embedding or LM head included on the
-        first and last chunk) are split evenly over its layers.
+        ZeRO-3: every forward and backward (DeepSpeed ZeRO-3 and PyTorch FSDP fetch the
+        weights of one block at a time, before its forward and again before its
+        recompute and backward, and free them afterwards). ZeRO-1/2 with
+        ``overlap_param_gather``: the first forward of each chunk, which needs the
+        weights the last optimizer step updated (Megatron-LM dispatches the next bucket's
+        all-gather from the forward pre-hook of the current one).
         """
-        if self.dp == 1 or self.zero != 3:
+        if self.dp == 1 or kind == "W":
+            return False
+        if self.zero == 3:
+            return True
+        return self.overlap_param_gather and self.zero in (1, 2) and kind == "F" \
+            and microbatch == 0
+
+    def weight_gathers(self, chunk: Chunk) -> list[CommOp]:
+        """The per-layer all-gathers of a chunk's weights, in forward order.
+
+        The chunk's weights (the embedding or LM head included on the first and last
+        chunk) are split evenly over its layers.
+        """
+        if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
             return []
+        prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
         nbytes = chunk.params * self.param_bytes_per_param / chunk.units
-        return [CommOp(f"z3_ag_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F", nbytes)
-                for i in range(chunk.units)]
+        return [CommOp(f"{prefix}_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F",
+                       nbytes) for i in range(chunk.units)]
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
@@ -426,6 +447,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         dp=dp,
         tp=par.tp,
         bucket_bytes=par.dp_bucket_mb * 1e6,
+        overlap_param_gather=par.overlap_param_gather,
     )
     for stage in range(p):
         shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)

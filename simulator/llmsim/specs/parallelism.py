@@ -50,6 +50,10 @@ class Parallelism(Spec):
     """Pipeline each sequence-parallel all-gather / reduce-scatter with the GEMM it feeds
     or follows, in ``tp`` pieces (Transformer Engine userbuffers; Megatron-LM
     ``--tp-comm-overlap``, which requires ``--sequence-parallel``)."""
+    overlap_param_gather: bool = False
+    """ZeRO-1/2: all-gather the updated weights during the next step's first forward, one
+    layer ahead of the compute, instead of after the optimizer (Megatron-LM
+    ``--overlap-param-gather``)."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
@@ -90,6 +94,12 @@ class Parallelism(Spec):
                 "parallelism.overlap_tp_comm: true needs sequence_parallel: true (the "
                 "overlap pipelines its all-gathers and reduce-scatters, as Megatron-LM's "
                 "--tp-comm-overlap requires --sequence-parallel); set both or neither"
+            )
+        if self.overlap_param_gather and self.zero not in (1, 2):
+            raise ValueError(
+                f"parallelism.overlap_param_gather: true needs zero 1 or 2 (got {self.zero}): "
+                "it overlaps the distributed optimizer's weight all-gather; set zero or turn "
+                "it off"
             )
         if self.pp == 1:
             for field in ("first_stage_layers", "last_stage_layers"):
