@@ -78,6 +78,15 @@ def test_set_overrides_a_field(tmp_path, capsys):
     assert json.loads(out)["layout"]["micro_batch"] == 2
 
 
+def test_report_names_an_uneven_split_and_the_overlaps(tmp_path, capsys):
+    path = tiny_file(tmp_path, parallelism__first_stage_layers=1,
+                     parallelism__last_stage_layers=1)
+    code, out, _ = run_cli(["run", str(path)], capsys)
+    text = " ".join(out.split())
+    assert code == 0
+    assert "layers 1 + 2×3 + 1" in text and "overlap DP" in text
+
+
 def test_catalog_lists_bundled_entries(capsys):
     code, out, _ = run_cli(["catalog", "systems"], capsys)
     assert code == 0 and "selene" in out

@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from llmsim.partition import stage_layers
 from llmsim.result import Result
+from llmsim.specs import Parallelism
 
 
 def _fmt_days(days: float | None) -> str:
@@ -30,6 +32,27 @@ def _stages_to_show(count: int) -> list[int]:
     return sorted({0, count - 1, *range(0, count, max(1, count // 6))})
 
 
+def _stage_split(layers: list[int]) -> str:
+    """``' · layers 5 + 10×6 + 5'`` for an uneven split, '' for an even one."""
+    if len(set(layers)) <= 1:
+        return ""
+    middle = layers[1:-1]
+    parts = [str(layers[0])]
+    if middle:
+        parts.append(f"{len(middle)}×{middle[0]}" if len(set(middle)) == 1
+                     else " + ".join(map(str, middle)))
+    parts.append(str(layers[-1]))
+    return " · layers " + " + ".join(parts)
+
+
+def _overlaps(par: Parallelism) -> str:
+    """The communication overlaps switched on, named as in the scenario."""
+    names = [("DP", par.overlap_dp_comm), ("TP", par.overlap_tp_comm),
+             ("PP", par.overlap_pp_comm), ("param gather", par.overlap_param_gather)]
+    on = [name for name, flag in names if flag]
+    return "overlap " + (", ".join(on) if on else "none")
+
+
 def render(result: Result, console: Console) -> None:
     """Print the summary, the step breakdown, the per-stage view and memory."""
     s = result.scenario
@@ -42,9 +65,10 @@ def render(result: Result, console: Console) -> None:
     console.print(
         f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
+        + _stage_split(stage_layers(s.model.layers, par))
         + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
         f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
-        f"{s.training.precision}"
+        f"{s.training.precision}, {_overlaps(par)}"
     )
     summary = Table(title="Step", show_header=False, title_justify="left")
     summary.add_column("metric")
