@@ -64,8 +64,9 @@ class Chunk:
 
     @property
     def units(self) -> int:
-        """Blocks ZeRO-3 gathers one at a time: its layers, or one for a chunk that holds
-        only the embedding or the LM head."""
+        """Blocks whose weights are gathered one at a time (ZeRO-3, or the overlapped
+        ZeRO-1/2 gather): its layers, or one for a chunk that holds only the embedding or
+        the LM head."""
         return max(self.layers, 1)
 
 
