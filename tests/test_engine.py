@@ -160,9 +160,10 @@ class _GatherOnlyCosts(LayerOnlyCosts):
         return self.gather_s if op.name.startswith(("z3_ag", "dp_ag_params")) else 0.0
 
 
-def _zero3(costs=None):
+def _zero3(costs=None, prefetch=True):
     scenario = make_scenario(nodes=2, parallelism__zero=3, parallelism__pp=1,
-                             parallelism__tp=4, training__global_batch=16)
+                             parallelism__tp=4, training__global_batch=16,
+                             parallelism__prefetch_weights=prefetch)
     return simulate(scenario, costs)
 
 
@@ -201,6 +202,23 @@ def test_zero3_forward_is_gather_bound_when_gathers_are_slow():
         [slow.step_time_s] * len(usage))
     for stage in slow.stages:
         assert sum(stage.as_dict().values()) == pytest.approx(slow.step_time_s, rel=1e-9)
+
+
+def test_zero3_without_prefetch_exposes_every_gather():
+    f_layer = _zero3(_GatherOnlyCosts(0.0)).trace.blocks[(0, 0, "F")].duration_s / 8
+    free = _zero3(_GatherOnlyCosts(0.0), prefetch=False)
+    g = f_layer / 10
+    blocking = _zero3(_GatherOnlyCosts(g), prefetch=False)
+    gathers = [r for r in blocking.trace.records if r.name.startswith("z3_ag")]
+    # Each layer's gather starts when the layer is reached and the compute waits for it.
+    assert len(gathers) == 8 * len({(r.microbatch, r.kind) for r in blocking.trace.records
+                                    if r.stream == "compute" and r.kind in "FB"})
+    assert blocking.step_time_s == pytest.approx(free.step_time_s + len(gathers) * g, rel=1e-9)
+    assert blocking.breakdown_s["dp_comm"] == pytest.approx(len(gathers) * g, rel=1e-9)
+    prefetched = _zero3(_GatherOnlyCosts(g))
+    assert prefetched.step_time_s < blocking.step_time_s
+    for stage in blocking.stages:
+        assert sum(stage.as_dict().values()) == pytest.approx(blocking.step_time_s, rel=1e-9)
 
 
 # ---------------------------------------------------------------- TP communication overlap

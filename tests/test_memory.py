@@ -21,6 +21,7 @@ from llmsim.memory import (
     peak_stage,
     stage_params,
 )
+from llmsim.params import embedding_params_per_device, head_params_per_device
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 GPT2_XL = Model(
@@ -236,6 +237,20 @@ def test_buffers_and_reserve(gpt3: Model, a100: Accelerator) -> None:
     assert s.reserve_bytes == pytest.approx(
         RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors
     )
+
+
+def test_zero3_buffers_hold_two_gathered_blocks_or_one_without_prefetch(
+    gpt3: Model, a100: Accelerator
+) -> None:
+    def buffers(prefetch: bool) -> float:
+        par = Parallelism(tp=8, pp=1, zero=3, dp_bucket_mb=25, prefetch_weights=prefetch)
+        return memory_per_stage(gpt3, par, training(), 8, a100)[0].buffers_bytes
+
+    # The largest unit (a block, the embedding or the LM head) in 16-bit weights.
+    unit = 2 * max(layer_params_per_device(gpt3, 8), embedding_params_per_device(gpt3, 8),
+                   head_params_per_device(gpt3, 8, 1))
+    assert buffers(False) == pytest.approx(2 * 25e6 + unit, rel=1e-12)
+    assert buffers(True) == pytest.approx(2 * 25e6 + 2 * unit, rel=1e-12)
 
 
 def test_selene_gpt3_template_fits_and_stage_0_is_the_peak() -> None:

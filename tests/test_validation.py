@@ -37,9 +37,10 @@ FAST_IDS = [
 # may only fall. It rose from 17.0 % as stated settings became expressible and removed
 # errors of the opposite sign: BLOOM's and ZB24's layer split (first and last stage
 # lighter, was rounded-up layer counts; 18.6 %), MEGREADME-H100's --tp-comm-overlap and
-# --overlap-param-gather (19.6 %) and MLPerf's TP comm overlap (20.1 %). See
-# docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 20.1
+# --overlap-param-gather (19.6 %) and MLPerf's TP comm overlap (20.1 %). NAR21 Table 2's
+# ZeRO-3 rows with DeepSpeed's synchronous weight gathers of the time (no prefetch)
+# brought it to 17.55 %. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 17.6
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -237,7 +238,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 20.1 %, median 7.9 %, worst row +278 % "
+    reason="target-set MAPE 17.6 %, median 7.9 %, worst row +201 % "
     "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

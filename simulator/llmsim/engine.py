@@ -225,7 +225,7 @@ class Engine:
     def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
                  devices: list[Device], overlap_dp: bool = True,
                  split_backward: bool = False, overlap_pp: bool = True,
-                 overlap_tp: bool = False) -> None:
+                 overlap_tp: bool = False, prefetch_weights: bool = True) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
@@ -234,6 +234,8 @@ class Engine:
         self.overlap_pp = overlap_pp
         self.overlap_chunks = workload.tp if overlap_tp else 0
         self.devices, self.overlap_dp = devices, overlap_dp
+        # Weight gathers run one layer ahead of the compute, or only when it needs them.
+        self.prefetch_weights = prefetch_weights
         self.env = simpy.Environment()
         self.barrier = _Barrier(self.env)
         self.records: list[Record] = []
@@ -302,7 +304,8 @@ class Engine:
         deferred: list[tuple[Chunk, int, int]] = []
         gathers: dict[tuple[int, int, str, int], simpy.Event] = {}
         actions = self.schedule[dev.stage]
-        self._prefetch(dev, actions, 0, 0, gathers)
+        if self.prefetch_weights:
+            self._prefetch(dev, actions, 0, 0, gathers)
         for i, act in enumerate(actions):
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
@@ -321,10 +324,11 @@ class Engine:
             key, members = dev.tp_group
             if members > 1:
                 yield self.barrier.arrive((key, i), members)
-            if (act.microbatch, act.chunk, act.kind, 0) in gathers:
+            if self._gather_ops(dev, act):
                 yield from self._gathered_pass(dev, actions, i, block, gathers)
             else:
-                self._prefetch(dev, actions, i + 1, 0, gathers)
+                if self.prefetch_weights:
+                    self._prefetch(dev, actions, i + 1, 0, gathers)
                 start = env.now
                 yield env.timeout(block.duration_s)
                 self.records.append(Record(dev.id, dev.stage, "compute", _label(act),
@@ -385,14 +389,16 @@ class Engine:
 
         Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
         in-flight limit the memory model assumes), the first layer's while the previous
-        pass runs. The pass's block is split evenly over its layers; a wait splits its
-        compute record in two, and the wait is recorded as exposed DP time.
+        pass runs; without ``prefetch_weights`` it is issued when layer j is reached. The
+        pass's block is split evenly over its layers; a wait splits its compute record
+        in two, and the wait is recorded as exposed DP time.
         """
         env, act = self.env, actions[i]
         layers = self.work.chunks[(dev.stage, act.chunk)].units
         layer_s = block.duration_s / layers
         seg_start, seg_from = env.now, 0.0
         for j in range(layers):
+            self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
             gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
             if not gather.triggered:
                 if env.now > seg_start:
@@ -401,10 +407,9 @@ class Engine:
                 yield gather
                 self.dp_waits.append((dev.id, wait_start, env.now))
                 seg_start, seg_from = env.now, j * layer_s
-            if j + 1 < layers:
-                self._prefetch(dev, actions, i, j + 1, gathers)
-            else:
-                self._prefetch(dev, actions, i + 1, 0, gathers)
+            if self.prefetch_weights:
+                nxt = (i, j + 1) if j + 1 < layers else (i + 1, 0)
+                self._prefetch(dev, actions, *nxt, gathers)
             yield env.timeout(layer_s)
         self._record_part(dev, act, seg_start, seg_from, math.inf)
 
@@ -413,6 +418,16 @@ class Engine:
         self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
                                    act.microbatch, act.chunk, start, self.env.now,
                                    block_from, block_to))
+
+    def _gather_ops(self, dev: Device, act: Action) -> list[CommOp]:
+        """The per-layer weight gathers ``act``'s pass waits for (empty if none,
+        :meth:`Workload.gathers_before`), built once per chunk."""
+        if not self.work.gathers_before(act.kind, act.microbatch):
+            return []
+        chunk_key = (dev.stage, act.chunk)
+        if chunk_key not in self.gather_ops:
+            self.gather_ops[chunk_key] = self.work.weight_gathers(self.work.chunks[chunk_key])
+        return self.gather_ops[chunk_key]
 
     def _prefetch(self, dev: Device, actions: list[Action], i: int, layer: int,
                   gathers: dict[tuple[int, int, str, int], simpy.Event]) -> None:
@@ -425,13 +440,8 @@ class Engine:
             return
         act = actions[i]
         key = (act.microbatch, act.chunk, act.kind, layer)
-        if not self.work.gathers_before(act.kind, act.microbatch) or key in gathers:
-            return
-        chunk_key = (dev.stage, act.chunk)
-        if chunk_key not in self.gather_ops:
-            self.gather_ops[chunk_key] = self.work.weight_gathers(self.work.chunks[chunk_key])
-        ops = self.gather_ops[chunk_key]
-        if not ops:
+        ops = self._gather_ops(dev, act)
+        if not ops or key in gathers:
             return
         op = ops[layer if act.kind == "F" else len(ops) - 1 - layer]
         done = self.env.event()

@@ -303,7 +303,7 @@ def _buffer_bytes(
     * ZeRO-3: the gathered weights of two units, the one computing and the one
       prefetched (PyTorch FSDP's limit of two in-flight all-gathers, Zhao et al. 2023,
       "rate limiter"), a unit being one of the stage's ``layers`` blocks, the embedding
-      or the LM head.
+      or the LM head; one unit without ``prefetch_weights``.
     """
     p, t, sp = parallelism.pp, parallelism.tp, parallelism.sequence_parallel
     out = 2 * parallelism.dp_bucket_mb * _MB if dp > 1 else 0.0
@@ -317,7 +317,8 @@ def _buffer_bytes(
             units.append(embedding_params_per_device(model, t))
         if stage == p - 1:
             units.append(head_params_per_device(model, t, p))
-        out += 2 * max(units) * state_bytes_per_param(training.precision)[0]
+        in_flight = 2 if parallelism.prefetch_weights else 1
+        out += in_flight * max(units) * state_bytes_per_param(training.precision)[0]
     return out
 
 

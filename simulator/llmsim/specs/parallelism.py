@@ -54,6 +54,11 @@ class Parallelism(Spec):
     """ZeRO-1/2: all-gather the updated weights during the next step's first forward, one
     layer ahead of the compute, instead of after the optimizer (Megatron-LM
     ``--overlap-param-gather``)."""
+    prefetch_weights: bool = True
+    """Gather each layer's weights (ZeRO-3, or the ``overlap_param_gather`` forward) one
+    layer ahead of its compute. False: a layer's all-gather starts only when the layer is
+    reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
+    2021), which synchronised the device around every parameter all-gather."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
