@@ -96,3 +96,19 @@ def test_dp_buckets_cover_the_gradients():
     assert sum(op.bytes for op in ops) == pytest.approx(chunk.params * 4)
     assert all(op.bytes <= 1e6 for op in ops)
     assert {op.collective for op in ops} == {"all_reduce"}
+
+
+@pytest.mark.parametrize(("precision", "fwd_bytes", "bwd_bytes"),
+                         [("bf16", 38, 14), ("fp16", 38, 14), ("fp32", 32, 8)])
+def test_cross_entropy_traffic_follows_megatrons_kernels(precision, fwd_bytes, bwd_bytes):
+    # Megatron's vocab-parallel cross-entropy, one kernel per line: cast to FP32 (2 + 4
+    # bytes per logit), max (4), subtract (8), exp (8), sum (4), divide (8); backward: mul_
+    # (8) and the cast of the gradient back (4 + 2). FP32 logits need no casts.
+    s = make_scenario(parallelism__tp=2, parallelism__pp=2, training__precision=precision)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    logits = s.parallelism.micro_batch * s.training.seq_len * -(-s.model.vocab // 2)
+    last = work.chunks[(1, 0)]
+    loss_f = [op for op in last.forward if op.name == "loss"]
+    loss_b = [op for op in last.backward if op.name == "loss"]
+    assert [op.bytes for op in loss_f] == [logits * fwd_bytes]
+    assert [op.bytes for op in loss_b] == [logits * bwd_bytes]

@@ -380,16 +380,34 @@ class _LayerBuilder:
         v = math.ceil(m.vocab / t)
         head = self._gemm("lm_head", "F", T, v, m.hidden)
         dx, dw = self._gemm_grads(head)
-        # Cross-entropy over FP32 logits: cast, max, exp-sum, gather: ~4 FP32 passes over
-        # the logits in the forward, 3 in the backward (e = 2-byte units, so ×2).
+        fwd_bytes, bwd_bytes = cross_entropy_bytes_per_logit(self.e)
         loss_tp = self._tp_comm("loss_tp", "all_reduce", "F", 3 * 4 * T)
         fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2),
                          *self._entry("head_ag", "F"), head,
-                         self._mem("loss", "F", T * v, 8), *loss_tp]
-        bwd: list[Op] = [self._mem("loss", "B", T * v, 6), dx,
+                         ComputeOp("loss", "memory", "F", 0.0, float(T * v * fwd_bytes)),
+                         *loss_tp]
+        bwd: list[Op] = [ComputeOp("loss", "memory", "B", 0.0, float(T * v * bwd_bytes)), dx,
                          *self._exit("head_rs", "B"),
                          self._mem("final_norm", "B", n_sp, 4)]
         return fwd, bwd, [dw]
+
+
+def cross_entropy_bytes_per_logit(logit_bytes: int) -> tuple[int, int]:
+    """HBM bytes per logit of Megatron-LM's vocab-parallel cross-entropy: (forward, backward).
+
+    The loss runs in FP32 on the (16-bit) logits, one PyTorch kernel per line of
+    ``megatron/core/tensor_parallel/cross_entropy.py`` (the same sequence as 2020's
+    ``mpu/cross_entropy.py``): ``.float()`` reads the logits and writes an FP32 copy, then
+    ``max`` reads it, ``-= max`` and ``exp(out=)`` each read and write it, ``sum`` reads
+    it and ``div_`` reads and writes it, the softmax kept for the backward. The backward's
+    ``mul_`` reads and writes the softmax, and the gradient of ``.float()`` casts it back
+    to the logits' dtype. FP32 logits skip both casts.
+    """
+    fp32 = 4
+    cast = logit_bytes + fp32 if logit_bytes != fp32 else 0
+    forward = cast + fp32 * (1 + 2 + 2 + 1 + 2)  # max, sub, exp, sum, div
+    backward = fp32 * 2 + cast                   # mul_, cast of the gradient
+    return forward, backward
 
 
 def _as_phase(op: Op, phase: str) -> Op:
