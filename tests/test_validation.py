@@ -39,9 +39,11 @@ FAST_IDS = [
 # lighter, was rounded-up layer counts; 18.6 %), MEGREADME-H100's --tp-comm-overlap and
 # --overlap-param-gather (19.6 %) and MLPerf's TP comm overlap (20.1 %). NAR21 Table 2's
 # ZeRO-3 rows with DeepSpeed's synchronous weight gathers of the time (no prefetch)
-# brought it to 17.55 %, and the cross-entropy's FP32 traffic counted kernel by kernel
-# from Megatron's code to 16.78 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 16.8
+# brought it to 17.55 %, the cross-entropy's FP32 traffic counted kernel by kernel from
+# Megatron's code to 16.78 % and the residual stream's backward (attention-branch dropout
+# backward, autograd's gradient sums) to 16.34 %. See docs/validation.md for the
+# per-source discussion.
+TARGET_MAPE_CEILING_PCT = 16.4
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -239,7 +241,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 16.8 %, median 7.6 %, worst row +201 % "
+    reason="target-set MAPE 16.3 %, median 6.4 %, worst row +201 % "
     "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

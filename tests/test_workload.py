@@ -112,3 +112,18 @@ def test_cross_entropy_traffic_follows_megatrons_kernels(precision, fwd_bytes, b
     loss_b = [op for op in last.backward if op.name == "loss"]
     assert [op.bytes for op in loss_f] == [logits * fwd_bytes]
     assert [op.bytes for op in loss_b] == [logits * bwd_bytes]
+
+
+def test_residual_stream_backward_traffic():
+    # Per layer, on the b·s·h residual stream: the dropout backward of each residual branch
+    # (read the gradient, write it: 2 passes each), each norm's backward (4), and
+    # autograd's out-of-place sum where a tensor feeds two ops (the layer input and the
+    # attention block's output each feed a norm and a residual add: read 2, write 1).
+    s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1, training__precision="bf16")
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    stream = {"residual2_bwd", "ln2_bwd", "residual1_bwd", "ln1_bwd", "input_grad_sum"}
+    ops = [op for op in work.chunks[(0, 0)].backward if op.name in stream]
+    T = s.parallelism.micro_batch * s.training.seq_len
+    per_layer = 2 * 2 + 2 * 4 + 2 * 3  # two of each: dropout backward, norm backward, sum
+    assert len(ops) == len(stream) * s.model.layers
+    assert sum(op.bytes for op in ops) == s.model.layers * per_layer * T * s.model.hidden * 2

@@ -342,6 +342,11 @@ class _LayerBuilder:
         down_dx, down_dw = self._gemm_grads(down)
         # Backward runs the block in reverse; the conjugate collectives swap places
         # (Megatron's f/g operators): AR after the column-parallel input gradients.
+        # The layer input and the attention block's output each feed a norm and a
+        # residual add, so autograd sums their two gradients out of place
+        # (torch/csrc/autograd/input_buffer.cpp: old_var + var; read 2, write 1):
+        # residual1_bwd is that sum and the attention branch's dropout backward (3 + 2),
+        # input_grad_sum the sum at the layer input.
         bwd: list[Op] = [
             self._mem("residual2_bwd", "B", n_sp, 2),
             *self._entry("tp_ag_mlp_bwd", "B"),
@@ -352,6 +357,7 @@ class _LayerBuilder:
             up_dx,
             *self._exit("tp_mlp_bwd", "B"),
             self._mem("ln2_bwd", "B", n_sp, 4),
+            self._mem("residual1_bwd", "B", n_sp, 5),
             *self._entry("tp_ag_attn_bwd", "B"),
             *_in_phase(self._fp8_cast(proj, "grad"), "B"),
             proj_dx,
@@ -360,6 +366,7 @@ class _LayerBuilder:
             qkv_dx,
             *self._exit("tp_attn_bwd", "B"),
             self._mem("ln1_bwd", "B", n_sp, 4),
+            self._mem("input_grad_sum", "B", n_sp, 3),
         ]
         wgt: list[Op] = [down_dw, up_dw, proj_dw, qkv_dw]
         return fwd, recompute, bwd, wgt
