@@ -188,3 +188,53 @@ def test_unknown_catalog_kind(capsys):
 def test_schedule_show_rejects_bad_combinations(capsys):
     _error(["schedule", "show", "interleaved-1f1b", "--stages", "4", "--microbatches", "6",
             "--chunks", "2"], capsys)
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_unknown_command_is_a_usage_error_not_a_traceback(capsys):
+    code, _, err = run_cli(["calibrat", "gemm"], capsys)
+    assert code == 2 and "No such command" in err and "Traceback" not in err
+
+
+def test_calibrate_gemm_then_nccl_builds_one_profile_a_scenario_uses(tmp_path, capsys):
+    from llmsim.calibration import load_calibration, parse_gemm_csv, parse_nccl_tests
+
+    profile = tmp_path / "profile.yaml"
+    code, out, err = run_cli(["calibrate", "gemm", str(DATA / "gemm_a100.csv"), "--out",
+                              str(profile), "--source", "tests/data A100"], capsys)
+    assert code == 0, err
+    assert "bf16" in out and f"--set calibration={profile}" in out
+    nccl = [DATA / "nccl_all_reduce_8xa100.txt", DATA / "nccl_reduce_scatter_2x8xa100.txt"]
+    code, out, err = run_cli(["calibrate", "nccl", *map(str, nccl), "--out", str(profile)],
+                             capsys)
+    assert code == 0, err
+    assert "all_reduce" in out and "reduce_scatter" in out
+    cal = load_calibration(profile)
+    assert cal.source == "tests/data A100"  # kept: the nccl run gave no --source
+    assert cal.gemm == parse_gemm_csv(DATA / "gemm_a100.csv")
+    assert cal.collectives == [p for f in nccl for p in parse_nccl_tests(f)]
+    # Re-running replaces its own table instead of appending to it.
+    run_cli(["calibrate", "gemm", str(DATA / "gemm_a100.csv"), "--out", str(profile)], capsys)
+    assert load_calibration(profile).gemm == cal.gemm
+    code, out, err = run_cli(["run", str(tiny_file(tmp_path)), "--json", "--set",
+                              f"calibration={profile}"], capsys)
+    assert code == 0, err
+    _, plain, _ = run_cli(["run", str(tiny_file(tmp_path)), "--json"], capsys)
+    assert json.loads(out)["step_time_s"] != json.loads(plain)["step_time_s"]
+
+
+@pytest.mark.parametrize(("command", "name", "where"), [
+    ("gemm", "gemm_bad_value.csv", "gemm_bad_value.csv:3"),
+    ("gemm", "gemm_missing_column.csv", "gemm_missing_column.csv"),
+    ("nccl", "nccl_bad_row.txt", "nccl_bad_row.txt:27"),
+    ("nccl", "nccl_no_rows.txt", "nccl_no_rows.txt"),
+])
+def test_calibrate_a_broken_file_is_one_line_and_writes_nothing(tmp_path, capsys, command,
+                                                                 name, where):
+    profile = tmp_path / "profile.yaml"
+    code, _, err = run_cli(["calibrate", command, str(DATA / "broken" / name), "--out",
+                            str(profile)], capsys)
+    assert code == 2 and where in err and "Traceback" not in err
+    assert not profile.exists()

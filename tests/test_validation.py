@@ -227,6 +227,20 @@ def test_cli_validate_nar21_end_to_end(target, tmp_path, capsys, monkeypatch):
     df = pd.read_csv(tmp_path / "validation.csv")
     assert len(df) == 22 and set(df["source"]) == {"NAR21-T1", "NAR21-T2"}
     assert (tmp_path / "validation.png").stat().st_size > 10_000
+    md = (tmp_path / "validation.md").read_text(encoding="utf-8")
+    assert "| **target set** | 22 |" in md and "| NAR21-T2-12 | yes | TFLOP/s/GPU |" in md
+    assert "ZB24 schedule order" not in md  # no Zero Bubble rows in this subset
+
+
+def test_markdown_tables_hold_every_row_and_the_schedule_order(target):
+    df = _frame(target)
+    md = v.markdown_tables(df)
+    rows = [line for line in md.splitlines() if line.startswith("| ") and " | yes | " in line]
+    assert {line.split(" | ")[0][2:] for line in rows} >= set(df["id"])
+    ranking = v.schedule_ranking(df)
+    assert f"## ZB24 schedule order: {int(ranking['same'].sum())} of 12 reproduced" in md
+    mape = df["error_pct"].abs().mean()
+    assert f"| **target set** | {len(df)} | {mape:.1f} |" in md
 
 
 # ---------------------------------------------------------------- accuracy

@@ -21,6 +21,12 @@ app = typer.Typer(
 )
 schedule_app = typer.Typer(help="Pipeline schedules.", no_args_is_help=True)
 app.add_typer(schedule_app, name="schedule")
+calibrate_app = typer.Typer(
+    help="Build a calibration profile from your own GEMM and nccl-tests measurements "
+    "(docs/calibration.md).",
+    no_args_is_help=True,
+)
+app.add_typer(calibrate_app, name="calibrate")
 
 out = Console()
 err = Console(stderr=True)
@@ -91,6 +97,77 @@ def schedule_show(
     out.print(schedules.format_grid(plan), highlight=False)
 
 
+ProfileOption = Annotated[
+    Path,
+    typer.Option("--out", help="Profile to write; an existing one keeps its other table."),
+]
+SourceOption = Annotated[
+    str | None,
+    typer.Option("--source", help="Where the measurements come from: machine, software, date."),
+]
+
+
+def _si_bytes(n: object) -> str:
+    """8 B, 1.05 MB, 8.59 GB: a message size in SI units."""
+    size = float(n)  # type: ignore[arg-type]
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size:.0f} B"
+
+
+def _wrote_profile(path: Path) -> None:
+    out.print(f"wrote {path}; use it with 'calibration: {path}' in a scenario or "
+              f"--set calibration={path}", highlight=False, soft_wrap=True)
+
+
+@calibrate_app.command("gemm")
+def calibrate_gemm(
+    files: Annotated[list[Path], typer.Argument(
+        help="CSV files with columns m, n, k, dtype, tflops.")],
+    out_path: ProfileOption = Path("calibration.yaml"),
+    source: SourceOption = None,
+) -> None:
+    """Measured GEMM throughputs → the profile's GEMM table (replaces the efficiency model)."""
+    from llmsim import calibration
+
+    points = [p for f in files for p in calibration.parse_gemm_csv(f)]
+    table = Table(title=f"GEMM shapes measured ({len(points)})", title_justify="left")
+    for name in ("dtype", "shapes", "min TFLOP/s", "max TFLOP/s"):
+        table.add_column(name, justify="left" if name == "dtype" else "right")
+    for row in calibration.gemm_summary(points):
+        table.add_row(str(row["dtype"]), str(row["shapes"]), f"{row['min_tflops']:.1f}",
+                      f"{row['max_tflops']:.1f}")
+    out.print(table)
+    calibration.update_profile(out_path, gemm=points, source=source)
+    _wrote_profile(out_path)
+
+
+@calibrate_app.command("nccl")
+def calibrate_nccl(
+    files: Annotated[list[Path], typer.Argument(
+        help="Unmodified stdout of all_reduce_perf, all_gather_perf, reduce_scatter_perf "
+        "or sendrecv_perf (nccl-tests / rccl-tests).")],
+    out_path: ProfileOption = Path("calibration.yaml"),
+    source: SourceOption = None,
+) -> None:
+    """Measured collective bus bandwidths → the profile's collective table."""
+    from llmsim import calibration
+
+    points = [p for f in files for p in calibration.parse_nccl_tests(f)]
+    table = Table(title=f"collective sizes measured ({len(points)})", title_justify="left")
+    for name in ("collective", "ranks", "nodes", "sizes", "bytes", "best busbw GB/s"):
+        table.add_column(name, justify="left" if name == "collective" else "right")
+    for row in calibration.collective_summary(points):
+        table.add_row(str(row["collective"]), str(row["ranks"]), str(row["nodes"]),
+                      str(row["sizes"]), f"{_si_bytes(row['min_bytes'])} – "
+                      f"{_si_bytes(row['max_bytes'])}",
+                      f"{row['max_busbw_gbps']:.1f}")
+    out.print(table)
+    calibration.update_profile(out_path, collectives=points, source=source)
+    _wrote_profile(out_path)
+
+
 @app.command("validate")
 def validate_cmd(
     subset: Annotated[
@@ -98,7 +175,8 @@ def validate_cmd(
         typer.Option("--subset", help="Only rows whose id starts with PREFIX (NAR21, ZB24 ...)."),
     ] = None,
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Write validation.csv and validation.png here.")
+        Path | None,
+        typer.Option("--out", help="Write validation.csv, validation.md and validation.png here."),
     ] = None,
 ) -> None:
     """Compare llmsim with published, measured training runs (docs/validation.md)."""
@@ -107,7 +185,6 @@ def validate_cmd(
     from llmsim import validation
 
     df = validation.validate(validation.load_runs(subset), progress=True)
-    units = {"iteration_time_s": "s/iteration", "tflops_per_gpu": "TFLOP/s/GPU", "mfu": "MFU %"}
     table = Table(
         title="llmsim vs published measurements", title_justify="left", box=box.SIMPLE_HEAD
     )
@@ -117,7 +194,8 @@ def validate_cmd(
         size = abs(r.error_pct)
         colour = "green" if size <= 10 else "yellow" if size <= 20 else "red"
         error = f"[{colour}]{r.error_pct:+.1f}[/{colour}]"
-        table.add_row(r.id, units[r.metric], f"{r.measured:.4g}", f"{r.predicted:.4g}", error)
+        table.add_row(r.id, validation.QUANTITY_UNITS[r.metric], f"{r.measured:.4g}",
+                      f"{r.predicted:.4g}", error)
     out.print(table)
     stats = Table(
         title="summary, % (MAPE, median |error|, mean error, worst row)",
@@ -155,26 +233,23 @@ def validate_cmd(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         df.to_csv(out_dir / "validation.csv", index=False)
+        (out_dir / "validation.md").write_text(validation.markdown_tables(df), encoding="utf-8")
         png = validation.plot_validation(df, out_dir / "validation.png")
-        out.print(f"wrote {out_dir / 'validation.csv'}, {png}")
+        out.print(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'validation.md'}, {png}")
 
 
 def main() -> None:
-    """Entry point: run the app, turning user errors into one line and exit code 2."""
+    """Entry point: run the app, turning user errors into one line and exit code 2.
+
+    Usage errors (an unknown command or option) are reported by typer itself, with the
+    usage line and exit code 2; a :class:`UserError` from inside a command is printed
+    here as one line.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except UserError as exc:
         err.print(f"[red]error:[/red] {exc.message}", highlight=False)
         raise SystemExit(exc.exit_code) from None
-    except typer.Abort:
-        raise SystemExit(1) from None
-    except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            raise SystemExit(exc.exit_code) from None
-        raise
 
 
 if __name__ == "__main__":

@@ -430,6 +430,49 @@ def schedule_ranking(df: pd.DataFrame, source: str = "ZB24", tie_pct: float = 1.
     return pd.DataFrame(rows)
 
 
+QUANTITY_UNITS = {"iteration_time_s": "s/iteration", "tflops_per_gpu": "TFLOP/s/GPU",
+                  "mfu": "MFU %"}
+"""How each metric is labelled in tables."""
+_BREAKDOWN = ("compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s")
+
+
+def _sig(x: float, digits: int = 4) -> str:
+    return "0" if abs(x) < 1e-9 else f"{x:.{digits}g}"
+
+
+def markdown_tables(df: pd.DataFrame) -> str:
+    """The summary per source, the ZB24 schedule order and every row as Markdown tables
+    (``docs/validation.md`` shows these, as ``llmsim validate --out DIR`` writes them)."""
+    parts = ["## Summary per source", "",
+             "| source | rows | MAPE % | median abs % | mean (bias) % | worst row | worst % |",
+             "|---|---:|---:|---:|---:|---|---:|"]
+    for s in summary(df).itertuples():
+        name = f"**{s.group}**" if s.group in ("target set", "all") else s.group
+        parts.append(f"| {name} | {s.rows} | {s.mape_pct:.1f} | {s.median_abs_pct:.1f} | "
+                     f"{s.bias_pct:+.1f} | {s.worst_id} | {s.worst_error_pct:+.1f} |")
+    ranking = schedule_ranking(df)
+    if not ranking.empty:
+        parts += ["", f"## ZB24 schedule order: {int(ranking['same'].sum())} of {len(ranking)} "
+                  "reproduced", "",
+                  "| configuration | measured (fastest first) | llmsim | reproduced |",
+                  "|---|---|---|:-:|"]
+        for r in ranking.itertuples():
+            measured = r.measured_order + (f" ({r.ties}, within 1 %)" if r.ties else "")
+            same = "**no**" if not r.same else (
+                "yes (tie)" if r.measured_order != r.predicted_order else "yes")
+            parts.append(f"| {r.config} | {measured} | {r.predicted_order} | {same} |")
+    parts += ["", "## Every row", "",
+              "| id | target | quantity | measured | llmsim | error % | llmsim step s | "
+              "critical-stage breakdown s (compute / TP / PP / DP / bubble / optimizer) |",
+              "|---|:-:|---|---:|---:|---:|---:|---|"]
+    for r in df.itertuples():
+        breakdown = " / ".join(_sig(getattr(r, c), 3) for c in _BREAKDOWN)
+        parts.append(f"| {r.id} | {'yes' if r.target else ''} | {QUANTITY_UNITS[r.metric]} | "
+                     f"{_sig(r.measured)} | {_sig(r.predicted)} | {r.error_pct:+.1f} | "
+                     f"{_sig(r.step_time_s)} | {breakdown} |")
+    return "\n".join(parts) + "\n"
+
+
 def plot_validation(df: pd.DataFrame, path: str | Path) -> Path:
     """Predicted vs measured, one log-log panel per metric, y = x and a ±10 % band."""
     import matplotlib
