@@ -92,6 +92,7 @@ def test_dp_traffic_when_replicated():
     {"parallelism__zero": 3, "parallelism__pp": 1, "parallelism__tp": 4},
     {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2},
     {"parallelism__schedule": "zb-h1", "parallelism__overlap_dp_comm": False},
+    {"model__tied_embeddings": True},
 ])
 def test_reduced_and_full_fidelity_agree(overrides):
     base = {"nodes": 2, "parallelism__pp": 2, "training__global_batch": 16} | overrides
@@ -325,3 +326,37 @@ def test_overlapped_param_gather_needs_a_distributed_optimizer():
     with pytest.raises(UserError, match="overlap_param_gather: true needs zero 1 or 2"):
         make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
                       parallelism__overlap_param_gather=True)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_tied_embeddings_exchange_their_gradient_before_the_optimizer(p):
+    from llmsim.costs import HardwareCosts
+    from llmsim.plan import Plan
+
+    scenario = make_scenario(nodes=p, parallelism__tp=8, parallelism__pp=p,
+                             model__tied_embeddings=True)
+    result = simulate(scenario)
+    op = result.workload.embedding_grad_allreduce
+    model = scenario.model
+    assert op is not None and op.collective == "send_recv" and op.axis == "pp"
+    assert op.bytes == -(-model.vocab // 8) * model.hidden * 4  # fp32 gradients
+    exchange = [r for r in result.trace.records if r.name == "embed_grad_allreduce"]
+    assert sorted(r.stage for r in exchange) == [0, p - 1]
+    priced = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario)).comm_s(op)
+    assert [r.end_s - r.start_s for r in exchange] == pytest.approx([priced, priced])
+    assert len({r.start_s for r in exchange}) == 1  # both wait for each other's gradients
+    optimizer = [r.start_s for r in result.trace.records if r.name == "optimizer"]
+    assert min(optimizer) >= max(r.end_s for r in exchange)
+    first = result.stages[0]
+    assert first.pp_s >= priced
+    assert sum(first.as_dict().values()) == pytest.approx(result.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"model__tied_embeddings": False, "parallelism__pp": 4},
+    {"model__tied_embeddings": True, "parallelism__pp": 1},
+])
+def test_no_embedding_exchange_without_a_tied_copy_on_another_stage(overrides):
+    result = simulate(make_scenario(nodes=4, parallelism__tp=8, **overrides))
+    assert result.workload.embedding_grad_allreduce is None
+    assert not [r for r in result.trace.records if r.name == "embed_grad_allreduce"]

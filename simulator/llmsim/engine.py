@@ -357,6 +357,13 @@ class Engine:
             if not proc.triggered:
                 yield proc
         self.dp_done[dev.id] = env.now
+        tied = work.embedding_grad_allreduce
+        if tied is not None and dev.stage in (0, p - 1):
+            yield self.barrier.arrive((dev.pipe, tied.name), 2)
+            start = env.now
+            yield env.timeout(self.costs.comm_s(tied))
+            self.records.append(Record(dev.id, dev.stage, "pp", tied.name, "O", -1, -1,
+                                       start, env.now))
         # Gradient-norm clipping all-reduces over every stage: the optimizer of each
         # stage starts only when all stages have their gradients.
         self.ready_count += 1

@@ -73,7 +73,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> StageBreakdown:
     """Split ``step_s`` of one stage's representative device into its parts."""
     records, waits, dp_waits = rep
-    compute = tp = optimizer = 0.0
+    compute = tp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     for r in records:
         if r.stream == "compute" and r.kind in "FBW":
@@ -84,10 +84,12 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
         elif r.kind == "O":
             if r.stream == "compute":
                 optimizer += r.end_s - r.start_s
+            elif r.stream == "pp":  # the tied embedding's gradient exchange
+                pp += r.end_s - r.start_s
             else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
                 dp += r.end_s - r.start_s
     dp += trace.stage_dp_done_s[stage] - trace.stage_last_compute_s[stage]
-    pp = sum(end - max(start, sent) for _, start, end, sent in waits)
+    pp += sum(end - max(start, sent) for _, start, end, sent in waits)
     bubble = step_s - compute - tp - optimizer - dp - pp
     return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer)
 

@@ -90,6 +90,9 @@ class Workload:
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
     optimizer: dict[int, ComputeOp] = field(default_factory=dict)
     """Stage → optimizer step over the local shard."""
+    embedding_grad_allreduce: CommOp | None = None
+    """Tied embeddings with ``pp > 1``: the first and the last stage each hold a copy of
+    the word embedding and all-reduce its gradient before the optimizer step."""
 
     @property
     def stages(self) -> int:
@@ -417,6 +420,23 @@ def cross_entropy_bytes_per_logit(logit_bytes: int) -> tuple[int, int]:
     return forward, backward
 
 
+def _embedding_grad_allreduce(model: Model, par: Parallelism,
+                              training: Training) -> CommOp | None:
+    """The tied word embedding's gradient, all-reduced between the first and last stage.
+
+    Megatron-LM (``_allreduce_word_embedding_grads`` in ``finalize_model_grads``) and
+    DeepSpeed's pipeline engine (``_exec_reduce_tied_grads``) do this once per step, after
+    the backward and before the optimizer. A two-rank all-reduce moves each rank's
+    ``S`` bytes once in each direction (a ring's 2(n−1)/n·S at n = 2), so it is priced as
+    an exchange of ``S`` bytes between the two stages on the pipeline path.
+    """
+    if not model.tied_embeddings or par.pp < 2:
+        return None
+    words = math.ceil(model.vocab / par.tp) * model.hidden
+    return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
+                  float(words * grad_bytes_per_param(training.precision)))
+
+
 def _as_phase(op: Op, phase: str) -> Op:
     return replace(op, phase=phase)
 
@@ -474,6 +494,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         tp=par.tp,
         bucket_bytes=par.dp_bucket_mb * 1e6,
         overlap_param_gather=par.overlap_param_gather,
+        embedding_grad_allreduce=_embedding_grad_allreduce(model, par, training),
     )
     for stage in range(p):
         shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)
