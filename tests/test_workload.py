@@ -127,3 +127,26 @@ def test_residual_stream_backward_traffic():
     per_layer = 2 * 2 + 2 * 4 + 2 * 3  # two of each: dropout backward, norm backward, sum
     assert len(ops) == len(stream) * s.model.layers
     assert sum(op.bytes for op in ops) == s.model.layers * per_layer * T * s.model.hidden * 2
+
+
+@pytest.mark.parametrize(("bias", "kernels", "expect"), [
+    (True, "separate", True), (True, "fused", False), (False, "separate", False)])
+def test_separate_bias_kernels_add_the_qkv_bias_and_reduce_every_bias_gradient(bias, kernels,
+                                                                               expect):
+    # Megatron-LM's own linear layers: output = output + bias after the QKV GEMM (read and
+    # write its output), grad_output.sum(dim=0) for its gradient, and autograd's sum over
+    # the tokens for the biases folded into bias-GeLU and the two bias-dropout-adds.
+    s = make_scenario(parallelism__tp=2, parallelism__pp=1, parallelism__sequence_parallel=False,
+                      model__bias=bias, training__bias_kernels=kernels)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(0, 0)]
+    adds = [op for op in chunk.forward if op.name == "qkv_bias"]
+    grads = [op for op in chunk.backward if op.name == "bias_grads"]
+    if not expect:
+        assert adds == [] and grads == []
+        return
+    m, T = s.model, s.parallelism.micro_batch * s.training.seq_len
+    qkv, up, e = 3 * m.hidden // 2, m.ffn_hidden // 2, 2
+    assert len(adds) == len(grads) == m.layers
+    assert adds[0].bytes == T * qkv * 2 * e
+    assert grads[0].bytes == (T * (qkv + up) + 2 * T * m.hidden) * e

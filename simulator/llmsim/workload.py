@@ -312,11 +312,13 @@ class _LayerBuilder:
         up = self._gemm("mlp_up", "F", T, up_n, h)
         down = self._gemm("mlp_down", "F", T, h, f // t)
         act_passes = 3 if m.activation == "swiglu" else 2
+        separate_bias = m.bias and self.trn.bias_kernels == "separate"
         fwd: list[Op] = [
             self._mem("ln1", "F", n_sp, 2),
             *self._entry("tp_ag_attn", "F"),
             *self._fp8_cast(qkv, "input"),
             qkv,
+            *([self._mem("qkv_bias", "F", T * qkv_n, 2)] if separate_bias else []),
             *self._attention_forward("F"),
             *self._fp8_cast(proj, "input"),
             proj,
@@ -371,6 +373,11 @@ class _LayerBuilder:
             self._mem("ln1_bwd", "B", n_sp, 4),
             self._mem("input_grad_sum", "B", n_sp, 3),
         ]
+        if separate_bias:
+            # Megatron-LM's linear layers: grad_bias = grad_output.sum(dim=0) for QKV, and
+            # autograd's sum over the tokens for the biases folded into bias-GeLU
+            # (MLP up) and bias-dropout-add (attention output, MLP down): one read each.
+            bwd.append(self._mem("bias_grads", "B", T * (qkv_n + up_n) + 2 * n_sp, 1))
         wgt: list[Op] = [down_dw, up_dw, proj_dw, qkv_dw]
         return fwd, recompute, bwd, wgt
 

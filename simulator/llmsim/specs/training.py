@@ -22,6 +22,12 @@ class Training(Spec):
     """Optimizer (mixed-precision Adam: 16 bytes of state per parameter)."""
     attention_kernel: Literal["flash", "unfused"] = "flash"
     """Fused flash attention (no s×s matrix in memory) or the unfused softmax path."""
+    bias_kernels: Literal["fused", "separate"] = "fused"
+    """How linear-layer biases run (models with ``bias: true``): ``fused`` in the GEMM
+    epilogues and the fused bias-GeLU / bias-dropout-add kernels, their gradients with
+    the weight-gradient GEMMs (Transformer Engine); ``separate`` as Megatron-LM's own
+    layers run them (``--transformer-impl local``): the QKV bias added after its GEMM and
+    every bias gradient a reduction over the tokens."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
