@@ -150,3 +150,21 @@ def test_separate_bias_kernels_add_the_qkv_bias_and_reduce_every_bias_gradient(b
     assert len(adds) == len(grads) == m.layers
     assert adds[0].bytes == T * qkv * 2 * e
     assert grads[0].bytes == (T * (qkv + up) + 2 * T * m.hidden) * e
+
+
+@pytest.mark.parametrize(("micro_batch", "copies", "passes"), [(1, True, 6), (2, True, 8),
+                                                                 (2, False, 0)])
+def test_legacy_flash_attention_copies_q_k_v_and_the_output(micro_batch, copies, passes):
+    # rearrange(x, 's b ... -> b s ...').contiguous() for q, k and v (read and write
+    # 3·b·s·h/t), the output back for b > 1 (2·b·s·h/t); the backward mirrors them.
+    s = make_scenario(parallelism__tp=2, parallelism__pp=1, parallelism__micro_batch=micro_batch,
+                      training__attention_layout_copies=copies)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(0, 0)]
+    ops = [op for op in chunk.forward + chunk.backward if op.name.startswith("attn_layout")]
+    if not passes:
+        assert ops == []
+        return
+    T, h = micro_batch * s.training.seq_len, s.model.hidden
+    assert len(ops) == 2 * s.model.layers
+    assert {op.bytes for op in ops} == {passes * T * h / 2 * 2}

@@ -270,7 +270,8 @@ class _LayerBuilder:
             kv_local = max(1, m.n_kv_heads // t)
             io = self.e * self.T * d * (2 * heads + 2 * kv_local)  # read Q, K, V; write O
             return [ComputeOp("attn", "attention", phase, flops, float(io),
-                              executed_fraction=0.5, dtype=self.attn_dtype)]
+                              executed_fraction=0.5, dtype=self.attn_dtype),
+                    *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
         return [
@@ -280,6 +281,21 @@ class _LayerBuilder:
             replace(self._gemm("attn_context", phase, s, d, s, b * heads), dtype=self.attn_dtype),
         ]
 
+    def _attention_layout_copies(self, phase: str) -> list[ComputeOp]:
+        """Megatron-LM's legacy attention with ``--use-flash-attn`` (2023–24): the kernel
+        wants [b, s, heads, d] and the model keeps [s, b, h], so q, k and v are copied
+        (``rearrange(x, 's b ... -> b s ...').contiguous()``), and so is the output for a
+        micro-batch above one; the backward copies the output gradient and concatenates
+        dq, dk, dv back into the fused QKV layout. Each copy reads and writes its tensor.
+        """
+        if not self.trn.attention_layout_copies:
+            return []
+        elements = self.T * (self.m.hidden + 2 * self.m.kv_dim) / self.t
+        if self.par.micro_batch > 1:  # with b = 1 the output's transpose is a view
+            elements += self.T * self.m.hidden / self.t
+        name = "attn_layout" if phase in "FR" else "attn_layout_bwd"
+        return [self._mem(name, phase, elements, 2)]
+
     def _attention_backward(self) -> list[ComputeOp]:
         m, t, s, b = self.m, self.t, self.trn.seq_len, self.par.micro_batch
         heads = m.heads // t
@@ -288,7 +304,8 @@ class _LayerBuilder:
             fwd = self._attention_forward("B")[0]
             # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
             return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,
-                              executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype)]
+                              executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype),
+                    *self._attention_layout_copies("B")]
         probs = float(b * heads * s * s)
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
         context = self._gemm("attn_context", "B", s, d, s, b * heads)

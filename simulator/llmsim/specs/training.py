@@ -22,6 +22,11 @@ class Training(Spec):
     """Optimizer (mixed-precision Adam: 16 bytes of state per parameter)."""
     attention_kernel: Literal["flash", "unfused"] = "flash"
     """Fused flash attention (no s×s matrix in memory) or the unfused softmax path."""
+    attention_layout_copies: bool = False
+    """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
+    are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]
+    (Megatron-LM's legacy model with ``--use-flash-attn``), or read in place (Transformer
+    Engine, cuDNN)."""
     bias_kernels: Literal["fused", "separate"] = "fused"
     """How linear-layer biases run (models with ``bias: true``): ``fused`` in the GEMM
     epilogues and the fused bias-GeLU / bias-dropout-add kernels, their gradients with
