@@ -161,10 +161,10 @@ class _GatherOnlyCosts(LayerOnlyCosts):
         return self.gather_s if op.name.startswith(("z3_ag", "dp_ag_params")) else 0.0
 
 
-def _zero3(costs=None, prefetch=True):
+def _zero3(costs=None, prefetch=True, **extra):
     scenario = make_scenario(nodes=2, parallelism__zero=3, parallelism__pp=1,
                              parallelism__tp=4, training__global_batch=16,
-                             parallelism__prefetch_weights=prefetch)
+                             parallelism__prefetch_weights=prefetch, **extra)
     return simulate(scenario, costs)
 
 
@@ -220,6 +220,40 @@ def test_zero3_without_prefetch_exposes_every_gather():
     assert prefetched.step_time_s < blocking.step_time_s
     for stage in blocking.stages:
         assert sum(stage.as_dict().values()) == pytest.approx(blocking.step_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_zero3_regather_gathers_each_backward_layer_for_recompute_and_backward(prefetch):
+    f_layer = _zero3(_GatherOnlyCosts(0.0)).trace.blocks[(0, 0, "F")].duration_s / 8
+    g = f_layer / 10
+    full = {"parallelism__recompute": "full"}
+    once = _zero3(_GatherOnlyCosts(g), prefetch, **full)
+    twice = _zero3(_GatherOnlyCosts(g), prefetch, parallelism__regather_for_recompute=True,
+                   **full)
+    gathers = sorted((r for r in twice.trace.records if r.name.startswith("z3_ag")),
+                     key=lambda r: r.start_s)
+    passes = {(r.microbatch, r.kind) for r in twice.trace.records
+              if r.stream == "compute" and r.kind in "FB"}
+    n_f = sum(1 for _, kind in passes if kind == "F")
+    assert len(gathers) == 8 * n_f + 16 * (len(passes) - n_f)
+    # A backward pass gathers each layer, last to first, twice in a row.
+    names = ",".join(r.name for r in gathers)
+    assert ",".join(f"z3_ag_c0_l{j},z3_ag_c0_l{j}" for j in reversed(range(8))) in names
+    if not prefetch:  # every gather exposed: one more per backward layer
+        extra_gathers = 8 * (len(passes) - n_f)
+        assert twice.step_time_s == pytest.approx(once.step_time_s + extra_gathers * g,
+                                                  rel=1e-9)
+    else:  # prefetched one part ahead, gathers this short hide behind the compute
+        assert twice.step_time_s == pytest.approx(once.step_time_s, rel=1e-9)
+    for stage in twice.stages:
+        assert sum(stage.as_dict().values()) == pytest.approx(twice.step_time_s, rel=1e-9)
+
+
+def test_regather_needs_full_recompute():
+    g = 1e-4
+    plain = _zero3(_GatherOnlyCosts(g), False)
+    flagged = _zero3(_GatherOnlyCosts(g), False, parallelism__regather_for_recompute=True)
+    assert flagged.step_time_s == plain.step_time_s
 
 
 # ---------------------------------------------------------------- TP communication overlap

@@ -225,7 +225,8 @@ class Engine:
     def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
                  devices: list[Device], overlap_dp: bool = True,
                  split_backward: bool = False, overlap_pp: bool = True,
-                 overlap_tp: bool = False, prefetch_weights: bool = True) -> None:
+                 overlap_tp: bool = False, prefetch_weights: bool = True,
+                 regather_for_recompute: bool = False) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
@@ -236,6 +237,8 @@ class Engine:
         self.devices, self.overlap_dp = devices, overlap_dp
         # Weight gathers run one layer ahead of the compute, or only when it needs them.
         self.prefetch_weights = prefetch_weights
+        # A backward pass gathers each layer twice: for its recompute, then for its backward.
+        self.regather_for_recompute = regather_for_recompute
         self.env = simpy.Environment()
         self.barrier = _Barrier(self.env)
         self.records: list[Record] = []
@@ -401,24 +404,39 @@ class Engine:
         in two, and the wait is recorded as exposed DP time.
         """
         env, act = self.env, actions[i]
-        layers = self.work.chunks[(dev.stage, act.chunk)].units
-        layer_s = block.duration_s / layers
-        seg_start, seg_from = env.now, 0.0
-        for j in range(layers):
+        units = self._gathered_units(dev, act, block)
+        seg_start, seg_from, offset = env.now, 0.0, 0.0
+        for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
             gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
             if not gather.triggered:
                 if env.now > seg_start:
-                    self._record_part(dev, act, seg_start, seg_from, j * layer_s)
+                    self._record_part(dev, act, seg_start, seg_from, offset)
                 wait_start = env.now
                 yield gather
                 self.dp_waits.append((dev.id, wait_start, env.now))
-                seg_start, seg_from = env.now, j * layer_s
+                seg_start, seg_from = env.now, offset
             if self.prefetch_weights:
-                nxt = (i, j + 1) if j + 1 < layers else (i + 1, 0)
+                nxt = (i, j + 1) if j + 1 < len(units) else (i + 1, 0)
                 self._prefetch(dev, actions, *nxt, gathers)
-            yield env.timeout(layer_s)
+            yield env.timeout(unit_s)
+            offset += unit_s
         self._record_part(dev, act, seg_start, seg_from, math.inf)
+
+    def _regathers(self, act: Action) -> bool:
+        """Whether ``act``'s pass gathers each layer twice (recompute, then backward)."""
+        return self.regather_for_recompute and act.kind == "B"
+
+    def _gathered_units(self, dev: Device, act: Action, block: Block) -> list[float]:
+        """Durations of the parts of a gathered pass, one gather before each: its layers
+        (the block split evenly), or with :attr:`regather_for_recompute` each backward
+        layer's recompute and then its backward."""
+        layers = self.work.chunks[(dev.stage, act.chunk)].units
+        layer_s = block.duration_s / layers
+        if not self._regathers(act):
+            return [layer_s] * layers
+        recompute_s = sum(sp.duration_s for sp in block.spans if sp.phase == "R") / layers
+        return [recompute_s, layer_s - recompute_s] * layers
 
     def _record_part(self, dev: Device, act: Action, start: float, block_from: float,
                      block_to: float) -> None:
@@ -441,7 +459,9 @@ class Engine:
         """Issue the gather of one layer's weights for action ``i``, if it needs one
         (:meth:`Workload.gathers_before`).
 
-        The backward walks the layers in reverse, so its j-th gather is of layer L−1−j.
+        The backward walks the layers in reverse, so its j-th gather is of layer L−1−j
+        (of layer L−1−⌊j/2⌋ when each layer is gathered for its recompute and again for
+        its backward).
         """
         if i >= len(actions):
             return
@@ -450,7 +470,10 @@ class Engine:
         ops = self._gather_ops(dev, act)
         if not ops or key in gathers:
             return
-        op = ops[layer if act.kind == "F" else len(ops) - 1 - layer]
+        if act.kind == "F":
+            op = ops[layer]
+        else:
+            op = ops[len(ops) - 1 - layer // (2 if self._regathers(act) else 1)]
         done = self.env.event()
         gathers[key] = done
         self.env.process(self._collective(dev, op, done, tag=(act.microbatch, act.kind)))

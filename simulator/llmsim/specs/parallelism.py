@@ -59,6 +59,11 @@ class Parallelism(Spec):
     layer ahead of its compute. False: a layer's all-gather starts only when the layer is
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
+    regather_for_recompute: bool = False
+    """ZeRO-3 with full recompute: gather each layer's weights for its recompute forward and
+    again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
+    the weights after the recompute too; keeping them needed a valid module trace, which
+    PR #1170 restored). False: one gather serves both (PyTorch FSDP, later DeepSpeed)."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
