@@ -249,6 +249,25 @@ def test_zero3_regather_gathers_each_backward_layer_for_recompute_and_backward(p
         assert sum(stage.as_dict().values()) == pytest.approx(twice.step_time_s, rel=1e-9)
 
 
+def test_zero3_gather_per_module_runs_one_all_gather_per_weight_matrix():
+    g = 1e-4
+    one = _zero3(_GatherOnlyCosts(g), False)
+    per_module = _zero3(_GatherOnlyCosts(g), False, parallelism__gather_per_module=True)
+    k = per_module.scenario.model.mlp_matrices + 2  # QKV, attention output, MLP matrices
+    assert per_module.workload.gather_messages == k == 4
+    count = [len([r for r in res.trace.records if r.name.startswith("z3_ag")])
+             for res in (one, per_module)]
+    assert count[1] == k * count[0]
+    # Every message of every layer is exposed: k times the gathers' time.
+    assert per_module.step_time_s == pytest.approx(one.step_time_s + (k - 1) * count[0] * g,
+                                                   rel=1e-9)
+    # The bytes are split, not repeated.
+    chunk = per_module.workload.chunks[(0, 0)]
+    ops = per_module.workload.weight_gathers(chunk)
+    assert sum(op.bytes for op in ops) * k == pytest.approx(
+        chunk.params * per_module.workload.param_bytes_per_param)
+
+
 def test_regather_needs_full_recompute():
     g = 1e-4
     plain = _zero3(_GatherOnlyCosts(g), False)

@@ -43,9 +43,10 @@ FAST_IDS = [
 # Megatron's code to 16.78 % and the residual stream's backward (attention-branch dropout
 # backward, autograd's gradient sums) to 16.34 %, the tied word embedding's gradient
 # all-reduce to 16.24 %, Megatron-LM's separate bias kernels to 15.76 %, the legacy
-# flash-attention layout copies to 15.46 % and DeepSpeed-2021 ZeRO-3's second gather for
-# the recompute to 14.50 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 14.5
+# flash-attention layout copies to 15.46 %, and DeepSpeed-2021 ZeRO-3's second gather for
+# the recompute and per-module gathers to 14.50 % and 13.84 %. See docs/validation.md for
+# the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 13.9
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -257,8 +258,8 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 14.5 %, median 5.4 %, worst row +173 % "
-    "(NAR21-T2-03, ZeRO-3); see docs/validation.md",
+    reason="target-set MAPE 13.8 %, median 5.4 %, worst row +145 % "
+    "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
     errors = _frame(target)["error_pct"].abs()

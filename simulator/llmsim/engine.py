@@ -476,7 +476,14 @@ class Engine:
             op = ops[len(ops) - 1 - layer // (2 if self._regathers(act) else 1)]
         done = self.env.event()
         gathers[key] = done
-        self.env.process(self._collective(dev, op, done, tag=(act.microbatch, act.kind)))
+        self.env.process(self._gather(dev, op, done, (act.microbatch, act.kind)))
+
+    def _gather(self, dev: Device, op: CommOp, done: simpy.Event,
+                tag: object) -> Iterator[simpy.Event]:
+        """One layer's weights: :attr:`Workload.gather_messages` all-gathers back to back."""
+        for message in range(self.work.gather_messages):
+            yield from self._collective(dev, op, tag=(tag, message))
+        done.succeed()
 
     def run(self) -> Trace:
         """Simulate the step and return the trace."""

@@ -88,6 +88,9 @@ class Workload:
     overlap_param_gather: bool = False
     """ZeRO-1/2: the updated weights are gathered during the next step's first forward
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
+    gather_messages: int = 1
+    """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
+    matrix with ``parallelism.gather_per_module``."""
     optimizer: dict[int, ComputeOp] = field(default_factory=dict)
     """Stage → optimizer step over the local shard."""
     embedding_grad_allreduce: CommOp | None = None
@@ -148,12 +151,13 @@ class Workload:
         """The per-layer all-gathers of a chunk's weights, in forward order.
 
         The chunk's weights (the embedding or LM head included on the first and last
-        chunk) are split evenly over its layers.
+        chunk) are split evenly over its layers; each op is one of the layer's
+        :attr:`gather_messages` equal all-gathers.
         """
         if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
             return []
         prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
-        nbytes = chunk.params * self.param_bytes_per_param / chunk.units
+        nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
         return [CommOp(f"{prefix}_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F",
                        nbytes) for i in range(chunk.units)]
 
@@ -519,6 +523,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         bucket_bytes=par.dp_bucket_mb * 1e6,
         overlap_param_gather=par.overlap_param_gather,
         embedding_grad_allreduce=_embedding_grad_allreduce(model, par, training),
+        # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
+        gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
+        else 1,
     )
     for stage in range(p):
         shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)

@@ -59,6 +59,11 @@ class Parallelism(Spec):
     layer ahead of its compute. False: a layer's all-gather starts only when the layer is
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
+    gather_per_module: bool = False
+    """ZeRO-3: gather a layer's weights with one all-gather per weight matrix (QKV,
+    attention output, the MLP's two or three), back to back, as DeepSpeed's per-module
+    fetch does (biases and norms stay resident under its persistence threshold). False:
+    one all-gather per layer (PyTorch FSDP wrapping a block)."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: gather each layer's weights for its recompute forward and
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
