@@ -365,3 +365,14 @@ def test_bigger_messages_never_take_less_time(
     model = costs(system(network=network), nodes, tp, pp)
     small, big = sorted((a, b))
     assert price(model, collective, axis, big) >= price(model, collective, axis, small)
+
+
+def test_tensor_list_copies_cost_a_launch_each_and_the_message_read_and_written():
+    sysm = system()
+    model = costs(sysm, nodes=4)
+    op = CommOp("z3_ag", "all_gather", "dp", "F", 64e6)
+    with_copies = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, copies=32)
+    accelerator = sysm.node.accelerator
+    expected = (32 * accelerator.kernel_launch_us * 1e-6
+                + 2 * 64e6 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
+    assert model.comm_s(with_copies) - model.comm_s(op) == pytest.approx(expected, rel=1e-12)

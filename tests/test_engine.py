@@ -268,6 +268,17 @@ def test_zero3_gather_per_module_runs_one_all_gather_per_weight_matrix():
         chunk.params * per_module.workload.param_bytes_per_param)
 
 
+def test_zero3_tensor_list_gathers_copy_every_ranks_slice():
+    plain = _zero3()
+    listed = _zero3(parallelism__tensor_list_gathers=True)
+    dp = listed.scenario.dp
+    ops = listed.workload.weight_gathers(listed.workload.chunks[(0, 0)])
+    assert {op.copies for op in ops} == {dp} and dp > 1
+    assert {op.copies for op in plain.workload.weight_gathers(plain.workload.chunks[(0, 0)])} \
+        == {0}
+    assert listed.step_time_s > plain.step_time_s
+
+
 def test_regather_needs_full_recompute():
     g = 1e-4
     plain = _zero3(_GatherOnlyCosts(g), False)

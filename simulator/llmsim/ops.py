@@ -71,3 +71,6 @@ class CommOp:
     """A sequence-parallel TP collective and the GEMM it can be pipelined with when TP
     communication overlap is on: the next GEMM for the all-gather that feeds it, the
     previous GEMM for the reduce-scatter of its output."""
+    copies: int = 0
+    """Device copies that go with the collective, one call each: PyTorch's tensor-list
+    ``all_gather`` gathers into a new flat buffer and copies every rank's slice out."""

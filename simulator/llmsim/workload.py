@@ -91,6 +91,9 @@ class Workload:
     gather_messages: int = 1
     """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
     matrix with ``parallelism.gather_per_module``."""
+    gather_copies: int = 0
+    """Per-rank slice copies after each ZeRO-3 all-gather (``parallelism.tensor_list_gathers``:
+    one per data-parallel rank)."""
     optimizer: dict[int, ComputeOp] = field(default_factory=dict)
     """Stage → optimizer step over the local shard."""
     embedding_grad_allreduce: CommOp | None = None
@@ -159,7 +162,7 @@ class Workload:
         prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
         nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
         return [CommOp(f"{prefix}_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F",
-                       nbytes) for i in range(chunk.units)]
+                       nbytes, copies=self.gather_copies) for i in range(chunk.units)]
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
@@ -526,6 +529,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
+        gather_copies=dp if par.tensor_list_gathers and par.zero == 3 else 0,
     )
     for stage in range(p):
         shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)

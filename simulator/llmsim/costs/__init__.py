@@ -95,5 +95,13 @@ class HardwareCosts:
         return self.compute.compute_s(op)
 
     def comm_s(self, op: CommOp) -> float:
-        """Duration of a communication op, seconds."""
-        return self.collectives.comm_s(op)
+        """Duration of a communication op, seconds.
+
+        Its ``copies`` (one call per rank's slice) each cost a kernel launch, and together
+        they read and write the whole message once at the memory-bound rate.
+        """
+        copies_s = 0.0
+        if op.copies:
+            copies_s = (op.copies * self.compute.launch_s
+                        + 2.0 * op.bytes / self.compute.memory_bytes_per_s)
+        return self.collectives.comm_s(op) + copies_s

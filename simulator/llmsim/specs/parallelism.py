@@ -64,6 +64,11 @@ class Parallelism(Spec):
     attention output, the MLP's two or three), back to back, as DeepSpeed's per-module
     fetch does (biases and norms stay resident under its persistence threshold). False:
     one all-gather per layer (PyTorch FSDP wrapping a block)."""
+    tensor_list_gathers: bool = False
+    """ZeRO-3 all-gathers through PyTorch's tensor-list ``all_gather``, which gathers into a
+    new flat buffer and then copies each rank's slice out with its own call, dp copies per
+    all-gather (DeepSpeed ZeRO-3 of 2021, before it used ``_all_gather_base``). False: one
+    gather into the flat buffer, no copies."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: gather each layer's weights for its recompute forward and
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
