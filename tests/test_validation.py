@@ -44,9 +44,10 @@ FAST_IDS = [
 # backward, autograd's gradient sums) to 16.34 %, the tied word embedding's gradient
 # all-reduce to 16.24 %, Megatron-LM's separate bias kernels to 15.76 %, the legacy
 # flash-attention layout copies to 15.46 %, and DeepSpeed-2021 ZeRO-3's second gather for
-# the recompute, per-module gathers and tensor-list copies to 14.50, 13.84 and 12.19 %.
-# See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 12.2
+# the recompute, per-module gathers and tensor-list copies to 14.50, 13.84 and 12.19 %,
+# and BLOOM's all-reduced gradients to 12.10 %. See docs/validation.md for the per-source
+# discussion.
+TARGET_MAPE_CEILING_PCT = 12.1
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -258,7 +259,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 12.2 %, median 5.4 %, worst row +104 % "
+    reason="target-set MAPE 12.1 %, median 5.4 %, worst row +104 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -168,3 +168,16 @@ def test_legacy_flash_attention_copies_q_k_v_and_the_output(micro_batch, copies,
     T, h = micro_batch * s.training.seq_len, s.model.hidden
     assert len(ops) == 2 * s.model.layers
     assert {op.bytes for op in ops} == {passes * T * h / 2 * 2}
+
+
+@pytest.mark.parametrize(("zero", "all_reduce", "kind"), [
+    (0, False, "all_reduce"), (1, False, "reduce_scatter"), (1, True, "all_reduce"),
+    (2, True, "all_reduce")])
+def test_gradient_collective_follows_zero_stage_and_grad_all_reduce(zero, all_reduce, kind):
+    s = make_scenario(nodes=2, parallelism__tp=1, parallelism__pp=1, parallelism__zero=zero,
+                      parallelism__grad_all_reduce=all_reduce)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(0, 0)]
+    ops = work.dp_grad_ops(chunk)
+    assert {op.collective for op in ops} == {kind}
+    assert sum(op.bytes for op in ops) == pytest.approx(chunk.params * 4)  # same buffer

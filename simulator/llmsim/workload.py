@@ -88,6 +88,8 @@ class Workload:
     overlap_param_gather: bool = False
     """ZeRO-1/2: the updated weights are gathered during the next step's first forward
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
+    grad_all_reduce: bool = False
+    """ZeRO-1/2 gradients reduced by a full all-reduce (``parallelism.grad_all_reduce``)."""
     gather_messages: int = 1
     """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
     matrix with ``parallelism.gather_per_module``."""
@@ -119,9 +121,10 @@ class Workload:
         if self.dp == 1:
             return []
         total = chunk.params * self.grad_bytes_per_param
-        kind = "all_reduce" if self.zero == 0 else "reduce_scatter"
+        all_reduce = self.zero == 0 or (self.grad_all_reduce and self.zero in (1, 2))
+        kind = "all_reduce" if all_reduce else "reduce_scatter"
         buckets = max(1, math.ceil(total / self.bucket_bytes))
-        return [CommOp(f"dp_{'ar' if self.zero == 0 else 'rs'}_c{chunk.virtual_stage}_b{i}",
+        return [CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b{i}",
                        kind, "dp", "W", total / buckets) for i in range(buckets)]
 
     def dp_param_gather(self, stage: int) -> CommOp | None:
@@ -530,6 +533,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
         gather_copies=dp if par.tensor_list_gathers and par.zero == 3 else 0,
+        grad_all_reduce=par.grad_all_reduce,
     )
     for stage in range(p):
         shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)

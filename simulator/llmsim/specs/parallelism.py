@@ -59,6 +59,10 @@ class Parallelism(Spec):
     layer ahead of its compute. False: a layer's all-gather starts only when the layer is
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
+    grad_all_reduce: bool = False
+    """ZeRO-1/2: reduce the gradients with a full all-reduce (twice a reduce-scatter's
+    traffic) and keep this rank's shard, as DeepSpeed's pipeline engine does with BF16
+    (``_bf16_reduce_grads``: ``buffered_allreduce_fallback`` of the FP32 gradients)."""
     gather_per_module: bool = False
     """ZeRO-3: gather a layer's weights with one all-gather per weight matrix (QKV,
     attention output, the MLP's two or three), back to back, as DeepSpeed's per-module
