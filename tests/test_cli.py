@@ -85,6 +85,20 @@ def test_report_names_an_uneven_split_and_the_overlaps(tmp_path, capsys):
     text = " ".join(out.split())
     assert code == 0
     assert "layers 1 + 2×3 + 1" in text and "overlap DP" in text
+    assert "bias kernels" not in text and "gather" not in text  # defaults are not listed
+
+
+def test_report_names_framework_switches_that_change_the_result(tmp_path, capsys):
+    path = tiny_file(tmp_path, parallelism__zero=3, parallelism__pp=1,
+                     parallelism__prefetch_weights=False, parallelism__gather_per_module=True,
+                     training__bias_kernels="separate", training__attention_layout_copies=True)
+    code, out, err = run_cli(["run", str(path)], capsys)
+    text = " ".join(out.split())
+    assert code == 0, err
+    for name in ("no weight prefetch", "gather per module", "separate bias kernels",
+                 "attention layout copies"):
+        assert name in text
+    assert "tensor-list" not in text and "grad all-reduce" not in text
 
 
 def test_catalog_lists_bundled_entries(capsys):

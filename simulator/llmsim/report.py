@@ -7,7 +7,7 @@ from rich.table import Table
 
 from llmsim.partition import stage_layers
 from llmsim.result import Result
-from llmsim.specs import Parallelism
+from llmsim.specs import Parallelism, Scenario
 
 
 def _fmt_days(days: float | None) -> str:
@@ -53,6 +53,25 @@ def _overlaps(par: Parallelism) -> str:
     return "overlap " + (", ".join(on) if on else "none")
 
 
+def _kernel_switches(s: Scenario) -> str:
+    """Framework behaviours switched away from their defaults (they change the result)."""
+    par, trn = s.parallelism, s.training
+    names = [
+        ("no weight prefetch", not par.prefetch_weights
+         and (par.zero == 3 or par.overlap_param_gather)),
+        ("regather for recompute", par.regather_for_recompute and par.zero == 3
+         and par.recompute == "full"),
+        ("gather per module", par.gather_per_module and par.zero == 3),
+        ("tensor-list gathers", par.tensor_list_gathers and par.zero == 3),
+        ("grad all-reduce", par.grad_all_reduce and par.zero in (1, 2)),
+        ("separate bias kernels", trn.bias_kernels == "separate" and s.model.bias),
+        ("attention layout copies", trn.attention_layout_copies
+         and trn.attention_kernel == "flash"),
+    ]
+    on = [name for name, flag in names if flag]
+    return "".join(f", {name}" for name in on)
+
+
 def render(result: Result, console: Console) -> None:
     """Print the summary, the step breakdown, the per-stage view and memory."""
     s = result.scenario
@@ -68,7 +87,7 @@ def render(result: Result, console: Console) -> None:
         + _stage_split(stage_layers(s.model.layers, par))
         + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
         f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
-        f"{s.training.precision}, {_overlaps(par)}"
+        f"{s.training.precision}, {_overlaps(par)}{_kernel_switches(s)}"
     )
     summary = Table(title="Step", show_header=False, title_justify="left")
     summary.add_column("metric")
