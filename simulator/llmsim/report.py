@@ -7,7 +7,7 @@ from rich.table import Table
 
 from llmsim.partition import stage_layers
 from llmsim.result import Result
-from llmsim.specs import Parallelism, Scenario
+from llmsim.specs import Parallelism
 
 
 def _fmt_days(days: float | None) -> str:
@@ -53,23 +53,22 @@ def _overlaps(par: Parallelism) -> str:
     return "overlap " + (", ".join(on) if on else "none")
 
 
-def _kernel_switches(s: Scenario) -> str:
-    """Framework behaviours switched away from their defaults (they change the result)."""
+def _kernel_switches(result: Result) -> str:
+    """Framework behaviours switched away from their defaults that change this result."""
+    s, work = result.scenario, result.workload
     par, trn = s.parallelism, s.training
     names = [
         ("no weight prefetch", not par.prefetch_weights
-         and (par.zero == 3 or par.overlap_param_gather)),
-        ("regather for recompute", par.regather_for_recompute and par.zero == 3
-         and par.recompute == "full"),
-        ("gather per module", par.gather_per_module and par.zero == 3),
-        ("tensor-list gathers", par.tensor_list_gathers and par.zero == 3),
-        ("grad all-reduce", par.grad_all_reduce and par.zero in (1, 2)),
+         and (work.zero == 3 or work.overlap_param_gather)),
+        ("regather for recompute", work.regather_for_recompute),
+        ("gather per module", work.gather_messages > 1),
+        ("tensor-list gathers", work.gather_copies > 0),
+        ("grad all-reduce", work.grad_all_reduce),
         ("separate bias kernels", trn.bias_kernels == "separate" and s.model.bias),
         ("attention layout copies", trn.attention_layout_copies
          and trn.attention_kernel == "flash"),
     ]
-    on = [name for name, flag in names if flag]
-    return "".join(f", {name}" for name in on)
+    return "".join(f", {name}" for name, on in names if on)
 
 
 def render(result: Result, console: Console) -> None:
@@ -87,7 +86,7 @@ def render(result: Result, console: Console) -> None:
         + _stage_split(stage_layers(s.model.layers, par))
         + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
         f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
-        f"{s.training.precision}, {_overlaps(par)}{_kernel_switches(s)}"
+        f"{s.training.precision}, {_overlaps(par)}{_kernel_switches(result)}"
     )
     summary = Table(title="Step", show_header=False, title_justify="left")
     summary.add_column("metric")

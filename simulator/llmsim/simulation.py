@@ -30,8 +30,7 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
                    split_backward=par.schedule in schedules.SPLIT_BACKWARD,
                    overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                    prefetch_weights=par.prefetch_weights,
-                   regather_for_recompute=par.regather_for_recompute
-                   and par.recompute == "full").run()
+                   regather_for_recompute=workload.regather_for_recompute).run()
     step = trace.step_end_s + trn.step_overhead_s
     reps = _representatives(trace)
     stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]

@@ -90,6 +90,9 @@ class Workload:
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
     grad_all_reduce: bool = False
     """ZeRO-1/2 gradients reduced by a full all-reduce (``parallelism.grad_all_reduce``)."""
+    regather_for_recompute: bool = False
+    """ZeRO-3 with full recompute: each backward layer is gathered for its recompute and
+    again for its backward (``parallelism.regather_for_recompute``)."""
     gather_messages: int = 1
     """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
     matrix with ``parallelism.gather_per_module``."""
@@ -121,7 +124,7 @@ class Workload:
         if self.dp == 1:
             return []
         total = chunk.params * self.grad_bytes_per_param
-        all_reduce = self.zero == 0 or (self.grad_all_reduce and self.zero in (1, 2))
+        all_reduce = self.zero == 0 or self.grad_all_reduce
         kind = "all_reduce" if all_reduce else "reduce_scatter"
         buckets = max(1, math.ceil(total / self.bucket_bytes))
         return [CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b{i}",
@@ -533,7 +536,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
         gather_copies=dp if par.tensor_list_gathers and par.zero == 3 else 0,
-        grad_all_reduce=par.grad_all_reduce,
+        grad_all_reduce=par.grad_all_reduce and par.zero in (1, 2),
+        regather_for_recompute=par.regather_for_recompute and par.zero == 3
+        and par.recompute == "full",
     )
     for stage in range(p):
         shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)
