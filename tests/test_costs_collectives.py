@@ -376,3 +376,14 @@ def test_tensor_list_copies_cost_a_launch_each_and_the_message_read_and_written(
     expected = (32 * accelerator.kernel_launch_us * 1e-6
                 + 2 * 64e6 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
     assert model.comm_s(with_copies) - model.comm_s(op) == pytest.approx(expected, rel=1e-12)
+
+
+def test_each_staging_pass_costs_a_launch_and_the_message_read_and_written():
+    sysm = system()
+    model = costs(sysm, nodes=4)
+    op = CommOp("dp_ar", "all_reduce", "dp", "W", 64e6)
+    staged = CommOp("dp_ar", "all_reduce", "dp", "W", 64e6, staging_passes=3)
+    accelerator = sysm.node.accelerator
+    one_pass = (accelerator.kernel_launch_us * 1e-6
+                + 2 * 64e6 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
+    assert model.comm_s(staged) - model.comm_s(op) == pytest.approx(3 * one_pass, rel=1e-12)

@@ -45,9 +45,11 @@ FAST_IDS = [
 # all-reduce to 16.24 %, Megatron-LM's separate bias kernels to 15.76 %, the legacy
 # flash-attention layout copies to 15.46 %, and DeepSpeed-2021 ZeRO-3's second gather for
 # the recompute, per-module gathers and tensor-list copies to 14.50, 13.84 and 12.19 %,
-# and BLOOM's all-reduced gradients to 12.10 %. See docs/validation.md for the per-source
+# BLOOM's all-reduced gradients to 12.10 %, and ZeRO-3's gradients all-reduced through
+# DeepSpeed's fallback (contiguous_gradients off), with its three staging copies, to
+# 11.52 %. See docs/validation.md for the per-source
 # discussion.
-TARGET_MAPE_CEILING_PCT = 12.1
+TARGET_MAPE_CEILING_PCT = 11.6
 ZB24_ORDERS_REPRODUCED = 10
 
 

@@ -172,7 +172,7 @@ def test_legacy_flash_attention_copies_q_k_v_and_the_output(micro_batch, copies,
 
 @pytest.mark.parametrize(("zero", "all_reduce", "kind"), [
     (0, False, "all_reduce"), (1, False, "reduce_scatter"), (1, True, "all_reduce"),
-    (2, True, "all_reduce")])
+    (2, True, "all_reduce"), (3, False, "reduce_scatter"), (3, True, "all_reduce")])
 def test_gradient_collective_follows_zero_stage_and_grad_all_reduce(zero, all_reduce, kind):
     s = make_scenario(nodes=2, parallelism__tp=1, parallelism__pp=1, parallelism__zero=zero,
                       parallelism__grad_all_reduce=all_reduce)
@@ -181,3 +181,5 @@ def test_gradient_collective_follows_zero_stage_and_grad_all_reduce(zero, all_re
     ops = work.dp_grad_ops(chunk)
     assert {op.collective for op in ops} == {kind}
     assert sum(op.bytes for op in ops) == pytest.approx(chunk.params * 4)  # same buffer
+    # DeepSpeed's fallback flattens, scales and copies back each bucket; NCCL does not.
+    assert {op.staging_passes for op in ops} == {3 if zero and all_reduce else 0}

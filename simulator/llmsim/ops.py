@@ -74,3 +74,8 @@ class CommOp:
     copies: int = 0
     """Device copies that go with the collective, one call each: PyTorch's tensor-list
     ``all_gather`` gathers into a new flat buffer and copies every rank's slice out."""
+    staging_passes: int = 0
+    """Passes of the whole message through device memory around the collective, one
+    kernel each, each reading and writing it once: DeepSpeed's all-reduce fallback
+    (``allreduce_and_copy``) flattens the bucket into one buffer, scales it and copies the
+    result back into the gradients (3)."""

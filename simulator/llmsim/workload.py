@@ -89,7 +89,8 @@ class Workload:
     """ZeRO-1/2: the updated weights are gathered during the next step's first forward
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
     grad_all_reduce: bool = False
-    """ZeRO-1/2 gradients reduced by a full all-reduce (``parallelism.grad_all_reduce``)."""
+    """ZeRO-1/2/3 gradients reduced by DeepSpeed's all-reduce fallback: a full all-reduce of
+    a flattened, scaled copy of each bucket, copied back (``parallelism.grad_all_reduce``)."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: each backward layer is gathered for its recompute and
     again for its backward (``parallelism.regather_for_recompute``)."""
@@ -127,8 +128,11 @@ class Workload:
         all_reduce = self.zero == 0 or self.grad_all_reduce
         kind = "all_reduce" if all_reduce else "reduce_scatter"
         buckets = max(1, math.ceil(total / self.bucket_bytes))
+        # DeepSpeed's allreduce_and_copy: flatten the bucket, scale it, copy it back.
+        staging = 3 if self.grad_all_reduce else 0
         return [CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b{i}",
-                       kind, "dp", "W", total / buckets) for i in range(buckets)]
+                       kind, "dp", "W", total / buckets, staging_passes=staging)
+                for i in range(buckets)]
 
     def dp_param_gather(self, stage: int) -> CommOp | None:
         """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step
@@ -536,7 +540,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
         gather_copies=dp if par.tensor_list_gathers and par.zero == 3 else 0,
-        grad_all_reduce=par.grad_all_reduce and par.zero in (1, 2),
+        grad_all_reduce=par.grad_all_reduce and par.zero >= 1,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",
     )

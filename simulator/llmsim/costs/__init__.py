@@ -98,10 +98,11 @@ class HardwareCosts:
         """Duration of a communication op, seconds.
 
         Its ``copies`` (one call per rank's slice) each cost a kernel launch, and together
-        they read and write the whole message once at the memory-bound rate.
+        they read and write the whole message once at the memory-bound rate; each of its
+        ``staging_passes`` is one kernel that reads and writes the whole message.
         """
-        copies_s = 0.0
-        if op.copies:
-            copies_s = (op.copies * self.compute.launch_s
-                        + 2.0 * op.bytes / self.compute.memory_bytes_per_s)
-        return self.collectives.comm_s(op) + copies_s
+        launches = op.copies + op.staging_passes
+        passes = op.staging_passes + (1 if op.copies else 0)
+        staging_s = (launches * self.compute.launch_s
+                     + passes * 2.0 * op.bytes / self.compute.memory_bytes_per_s)
+        return self.collectives.comm_s(op) + staging_s

@@ -60,9 +60,13 @@ class Parallelism(Spec):
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
     grad_all_reduce: bool = False
-    """ZeRO-1/2: reduce the gradients with a full all-reduce (twice a reduce-scatter's
-    traffic) and keep this rank's shard, as DeepSpeed's pipeline engine does with BF16
-    (``_bf16_reduce_grads``: ``buffered_allreduce_fallback`` of the FP32 gradients)."""
+    """ZeRO-1/2/3: reduce the gradients with a full all-reduce (twice a reduce-scatter's
+    traffic) and keep this rank's shard, through DeepSpeed's fallback, which flattens each
+    bucket into a new buffer, scales it and copies the result back (three passes through
+    device memory): DeepSpeed's pipeline engine with BF16 (``_bf16_reduce_grads``:
+    ``buffered_allreduce_fallback`` of the FP32 gradients), and ZeRO-3 without
+    ``contiguous_gradients`` (its 2021 default: ``reduce_ipg_grads`` falls back to
+    ``buffered_reduce_fallback``)."""
     gather_per_module: bool = False
     """ZeRO-3: gather a layer's weights with one all-gather per weight matrix (QKV,
     attention output, the MLP's two or three), back to back, as DeepSpeed's per-module
