@@ -179,6 +179,34 @@ def test_gemm_model_reproduces_the_sourced_8192_cube(name: str, measured_tflops:
     assert 2 * n**3 / seconds / 1e12 == pytest.approx(measured_tflops, rel=2e-3)
 
 
+# H100 SXM GEMMs measured at Llama-70B training shapes with K >= 7168 (SemiAnalysis
+# benchmark, [S60]) and by a sustained 60 s 8192³ burn on a whole node ([S61]):
+# dtype → [(m, n, k, TFLOP/s)].
+H100_GEMMS = {
+    "bf16": [(16384, 1024, 8192, 757.7), (16384, 8192, 7168, 752.9),
+             (16384, 3584, 8192, 733.0), (8192, 8192, 8192, 729.4), (8192, 8192, 8192, 730.0)],
+    "fp8": [(16384, 1024, 8192, 1329.7), (16384, 8192, 7168, 1456.6),
+            (16384, 3584, 8192, 1370.3), (8192, 8192, 8192, 1397.5)],
+}
+
+
+def _h100_model_over_measured(dtype: str) -> list[float]:
+    acc = load_spec("accelerators", "h100-sxm5-80gb")
+    return [2 * m * n * k / gemm_math_s(m, n, k, 1, acc.gemm, acc.peak_flops(dtype), dtype)
+            / 1e12 / tflops for m, n, k, tflops in H100_GEMMS[dtype]]
+
+
+@pytest.mark.parametrize(("dtype", "spread"), [("bf16", 0.03), ("fp8", 0.06)])
+def test_h100_gemm_fraction_is_the_fit_to_measurements_at_training_shapes(
+    dtype: str, spread: float,
+) -> None:
+    """The catalog fraction makes the model's geometric-mean ratio to the measurements 1
+    (to its three printed digits), and no shape is off by more than ``spread``."""
+    ratios = _h100_model_over_measured(dtype)
+    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) == pytest.approx(1.0, abs=2e-3)
+    assert all(abs(r - 1) <= spread for r in ratios)
+
+
 def test_a64fx_has_no_bf16() -> None:
     chip = load_spec("accelerators", "a64fx")
     assert chip.device_unit == "chip"
