@@ -367,23 +367,18 @@ def test_bigger_messages_never_take_less_time(
     assert price(model, collective, axis, big) >= price(model, collective, axis, small)
 
 
-def test_tensor_list_copies_cost_a_launch_each_and_the_message_read_and_written():
+@pytest.mark.parametrize(("extra", "launches", "passes"), [
+    ({"copies": 32}, 32, 1),        # tensor-list all-gather: 32 slice copies, one pass
+    ({"staging_passes": 3}, 3, 3),  # DeepSpeed's fallback: flatten, scale, copy back
+])
+def test_copies_around_a_collective_cost_launches_and_passes_over_the_message(
+    extra: dict[str, int], launches: int, passes: int,
+) -> None:
     sysm = system()
     model = costs(sysm, nodes=4)
     op = CommOp("z3_ag", "all_gather", "dp", "F", 64e6)
-    with_copies = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, copies=32)
+    copied = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, **extra)
     accelerator = sysm.node.accelerator
-    expected = (32 * accelerator.kernel_launch_us * 1e-6
-                + 2 * 64e6 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
-    assert model.comm_s(with_copies) - model.comm_s(op) == pytest.approx(expected, rel=1e-12)
-
-
-def test_each_staging_pass_costs_a_launch_and_the_message_read_and_written():
-    sysm = system()
-    model = costs(sysm, nodes=4)
-    op = CommOp("dp_ar", "all_reduce", "dp", "W", 64e6)
-    staged = CommOp("dp_ar", "all_reduce", "dp", "W", 64e6, staging_passes=3)
-    accelerator = sysm.node.accelerator
-    one_pass = (accelerator.kernel_launch_us * 1e-6
-                + 2 * 64e6 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
-    assert model.comm_s(staged) - model.comm_s(op) == pytest.approx(3 * one_pass, rel=1e-12)
+    expected = (launches * accelerator.kernel_launch_us * 1e-6 + passes * 2 * 64e6
+                / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
+    assert model.comm_s(copied) - model.comm_s(op) == pytest.approx(expected, rel=1e-12)
