@@ -101,6 +101,8 @@ class HardwareCosts:
         they read and write the whole message once at the memory-bound rate; each of its
         ``staging_passes`` is one kernel that reads and writes the whole message.
         """
+        if not (op.copies or op.staging_passes):
+            return self.collectives.comm_s(op)
         launches = op.copies + op.staging_passes
         passes = op.staging_passes + (1 if op.copies else 0)
         staging_s = (launches * self.compute.launch_s
