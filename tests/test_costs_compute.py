@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -119,6 +120,33 @@ def test_results_are_memoised_per_distinct_op() -> None:
     assert len(model._cache) == 1
 
 
+def test_a_split_gemm_costs_its_chunks_and_their_launches() -> None:
+    # 8 chunks of 1,280 rows: each 10 × 10 = 100 tiles, one full wave; one launch each.
+    model = ComputeModel(accelerator(), "bf16")
+    whole = gemm_op(10240, 1280, 4096)
+    chunk = gemm_op(1280, 1280, 4096)
+    split = replace(whole, splits=8)
+    launch_s = 5e-6
+    assert model.compute_s(split) == pytest.approx(8 * model.compute_s(chunk))
+    assert model.compute_s(split) - model.compute_s(whole) == pytest.approx(7 * launch_s)
+
+
+def test_splitting_below_a_wave_pays_the_idle_units() -> None:
+    # 2,560 rows are 20 × 10 = 200 tiles (two full waves); 8 chunks of 320 rows pad to
+    # 3 × 10 = 30 tiles each, a third of a wave: 8 waves instead of 2.
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    whole = gemm_op(2560, 1280, 4096)
+    assert model.compute_s(replace(whole, splits=8)) / model.compute_s(whole) == pytest.approx(4.0)
+
+
+def test_units_held_by_other_kernels_cost_waves_not_speed() -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    op = gemm_op(128 * 10, 128 * 8, 4096)  # 80 tiles: one wave on 100 units or on 80
+    assert model.compute_s(replace(op, reserved_units=20)) == pytest.approx(model.compute_s(op))
+    held = replace(op, reserved_units=21)  # 79 units left: a second wave
+    assert model.compute_s(held) == pytest.approx(2 * model.compute_s(op))
+
+
 # -- measured GEMM tables -------------------------------------------------------------------
 
 TABLE = [
@@ -141,6 +169,13 @@ def test_table_interpolates_in_log_volume_and_clamps() -> None:
     assert table.achieved_flops(8, 8, 8, 1, "bf16") == 100e12
     assert table.achieved_flops(1 << 15, 1 << 15, 1 << 15, 1, "bf16") == pytest.approx(215e12)
     assert table.achieved_flops(1024, 1024, 256, 4, "bf16") == 100e12  # batch·M·N·K
+
+
+def test_units_held_slow_a_measured_table_in_proportion() -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16", GemmTable(TABLE))
+    op = gemm_op(1024, 1024, 1024)
+    held = model.compute_s(replace(op, reserved_units=20))
+    assert held == pytest.approx(model.compute_s(op) * UNITS / (UNITS - 20))
 
 
 def test_table_without_the_dtype_falls_back_to_the_model() -> None:
@@ -192,3 +227,14 @@ def test_a_bigger_gemm_never_runs_faster(m: int, n: int, k: int, dm: int, dn: in
     model = ComputeModel(accelerator(), "bf16")
     small = model.compute_s(gemm_op(m, n, k))
     assert model.compute_s(gemm_op(m + dm, n + dn, k + dk)) >= small * (1 - 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 20000),
+       held=st.integers(0, UNITS - 2), more=st.integers(1, UNITS - 1))
+def test_more_units_held_never_run_a_gemm_faster(m: int, n: int, k: int, held: int,
+                                                more: int) -> None:
+    model = ComputeModel(accelerator(), "bf16")
+    op = gemm_op(m, n, k)
+    fewer = model.compute_s(replace(op, reserved_units=held))
+    assert model.compute_s(replace(op, reserved_units=min(held + more, UNITS - 1))) >= fewer

@@ -316,10 +316,11 @@ def test_tp_overlap_exposes_what_the_pipelining_formula_says(comm_factor):
     plain = simulate(_sp(False), costs=_TpCosts(c)).trace.blocks[(1, 0, "F")]
     over = simulate(_sp(True), costs=_TpCosts(c)).trace.blocks[(1, 0, "F")]
     gemms = {s.name: s.duration_s for s in base.spans}
-    pairs = {"tp_ag_attn": "qkv", "tp_attn": "attn_proj", "tp_ag_mlp": "mlp_up",
-             "tp_mlp": "mlp_down"}
+    # Transformer Engine's defaults: all-gathers by ring exchange in tp = 8 chunks,
+    # reduce-scatters pipelined in 4.
+    chunks = {"qkv": 8, "attn_proj": 4, "mlp_up": 8, "mlp_down": 4}
     layers = sum(1 for s in base.spans if s.name == "qkv")
-    hidden = layers * sum(c - exposed_overlap_s(c, gemms[g], 8) for g in pairs.values())
+    hidden = layers * sum(c - exposed_overlap_s(c, gemms[g], n) for g, n in chunks.items())
     assert plain.duration_s - over.duration_s == pytest.approx(hidden, rel=1e-9, abs=1e-15)
     assert over.tp_s == pytest.approx(plain.tp_s - hidden, rel=1e-9, abs=1e-15)
 
@@ -330,6 +331,8 @@ def test_tp_overlap_closed_form():
     assert exposed_overlap_s(1.0, 4.0, 4) == pytest.approx(0.25)  # hidden but one piece
     assert exposed_overlap_s(4.0, 1.0, 4) == pytest.approx(3.25)  # the excess + a piece
     assert exposed_overlap_s(0.0, 1.0, 8) == 0.0
+    assert exposed_overlap_s(1.0, 4.0, 1) == 0.0  # in bulk beside a longer GEMM: hidden
+    assert exposed_overlap_s(4.0, 1.0, 1) == pytest.approx(3.0)  # only the excess
 
 
 def test_every_sequence_parallel_collective_pairs_with_a_gemm():
@@ -346,6 +349,29 @@ def test_every_sequence_parallel_collective_pairs_with_a_gemm():
                         assert op.pairs_with is None and j is None
                     else:
                         assert j is not None and block[j].kind == "gemm", op.name
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tp_overlap_runs_the_gemms_as_transformer_engine_does(overlap):
+    s = _sp(overlap)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(1, 0)]
+    gemms = {op.name: (op.splits, op.reserved_units)
+             for block in (chunk.forward, chunk.backward, chunk.weight)
+             for op in block if getattr(op, "kind", None) == "gemm"}
+    ring, pipeline, bulk = (8, 0), (4, 16), (1, 16)  # tp 8; TE's num_splits 4, num_sm 16
+    expected = {"qkv": ring, "mlp_up": ring, "attn_proj": pipeline, "mlp_down": pipeline,
+                "mlp_down_dx": ring, "attn_proj_dx": ring,
+                "mlp_up_dx": bulk, "qkv_dx": bulk, "mlp_up_dw": bulk, "qkv_dw": bulk,
+                "mlp_down_dw": (1, 0), "attn_proj_dw": (1, 0)}
+    if not overlap:
+        expected = dict.fromkeys(expected, (1, 0))
+    assert {name: gemms[name] for name in expected} == expected
+
+
+def test_tp_overlap_comm_units_must_leave_the_gemms_some():
+    with pytest.raises(UserError, match="tp_overlap_comm_units: 108 leaves none"):
+        _sp(True, parallelism__tp_overlap_comm_units=108)
 
 
 def test_tp_overlap_needs_sequence_parallelism():

@@ -48,10 +48,11 @@ FAST_IDS = [
 # BLOOM's all-reduced gradients to 12.10 %, and ZeRO-3's gradients all-reduced through
 # DeepSpeed's fallback (contiguous_gradients off), with its three staging copies, to
 # 11.52 %; H100 GEMM fractions fitted to GEMMs measured at training shapes (FP8 up from
-# MAMF's best of sweep, making MLPerf more too fast) raised it to 11.62 %. See
-# docs/validation.md for the per-source
+# MAMF's best of sweep, making MLPerf more too fast) raised it to 11.62 %; Transformer
+# Engine's TP overlap as it runs (GEMMs in ring-exchange and pipeline chunks, SMs held by
+# the transfers) brought it to 9.72 %. See docs/validation.md for the per-source
 # discussion.
-TARGET_MAPE_CEILING_PCT = 11.7
+TARGET_MAPE_CEILING_PCT = 9.8
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -263,7 +264,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 12.1 %, median 5.4 %, worst row +104 % "
+    reason="target-set MAPE 9.7 %, median 4.7 %, worst row +93 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -58,20 +58,22 @@ class Block:
     tp_s: float
 
     @classmethod
-    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_chunks: int = 0) -> Block:
+    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False) -> Block:
         """Price ``ops`` and lay them out back to back.
 
-        With ``overlap_chunks = n > 1`` (TP communication overlap) a collective that
-        pairs with a GEMM keeps only its exposed part (:func:`exposed_overlap_s`).
+        With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
+        keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
+        ``splits`` chunks.
         """
         durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
                      for op in ops]
-        if overlap_chunks > 1:
+        if overlap_tp:
             for i in range(len(ops)):
                 j = _paired_gemm(ops, i)
                 if j is not None:
-                    durations[i] = exposed_overlap_s(durations[i], durations[j],
-                                                     overlap_chunks)
+                    gemm = ops[j]
+                    assert isinstance(gemm, ComputeOp)
+                    durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
         spans, t, compute, tp = [], 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):
@@ -86,17 +88,21 @@ class Block:
 
 
 def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:
-    """Time a TP collective adds to the GEMM it is pipelined with.
+    """Time a TP collective adds to the GEMM it is overlapped with.
 
     Transformer Engine's overlap (Megatron-LM ``--tp-comm-overlap``) splits the GEMM and
-    its all-gather or reduce-scatter into ``chunks = tp`` pieces and moves one piece
-    while the GEMM works on another (Wang et al. 2023, "Overlap communication with
-    dependent computation via decomposition", ASPLOS). Two pipelined operations take
+    its all-gather or reduce-scatter into ``chunks`` pieces and moves one piece while the
+    GEMM works on another (Wang et al. 2023, "Overlap communication with dependent
+    computation via decomposition", ASPLOS). Two pipelined operations take
     ``max(c, g) + min(c, g)/n``: the longer one, plus one piece of the shorter that has
-    nothing to hide behind (the first transfer, or the last reduction). What the
-    collective adds is that minus the GEMM's own time. Ideal: the copy engines and the
-    few SMs the transfers use are not charged to the GEMM.
+    nothing to hide behind (the first transfer, or the last reduction). A transfer in
+    bulk (``chunks = 1``) runs beside a GEMM it does not depend on: ``max(c, g)``. What
+    the collective adds is that minus the GEMM's own time ``g``, which already includes
+    the chunking and the compute units the transfers hold
+    (:class:`~llmsim.ops.ComputeOp` ``splits`` and ``reserved_units``).
     """
+    if chunks == 1:
+        return max(comm_s, gemm_s) - gemm_s
     return max(comm_s, gemm_s) + min(comm_s, gemm_s) / chunks - gemm_s
 
 
@@ -233,7 +239,7 @@ class Engine:
         # Zero-Bubble schedules split B from W and send right after B.
         self.split_backward = split_backward
         self.overlap_pp = overlap_pp
-        self.overlap_chunks = workload.tp if overlap_tp else 0
+        self.overlap_tp = overlap_tp
         self.devices, self.overlap_dp = devices, overlap_dp
         # Weight gathers run one layer ahead of the compute, or only when it needs them.
         self.prefetch_weights = prefetch_weights
@@ -261,10 +267,10 @@ class Engine:
     def _price_blocks(self) -> dict[tuple[int, int, str], Block]:
         out = {}
         for (s, c), chunk in self.work.chunks.items():
-            n = self.overlap_chunks
-            out[(s, c, "F")] = Block.of(chunk.forward, self.costs, n)
-            out[(s, c, "B")] = Block.of(chunk.backward, self.costs, n)
-            out[(s, c, "W")] = Block.of(chunk.weight, self.costs, n)
+            overlap = self.overlap_tp
+            out[(s, c, "F")] = Block.of(chunk.forward, self.costs, overlap)
+            out[(s, c, "B")] = Block.of(chunk.backward, self.costs, overlap)
+            out[(s, c, "W")] = Block.of(chunk.weight, self.costs, overlap)
         return out
 
     # -- messages between pipeline stages ---------------------------------------------

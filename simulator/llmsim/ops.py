@@ -41,6 +41,11 @@ class ComputeOp:
     dtype: str | None = None
     """Data type of the math when it differs from the training precision (FP8 training
     with Transformer Engine runs attention in BF16)."""
+    splits: int = 1
+    """The GEMM runs as this many GEMMs of ⌈M/splits⌉ rows, one per chunk of the
+    communication it is overlapped with (Transformer Engine's userbuffers)."""
+    reserved_units: int = 0
+    """Compute units (SMs) that communication kernels running beside the kernel hold."""
 
     @property
     def executed_flops(self) -> float:

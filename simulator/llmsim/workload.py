@@ -221,6 +221,7 @@ class _LayerBuilder:
         self.T = par.micro_batch * training.seq_len  # tokens per micro-batch
         self.e = DTYPE_BYTES[training.precision]
         self.sp = par.sequence_parallel and par.tp > 1
+        self.userbuffers = self.sp and par.overlap_tp_comm
         self.fp8 = training.precision == "fp8"
         # FP8 training (Transformer Engine, 2023) runs only the linear layers in FP8;
         # attention stays in BF16 (Micikevicius et al. 2022, "FP8 Formats for Deep
@@ -239,6 +240,29 @@ class _LayerBuilder:
         m, n, k = fwd.mnk
         return (self._gemm(f"{fwd.name}_dx", "B", m, k, n, fwd.batch),
                 self._gemm(f"{fwd.name}_dw", "W", k, n, m, fwd.batch))
+
+    def _beside_tp_comm(self, gemm: ComputeOp,
+                        method: Literal["ring_exchange", "pipeline", "bulk"]) -> ComputeOp:
+        """``gemm`` as Transformer Engine's userbuffers run it beside a TP transfer.
+
+        TE's defaults (``initialize_ub``): the all-gathers that feed a GEMM (QKV and MLP-up
+        forward, the input gradients of the attention output and MLP-down) by ring
+        exchange over copy engines, the GEMM cut into ``tp`` chunks of the tokens; the
+        forward reduce-scatters (attention output, MLP-down) pipelined with their GEMM in
+        ``num_splits`` chunks, by kernels on ``num_sm`` SMs; the backward's transfers
+        (the input re-gather for the weight gradient, the reduce-scatter of the QKV and
+        MLP-up input gradients) in bulk, beside the whole gradient GEMMs, also on
+        ``num_sm`` SMs.
+        """
+        if not self.userbuffers:
+            return gemm
+        par = self.par
+        if method == "ring_exchange":
+            return replace(gemm, splits=self.t)
+        if method == "pipeline":
+            return replace(gemm, splits=par.tp_overlap_rs_splits,
+                           reserved_units=par.tp_overlap_comm_units)
+        return replace(gemm, reserved_units=par.tp_overlap_comm_units)
 
     def _mem(self, name: str, phase: str, elements: float, passes: float) -> ComputeOp:
         """A memory-bound kernel touching ``elements`` values ``passes`` times."""
@@ -341,10 +365,10 @@ class _LayerBuilder:
         n_sp = T * h / t if self.sp else T * h  # elements of a norm/residual on this device
         qkv_n = (h + 2 * m.kv_dim) // t
         up_n = f * (2 if m.activation == "swiglu" else 1) // t
-        qkv = self._gemm("qkv", "F", T, qkv_n, h)
-        proj = self._gemm("attn_proj", "F", T, h, h // t)
-        up = self._gemm("mlp_up", "F", T, up_n, h)
-        down = self._gemm("mlp_down", "F", T, h, f // t)
+        qkv = self._beside_tp_comm(self._gemm("qkv", "F", T, qkv_n, h), "ring_exchange")
+        proj = self._beside_tp_comm(self._gemm("attn_proj", "F", T, h, h // t), "pipeline")
+        up = self._beside_tp_comm(self._gemm("mlp_up", "F", T, up_n, h), "ring_exchange")
+        down = self._beside_tp_comm(self._gemm("mlp_down", "F", T, h, f // t), "pipeline")
         act_passes = 3 if m.activation == "swiglu" else 2
         separate_bias = m.bias and self.trn.bias_kernels == "separate"
         fwd: list[Op] = [
@@ -375,10 +399,12 @@ class _LayerBuilder:
             recompute = [_as_phase(op, "R") for op in self._attention_forward("R")]
         else:
             recompute = []
-        qkv_dx, qkv_dw = self._gemm_grads(qkv)
+        qkv_dx, qkv_dw = (self._beside_tp_comm(g, "bulk") for g in self._gemm_grads(qkv))
         proj_dx, proj_dw = self._gemm_grads(proj)
-        up_dx, up_dw = self._gemm_grads(up)
+        up_dx, up_dw = (self._beside_tp_comm(g, "bulk") for g in self._gemm_grads(up))
         down_dx, down_dw = self._gemm_grads(down)
+        proj_dx = self._beside_tp_comm(proj_dx, "ring_exchange")
+        down_dx = self._beside_tp_comm(down_dx, "ring_exchange")
         # Backward runs the block in reverse; the conjugate collectives swap places
         # (Megatron's f/g operators): AR after the column-parallel input gradients.
         # The layer input and the attention block's output each feed a norm and a

@@ -12,6 +12,10 @@ The achieved-efficiency factor η depends on the kernel kind:
 * ``attention`` (a fused flash kernel): ``accelerator.attention_fraction``;
 * ``memory``: no math term, only the bandwidth term.
 
+A GEMM op with ``splits`` runs as that many GEMMs of ⌈M/splits⌉ rows, and one with
+``reserved_units`` on the compute units other kernels leave it (Transformer Engine's
+comm-GEMM overlap, see :func:`gemm_math_s`).
+
 A measured GEMM table (:class:`llmsim.calibration.Calibration`) replaces η_gemm by the
 achieved TFLOP/s interpolated among the measured shapes (:class:`GemmTable`).
 """
@@ -53,16 +57,20 @@ class GemmShape:
     """K / (K + k_fill): per-tile main-loop fill and drain."""
 
 
-def gemm_shape(m: int, n: int, k: int, batch: int, gemm: GemmModel) -> GemmShape:
-    """Tile and wave quantisation of one (batched) GEMM; see :class:`GemmShape`."""
+def gemm_shape(
+    m: int, n: int, k: int, batch: int, gemm: GemmModel, units: int | None = None
+) -> GemmShape:
+    """Tile and wave quantisation of one (batched) GEMM on ``units`` of the device's
+    compute units (all of them by default); see :class:`GemmShape`."""
+    units = gemm.compute_units if units is None else units
     tiles_m = math.ceil(m / gemm.tile_m)
     tiles_n = math.ceil(n / gemm.tile_n)
     tiles = batch * tiles_m * tiles_n
-    waves = math.ceil(tiles / gemm.compute_units)
+    waves = math.ceil(tiles / units)
     return GemmShape(
         tiles=tiles,
         waves=waves,
-        wave_efficiency=tiles / (waves * gemm.compute_units),
+        wave_efficiency=tiles / (waves * units),
         padded_flops=2.0 * batch * (tiles_m * gemm.tile_m) * (tiles_n * gemm.tile_n) * k,
         k_efficiency=k / (k + gemm.k_fill),
     )
@@ -87,7 +95,14 @@ def _efficiency(shape: GemmShape, gemm: GemmModel, dtype: Dtype) -> float:
 
 
 def gemm_math_s(
-    m: int, n: int, k: int, batch: int, gemm: GemmModel, peak_flops: float, dtype: Dtype = "bf16"
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    gemm: GemmModel,
+    peak_flops: float,
+    dtype: Dtype = "bf16",
+    reserved_units: int = 0,
 ) -> float:
     """Math time of a GEMM: padded FLOPs / (peak · η_gemm).
 
@@ -95,9 +110,17 @@ def gemm_math_s(
     tiles costs as much as an M of 256. Equivalently the time is
     2·tile_m·tile_n·waves·compute_units·(K + k_fill) / (peak · peak_fraction): it grows
     with the number of waves and with K, never with a smaller problem.
+
+    With ``reserved_units`` held by other kernels, the tiles are spread over the
+    ``u = compute_units − reserved_units`` left, each at its share of the peak, peak/units:
+    waves = ⌈tiles/u⌉, so the GEMM is never faster than on the whole device.
     """
-    shape = gemm_shape(m, n, k, batch, gemm)
-    return shape.padded_flops / (peak_flops * _efficiency(shape, gemm, dtype))
+    shape = gemm_shape(m, n, k, batch, gemm, gemm.compute_units - reserved_units)
+    # Busy share of the whole device: tiles over waves of all its units.
+    busy = shape.tiles / (shape.waves * gemm.compute_units)
+    return shape.padded_flops / (
+        peak_flops * gemm.fraction(dtype) * busy * shape.k_efficiency
+    )
 
 
 class GemmTable:
@@ -151,12 +174,18 @@ class ComputeModel:
         }
 
     def compute_s(self, op: ComputeOp) -> float:
-        """Duration of ``op`` in seconds: max(math, memory) + launch."""
-        key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype)
+        """Duration of ``op`` in seconds: max(math, memory) + one launch per split.
+
+        A GEMM run as ``splits`` equal chunks takes ``splits`` times a chunk's
+        max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
+        """
+        key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
+               op.splits, op.reserved_units)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
-                max(self.math_s(op), op.bytes / self.memory_bytes_per_s) + self.launch_s
+                max(self.math_s(op), op.bytes / self.memory_bytes_per_s)
+                + op.splits * self.launch_s
             )
         return cached
 
@@ -172,18 +201,26 @@ class ComputeModel:
         return op.dtype or self.dtype  # type: ignore[return-value]
 
     def gemm_math_s(self, op: ComputeOp) -> float:
-        """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput."""
+        """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput.
+
+        A GEMM in ``splits`` chunks is priced as that many GEMMs of ⌈M/splits⌉ rows, on the
+        compute units its neighbours' ``reserved_units`` leave; a measured table, which
+        has no units, is slowed by compute_units / (compute_units − reserved_units).
+        """
         dtype = self._dtype(op)
         peak = self.accelerator.peak_flops(dtype)
+        gemm = self.accelerator.gemm
         if op.mnk is None:
             # No shape: a large, well-shaped GEMM (no quantisation losses).
-            return op.executed_flops / (peak * self.accelerator.gemm.fraction(dtype))
+            return op.executed_flops / (peak * gemm.fraction(dtype))
         m, n, k = op.mnk
+        rows = math.ceil(m / op.splits)
         if self.gemm_table is not None and self.gemm_table.covers(dtype):
-            achieved = self.gemm_table.achieved_flops(m, n, k, op.batch, dtype)
-            return op.executed_flops / achieved
-        scale = op.executed_fraction
-        return scale * gemm_math_s(m, n, k, op.batch, self.accelerator.gemm, peak, dtype)
+            achieved = self.gemm_table.achieved_flops(rows, n, k, op.batch, dtype)
+            units = gemm.compute_units
+            return op.executed_flops / achieved * units / (units - op.reserved_units)
+        chunk_s = gemm_math_s(rows, n, k, op.batch, gemm, peak, dtype, op.reserved_units)
+        return op.executed_fraction * op.splits * chunk_s
 
     def attention_math_s(self, op: ComputeOp) -> float:
         """Fused attention: executed FLOPs at ``attention_fraction`` of peak.

@@ -47,9 +47,20 @@ class Parallelism(Spec):
     overlap_dp_comm: bool = True
     """Overlap the gradient reduction with the backward pass (bucketed)."""
     overlap_tp_comm: bool = False
-    """Pipeline each sequence-parallel all-gather / reduce-scatter with the GEMM it feeds
-    or follows, in ``tp`` pieces (Transformer Engine userbuffers; Megatron-LM
-    ``--tp-comm-overlap``, which requires ``--sequence-parallel``)."""
+    """Overlap each sequence-parallel all-gather / reduce-scatter with a GEMM as Transformer
+    Engine's userbuffers do (Megatron-LM ``--tp-comm-overlap``, which requires
+    ``--sequence-parallel``): the all-gathers feeding a GEMM by ring exchange, the GEMM cut
+    into ``tp`` chunks; the forward reduce-scatters pipelined with their GEMM cut into
+    ``tp_overlap_rs_splits`` chunks; the backward ones beside the gradient GEMMs.
+    Except the ring exchanges, the transfers' kernels hold ``tp_overlap_comm_units``
+    compute units while their GEMMs run."""
+    tp_overlap_rs_splits: PositiveInt = 4
+    """Chunks of a forward GEMM pipelined with its reduce-scatter (Transformer Engine's
+    ``pipeline`` method, default ``num_splits`` 4)."""
+    tp_overlap_comm_units: NonNegativeInt = 16
+    """Compute units (SMs) the TP overlap's communication kernels hold while their GEMMs
+    run (Transformer Engine's ``num_sm``, default 16 for its ``pipeline`` and ``bulk``
+    methods; its ring exchanges move data with copy engines and hold none)."""
     overlap_param_gather: bool = False
     """ZeRO-1/2: all-gather the updated weights during the next step's first forward, one
     layer ahead of the compute, instead of after the optimizer (Megatron-LM

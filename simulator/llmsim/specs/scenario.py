@@ -90,6 +90,12 @@ class Scenario(Spec):
                 f"training.precision: {trn.precision} is not supported by {accel.name}; "
                 f"use one of {', '.join(have)}"
             )
+        units = accel.gemm.compute_units
+        if par.overlap_tp_comm and par.tp > 1 and par.tp_overlap_comm_units >= units:
+            raise ValueError(
+                f"parallelism.tp_overlap_comm_units: {par.tp_overlap_comm_units} leaves none "
+                f"of {accel.name}'s {units} compute units to the GEMMs; use fewer than {units}"
+            )
         return self
 
     @property
