@@ -267,10 +267,9 @@ class Engine:
     def _price_blocks(self) -> dict[tuple[int, int, str], Block]:
         out = {}
         for (s, c), chunk in self.work.chunks.items():
-            overlap = self.overlap_tp
-            out[(s, c, "F")] = Block.of(chunk.forward, self.costs, overlap)
-            out[(s, c, "B")] = Block.of(chunk.backward, self.costs, overlap)
-            out[(s, c, "W")] = Block.of(chunk.weight, self.costs, overlap)
+            out[(s, c, "F")] = Block.of(chunk.forward, self.costs, self.overlap_tp)
+            out[(s, c, "B")] = Block.of(chunk.backward, self.costs, self.overlap_tp)
+            out[(s, c, "W")] = Block.of(chunk.weight, self.costs, self.overlap_tp)
         return out
 
     # -- messages between pipeline stages ---------------------------------------------

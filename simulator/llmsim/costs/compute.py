@@ -116,11 +116,10 @@ def gemm_math_s(
     waves = ⌈tiles/u⌉, so the GEMM is never faster than on the whole device.
     """
     shape = gemm_shape(m, n, k, batch, gemm, gemm.compute_units - reserved_units)
-    # Busy share of the whole device: tiles over waves of all its units.
+    # Busy share of the whole device: the tiles over waves of all its units (the wave
+    # efficiency itself when no unit is held).
     busy = shape.tiles / (shape.waves * gemm.compute_units)
-    return shape.padded_flops / (
-        peak_flops * gemm.fraction(dtype) * busy * shape.k_efficiency
-    )
+    return shape.padded_flops / (peak_flops * gemm.fraction(dtype) * busy * shape.k_efficiency)
 
 
 class GemmTable:
