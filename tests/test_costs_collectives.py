@@ -182,6 +182,19 @@ def test_fat_tree_taper_applies_only_across_leaves() -> None:
     assert price(across, "all_reduce", "dp", s) > price(within, "all_reduce", "dp", s)
 
 
+def test_network_step_latency_is_paid_once_per_inter_node_step_beside_the_hops() -> None:
+    """α_inter = step_latency + hop_latency × hops (NCCL's per-step endpoint cost)."""
+    small_leaves = {**FAT_TREE, "nodes_per_leaf": 4}
+    plain = costs(system(network=small_leaves), nodes=16, tp=8)
+    nccl = costs(system(network={**small_leaves, "step_latency_us": 9.6}), nodes=16, tp=8)
+    p_plain, p_nccl = plain.collectives.path("dp"), nccl.collectives.path("dp")
+    assert p_plain is not None and p_nccl is not None
+    assert p_nccl.inter_latency_s == pytest.approx(9.6e-6 + 3 * 1e-6)  # three hops across leaves
+    # A ring over 16 nodes with one member each: 2·15 steps, all across the network.
+    extra = price(nccl, "all_reduce", "dp", 1e9) - price(plain, "all_reduce", "dp", 1e9)
+    assert extra == pytest.approx(2 * 15 * 9.6e-6)
+
+
 def test_dragonfly_global_taper() -> None:
     dragonfly = {
         "kind": "dragonfly",

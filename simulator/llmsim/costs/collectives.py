@@ -8,9 +8,11 @@ A group of ``n`` ranks has ``k`` members on each of ``N`` nodes (from the Plan's
 * between nodes, its share of the node's network injection: every group of the axis on
   the node runs at the same time, so a device owns ``1/devices_per_node`` of it and the
   group ``B_inter = node_bw × network.efficiency × taper × k/devices_per_node``, with step
-  latency ``α_inter = hop_latency × hops``. ``node_bw`` is the NIC injection bandwidth; on
-  a torus (one device per node) a ring embedded along the torus sends to both neighbours
-  over direct links, so ``node_bw = min(2 × link bandwidth, injection)``.
+  latency ``α_inter = step_latency + hop_latency × hops``. ``node_bw`` is the NIC
+  injection bandwidth; on a torus (one device per node) a ring embedded along the torus
+  sends to both neighbours over direct links, so ``node_bw = min(2 × link bandwidth,
+  injection)``. The step latencies of NVIDIA systems are NCCL's own tuning model
+  (``tuning.cc`` ``hwLat``, Ring with the Simple protocol that carries large messages).
 
 Each algorithm gives a time; like NCCL's tuner (``src/graph/tuning.cc``,
 ``ncclTopoTuneModel``/``ncclTopoGetAlgoTime``), the fastest is taken per call, plus one
@@ -105,7 +107,8 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
             * network.bandwidth_fraction(span, system.nodes)
             * share
         )
-        inter_lat = network.hop_latency_us * network.hops(span, system.nodes) * 1e-6
+        hops = network.hops(span, system.nodes)
+        inter_lat = (network.step_latency_us + network.hop_latency_us * hops) * 1e-6
     else:
         inter_bw, inter_lat = INF, 0.0
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat)

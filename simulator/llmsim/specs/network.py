@@ -14,7 +14,10 @@ class _NetworkBase(Spec):
     name: str = ""
     """Product name (InfiniBand HDR, Slingshot-11, Tofu-D ...)."""
     hop_latency_us: float = Field(default=1.0, ge=0)
-    """Latency of one network traversal between nodes, microseconds."""
+    """Latency of one switch traversal between nodes, microseconds."""
+    step_latency_us: float = Field(default=0.0, ge=0)
+    """Fixed cost of one collective-algorithm step between nodes at the endpoints
+    (NIC, library proxy, completion), microseconds; the step pays it plus the hops."""
     efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achieved fraction of line rate for large messages between nodes."""
 
