@@ -242,6 +242,13 @@ def test_unsupported_precision_is_a_user_error() -> None:
         HardwareCosts(sysm, plan, "fp8")
 
 
+def test_cudnn_attention_without_a_measured_fraction_is_a_user_error() -> None:
+    sysm = system()
+    plan = Plan(sysm, 1, Parallelism(tp=8, dp=1), 1)
+    with pytest.raises(UserError, match=r"training\.attention_kernel: cudnn .* test-gpu"):
+        HardwareCosts(sysm, plan, "bf16", attention_kernel="cudnn")
+
+
 # -- measured tables ------------------------------------------------------------------------
 
 

@@ -93,6 +93,15 @@ def test_attention_at_attention_fraction_of_executed_flops() -> None:
     assert model.compute_s(op) == pytest.approx(0.5e12 / (PEAK_TFLOPS * 1e12 * 0.5))
 
 
+def test_cudnn_attention_at_its_own_fraction() -> None:
+    acc = accelerator(kernel_launch_us=0.0, cudnn_attention_fraction=0.8)
+    op = ComputeOp("attn", "attention", "F", 1e12, 0.0, executed_fraction=0.5)
+    flash = ComputeModel(acc, "bf16").compute_s(op)
+    cudnn = ComputeModel(acc, "bf16", attention_kernel="cudnn").compute_s(op)
+    assert cudnn == pytest.approx(0.5e12 / (PEAK_TFLOPS * 1e12 * 0.8))
+    assert flash == pytest.approx(cudnn * 0.8 / 0.5)  # FlashAttention-2 at attention_fraction
+
+
 def test_attention_without_fused_kernel_runs_at_gemm_efficiency() -> None:
     model = ComputeModel(accelerator(attention_fraction=0.0, kernel_launch_us=0.0), "bf16")
     op = ComputeOp("attn", "attention", "F", 1e12, 0.0)

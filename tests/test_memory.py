@@ -134,10 +134,11 @@ def test_activations_per_layer_match_korthikanti(
     assert got == pytest.approx(formula(S, B, gpt3.hidden, gpt3.heads, t), rel=1e-12)
 
 
-def test_flash_attention_stores_no_s_by_s_matrix(gpt3: Model) -> None:
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+def test_fused_attention_stores_no_s_by_s_matrix(gpt3: Model, kernel: str) -> None:
     selective = per_layer(gpt3, tp=8, sequence_parallel=True, recompute="selective")
-    flash = per_layer(gpt3, "flash", tp=8, sequence_parallel=True)
-    assert flash == pytest.approx(selective + 4 * gpt3.heads / 8 * S * B)  # fp32 log-sum-exp
+    fused = per_layer(gpt3, kernel, tp=8, sequence_parallel=True)
+    assert fused == pytest.approx(selective + 4 * gpt3.heads / 8 * S * B)  # fp32 log-sum-exp
     assert per_layer(gpt3, "flash", tp=8, recompute="selective") == per_layer(
         gpt3, tp=8, recompute="selective"
     )

@@ -37,7 +37,7 @@ parallelisms = st.builds(
 trainings = st.builds(
     Training, global_batch=st.integers(1, 10**5), seq_len=st.integers(1, 10**6),
     precision=st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
-    attention_kernel=st.sampled_from(["flash", "unfused"]),
+    attention_kernel=st.sampled_from(["flash", "cudnn", "unfused"]),
     tokens=st.one_of(st.none(), st.floats(1e6, 1e14)),
 )
 

@@ -22,7 +22,7 @@ def closed_form(B, s, L, h, V, factor, v_div):
     return factor * B * s * L * h * h * (1 + s / (6 * h) + V / (v_div * L * h))
 
 
-@pytest.mark.parametrize("kernel", ["flash", "unfused"])
+@pytest.mark.parametrize("kernel", ["flash", "cudnn", "unfused"])
 def test_model_flops_match_narayanan_72_form(kernel):
     # The graph counts every GEMM and attention product; the closed form counts the same
     # terms (24·B·s·h² per block per pass, 4·B·s²·h attention, 2·B·s·h·V head, ×3 for

@@ -173,7 +173,7 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     core = 0.0
     if parallelism.recompute == "none":
         heads = model.heads / t
-        if training.attention_kernel == "flash":
+        if training.fused_attention:
             core = _FP32_BYTES * heads * s * b
         else:
             core = (2 * e + _MASK_BYTES) * heads * s * s * b

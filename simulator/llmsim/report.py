@@ -66,7 +66,7 @@ def _kernel_switches(result: Result) -> str:
         ("grad all-reduce", work.grad_all_reduce),
         ("separate bias kernels", trn.bias_kernels == "separate" and s.model.bias),
         ("attention layout copies", trn.attention_layout_copies
-         and trn.attention_kernel == "flash"),
+         and trn.fused_attention),
     ]
     return "".join(f", {name}" for name, on in names if on)
 

@@ -305,7 +305,7 @@ class _LayerBuilder:
         m, t, s, b = self.m, self.t, self.trn.seq_len, self.par.micro_batch
         heads = m.heads // t
         d = m.head_dim
-        if self.trn.attention_kernel == "flash":
+        if self.trn.fused_attention:
             # Q·Kᵀ and P·V: 4·b·s²·(heads·d) model FLOPs; causal kernels skip the masked half.
             flops = 4.0 * b * s * s * heads * d
             kv_local = max(1, m.n_kv_heads // t)
@@ -341,7 +341,7 @@ class _LayerBuilder:
         m, t, s, b = self.m, self.t, self.trn.seq_len, self.par.micro_batch
         heads = m.heads // t
         d = m.head_dim
-        if self.trn.attention_kernel == "flash":
+        if self.trn.fused_attention:
             fwd = self._attention_forward("B")[0]
             # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
             return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,

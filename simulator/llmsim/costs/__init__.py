@@ -64,6 +64,7 @@ class HardwareCosts:
         plan: Plan,
         dtype: Dtype,
         calibration: Calibration | None = None,
+        attention_kernel: str = "flash",
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -79,7 +80,13 @@ class HardwareCosts:
             if calibration and calibration.collectives
             else None
         )
-        self.compute = ComputeModel(accelerator, dtype, gemm_table)
+        if attention_kernel == "cudnn" and accelerator.cudnn_attention_fraction is None:
+            raise UserError(
+                f"training.attention_kernel: cudnn has no measured efficiency on "
+                f"{accelerator.name}; use flash, or give the accelerator a "
+                f"cudnn_attention_fraction"
+            )
+        self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel)
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
@@ -88,7 +95,9 @@ class HardwareCosts:
     def from_scenario(cls, scenario: Scenario, plan: Plan) -> HardwareCosts:
         """Costs of a validated scenario, with its calibration profile if it names one."""
         calibration = load_calibration(scenario.calibration) if scenario.calibration else None
-        return cls(scenario.system, plan, scenario.training.precision, calibration)
+        training = scenario.training
+        return cls(scenario.system, plan, training.precision, calibration,
+                   training.attention_kernel)
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""

@@ -9,7 +9,8 @@ The achieved-efficiency factor η depends on the kernel kind:
 
 * ``gemm``: ``η_gemm = peak_fraction × wave efficiency × K / (K + k_fill)``, applied to the
   FLOPs of the tile-padded problem (tile quantisation), see :func:`gemm_math_s`;
-* ``attention`` (a fused flash kernel): ``accelerator.attention_fraction``;
+* ``attention`` (a fused flash kernel): ``accelerator.attention_fraction`` for
+  FlashAttention-2, ``accelerator.cudnn_attention_fraction`` for cuDNN's kernel;
 * ``memory``: no math term, only the bandwidth term.
 
 A GEMM op with ``splits`` runs as that many GEMMs of ⌈M/splits⌉ rows, and one with
@@ -157,9 +158,18 @@ class ComputeModel:
     """Roofline prices of compute ops on one accelerator in one dtype (memoised)."""
 
     def __init__(
-        self, accelerator: Accelerator, dtype: Dtype, gemm_table: GemmTable | None = None
+        self,
+        accelerator: Accelerator,
+        dtype: Dtype,
+        gemm_table: GemmTable | None = None,
+        attention_kernel: str = "flash",
     ) -> None:
         self.accelerator = accelerator
+        self.attention_fraction = (
+            accelerator.cudnn_attention_fraction or 0.0
+            if attention_kernel == "cudnn"
+            else accelerator.attention_fraction
+        )
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction
@@ -222,7 +232,8 @@ class ComputeModel:
         return op.executed_fraction * op.splits * chunk_s
 
     def attention_math_s(self, op: ComputeOp) -> float:
-        """Fused attention: executed FLOPs at ``attention_fraction`` of peak.
+        """Fused attention: executed FLOPs at the kernel's fraction of peak
+        (``attention_fraction`` for FlashAttention-2, ``cudnn_attention_fraction`` for cuDNN).
 
         A device without a fused attention kernel (``attention_fraction == 0``) computes
         the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
@@ -230,5 +241,5 @@ class ComputeModel:
         quantise; the softmax traffic is in its ``bytes``).
         """
         dtype = self._dtype(op)
-        fraction = self.accelerator.attention_fraction or self.accelerator.gemm.fraction(dtype)
+        fraction = self.attention_fraction or self.accelerator.gemm.fraction(dtype)
         return op.executed_flops / (self.accelerator.peak_flops(dtype) * fraction)

@@ -77,6 +77,9 @@ class Accelerator(Spec):
     """Achieved fraction of peak HBM bandwidth for streaming (memory-bound) kernels."""
     attention_fraction: float = Field(default=0.0, ge=0, le=1)
     """Achieved fraction of dense peak of a fused (flash) attention kernel; 0 = no fused kernel."""
+    cudnn_attention_fraction: float | None = Field(default=None, gt=0, le=1)
+    """The same for cuDNN's fused flash attention (``training.attention_kernel: cudnn``);
+    None where the catalog has no measurement of it."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
     tdp_w: PositiveFloat | None = None

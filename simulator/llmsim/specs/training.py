@@ -20,8 +20,10 @@ class Training(Spec):
     """Data type of the matrix multiplications (mixed precision keeps fp32 master weights)."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer (mixed-precision Adam: 16 bytes of state per parameter)."""
-    attention_kernel: Literal["flash", "unfused"] = "flash"
-    """Fused flash attention (no s×s matrix in memory) or the unfused softmax path."""
+    attention_kernel: Literal["flash", "cudnn", "unfused"] = "flash"
+    """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2) or
+    ``cudnn`` (cuDNN's fused flash attention, Transformer Engine's ``FusedAttention``,
+    which Transformer Engine prefers on Hopper) — or the unfused softmax path."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]
@@ -53,3 +55,8 @@ class Training(Spec):
     def tokens_per_step(self) -> int:
         """Tokens in one global batch."""
         return self.global_batch * self.seq_len
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention runs as one fused kernel (flash or cuDNN)."""
+        return self.attention_kernel != "unfused"
