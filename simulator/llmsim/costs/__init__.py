@@ -25,7 +25,7 @@ from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_
 from llmsim.errors import UserError
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.plan import Plan
-from llmsim.specs import Dtype, Scenario, System
+from llmsim.specs import AttentionKernel, Dtype, Scenario, System
 
 __all__ = [
     "ALGORITHMS",
@@ -64,7 +64,7 @@ class HardwareCosts:
         plan: Plan,
         dtype: Dtype,
         calibration: Calibration | None = None,
-        attention_kernel: str = "flash",
+        attention_kernel: AttentionKernel = "flash",
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):

@@ -32,7 +32,7 @@ import numpy as np
 
 from llmsim.calibration import GemmPoint
 from llmsim.ops import ComputeOp
-from llmsim.specs import Accelerator, Dtype, GemmModel
+from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +162,7 @@ class ComputeModel:
         accelerator: Accelerator,
         dtype: Dtype,
         gemm_table: GemmTable | None = None,
-        attention_kernel: str = "flash",
+        attention_kernel: AttentionKernel = "flash",
     ) -> None:
         self.accelerator = accelerator
         self.attention_fraction = (

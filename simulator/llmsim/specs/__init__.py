@@ -7,10 +7,11 @@ from llmsim.specs.node import FabricTier, Node
 from llmsim.specs.parallelism import Parallelism, ScheduleName
 from llmsim.specs.scenario import Scenario
 from llmsim.specs.system import System
-from llmsim.specs.training import Training
+from llmsim.specs.training import AttentionKernel, Training
 
 __all__ = [
     "Accelerator",
+    "AttentionKernel",
     "DenseTflops",
     "Dragonfly",
     "Dtype",

@@ -8,6 +8,9 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
 
+AttentionKernel = Literal["flash", "cudnn", "unfused"]
+"""How attention runs: FlashAttention-2, cuDNN's fused flash attention, or unfused."""
+
 
 class Training(Spec):
     """One optimizer step's batch and the whole run's size."""
@@ -20,7 +23,7 @@ class Training(Spec):
     """Data type of the matrix multiplications (mixed precision keeps fp32 master weights)."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer (mixed-precision Adam: 16 bytes of state per parameter)."""
-    attention_kernel: Literal["flash", "cudnn", "unfused"] = "flash"
+    attention_kernel: AttentionKernel = "flash"
     """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2) or
     ``cudnn`` (cuDNN's fused flash attention, Transformer Engine's ``FusedAttention``,
     which Transformer Engine prefers on Hopper) — or the unfused softmax path."""
