@@ -63,6 +63,14 @@ def test_more_memory_bandwidth_never_slows_a_step(layout, factor):
 
 
 @FAST
+@given(layout=layouts, extra_us=st.floats(min_value=0.0, max_value=100.0))
+def test_more_network_step_latency_never_speeds_a_step(layout, extra_us):
+    latency = make_scenario(**layout).system.network.step_latency_us
+    slower = _step(layout, system__network__step_latency_us=latency + extra_us)
+    assert slower >= _step(layout) * (1 - 1e-12)
+
+
+@FAST
 @given(layout=layouts)
 def test_stream_usage_and_breakdown_add_up(layout):
     result = simulate(make_scenario(training__global_batch=32, **layout))
