@@ -49,9 +49,9 @@ class GemmShape:
     tiles: int
     """Output tiles: batch · ⌈M/tile_m⌉ · ⌈N/tile_n⌉."""
     waves: int
-    """⌈tiles / compute_units⌉."""
+    """⌈tiles / units⌉ over the compute units the GEMM runs on."""
     wave_efficiency: float
-    """tiles / (waves · compute_units): busy share of the units over all waves."""
+    """tiles / (waves · compute_units): busy share of all the device's units over the waves."""
     padded_flops: float
     """2 · batch · (⌈M/tile_m⌉·tile_m) · (⌈N/tile_n⌉·tile_n) · K: work of the padded tiles."""
     k_efficiency: float
@@ -61,8 +61,10 @@ class GemmShape:
 def gemm_shape(
     m: int, n: int, k: int, batch: int, gemm: GemmModel, units: int | None = None
 ) -> GemmShape:
-    """Tile and wave quantisation of one (batched) GEMM on ``units`` of the device's
-    compute units (all of them by default); see :class:`GemmShape`."""
+    """Tile and wave quantisation of one (batched) GEMM run on ``units`` of the device's
+    compute units (all of them by default); see :class:`GemmShape`. The wave efficiency
+    is the busy share of *all* the device's units, so units held by other kernels cost
+    whole waves."""
     units = gemm.compute_units if units is None else units
     tiles_m = math.ceil(m / gemm.tile_m)
     tiles_n = math.ceil(n / gemm.tile_n)
@@ -71,7 +73,7 @@ def gemm_shape(
     return GemmShape(
         tiles=tiles,
         waves=waves,
-        wave_efficiency=tiles / (waves * units),
+        wave_efficiency=tiles / (waves * gemm.compute_units),
         padded_flops=2.0 * batch * (tiles_m * gemm.tile_m) * (tiles_n * gemm.tile_n) * k,
         k_efficiency=k / (k + gemm.k_fill),
     )
@@ -117,10 +119,7 @@ def gemm_math_s(
     waves = ⌈tiles/u⌉, so the GEMM is never faster than on the whole device.
     """
     shape = gemm_shape(m, n, k, batch, gemm, gemm.compute_units - reserved_units)
-    # Busy share of the whole device: the tiles over waves of all its units (the wave
-    # efficiency itself when no unit is held).
-    busy = shape.tiles / (shape.waves * gemm.compute_units)
-    return shape.padded_flops / (peak_flops * gemm.fraction(dtype) * busy * shape.k_efficiency)
+    return shape.padded_flops / (peak_flops * _efficiency(shape, gemm, dtype))
 
 
 class GemmTable:
