@@ -402,3 +402,11 @@ def test_copies_around_a_collective_cost_launches_and_passes_over_the_message(
     expected = (launches * accelerator.kernel_launch_us * 1e-6 + passes * 2 * 64e6
                 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
     assert model.comm_s(copied) - model.comm_s(op) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("extra", [{}, {"copies": 32}])
+def test_host_time_before_a_collective_adds_to_its_duration(extra: dict[str, int]) -> None:
+    model = costs(system(), nodes=4)
+    op = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, **extra)
+    hosted = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, host_s=1.5e-3, **extra)
+    assert model.comm_s(hosted) - model.comm_s(op) == pytest.approx(1.5e-3, rel=1e-9)

@@ -279,6 +279,28 @@ def test_zero3_tensor_list_gathers_copy_every_ranks_slice():
     assert listed.step_time_s > plain.step_time_s
 
 
+def test_zero3_tensor_list_host_loop_is_exposed_once_per_gather_and_rank():
+    """DeepSpeed 2021's per-rank Python loop runs before every gather, the device idle:
+    without prefetch each gather is exposed, so the step grows by gathers × dp × the
+    per-rank host time."""
+    base = _zero3(prefetch=False, parallelism__tensor_list_gathers=True,
+                  parallelism__tensor_list_host_us_per_rank=0.0)
+    slow = _zero3(prefetch=False, parallelism__tensor_list_gathers=True,
+                  parallelism__tensor_list_host_us_per_rank=10.0)
+    dp = slow.scenario.dp
+    ops = slow.workload.weight_gathers(slow.workload.chunks[(0, 0)])
+    assert [op.host_s for op in ops] == pytest.approx([dp * 10e-6] * len(ops))
+    gathers = sum(1 for r in slow.trace.records if r.name.startswith("z3_ag"))
+    # Per stage (one per device column): the gathers of one device run one after another.
+    per_device = gathers // len(slow.stages)
+    assert slow.step_time_s == pytest.approx(base.step_time_s + per_device * dp * 10e-6,
+                                             rel=1e-6)
+    # Without tensor-list gathers there is no loop to pay for.
+    plain = _zero3(prefetch=False, parallelism__tensor_list_host_us_per_rank=10.0)
+    assert {op.host_s for op in plain.workload.weight_gathers(
+        plain.workload.chunks[(0, 0)])} == {0.0}
+
+
 def test_regather_needs_full_recompute():
     g = 1e-4
     plain = _zero3(_GatherOnlyCosts(g), False)

@@ -84,3 +84,7 @@ class CommOp:
     kernel each, each reading and writing it once: DeepSpeed's all-reduce fallback
     (``allreduce_and_copy``) flattens the bucket into one buffer, scales it and copies the
     result back into the gradients (3)."""
+    host_s: float = 0.0
+    """Host CPU time spent before the collective can be issued, seconds, while nothing is
+    queued on the device (DeepSpeed ZeRO-3 of 2021 builds its tensor list in a Python loop
+    over the ranks after a ``torch.cuda.synchronize()``): it adds to the op's duration."""

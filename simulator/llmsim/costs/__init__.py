@@ -108,12 +108,13 @@ class HardwareCosts:
 
         Its ``copies`` (one call per rank's slice) each cost a kernel launch, and together
         they read and write the whole message once at the memory-bound rate; each of its
-        ``staging_passes`` is one kernel that reads and writes the whole message.
+        ``staging_passes`` is one kernel that reads and writes the whole message. Its
+        ``host_s`` (host time before it can be issued, the device idle) adds as it is.
         """
         if not (op.copies or op.staging_passes):
-            return self.collectives.comm_s(op)
+            return self.collectives.comm_s(op) + op.host_s
         launches = op.copies + op.staging_passes
         passes = op.staging_passes + (1 if op.copies else 0)
         staging_s = (launches * self.compute.launch_s
                      + passes * 2.0 * op.bytes / self.compute.memory_bytes_per_s)
-        return self.collectives.comm_s(op) + staging_s
+        return self.collectives.comm_s(op) + staging_s + op.host_s

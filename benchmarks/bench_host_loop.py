@@ -1,0 +1,70 @@
+"""Host time of a ZeRO-3 tensor-list gather's per-rank Python loop (needs PyTorch).
+
+Run: pip install torch && python benchmarks/bench_host_loop.py
+
+DeepSpeed ZeRO-3 of 2021 (``partition_parameters.py``, ``_allgather_param``) prepares
+every parameter all-gather on the host after a ``torch.cuda.synchronize()``: for each
+rank of the data-parallel group it slices the flat output buffer with ``narrow`` and
+compares the loop index with ``torch.distributed.get_rank(group)``, and it hands the list
+of slices to ``torch.distributed.all_gather``. The device has nothing queued meanwhile,
+so the loop's time is exposed once per gather. This script times that loop (the same
+calls on CPU tensors, a one-process gloo group standing in for the NCCL group; the calls'
+host cost does not depend on where the tensors live) and prints microseconds per rank:
+the catalog's ``parallelism.tensor_list_host_us_per_rank``. It reports the best of
+:data:`REPEATS` runs (noise from other work on the machine only adds time) and the median.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+
+RANKS = 2048
+"""Ranks in the simulated group (the loop's cost per rank does not depend on it)."""
+SLICE_ELEMENTS = 256
+REPEATS = 60
+
+
+def main() -> int:
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        print("PyTorch is not installed; `pip install torch` to run this benchmark")
+        return 1
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    group = dist.new_group([0])
+    torch.set_num_threads(1)
+    flat = torch.zeros(RANKS * SLICE_ELEMENTS, dtype=torch.float16)
+    shard = torch.zeros(SLICE_ELEMENTS, dtype=torch.float16)
+
+    def tensor_list_loop() -> list[torch.Tensor]:
+        slices = []
+        for i in range(RANKS):
+            slices.append(flat.narrow(0, SLICE_ELEMENTS * i, SLICE_ELEMENTS))
+            if i == dist.get_rank(group=group):
+                slices[i].data.copy_(shard, non_blocking=True)
+        return slices
+
+    tensor_list_loop()
+    per_rank_us = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        tensor_list_loop()
+        per_rank_us.append((time.perf_counter() - start) / RANKS * 1e6)
+    dist.destroy_process_group()
+    print(f"host: {platform.processor() or platform.machine()}, Python "
+          f"{platform.python_version()}, PyTorch {torch.__version__}")
+    print(f"tensor-list loop: best {min(per_rank_us):.2f} us per rank, "
+          f"median {statistics.median(per_rank_us):.2f} us per rank "
+          f"({REPEATS} runs of {RANKS} ranks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
