@@ -54,8 +54,10 @@ FAST_IDS = [
 # Ring/Simple) in place of the unverified 2 us / 1 us-per-hop priors to 9.29 %; the
 # H100 Megatron-Core rows on cuDNN's fused attention, which Transformer Engine selects on
 # Hopper (faster than FlashAttention-2, so those too-fast rows got faster), raised it to
-# 9.46 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.5
+# 9.46 %; DeepSpeed 2021's per-rank Python loop before each ZeRO-3 gather (3.9 us per rank,
+# measured by benchmarks/bench_host_loop.py) lowered it to 8.76 %. See docs/validation.md
+# for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 8.8
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -267,7 +269,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.5 %, median 5.1 %, worst row +79 % "
+    reason="target-set MAPE 8.8 %, median 5.1 %, worst row +62 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
