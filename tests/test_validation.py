@@ -55,9 +55,11 @@ FAST_IDS = [
 # H100 Megatron-Core rows on cuDNN's fused attention, which Transformer Engine selects on
 # Hopper (faster than FlashAttention-2, so those too-fast rows got faster), raised it to
 # 9.46 %; DeepSpeed 2021's per-rank Python loop before each ZeRO-3 gather (3.9 us per rank,
-# measured by benchmarks/bench_host_loop.py) lowered it to 8.76 %. See docs/validation.md
-# for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 8.8
+# measured by benchmarks/bench_host_loop.py) lowered it to 8.76 %; the MLPerf rows' own
+# settings (pipeline sends overlapped, as the submission's run_and_time.sh sets, where the
+# blocking sends had stood in for unmodelled time; BF16 gradient reduction) raised it to
+# 9.18 %. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 9.2
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -269,7 +271,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 8.8 %, median 5.1 %, worst row +62 % "
+    reason="target-set MAPE 9.2 %, median 5.1 %, worst row +62 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -98,6 +98,26 @@ def test_dp_buckets_cover_the_gradients():
     assert {op.collective for op in ops} == {"all_reduce"}
 
 
+@pytest.mark.parametrize(("precision", "reduce_dtype", "bytes_per_grad"), [
+    ("bf16", None, 4),     # Megatron-LM: --bf16 forces FP32 gradient reduction
+    ("fp16", None, 2),
+    ("fp32", None, 4),
+    ("bf16", "bf16", 2),   # NeMo's distributed Adam with grad_sync_dtype: bf16
+    ("fp16", "fp32", 4),
+])
+def test_dp_gradient_reduction_dtype(precision, reduce_dtype, bytes_per_grad):
+    s = make_scenario(nodes=2, parallelism__tp=2, parallelism__pp=2,
+                      parallelism__grad_reduce_dtype=reduce_dtype,
+                      training__precision=precision, model__tied_embeddings=True)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    for chunk in work.chunks.values():
+        assert sum(op.bytes for op in work.dp_grad_ops(chunk)) == pytest.approx(
+            chunk.params * bytes_per_grad)
+    # The tied embedding's gradient between the first and last stage goes the same way.
+    assert work.embedding_grad_allreduce.bytes == pytest.approx(
+        -(-s.model.vocab // 2) * s.model.hidden * bytes_per_grad)
+
+
 @pytest.mark.parametrize(("precision", "fwd_bytes", "bwd_bytes"),
                          [("bf16", 38, 14), ("fp16", 38, 14), ("fp32", 32, 8)])
 def test_cross_entropy_traffic_follows_megatrons_kernels(precision, fwd_bytes, bwd_bytes):

@@ -217,7 +217,8 @@ def _resolve(run: Run, key: str, value: Any, model: dict[str, Any], dp: int, pre
     if key == "parallelism.dp_bucket_mb" and value == "one-buffer":
         # One reduction of the device's whole gradient buffer: its parameters' share.
         per_device = Model.model_validate(model).params / (int(run.row["tp"]) * int(run.row["pp"]))
-        return math.ceil(per_device * grad_bytes_per_param(precision) / 1e6)
+        grad_bytes = grad_bytes_per_param(precision, run.value("parallelism.grad_reduce_dtype"))
+        return math.ceil(per_device * grad_bytes / 1e6)
     return value
 
 

@@ -34,12 +34,15 @@ EXTRA_OP_PREFIXES = ("embed", "final_norm", "head_", "lm_head", "loss")
 """Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
 
 
-def grad_bytes_per_param(precision: str) -> int:
+def grad_bytes_per_param(precision: str, reduce_dtype: str | None = None) -> int:
     """Bytes per gradient element in the data-parallel reduction.
 
-    Megatron-LM reduces gradients in FP32 when training in BF16 (``--bf16`` forces
-    ``accumulate_allreduce_grads_in_fp32``) and in FP16 when training in FP16.
+    ``reduce_dtype`` (``parallelism.grad_reduce_dtype``) when the scenario names one;
+    otherwise Megatron-LM's default: FP32 when training in BF16 or FP8 (``--bf16`` forces
+    ``accumulate_allreduce_grads_in_fp32``), FP16 when training in FP16.
     """
+    if reduce_dtype is not None:
+        return DTYPE_BYTES[reduce_dtype]
     return 2 if precision == "fp16" else 4
 
 
@@ -505,7 +508,8 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
         return None
     words = math.ceil(model.vocab / par.tp) * model.hidden
     return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
-                  float(words * grad_bytes_per_param(training.precision)))
+                  float(words * grad_bytes_per_param(training.precision,
+                                                     par.grad_reduce_dtype)))
 
 
 def _as_phase(op: Op, phase: str) -> Op:
@@ -558,7 +562,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         chunks=chunks,
         microbatches=training.global_batch // (par.micro_batch * dp),
         pp_message_bytes=float(message),
-        grad_bytes_per_param=grad_bytes_per_param(training.precision),
+        grad_bytes_per_param=grad_bytes_per_param(training.precision, par.grad_reduce_dtype),
         param_bytes_per_param=e,
         zero=par.zero,
         dp=dp,

@@ -46,6 +46,10 @@ class Parallelism(Spec):
     """Activation recomputation: none, attention core only, or every layer."""
     overlap_dp_comm: bool = True
     """Overlap the gradient reduction with the backward pass (bucketed)."""
+    grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
+    """Data type of the data-parallel gradient reduction. None: Megatron-LM's default for
+    the training precision, FP32 for BF16 and FP8 (``accumulate_allreduce_grads_in_fp32``)
+    and FP16 for FP16; NeMo's distributed Adam takes ``grad_sync_dtype``."""
     overlap_tp_comm: bool = False
     """Overlap each sequence-parallel all-gather / reduce-scatter with a GEMM as Transformer
     Engine's userbuffers do (Megatron-LM ``--tp-comm-overlap``, which requires
