@@ -387,19 +387,21 @@ def test_bigger_messages_never_take_less_time(
     assert price(model, collective, axis, big) >= price(model, collective, axis, small)
 
 
-@pytest.mark.parametrize(("extra", "launches", "passes"), [
-    ({"copies": 32}, 32, 1),        # tensor-list all-gather: 32 slice copies, one pass
-    ({"staging_passes": 3}, 3, 3),  # DeepSpeed's fallback: flatten, scale, copy back
+@pytest.mark.parametrize(("extra", "launches", "message_passes"), [
+    ({"copies": 32}, 32, 2),        # tensor-list all-gather: 32 slice copies, read + write
+    ({"staging_passes": 3}, 3, 6),  # DeepSpeed's fallback: flatten, scale, copy back
+    ({"fill_passes": 1}, 1, 1),     # a zero-filled output buffer: one write
+    ({"copies": 32, "fill_passes": 1}, 33, 3),  # DeepSpeed 2021's ZeRO-3 gather
 ])
 def test_copies_around_a_collective_cost_launches_and_passes_over_the_message(
-    extra: dict[str, int], launches: int, passes: int,
+    extra: dict[str, int], launches: int, message_passes: int,
 ) -> None:
     sysm = system()
     model = costs(sysm, nodes=4)
     op = CommOp("z3_ag", "all_gather", "dp", "F", 64e6)
     copied = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, **extra)
     accelerator = sysm.node.accelerator
-    expected = (launches * accelerator.kernel_launch_us * 1e-6 + passes * 2 * 64e6
+    expected = (launches * accelerator.kernel_launch_us * 1e-6 + message_passes * 64e6
                 / (accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction))
     assert model.comm_s(copied) - model.comm_s(op) == pytest.approx(expected, rel=1e-12)
 

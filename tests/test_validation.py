@@ -58,8 +58,9 @@ FAST_IDS = [
 # measured by benchmarks/bench_host_loop.py) lowered it to 8.76 %; the MLPerf rows' own
 # settings (pipeline sends overlapped, as the submission's run_and_time.sh sets, where the
 # blocking sends had stood in for unmodelled time; BF16 gradient reduction) raised it to
-# 9.18 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.2
+# 9.18 %; the zero-fill of each ZeRO-3 gather's buffer (DeepSpeed 2021's torch.zeros)
+# lowered it to 9.06 %. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 9.1
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -271,7 +272,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.2 %, median 5.1 %, worst row +62 % "
+    reason="target-set MAPE 9.1 %, median 5.1 %, worst row +59 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -84,6 +84,9 @@ class CommOp:
     kernel each, each reading and writing it once: DeepSpeed's all-reduce fallback
     (``allreduce_and_copy``) flattens the bucket into one buffer, scales it and copies the
     result back into the gradients (3)."""
+    fill_passes: int = 0
+    """Kernels that write the whole message once before the collective: DeepSpeed ZeRO-3 of
+    2021 zero-fills each gathered buffer (``torch.zeros``) before its all-gather."""
     host_s: float = 0.0
     """Host CPU time spent before the collective can be issued, seconds, while nothing is
     queued on the device (DeepSpeed ZeRO-3 of 2021 builds its tensor list in a Python loop

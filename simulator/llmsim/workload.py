@@ -103,6 +103,9 @@ class Workload:
     gather_copies: int = 0
     """Per-rank slice copies after each ZeRO-3 all-gather (``parallelism.tensor_list_gathers``:
     one per data-parallel rank)."""
+    gather_fill_passes: int = 0
+    """Zero-fills of the gathered buffer before each ZeRO-3 all-gather
+    (``parallelism.tensor_list_gathers``: DeepSpeed 2021 allocates it with ``torch.zeros``)."""
     gather_host_s: float = 0.0
     """Host time before each ZeRO-3 all-gather, seconds (``parallelism.tensor_list_gathers``:
     the tensor-list loop over the ranks, ``tensor_list_host_us_per_rank`` each)."""
@@ -178,7 +181,8 @@ class Workload:
         prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
         nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
         return [CommOp(f"{prefix}_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F",
-                       nbytes, copies=self.gather_copies, host_s=self.gather_host_s)
+                       nbytes, copies=self.gather_copies,
+                       fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
                 for i in range(chunk.units)]
 
     def model_flops(self) -> float:
@@ -574,6 +578,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
         gather_copies=dp if par.tensor_list_gathers and par.zero == 3 else 0,
+        gather_fill_passes=1 if par.tensor_list_gathers and par.zero == 3 else 0,
         gather_host_s=dp * par.tensor_list_host_us_per_rank * 1e-6
         if par.tensor_list_gathers and par.zero == 3 else 0.0,
         grad_all_reduce=par.grad_all_reduce and par.zero >= 1,

@@ -108,13 +108,14 @@ class HardwareCosts:
 
         Its ``copies`` (one call per rank's slice) each cost a kernel launch, and together
         they read and write the whole message once at the memory-bound rate; each of its
-        ``staging_passes`` is one kernel that reads and writes the whole message. Its
-        ``host_s`` (host time before it can be issued, the device idle) adds as it is.
+        ``staging_passes`` is one kernel that reads and writes the whole message, each of
+        its ``fill_passes`` one that writes it. Its ``host_s`` (host time before it can be
+        issued, the device idle) adds as it is.
         """
-        if not (op.copies or op.staging_passes):
+        if not (op.copies or op.staging_passes or op.fill_passes):
             return self.collectives.comm_s(op) + op.host_s
-        launches = op.copies + op.staging_passes
-        passes = op.staging_passes + (1 if op.copies else 0)
+        launches = op.copies + op.staging_passes + op.fill_passes
+        message_passes = 2 * (op.staging_passes + (1 if op.copies else 0)) + op.fill_passes
         staging_s = (launches * self.compute.launch_s
-                     + passes * 2.0 * op.bytes / self.compute.memory_bytes_per_s)
+                     + message_passes * op.bytes / self.compute.memory_bytes_per_s)
         return self.collectives.comm_s(op) + staging_s + op.host_s

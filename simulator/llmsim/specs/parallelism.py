@@ -88,10 +88,13 @@ class Parallelism(Spec):
     fetch does (biases and norms stay resident under its persistence threshold). False:
     one all-gather per layer (PyTorch FSDP wrapping a block)."""
     tensor_list_gathers: bool = False
-    """ZeRO-3 all-gathers through PyTorch's tensor-list ``all_gather``, which gathers into a
-    new flat buffer and then copies each rank's slice out with its own call, dp copies per
-    all-gather (DeepSpeed ZeRO-3 of 2021, before it used ``_all_gather_base``). False: one
-    gather into the flat buffer, no copies."""
+    """ZeRO-3 all-gathers as DeepSpeed ZeRO-3 of 2021 ran them (``_allgather_param``, before
+    it used ``_all_gather_base``): the output buffer allocated with ``torch.zeros`` (one
+    write of the message), the tensor list built on the host (see
+    ``tensor_list_host_us_per_rank``), then PyTorch's tensor-list ``all_gather``, which
+    gathers into a new flat buffer and copies each rank's slice out with its own call, dp
+    copies per all-gather. False: one gather into the flat buffer, no fill, loop or
+    copies."""
     tensor_list_host_us_per_rank: float = Field(default=3.9, ge=0)
     """With ``tensor_list_gathers``: host CPU time per rank of the Python loop that builds
     the tensor list before each all-gather, microseconds. DeepSpeed ZeRO-3 of 2021
