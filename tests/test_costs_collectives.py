@@ -122,6 +122,22 @@ def test_send_recv_inside_a_node_and_between_nodes() -> None:
     )
 
 
+def test_send_recv_of_a_pipeline_spread_over_nodes() -> None:
+    """pp = 16 on two 8-GPU nodes with 4 NICs each: neighbours on one node use the fabric;
+    across nodes only the boundary stage's device sends, on its own NIC."""
+    sysm = system(nics=4)
+    model = costs(sysm, nodes=2, pp=16)
+    within = CommOp("op", "send_recv", "pp", "F", 1e7, within_node=True)
+    across = CommOp("op", "send_recv", "pp", "F", 1e7)
+    assert model.comm_s(within) == pytest.approx(ALPHA_INTRA + 1e7 / B_INTRA + LAUNCH_S)
+    one_nic = 25e9 * 0.9  # not the device's 1/8 share of the node's four NICs
+    assert model.comm_s(across) == pytest.approx(1e-6 + 1e7 / one_nic + LAUNCH_S)
+    # With tp = 8 every device of a node sends at once: each gets its share again.
+    full = costs(sysm, nodes=2, tp=8, pp=2)
+    assert price(full, "send_recv", "pp", 1e7) == pytest.approx(
+        1e-6 + 1e7 / (4 * 25e9 * 0.9 / 8) + LAUNCH_S)
+
+
 def test_one_member_per_node_ring_versus_tree() -> None:
     """dp over 16 nodes, one member per node: each group owns 1/8 of the node's NICs."""
     model = costs(system(), nodes=16, tp=8)

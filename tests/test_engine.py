@@ -128,6 +128,39 @@ def test_blocking_pipeline_sends_expose_pp_comm():
     assert blocking.breakdown_s["pp_comm"] > overlapped.breakdown_s["pp_comm"]
 
 
+class _SendCosts(LayerOnlyCosts):
+    """Layer ops by FLOPs and bytes; a pipeline send costs ``within`` between two devices
+    of one node and ``across`` between nodes; nothing else costs."""
+
+    def __init__(self, within: float, across: float) -> None:
+        super().__init__()
+        self.within, self.across = within, across
+
+    def comm_s(self, op):
+        if op.collective != "send_recv":
+            return 0.0
+        return self.within if op.within_node else self.across
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+def test_pipeline_sends_cross_the_network_only_between_nodes(schedule):
+    # pp = 16 on two 8-GPU nodes: stages 0-7 on one, 8-15 on the other. Only 7 <-> 8 (and,
+    # interleaved, the wrap from stage 15 to stage 0's next chunk) leave a node.
+    scenario = make_scenario(nodes=2, parallelism__tp=1, parallelism__pp=16,
+                             parallelism__schedule=schedule,
+                             parallelism__virtual_stages=2 if schedule != "1f1b" else 1,
+                             model__layers=32, training__global_batch=32)
+    result = simulate(scenario, _SendCosts(within=1e-4, across=1e-3))
+    sends = [r for r in result.trace.records if r.name == "pp_send"]
+    assert {round(r.end_s - r.start_s, 9) for r in sends} == {1e-4, 1e-3}
+    slow = Counter(r.stage for r in sends if r.end_s - r.start_s > 5e-4)
+    m = result.workload.microbatches
+    if schedule == "1f1b":  # 7 -> 8 forward, 8 -> 7 backward
+        assert slow == {7: m, 8: m}
+    else:  # both chunks cross 7 <-> 8; chunk 0's end (15) feeds chunk 1's start (0)
+        assert slow == {7: 2 * m, 8: 2 * m, 15: m, 0: m}
+
+
 def test_fp8_keeps_attention_in_bf16_and_adds_casts():
     fp8 = make_scenario(system="eos", nodes=1, parallelism__tp=8, parallelism__pp=1,
                         training__precision="fp8")

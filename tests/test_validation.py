@@ -59,8 +59,10 @@ FAST_IDS = [
 # settings (pipeline sends overlapped, as the submission's run_and_time.sh sets, where the
 # blocking sends had stood in for unmodelled time; BF16 gradient reduction) raised it to
 # 9.18 %; the zero-fill of each ZeRO-3 gather's buffer (DeepSpeed 2021's torch.zeros)
-# lowered it to 9.06 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.1
+# lowered it to 9.06 %; pipeline sends between stages on one node priced on the fabric (they
+# had all been network transfers, hiding time missing on every Zero Bubble row) raised it
+# to 10.26 %. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 10.3
 ZB24_ORDERS_REPRODUCED = 10
 
 
@@ -272,7 +274,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.1 %, median 5.1 %, worst row +59 % "
+    reason="target-set MAPE 10.3 %, median 7.9 %, worst row +59 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -232,7 +232,8 @@ class Engine:
                  devices: list[Device], overlap_dp: bool = True,
                  split_backward: bool = False, overlap_pp: bool = True,
                  overlap_tp: bool = False, prefetch_weights: bool = True,
-                 regather_for_recompute: bool = False) -> None:
+                 regather_for_recompute: bool = False,
+                 node_of: Callable[[Device, int], int] | None = None) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
@@ -257,8 +258,15 @@ class Engine:
         self.message_start: dict[object, float] = {}
         self.pp_link = {d.id: simpy.Resource(self.env, 1) for d in devices}
         self.dp_stream = {d.id: simpy.Resource(self.env, 1) for d in devices}
-        self.pp_send_s = costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
-                                             workload.pp_message_bytes))
+        # A send between pipeline neighbours on one node crosses its fabric, one between
+        # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
+        # neighbour sits (None: every send priced as the pipeline group's path).
+        self.node_of = node_of
+        self.pp_send_s = {
+            within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
+                                        workload.pp_message_bytes, within_node=within))
+            for within in (False, True)
+        }
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
         self.stage_ready = self.env.event()
@@ -278,12 +286,15 @@ class Engine:
             self.messages[key] = self.env.event()
         return self.messages[key]
 
-    def _send(self, dev: Device, key: object, mb: int, chunk: int) -> Iterator[simpy.Event]:
+    def _send(self, dev: Device, key: object, mb: int, chunk: int,
+              to_stage: int) -> Iterator[simpy.Event]:
+        within = (self.node_of is not None
+                  and self.node_of(dev, dev.stage) == self.node_of(dev, to_stage))
         with self.pp_link[dev.id].request() as req:
             yield req
             start = self.env.now
             self.message_start[key] = start
-            yield self.env.timeout(self.pp_send_s)
+            yield self.env.timeout(self.pp_send_s[within])
             self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
                                        start, self.env.now))
         self._message(key).succeed()
@@ -344,10 +355,10 @@ class Engine:
             send: simpy.Process | None = None
             if act.kind == "F" and vs < last_vs:
                 send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
-                                              act.microbatch, act.chunk))
+                                              act.microbatch, act.chunk, (vs + 1) % p))
             if vs > 0 and (act.kind == "B") == self.split_backward and act.kind in "BW":
                 send = env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
-                                              act.microbatch, act.chunk))
+                                              act.microbatch, act.chunk, (vs - 1) % p))
             if send is not None and not self.overlap_pp:
                 blocked = env.now
                 yield send  # a blocking send: the stage waits for its transfer

@@ -84,6 +84,9 @@ class CommOp:
     kernel each, each reading and writing it once: DeepSpeed's all-reduce fallback
     (``allreduce_and_copy``) flattens the bucket into one buffer, scales it and copies the
     result back into the gradients (3)."""
+    within_node: bool = False
+    """A send/recv between two members on one node (pipeline neighbours that share a node):
+    it crosses the node's fabric, not the network, even when the group spans nodes."""
     fill_passes: int = 0
     """Kernels that write the whole message once before the collective: DeepSpeed ZeRO-3 of
     2021 zero-fills each gathered buffer (``torch.zeros``) before its all-gather."""

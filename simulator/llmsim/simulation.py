@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmsim import schedules
-from llmsim.engine import CostModel, Engine, Trace, devices_for
+from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
 from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
 from llmsim.result import Result, StageBreakdown, optimal_batch_tokens
@@ -30,7 +32,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
                    split_backward=par.schedule in schedules.SPLIT_BACKWARD,
                    overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                    prefetch_weights=par.prefetch_weights,
-                   regather_for_recompute=workload.regather_for_recompute).run()
+                   regather_for_recompute=workload.regather_for_recompute,
+                   node_of=_node_of(plan)).run()
     step = trace.step_end_s + trn.step_overhead_s
     reps = _representatives(trace)
     stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
@@ -46,6 +49,15 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
         bubble_fraction_per_stage=[_bubble_fraction(trace, reps[s]) for s in range(par.pp)],
         warnings=_warnings(scenario, memory),
     )
+
+
+def _node_of(plan: Plan) -> Callable[[Device, int], int]:
+    """The node that holds ``stage`` of a device's pipeline (its tp and dp coordinates;
+    the reduced fidelity's one pipeline is the first)."""
+    def node(device: Device, stage: int) -> int:
+        t, d = device.pipe if isinstance(device.pipe, tuple) else (0, 0)
+        return plan.location(plan.rank(tp=t, dp=d, pp=stage))[0]
+    return node
 
 
 _Representative = tuple[list, list, list]

@@ -5,7 +5,9 @@ A group of ``n`` ranks has ``k`` members on each of ``N`` nodes (from the Plan's
 
 * inside a node, the fabric tier that holds its ``span_devices`` consecutive devices:
   ``B_intra = gbps_per_direction × efficiency`` per device, step latency ``α_intra``;
-* between nodes, its share of the node's network injection: every group of the axis on
+* between nodes, its share of the node's network injection (a send/recv between two
+  stages: see :attr:`GroupPath.sender_inter_bytes_per_s`; neighbours on one node use the
+  fabric): every group of the axis on
   the node runs at the same time, so a device owns ``1/devices_per_node`` of it and the
   group ``B_inter = node_bw × network.efficiency × taper × k/devices_per_node``, with step
   latency ``α_inter = step_latency + hop_latency × hops``. ``node_bw`` is the NIC
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -55,6 +57,9 @@ class GroupPath:
     """Achieved network bandwidth of the whole group per direction (inf when N = 1)."""
     inter_latency_s: float
     """Latency of one algorithm step between nodes."""
+    link_bytes_per_s: float = INF
+    """Achieved bandwidth of one device's own way out of the node (one NIC, or one direct
+    link on a torus): the most a single transfer between two nodes can use."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
@@ -62,9 +67,15 @@ class GroupPath:
         return min(self.intra_bytes_per_s, self.inter_bytes_per_s)
 
     @property
-    def device_inter_bytes_per_s(self) -> float:
-        """One device's share of the node's network bandwidth."""
-        return self.inter_bytes_per_s / self.per_node
+    def sender_inter_bytes_per_s(self) -> float:
+        """Network bandwidth of one member's send to a member on another node.
+
+        Only the node's devices that hold the sending member's position in the group (its
+        stage, for the pipeline axis) send across the network at once:
+        ``devices_per_node / k`` of them, which share the node's network, so each gets the
+        group's ``B_inter``; one device never gets more than its own link.
+        """
+        return min(self.inter_bytes_per_s, self.link_bytes_per_s)
 
 
 def node_network_bytes_per_s(system: System) -> float:
@@ -79,6 +90,17 @@ def node_network_bytes_per_s(system: System) -> float:
     if isinstance(network, Torus):
         return min(2.0 * network.link_gbps_per_direction * 1e9, injection)
     return injection
+
+
+def device_link_bytes_per_s(system: System) -> float:
+    """Line rate of one device's own way out of the node per direction: one NIC, or on a
+    torus one direct link, never more than the node injects."""
+    network = system.network
+    if isinstance(network, Torus):
+        link = network.link_gbps_per_direction * 1e9
+    else:
+        link = system.node.nic_gbit * 1e9 / 8
+    return min(link, system.node.injection_bytes_per_s)
 
 
 def group_path(system: System, placement: GroupPlacement) -> GroupPath:
@@ -109,9 +131,12 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
         )
         hops = network.hops(span, system.nodes)
         inter_lat = (network.step_latency_us + network.hop_latency_us * hops) * 1e-6
+        link_bw = (device_link_bytes_per_s(system) * network.efficiency
+                   * network.bandwidth_fraction(span, system.nodes))
     else:
-        inter_bw, inter_lat = INF, 0.0
-    return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat)
+        inter_bw, inter_lat, link_bw = INF, 0.0, INF
+    return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
+                     link_bw)
 
 
 # -- algorithms ---------------------------------------------------------------------------
@@ -192,13 +217,14 @@ def tree_s(collective: Collective, nbytes: float, path: GroupPath) -> float | No
 def point_to_point_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
     """send/recv between neighbouring ranks: α + S/B.
 
-    Across nodes B is one device's share of the node's network (every device of a stage
-    sends its slice at the same time); inside a node it is the fabric per device.
+    Across nodes B is :attr:`GroupPath.sender_inter_bytes_per_s` (the devices of a stage
+    that sit on one node send their slices at the same time and share its network, each
+    on its own link); inside a node it is the fabric per device.
     """
     if collective != "send_recv":
         return None
     if path.nodes > 1:
-        return path.inter_latency_s + nbytes / path.device_inter_bytes_per_s
+        return path.inter_latency_s + nbytes / path.sender_inter_bytes_per_s
     return path.intra_latency_s + nbytes / path.intra_bytes_per_s
 
 
@@ -313,16 +339,20 @@ class CollectiveModel:
 
     def comm_s(self, op: CommOp) -> float:
         """Duration of ``op`` in seconds (0 for a one-rank group or an empty message)."""
-        key = (op.collective, op.axis, op.bytes)
+        key = (op.collective, op.axis, op.bytes, op.within_node)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._price(op.collective, op.axis, op.bytes)
+            cached = self._cache[key] = self._price(op.collective, op.axis, op.bytes,
+                                                    op.within_node)
         return cached
 
-    def _price(self, collective: Collective, axis: str, nbytes: float) -> float:
+    def _price(self, collective: Collective, axis: str, nbytes: float,
+               within_node: bool = False) -> float:
         path = self.path(axis)
         if path is None or nbytes <= 0:
             return 0.0
+        if within_node and collective == "send_recv" and path.per_node > 1:
+            path = replace(path, ranks=2, nodes=1)
         if self.table is not None and self.table.covers(collective):
             if collective == "send_recv":  # a pair of neighbours, on one node or two
                 return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
