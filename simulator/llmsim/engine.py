@@ -262,6 +262,7 @@ class Engine:
         # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
         # neighbour sits (None: every send priced as the pipeline group's path).
         self.node_of = node_of
+        self._within: dict[tuple[object, int, int], bool] = {}
         self.pp_send_s = {
             within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
                                         workload.pp_message_bytes, within_node=within))
@@ -288,8 +289,7 @@ class Engine:
 
     def _send(self, dev: Device, key: object, mb: int, chunk: int,
               to_stage: int) -> Iterator[simpy.Event]:
-        within = (self.node_of is not None
-                  and self.node_of(dev, dev.stage) == self.node_of(dev, to_stage))
+        within = self._within_node(dev, to_stage)
         with self.pp_link[dev.id].request() as req:
             yield req
             start = self.env.now
@@ -298,6 +298,17 @@ class Engine:
             self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
                                        start, self.env.now))
         self._message(key).succeed()
+
+    def _within_node(self, dev: Device, to_stage: int) -> bool:
+        """Whether ``dev`` and its pipeline's ``to_stage`` share a node (memoised)."""
+        if self.node_of is None:
+            return False
+        key = (dev.pipe, dev.stage, to_stage)
+        within = self._within.get(key)
+        if within is None:
+            within = self._within[key] = (self.node_of(dev, dev.stage)
+                                          == self.node_of(dev, to_stage))
+        return within
 
     # -- data-parallel collectives ------------------------------------------------------
     def _collective(self, dev: Device, op: CommOp, done: simpy.Event | None = None,
