@@ -10,7 +10,7 @@ of slices to ``torch.distributed.all_gather``. The device has nothing queued mea
 so the loop's time is exposed once per gather. This script times that loop (the same
 calls on CPU tensors, a one-process gloo group standing in for the NCCL group; the calls'
 host cost does not depend on where the tensors live) and prints microseconds per rank:
-the catalog's ``parallelism.tensor_list_host_us_per_rank``. It reports the best of
+the default of ``parallelism.tensor_list_host_us_per_rank``. It reports the best of
 :data:`REPEATS` runs (noise from other work on the machine only adds time) and the median.
 """
 

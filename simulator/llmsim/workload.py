@@ -562,6 +562,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     e = DTYPE_BYTES[training.precision]
     tokens = par.micro_batch * training.seq_len
     message = tokens * model.hidden * e / (par.tp if par.sequence_parallel and par.tp > 1 else 1)
+    # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
+    tensor_list = par.tensor_list_gathers and par.zero == 3
     work = Workload(
         chunks=chunks,
         microbatches=training.global_batch // (par.micro_batch * dp),
@@ -577,10 +579,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
-        gather_copies=dp if par.tensor_list_gathers and par.zero == 3 else 0,
-        gather_fill_passes=1 if par.tensor_list_gathers and par.zero == 3 else 0,
-        gather_host_s=dp * par.tensor_list_host_us_per_rank * 1e-6
-        if par.tensor_list_gathers and par.zero == 3 else 0.0,
+        gather_copies=dp if tensor_list else 0,
+        gather_fill_passes=1 if tensor_list else 0,
+        gather_host_s=dp * par.tensor_list_host_us_per_rank * 1e-6 if tensor_list else 0.0,
         grad_all_reduce=par.grad_all_reduce and par.zero >= 1,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",

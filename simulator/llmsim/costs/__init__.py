@@ -112,8 +112,6 @@ class HardwareCosts:
         its ``fill_passes`` one that writes it. Its ``host_s`` (host time before it can be
         issued, the device idle) adds as it is.
         """
-        if not (op.copies or op.staging_passes or op.fill_passes):
-            return self.collectives.comm_s(op) + op.host_s
         launches = op.copies + op.staging_passes + op.fill_passes
         message_passes = 2 * (op.staging_passes + (1 if op.copies else 0)) + op.fill_passes
         staging_s = (launches * self.compute.launch_s
