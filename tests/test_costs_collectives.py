@@ -48,6 +48,7 @@ def system(
     nics: int = 8,
     nic_gbit: float = 200.0,
     network: dict[str, Any] | None = None,
+    link_gbps: float | None = None,
 ) -> System:
     """An 8-GPU switched node (300 GB/s per device) with 8 × 200 Gb/s NICs."""
     fabric = (
@@ -57,6 +58,7 @@ def system(
                 "gbps_per_direction": fabric_gbps,
                 "efficiency": fabric_efficiency,
                 "latency_us": 2.0,
+                "link_gbps": link_gbps,
             }
         ]
         if devices > 1
@@ -136,6 +138,28 @@ def test_send_recv_of_a_pipeline_spread_over_nodes() -> None:
     full = costs(sysm, nodes=2, tp=8, pp=2)
     assert price(full, "send_recv", "pp", 1e7) == pytest.approx(
         1e-6 + 1e7 / (4 * 25e9 * 0.9 / 8) + LAUNCH_S)
+
+
+def test_a_pipeline_spread_over_nodes_sends_on_the_network_peers_channels() -> None:
+    """NCCL gives every peer of a communicator with peers on other nodes the network's
+    two channels, each half a link: neighbours on one node get one link, not the fabric."""
+    within = CommOp("op", "send_recv", "pp", "F", 1e7, within_node=True)
+    spread = costs(system(nics=4, link_gbps=20.0), nodes=2, pp=16)
+    assert spread.comm_s(within) == pytest.approx(ALPHA_INTRA + 1e7 / 20e9 + LAUNCH_S)
+    # NCCL_NCHANNELS_PER_NET_PEER = 3 is rounded up to a power of two: four channels.
+    wider = costs(system(nics=4, link_gbps=20.0,
+                         network={**FAT_TREE, "p2p_channels_per_net_peer": 3}), nodes=2, pp=16)
+    assert wider.comm_s(within) == pytest.approx(ALPHA_INTRA + 1e7 / 40e9 + LAUNCH_S)
+    # On one node every peer has two channels per link of its path: the fabric's rate.
+    one_node = costs(system(link_gbps=20.0), nodes=1, pp=8)
+    assert price(one_node, "send_recv", "pp", 1e7) == pytest.approx(
+        ALPHA_INTRA + 1e7 / B_INTRA + LAUNCH_S)
+    # Channels never make a send faster than the fabric itself.
+    fast_links = costs(system(nics=4, link_gbps=1000.0), nodes=2, pp=16)
+    assert fast_links.comm_s(within) == pytest.approx(ALPHA_INTRA + 1e7 / B_INTRA + LAUNCH_S)
+    # Collectives of the same group keep the fabric (their channels are the rings').
+    assert price(spread, "all_reduce", "pp", 1e7) == price(
+        costs(system(nics=4), nodes=2, pp=16), "all_reduce", "pp", 1e7)
 
 
 def test_one_member_per_node_ring_versus_tree() -> None:
@@ -352,6 +376,7 @@ LAYOUTS = [  # (nodes, tp, pp, network)
     (32, 8, 2, {**FAT_TREE, "nodes_per_leaf": 4, "oversubscription": 3.0}),
     (16, 2, 2, {"kind": "dragonfly", "nodes_per_group": 4, "global_taper": 1.75}),
 ]
+
 layouts = st.sampled_from(LAYOUTS)
 collectives = st.sampled_from(["all_reduce", "all_gather", "reduce_scatter", "send_recv"])
 axes = st.sampled_from(["tp", "dp", "pp"])
@@ -364,10 +389,12 @@ axes = st.sampled_from(["tp", "dp", "pp"])
     axis=axes,
     nbytes=st.floats(1.0, 1e10),
     gain=st.floats(1.0, 8.0),
-    which=st.sampled_from(["fabric_gbps", "nic_gbit", "nics"]),
+    which=st.sampled_from(["fabric_gbps", "nic_gbit", "nics", "link_gbps"]),
+    within=st.booleans(),
 )
 def test_more_bandwidth_never_takes_longer(
-    layout: tuple, collective: str, axis: str, nbytes: float, gain: float, which: str
+    layout: tuple, collective: str, axis: str, nbytes: float, gain: float, which: str,
+    within: bool,
 ) -> None:
     nodes, tp, pp, network = layout
     base_kwargs: dict[str, Any] = {
@@ -375,6 +402,7 @@ def test_more_bandwidth_never_takes_longer(
         "nic_gbit": 200.0,
         "nics": 4,
         "network": network,
+        "link_gbps": 20.0,
     }
     faster = dict(base_kwargs)
     faster[which] = (
@@ -382,8 +410,8 @@ def test_more_bandwidth_never_takes_longer(
     )
     slow = costs(system(**base_kwargs), nodes, tp, pp)
     fast = costs(system(**faster), nodes, tp, pp)
-    t_slow = price(slow, collective, axis, nbytes)
-    assert price(fast, collective, axis, nbytes) <= t_slow * (1 + 1e-12)
+    op = CommOp("op", collective, axis, "F", nbytes, within_node=within)  # type: ignore[arg-type]
+    assert fast.comm_s(op) <= slow.comm_s(op) * (1 + 1e-12)
 
 
 @settings(max_examples=150, deadline=None)

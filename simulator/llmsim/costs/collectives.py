@@ -7,7 +7,8 @@ A group of ``n`` ranks has ``k`` members on each of ``N`` nodes (from the Plan's
   ``B_intra = gbps_per_direction × efficiency`` per device, step latency ``α_intra``;
 * between nodes, its share of the node's network injection (a send/recv between two
   stages: see :attr:`GroupPath.sender_inter_bytes_per_s`; neighbours on one node use the
-  fabric): every group of the axis on
+  fabric, at most what NCCL's channels for the pair carry, :func:`pair_fabric_bytes_per_s`):
+  every group of the axis on
   the node runs at the same time, so a device owns ``1/devices_per_node`` of it and the
   group ``B_inter = node_bw × network.efficiency × taper × k/devices_per_node``, with step
   latency ``α_inter = step_latency + hop_latency × hops``. ``node_bw`` is the NIC
@@ -34,7 +35,7 @@ import numpy as np
 from llmsim.calibration import CollectivePoint, bus_factor
 from llmsim.ops import Collective, CommOp
 from llmsim.plan import GroupPlacement, Plan
-from llmsim.specs import System, Torus
+from llmsim.specs import FabricTier, System, Torus
 
 INF = math.inf
 
@@ -60,6 +61,11 @@ class GroupPath:
     link_bytes_per_s: float = INF
     """Achieved bandwidth of one device's own way out of the node (one NIC, or one direct
     link on a torus): the most a single transfer between two nodes can use."""
+    pair_intra_bytes_per_s: float = INF
+    """Fabric bandwidth of a send/recv between two members on one node, when the library
+    gives each peer fewer channels than the fabric has links: in a group that spans nodes
+    NCCL gives every peer the network peers' channels, each carrying half a link
+    (:func:`pair_fabric_bytes_per_s`); inf when nothing limits it below the fabric."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
@@ -103,6 +109,23 @@ def device_link_bytes_per_s(system: System) -> float:
     return min(link, system.node.injection_bytes_per_s)
 
 
+def pair_fabric_bytes_per_s(system: System, tier: FabricTier, spans_nodes: bool) -> float:
+    """Most a send/recv between two devices of ``tier`` moves per second.
+
+    NCCL runs a send/recv on ``p2pnChannelsPerPeer`` channels, the fewest any pair of the
+    communicator's ranks needs, rounded up to a power of two (``ncclTopoComputeP2pChannels``
+    in ``src/graph/paths.cc``): two per NVLink of the path for peers on the node, the
+    network's ``p2p_channels_per_net_peer`` for peers on other nodes. It budgets two
+    channels per link, so ``c`` channels carry ``c/2`` of the tier's ``link_gbps``. On one
+    node that is every link of the path (no limit); in a group that spans nodes it is
+    the network's few channels for every peer, the neighbour on the same node included.
+    """
+    if not spans_nodes or tier.link_gbps is None:
+        return INF
+    channels = 1 << (system.network.p2p_channels_per_net_peer - 1).bit_length()
+    return channels / 2 * tier.link_gbps * 1e9
+
+
 def group_path(system: System, placement: GroupPlacement) -> GroupPath:
     """The links and latencies of one group on ``system`` (see the module docstring).
 
@@ -118,8 +141,9 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
         tier = node.tier_for(placement.span_devices)
         intra_bw = tier.gbps_per_direction * 1e9 * tier.efficiency
         intra_lat = tier.latency_us * 1e-6
+        pair_bw = pair_fabric_bytes_per_s(system, tier, n_nodes > 1)
     else:
-        intra_bw, intra_lat = INF, 0.0
+        intra_bw, intra_lat, pair_bw = INF, 0.0, INF
     if n_nodes > 1:
         span = system.nodes if placement.domains_spanned > 1 else n_nodes
         share = min(1.0, k / node.devices_per_node)
@@ -136,7 +160,7 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
     else:
         inter_bw, inter_lat, link_bw = INF, 0.0, INF
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
-                     link_bw)
+                     link_bw, pair_bw)
 
 
 # -- algorithms ---------------------------------------------------------------------------
@@ -219,13 +243,15 @@ def point_to_point_s(collective: Collective, nbytes: float, path: GroupPath) -> 
 
     Across nodes B is :attr:`GroupPath.sender_inter_bytes_per_s` (the devices of a stage
     that sit on one node send their slices at the same time and share its network, each
-    on its own link); inside a node it is the fabric per device.
+    on its own link); inside a node it is the fabric per device, at most what the
+    library's channels for the pair carry (:attr:`GroupPath.pair_intra_bytes_per_s`).
     """
     if collective != "send_recv":
         return None
     if path.nodes > 1:
         return path.inter_latency_s + nbytes / path.sender_inter_bytes_per_s
-    return path.intra_latency_s + nbytes / path.intra_bytes_per_s
+    bandwidth = min(path.intra_bytes_per_s, path.pair_intra_bytes_per_s)
+    return path.intra_latency_s + nbytes / bandwidth
 
 
 Algorithm = Callable[[Collective, float, GroupPath], "float | None"]

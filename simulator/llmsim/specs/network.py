@@ -20,6 +20,14 @@ class _NetworkBase(Spec):
     (NIC, library proxy, completion), microseconds; the step pays it plus the hops."""
     efficiency: float = Field(default=0.9, gt=0, le=1)
     """Achieved fraction of line rate for large messages between nodes."""
+    p2p_channels_per_net_peer: PositiveInt = 2
+    """Channels NCCL gives a send/recv with a peer on another node
+    (``NCCL_NCHANNELS_PER_NET_PEER``, default 2: two per NIC, ``src/graph/paths.cc``; the
+    paths.cc from before NCCL's Ampere support used 1). Each peer of a
+    communicator gets the fewest channels any of its peers needs, rounded up to a power of
+    two (``ncclTopoComputeP2pChannels``), so in a group that spans nodes a send between
+    two members on one node also runs on this many channels; the fabric tier's
+    ``link_gbps`` says what they carry."""
 
 
 class FatTree(_NetworkBase):

@@ -25,6 +25,13 @@ class FabricTier(Spec):
     """Achieved fraction of that bandwidth by collectives (nccl-tests busbw / link)."""
     latency_us: float = Field(default=2.0, ge=0)
     """Per-step latency of a collective algorithm step on this tier, microseconds."""
+    link_gbps: PositiveFloat | None = None
+    """Bandwidth of one link of the tier as the communication library budgets it, GB/s
+    (NCCL ``src/graph/topo.h``: 20.0 per NVLink3, 20.6 per NVLink4). NCCL gives a
+    send/recv two channels per link of the path, so a peer with ``c`` channels moves
+    ``c/2`` links' worth; a communicator with peers on other nodes gives every peer the
+    network's few channels (the network's ``p2p_channels_per_net_peer``).
+    None: no such limit (a send between two devices of the tier runs at the tier's rate)."""
 
 
 class Node(Spec):
