@@ -375,6 +375,7 @@ LAYOUTS = [  # (nodes, tp, pp, network)
     (8, 4, 2, FAT_TREE),
     (32, 8, 2, {**FAT_TREE, "nodes_per_leaf": 4, "oversubscription": 3.0}),
     (16, 2, 2, {"kind": "dragonfly", "nodes_per_group": 4, "global_taper": 1.75}),
+    (2, 1, 16, FAT_TREE),  # a pipeline over two nodes: neighbours on one node and across
 ]
 
 layouts = st.sampled_from(LAYOUTS)
