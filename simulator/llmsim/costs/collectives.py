@@ -62,10 +62,10 @@ class GroupPath:
     """Achieved bandwidth of one device's own way out of the node (one NIC, or one direct
     link on a torus): the most a single transfer between two nodes can use."""
     pair_intra_bytes_per_s: float = INF
-    """Fabric bandwidth of a send/recv between two members on one node, when the library
-    gives each peer fewer channels than the fabric has links: in a group that spans nodes
-    NCCL gives every peer the network peers' channels, each carrying half a link
-    (:func:`pair_fabric_bytes_per_s`); inf when nothing limits it below the fabric."""
+    """What the library's channels for one pair carry on the fabric: in a group that spans
+    nodes NCCL gives every peer the network peers' channels, each half a link
+    (:func:`pair_fabric_bytes_per_s`); inf when no such limit applies. A send between two
+    members on one node runs at the lower of this and ``intra_bytes_per_s``."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
