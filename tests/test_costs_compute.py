@@ -171,6 +171,17 @@ def test_table_reproduces_measured_shapes() -> None:
     assert model.compute_s(op) == pytest.approx(op.flops / 100e12)
 
 
+def test_table_takes_a_measured_shape_as_measured_not_by_volume() -> None:
+    table = GemmTable([*TABLE, GemmPoint(m=4096, n=4096, k=4096, dtype="bf16", tflops=210.0)])
+    assert table.achieved_flops(4096, 4096, 4096, 1, "bf16") == pytest.approx(205e12)  # mean
+    assert table.achieved_flops(2048, 8192, 4096, 1, "bf16") == pytest.approx(230e12)
+    # the same volume in another shape, or batched, is looked up by volume
+    volume = (200 + 210 + 230) / 3 * 1e12
+    assert table.achieved_flops(8192, 2048, 4096, 1, "bf16") == pytest.approx(volume)
+    assert table.achieved_flops(2048, 4096, 4096, 2, "bf16") == pytest.approx(volume)
+    assert not table.covers("fp8")
+
+
 def test_table_interpolates_in_log_volume_and_clamps() -> None:
     table = GemmTable(TABLE)
     mid = table.achieved_flops(2048, 2048, 2048, 1, "bf16")  # halfway in log(MNK)

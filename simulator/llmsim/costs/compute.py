@@ -123,19 +123,24 @@ def gemm_math_s(
 
 
 class GemmTable:
-    """Measured GEMM throughput of one device, looked up by problem volume.
+    """Measured GEMM throughput of one device: by shape where measured, else by volume.
 
-    For a dtype, the achieved TFLOP/s of the measured shapes are sorted by
-    log(M·N·K) (shapes of equal volume averaged) and linearly interpolated between the
-    two nearest measured volumes; outside the measured range the nearest end value is
-    used (clamped, never extrapolated). A batched GEMM is looked up by its total
-    volume batch·M·N·K.
+    A GEMM whose (M, N, K) and dtype were measured takes the measured TFLOP/s (repeated
+    measurements of one shape averaged): two shapes of one volume, a skinny and a square
+    one, can differ by tens of percent. Any other GEMM of a measured dtype is looked up
+    by volume: the achieved TFLOP/s of the measured shapes are sorted by log(M·N·K)
+    (shapes of equal volume averaged) and linearly interpolated between the two nearest
+    measured volumes; outside the measured range the nearest end value is used (clamped,
+    never extrapolated). A batched GEMM is looked up by its total volume batch·M·N·K.
     """
 
     def __init__(self, points: Iterable[GemmPoint]) -> None:
         by_dtype: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        by_shape: dict[tuple[str, int, int, int], list[float]] = defaultdict(list)
         for p in points:
             by_dtype[p.dtype][math.log(p.m * p.n * p.k)].append(p.tflops)
+            by_shape[(p.dtype, p.m, p.n, p.k)].append(p.tflops)
+        self._shapes = {key: sum(v) / len(v) for key, v in by_shape.items()}
         self._tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for dtype, volumes in by_dtype.items():
             xs = sorted(volumes)
@@ -147,7 +152,11 @@ class GemmTable:
         return dtype in self._tables
 
     def achieved_flops(self, m: int, n: int, k: int, batch: int, dtype: Dtype) -> float:
-        """Interpolated achieved FLOP/s for this shape (``covers(dtype)`` must hold)."""
+        """Achieved FLOP/s for this shape: measured, or interpolated by volume
+        (``covers(dtype)`` must hold)."""
+        measured = self._shapes.get((dtype, m, n, k)) if batch == 1 else None
+        if measured is not None:
+            return measured * 1e12
         xs, ys = self._tables[dtype]
         tflops = float(np.interp(math.log(batch * m * n * k), xs, ys))
         return tflops * 1e12
