@@ -149,3 +149,33 @@ def test_specs_are_frozen() -> None:
     with pytest.raises(ValueError):
         point.ranks = 4  # type: ignore[misc]
     assert Calibration().gemm == []
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"parallelism.sequence_parallel": True, "parallelism.overlap_tp_comm": True},
+])
+def test_gemm_shapes_account_for_every_gemm_flop(overrides: dict[str, object]) -> None:
+    from helpers import make_scenario
+
+    from llmsim.calibration import SHAPE_COLUMNS, gemm_shapes
+    from llmsim.ops import ComputeOp
+    from llmsim.workload import build_workload
+
+    overrides = {"training.seq_len": 256, **overrides}  # 256 tokens per micro-batch, h 512
+    scenario = make_scenario(**{k.replace(".", "__"): v for k, v in overrides.items()})
+    wl = build_workload(scenario.model, scenario.parallelism, scenario.training, scenario.dp)
+    shapes = gemm_shapes([(wl, scenario.training.precision)])
+    assert tuple(shapes.columns) == SHAPE_COLUMNS
+    gemm_flops = sum(op.flops for c in wl.chunks.values()
+                     for op in (*c.forward, *c.backward, *c.weight)
+                     if isinstance(op, ComputeOp) and op.kind == "gemm") * wl.microbatches
+    listed = (shapes["calls_per_step"] * shapes["gflop_per_call"]).sum() * 1e9
+    assert listed == pytest.approx(gemm_flops, rel=1e-9)
+    assert shapes["flop_share_pct"].sum() == pytest.approx(100)
+    assert shapes["flop_share_pct"].is_monotonic_decreasing
+    # The QKV GEMM (n = 3h/tp, k = h) runs each micro-batch's 256 tokens once per layer,
+    # in one call or in tp chunks of 128 rows when it is overlapped with its all-gather.
+    qkv = shapes[(shapes.n == 3 * 512 // 2) & (shapes.k == 512)]
+    assert set(qkv.m) == ({128} if overrides.get("parallelism.overlap_tp_comm") else {256})
+    assert (qkv.m * qkv.calls_per_step).sum() == 256 * 8 * wl.microbatches

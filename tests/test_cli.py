@@ -252,3 +252,53 @@ def test_calibrate_a_broken_file_is_one_line_and_writes_nothing(tmp_path, capsys
                             str(profile)], capsys)
     assert code == 2 and where in err and "Traceback" not in err
     assert not profile.exists()
+
+
+def test_calibrate_shapes_lists_the_gemms_a_measured_table_then_prices(tmp_path, capsys):
+    import csv
+
+    from llmsim import load_scenario
+    from llmsim.costs import HardwareCosts
+    from llmsim.ops import ComputeOp
+    from llmsim.plan import Plan
+    from llmsim.workload import build_workload
+
+    scenario_path, shapes = tiny_file(tmp_path), tmp_path / "shapes.csv"
+    code, out, err = run_cli(["calibrate", "shapes", str(scenario_path), "--out", str(shapes)],
+                             capsys)
+    assert code == 0, err
+    assert "share %" in out and "benchmarks/time_gemms.py" in out
+    lines = shapes.read_text().splitlines()
+    assert lines[0].startswith("#")
+    rows = list(csv.DictReader(lines[1:]))
+    assert {"m", "n", "k", "dtype", "calls_per_step", "flop_share_pct"} <= set(rows[0])
+    # "Measure" them: two shapes of one volume get different rates, every other 100 TF/s.
+    rates = {("512", "768", "512"): "300", ("512", "512", "768"): "50"}
+    assert set(rates) <= {(r["m"], r["n"], r["k"]) for r in rows}
+    measured = tmp_path / "gemm.csv"
+    measured.write_text("m,n,k,dtype,tflops\n" + "".join(
+        f"{r['m']},{r['n']},{r['k']},{r['dtype']},{rates.get((r['m'], r['n'], r['k']), '100')}\n"
+        for r in rows))
+    profile = tmp_path / "profile.yaml"
+    code, _, err = run_cli(["calibrate", "gemm", str(measured), "--out", str(profile)], capsys)
+    assert code == 0, err
+    scenario = load_scenario(str(scenario_path), [f"calibration={profile}"])
+    costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    workload = build_workload(scenario.model, scenario.parallelism, scenario.training,
+                              scenario.dp)
+    gemms = {op.name: op for c in workload.chunks.values() for op in (*c.forward, *c.backward)
+             if isinstance(op, ComputeOp) and op.kind == "gemm"}
+    launch = costs.compute.launch_s
+    assert costs.compute_s(gemms["qkv"]) - launch == pytest.approx(gemms["qkv"].flops / 300e12)
+    assert costs.compute_s(gemms["qkv_dx"]) - launch == pytest.approx(
+        gemms["qkv_dx"].flops / 50e12)
+
+
+def test_calibrate_shapes_of_validation_rows_and_without_a_scenario(tmp_path, capsys):
+    shapes = tmp_path / "zb.csv"
+    code, _, err = run_cli(["calibrate", "shapes", "--validation", "ZB24-T4-01", "--out",
+                            str(shapes)], capsys)
+    assert code == 0, err
+    assert "6144,6912,2304,fp16" in shapes.read_text()  # 1.5B QKV: 6 x 1024 tokens, 3h, h
+    msg = _error(["calibrate", "shapes", "--out", str(tmp_path / "x.csv")], capsys)
+    assert "--validation PREFIX" in msg

@@ -9,27 +9,38 @@ A profile replaces parts of the analytical cost models (see ``docs/calibration.m
 Measurements come in as a CSV of GEMM timings and as the plain-text output of
 nccl-tests / rccl-tests (``all_reduce_perf``, ``all_gather_perf``, ``reduce_scatter_perf``,
 ``sendrecv_perf``); a profile is stored as YAML. Every malformed input raises a
-:class:`~llmsim.errors.UserError` naming the file and the line.
+:class:`~llmsim.errors.UserError` naming the file and the line. :func:`gemm_shapes` lists
+the GEMMs a scenario runs, the shapes worth timing for its GEMM table.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import pandas as pd
 import yaml
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from llmsim.errors import UserError
 from llmsim.loader import read_yaml, validate
-from llmsim.ops import Collective
+from llmsim.ops import Collective, ComputeOp
 from llmsim.specs._base import Spec
 from llmsim.specs.accelerator import Dtype
 
+if TYPE_CHECKING:
+    from llmsim.workload import Workload
+
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 GEMM_COLUMNS: tuple[str, ...] = ("m", "n", "k", "dtype", "tflops")
+SHAPE_COLUMNS: tuple[str, ...] = (
+    "m", "n", "k", "dtype", "batch", "calls_per_step", "gflop_per_call", "flop_share_pct",
+)
 
 # nccl-tests binary → llmsim collective name.
 NCCL_TESTS: dict[str, Collective] = {
@@ -382,3 +393,32 @@ def save_calibration(cal: Calibration, path: str | Path) -> None:
         yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120),
         encoding="utf-8",
     )
+
+
+def gemm_shapes(workloads: Iterable[tuple[Workload, str]]) -> pd.DataFrame:
+    """The distinct GEMMs the workloads run: the shapes to time for a GEMM table.
+
+    Each item is a workload and its training precision (the dtype of a GEMM that names
+    none). A GEMM split into chunks (Transformer Engine's overlapped GEMMs) is listed as
+    the chunk's shape, the one its price is looked up by. ``calls_per_step`` counts one
+    pipeline replica's calls in a step (all its stages and micro-batches, recompute
+    included, summed over the workloads); ``flop_share_pct`` is the shape's share of
+    those GEMM FLOPs. Sorted by share, largest first, in :data:`SHAPE_COLUMNS`.
+    """
+    calls: dict[tuple[int, int, int, str, int], float] = defaultdict(float)
+    for workload, precision in workloads:
+        for chunk in workload.chunks.values():
+            for op in (*chunk.forward, *chunk.backward, *chunk.weight):
+                if not isinstance(op, ComputeOp) or op.kind != "gemm" or op.mnk is None:
+                    continue
+                m, n, k = op.mnk
+                key = (math.ceil(m / op.splits), n, k, op.dtype or precision, op.batch)
+                calls[key] += op.splits * workload.microbatches
+    rows = [{"m": m, "n": n, "k": k, "dtype": dtype, "batch": batch,
+             "calls_per_step": round(count),
+             "gflop_per_call": 2 * batch * m * n * k / 1e9}
+            for (m, n, k, dtype, batch), count in calls.items()]
+    df = pd.DataFrame(rows, columns=list(SHAPE_COLUMNS[:-1]))
+    flop = df["calls_per_step"] * df["gflop_per_call"]
+    df["flop_share_pct"] = 100 * flop / flop.sum() if len(df) else flop
+    return df.sort_values("flop_share_pct", ascending=False, ignore_index=True)

@@ -143,6 +143,52 @@ def calibrate_gemm(
     _wrote_profile(out_path)
 
 
+@calibrate_app.command("shapes")
+def calibrate_shapes(
+    scenarios: Annotated[list[str] | None, typer.Argument(
+        help="Scenario files or catalog names.")] = None,
+    set_: SetOption = None,
+    validation_prefix: Annotated[str | None, typer.Option(
+        "--validation", help="Also the validation rows whose id starts with PREFIX "
+        "(ZB24, NAR21 ...).")] = None,
+    out_path: Annotated[Path, typer.Option("--out", help="CSV of shapes to write.")] = Path(
+        "gemm_shapes.csv"),
+) -> None:
+    """The GEMM shapes the scenarios run, as a CSV to time for `llmsim calibrate gemm`."""
+    from llmsim import calibration, validation
+    from llmsim.workload import build_workload
+
+    specs = [loader.load_scenario(name, set_ or []) for name in scenarios or []]
+    if validation_prefix is not None:
+        specs += [validation.scenario_for(r) for r in validation.load_runs(validation_prefix)]
+    if not specs:
+        raise UserError("calibrate shapes: give a scenario, or --validation PREFIX for "
+                        "validation rows")
+    shapes = calibration.gemm_shapes(
+        (build_workload(s.model, s.parallelism, s.training, s.dp), s.training.precision)
+        for s in specs
+    )
+    table = Table(title=f"GEMM shapes ({len(shapes)}), largest share of the GEMM FLOPs first",
+                  title_justify="left")
+    for name in ("M", "N", "K", "dtype", "batch", "calls/step", "GFLOP/call", "share %"):
+        table.add_column(name, justify="left" if name == "dtype" else "right")
+    for r in shapes.head(20).itertuples():
+        table.add_row(str(r.m), str(r.n), str(r.k), r.dtype, str(r.batch),
+                      str(r.calls_per_step), f"{r.gflop_per_call:.1f}",
+                      f"{r.flop_share_pct:.1f}")
+    out.print(table)
+    header = ("# GEMM shapes from llmsim calibrate shapes: C[MxN] = A[MxK]·B[KxN]; time them "
+              "with benchmarks/time_gemms.py, then llmsim calibrate gemm\n")
+    try:
+        out_path.write_text(header + shapes.to_csv(index=False, float_format="%.6g"),
+                            encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write {out_path}: {exc.strerror}; check the --out path") from None
+    out.print(f"wrote {out_path}; time it with 'python benchmarks/time_gemms.py {out_path} "
+              f"--out gemm.csv', then run 'llmsim calibrate gemm gemm.csv'",
+              highlight=False, soft_wrap=True)
+
+
 @calibrate_app.command("nccl")
 def calibrate_nccl(
     files: Annotated[list[Path], typer.Argument(
