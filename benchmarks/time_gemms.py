@@ -44,6 +44,17 @@ def read_shapes(path: Path) -> list[dict[str, str]]:
     return rows
 
 
+def write_table(path: Path, comment: str,
+                results: list[tuple[int, int, int, str, float, float]]) -> None:
+    """The GEMM table ``llmsim calibrate gemm`` reads: one row per (m, n, k, dtype,
+    TFLOP/s, microseconds), under a ``#`` line that says where it was measured."""
+    with path.open("w", encoding="utf-8", newline="") as f:
+        f.write(f"# {comment}\n")
+        writer = csv.writer(f)
+        writer.writerow(["m", "n", "k", "dtype", "tflops", "time_us"])
+        writer.writerows([m, n, k, d, f"{tf:.5g}", f"{us:.5g}"] for m, n, k, d, tf, us in results)
+
+
 def operands(torch, m: int, n: int, k: int, dtype: str, device: str):
     """A function that runs the GEMM once, or None where this device cannot run it."""
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
@@ -118,12 +129,8 @@ def main() -> int:
         tflops = 2 * m * n * k / t / 1e12
         print(f"{m}x{n}x{k} {dtype}: {t * 1e6:.1f} us, {tflops:.4g} TFLOP/s")
         results.append((m, n, k, dtype, tflops, t * 1e6))
-    with args.out.open("w", encoding="utf-8", newline="") as f:
-        f.write(f"# {where}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}; "
-                f"benchmarks/time_gemms.py, {args.seconds} s per shape\n")
-        writer = csv.writer(f)
-        writer.writerow(["m", "n", "k", "dtype", "tflops", "time_us"])
-        writer.writerows([m, n, k, d, f"{tf:.5g}", f"{us:.5g}"] for m, n, k, d, tf, us in results)
+    write_table(args.out, f"{where}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}; "
+                f"benchmarks/time_gemms.py, {args.seconds} s per shape", results)
     print(f"wrote {args.out} ({len(results)} shapes); next: llmsim calibrate gemm {args.out}")
     return 0
 

@@ -302,3 +302,28 @@ def test_calibrate_shapes_of_validation_rows_and_without_a_scenario(tmp_path, ca
     assert "6144,6912,2304,fp16" in shapes.read_text()  # 1.5B QKV: 6 x 1024 tokens, 3h, h
     msg = _error(["calibrate", "shapes", "--out", str(tmp_path / "x.csv")], capsys)
     assert "--validation PREFIX" in msg
+
+
+def test_time_gemms_reads_the_shapes_and_writes_what_calibrate_gemm_reads(tmp_path, capsys):
+    """benchmarks/time_gemms.py (needs PyTorch and a GPU to time) and the CLI agree on
+    both files: the shapes it reads and the table it writes."""
+    import importlib.util
+
+    from llmsim.calibration import parse_gemm_csv
+
+    script = Path(__file__).parents[1] / "benchmarks" / "time_gemms.py"
+    spec = importlib.util.spec_from_file_location("time_gemms", script)
+    time_gemms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_gemms)
+    shapes = tmp_path / "shapes.csv"
+    code, _, err = run_cli(["calibrate", "shapes", str(tiny_file(tmp_path)), "--out",
+                            str(shapes)], capsys)
+    assert code == 0, err
+    rows = time_gemms.read_shapes(shapes)
+    assert rows and {"m", "n", "k", "dtype", "batch"} <= set(rows[0])
+    table = tmp_path / "gemm.csv"
+    timed = [(int(r["m"]), int(r["n"]), int(r["k"]), r["dtype"], 123.456, 7.0) for r in rows]
+    time_gemms.write_table(table, "test host", timed)
+    points = parse_gemm_csv(table)
+    assert [(p.m, p.n, p.k, p.dtype) for p in points] == [t[:4] for t in timed]
+    assert {p.tflops for p in points} == {123.46}
