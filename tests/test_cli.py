@@ -302,6 +302,8 @@ def test_calibrate_shapes_of_validation_rows_and_without_a_scenario(tmp_path, ca
     assert "6144,6912,2304,fp16" in shapes.read_text()  # 1.5B QKV: 6 x 1024 tokens, 3h, h
     msg = _error(["calibrate", "shapes", "--out", str(tmp_path / "x.csv")], capsys)
     assert "--validation PREFIX" in msg
+    msg = _error(["calibrate", "shapes", "--validation", "XYZ"], capsys)
+    assert "--validation 'XYZ' matches no validation row" in msg
 
 
 def test_time_gemms_reads_the_shapes_and_writes_what_calibrate_gemm_reads(tmp_path, capsys):

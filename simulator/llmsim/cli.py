@@ -160,7 +160,8 @@ def calibrate_shapes(
 
     specs = [loader.load_scenario(name, set_ or []) for name in scenarios or []]
     if validation_prefix is not None:
-        specs += [validation.scenario_for(r) for r in validation.load_runs(validation_prefix)]
+        runs = validation.load_runs(validation_prefix, option="--validation")
+        specs += [validation.scenario_for(r) for r in runs]
     if not specs:
         raise UserError("calibrate shapes: give a scenario, or --validation PREFIX for "
                         "validation rows")

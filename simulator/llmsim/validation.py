@@ -123,8 +123,9 @@ def _read_rows() -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def load_runs(subset: str | None = None) -> list[Run]:
-    """The validation rows (those whose id starts with ``subset``, if given)."""
+def load_runs(subset: str | None = None, option: str = "--subset") -> list[Run]:
+    """The validation rows (those whose id starts with ``subset``, if given); ``option``
+    names the command-line option that gave ``subset`` when none matches."""
     spec = read_yaml(validation_dir() / "choices.yaml")
     sources: dict[str, Any] = spec["sources"]
     runs = []
@@ -151,7 +152,7 @@ def load_runs(subset: str | None = None) -> list[Run]:
     if subset and not runs:
         known = sorted(spec["sources"])
         raise UserError(
-            f"--subset {subset!r} matches no validation row; use a prefix such as "
+            f"{option} {subset!r} matches no validation row; use a prefix such as "
             f"{', '.join(known)}"
         )
     return runs
