@@ -405,7 +405,7 @@ def gemm_shapes(workloads: Iterable[tuple[Workload, str]]) -> pd.DataFrame:
     included, summed over the workloads); ``flop_share_pct`` is the shape's share of
     those GEMM FLOPs. Sorted by share, largest first, in :data:`SHAPE_COLUMNS`.
     """
-    calls: dict[tuple[int, int, int, str, int], float] = defaultdict(float)
+    calls: dict[tuple[int, int, int, str, int], int] = defaultdict(int)
     for workload, precision in workloads:
         for chunk in workload.chunks.values():
             for op in (*chunk.forward, *chunk.backward, *chunk.weight):
@@ -415,10 +415,10 @@ def gemm_shapes(workloads: Iterable[tuple[Workload, str]]) -> pd.DataFrame:
                 key = (math.ceil(m / op.splits), n, k, op.dtype or precision, op.batch)
                 calls[key] += op.splits * workload.microbatches
     rows = [{"m": m, "n": n, "k": k, "dtype": dtype, "batch": batch,
-             "calls_per_step": round(count),
+             "calls_per_step": count,
              "gflop_per_call": 2 * batch * m * n * k / 1e9}
             for (m, n, k, dtype, batch), count in calls.items()]
     df = pd.DataFrame(rows, columns=list(SHAPE_COLUMNS[:-1]))
     flop = df["calls_per_step"] * df["gflop_per_call"]
-    df["flop_share_pct"] = 100 * flop / flop.sum() if len(df) else flop
+    df["flop_share_pct"] = 100 * flop / flop.sum()
     return df.sort_values("flop_share_pct", ascending=False, ignore_index=True)
