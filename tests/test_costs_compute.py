@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsim.calibration import GemmPoint
-from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
+from llmsim.costs.compute import (
+    ComputeModel,
+    GemmTable,
+    flash_attention_flops,
+    gemm_efficiency,
+    gemm_shape,
+)
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator
 
@@ -38,7 +44,7 @@ def accelerator(**overrides: Any) -> Accelerator:
     }
     for key, value in overrides.items():
         if isinstance(value, dict):
-            raw[key] = {**raw[key], **value}
+            raw[key] = {**raw.get(key, {}), **value}
         else:
             raw[key] = value
     return Accelerator.model_validate(raw)
@@ -100,6 +106,50 @@ def test_cudnn_attention_at_its_own_fraction() -> None:
     cudnn = ComputeModel(acc, "bf16", attention_kernel="cudnn").compute_s(op)
     assert cudnn == pytest.approx(0.5e12 / (PEAK_TFLOPS * 1e12 * 0.8))
     assert flash == pytest.approx(cudnn * 0.8 / 0.5)  # FlashAttention-2 at attention_fraction
+
+
+CURVE = {64: {1024: 100.0, 4096: 160.0}, 128: {1024: 120.0, 4096: 200.0}}
+
+
+def test_flash_curve_closed_forms() -> None:
+    # Measured points come back as measured; between sequence lengths the throughput is
+    # linear in log2(seq) (2048 is halfway from 1024 to 4096), between head dims linear,
+    # and it is held at the ends of both axes.
+    assert flash_attention_flops(CURVE, 4096, 128) == pytest.approx(200e12)
+    assert flash_attention_flops(CURVE, 2048, 128) == pytest.approx(160e12)
+    assert flash_attention_flops(CURVE, 1024, 96) == pytest.approx(110e12)
+    assert flash_attention_flops(CURVE, 2048, 96) == pytest.approx(145e12)
+    assert flash_attention_flops(CURVE, 256, 128) == pytest.approx(120e12)
+    assert flash_attention_flops(CURVE, 65536, 256) == pytest.approx(200e12)
+    assert flash_attention_flops(CURVE, 2048, 32) == pytest.approx(130e12)
+
+
+@given(st.integers(1, 1 << 20), st.integers(1, 512))
+def test_flash_curve_stays_within_its_measurements(seq_len: int, head_dim: int) -> None:
+    tflops = flash_attention_flops(CURVE, seq_len, head_dim) / 1e12
+    assert 100.0 - 1e-9 <= tflops <= 200.0 + 1e-9
+
+
+def test_flash_attention_priced_by_the_measured_curve_for_its_shape() -> None:
+    acc = accelerator(kernel_launch_us=0.0, cudnn_attention_fraction=0.8,
+                      flash_attention_tflops=CURVE)
+    short = ComputeOp("attn", "attention", "F", 1e12, 0.0, executed_fraction=0.5,
+                      attention_shape=(1024, 128))
+    long_ = replace(short, attention_shape=(4096, 128))
+    flash = ComputeModel(acc, "bf16")
+    assert flash.compute_s(short) == pytest.approx(0.5e12 / 120e12)
+    assert flash.compute_s(long_) == pytest.approx(0.5e12 / 200e12)
+    # Without a shape the op falls back to attention_fraction; cuDNN has its own fraction.
+    assert flash.compute_s(replace(short, attention_shape=None)) == pytest.approx(
+        0.5e12 / (PEAK_TFLOPS * 1e12 * 0.5))
+    cudnn = ComputeModel(acc, "bf16", attention_kernel="cudnn")
+    assert cudnn.compute_s(short) == pytest.approx(0.5e12 / (PEAK_TFLOPS * 1e12 * 0.8))
+
+
+@pytest.mark.parametrize("curve", [{}, {128: {}}])
+def test_flash_curve_without_points_is_rejected(curve: dict[int, dict[int, float]]) -> None:
+    with pytest.raises(ValueError, match="flash_attention_tflops"):
+        accelerator(flash_attention_tflops=curve)
 
 
 def test_attention_without_fused_kernel_runs_at_gemm_efficiency() -> None:

@@ -42,6 +42,15 @@ def test_hardware_flops_with_full_recompute_match_96_form():
                                                rel=1e-6)
 
 
+def test_fused_attention_kernels_carry_their_sequence_length_and_head_dim():
+    # The kernel's efficiency depends on both (FlashAttention-2 curve of the catalog).
+    _s, work = _gpt3("selective")
+    attention = [op for chunk in work.chunks.values()
+                 for op in (*chunk.forward, *chunk.backward)
+                 if getattr(op, "kind", None) == "attention"]
+    assert attention and {op.attention_shape for op in attention} == {(2048, 128)}
+
+
 def test_selective_recompute_adds_only_the_attention_core():
     _, none = _gpt3("none")
     _, sel = _gpt3("selective")

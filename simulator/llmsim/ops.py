@@ -46,6 +46,9 @@ class ComputeOp:
     communication it is overlapped with (Transformer Engine's userbuffers)."""
     reserved_units: int = 0
     """Compute units (SMs) that communication kernels running beside the kernel hold."""
+    attention_shape: tuple[int, int] | None = None
+    """(sequence length, head dimension) of a fused attention kernel: its efficiency
+    depends on both (FlashAttention-2 is slower on short sequences and small heads)."""
 
     @property
     def executed_flops(self) -> float:

@@ -322,7 +322,8 @@ class _LayerBuilder:
             kv_local = max(1, m.n_kv_heads // t)
             io = self.e * self.T * d * (2 * heads + 2 * kv_local)  # read Q, K, V; write O
             return [ComputeOp("attn", "attention", phase, flops, float(io),
-                              executed_fraction=0.5, dtype=self.attn_dtype),
+                              executed_fraction=0.5, dtype=self.attn_dtype,
+                              attention_shape=(s, d)),
                     *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
@@ -356,7 +357,8 @@ class _LayerBuilder:
             fwd = self._attention_forward("B")[0]
             # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
             return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,
-                              executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype),
+                              executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype,
+                              attention_shape=fwd.attention_shape),
                     *self._attention_layout_copies("B")]
         probs = float(b * heads * s * s)
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)

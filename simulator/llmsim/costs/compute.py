@@ -10,7 +10,9 @@ The achieved-efficiency factor η depends on the kernel kind:
 * ``gemm``: ``η_gemm = peak_fraction × wave efficiency × K / (K + k_fill)``, applied to the
   FLOPs of the tile-padded problem (tile quantisation), see :func:`gemm_math_s`;
 * ``attention`` (a fused flash kernel): ``accelerator.attention_fraction`` for
-  FlashAttention-2, ``accelerator.cudnn_attention_fraction`` for cuDNN's kernel;
+  FlashAttention-2, or its measured throughput by sequence length and head dimension
+  where the catalog has it (:func:`flash_attention_flops`),
+  ``accelerator.cudnn_attention_fraction`` for cuDNN's kernel;
 * ``memory``: no math term, only the bandwidth term.
 
 A GEMM op with ``splits`` runs as that many GEMMs of ⌈M/splits⌉ rows, and one with
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -162,6 +164,29 @@ class GemmTable:
         return tflops * 1e12
 
 
+def flash_attention_flops(
+    curve: Mapping[int, Mapping[int, float]], seq_len: int, head_dim: int
+) -> float:
+    """FLOP/s of FlashAttention-2 (forward + backward, causal) at one shape, from a
+    measured curve ``{head_dim: {seq_len: TFLOP/s}}``.
+
+    Along the sequence the throughput is interpolated in log₂(seq_len), the axis its
+    benchmark doubles (512 … 16k), and held at the ends; between two measured head
+    dimensions it is interpolated linearly, and held beyond them. The kernel is slower on
+    short sequences (fewer tiles of work per softmax rescaling, more launch and tail) and
+    on small heads (less math per byte of Q, K and V).
+    """
+    def along_seq(by_seq: Mapping[int, float]) -> float:
+        points = sorted(by_seq.items())
+        xs = [math.log2(s) for s, _ in points]
+        ys = [t for _, t in points]
+        return float(np.interp(math.log2(seq_len), xs, ys))
+
+    dims = sorted(curve)
+    tflops = float(np.interp(head_dim, dims, [along_seq(curve[d]) for d in dims]))
+    return tflops * 1e12
+
+
 class ComputeModel:
     """Roofline prices of compute ops on one accelerator in one dtype (memoised)."""
 
@@ -177,6 +202,9 @@ class ComputeModel:
             accelerator.cudnn_attention_fraction or 0.0
             if attention_kernel == "cudnn"
             else accelerator.attention_fraction
+        )
+        self.flash_curve = (
+            accelerator.flash_attention_tflops if attention_kernel == "flash" else None
         )
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
@@ -197,7 +225,7 @@ class ComputeModel:
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
         """
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
-               op.splits, op.reserved_units)
+               op.splits, op.reserved_units, op.attention_shape)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
@@ -243,11 +271,19 @@ class ComputeModel:
         """Fused attention: executed FLOPs at the kernel's fraction of peak
         (``attention_fraction`` for FlashAttention-2, ``cudnn_attention_fraction`` for cuDNN).
 
+        Where the accelerator has a measured FlashAttention-2 curve
+        (``flash_attention_tflops``) the FlashAttention-2 kernel runs at the curve's
+        throughput for its sequence length and head dimension
+        (:func:`flash_attention_flops`) instead.
+
         A device without a fused attention kernel (``attention_fraction == 0``) computes
         the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
         efficiency ``gemm.peak_fraction`` (the op carries no single GEMM shape to
         quantise; the softmax traffic is in its ``bytes``).
         """
+        if self.flash_curve and op.attention_shape is not None:
+            seq_len, head_dim = op.attention_shape
+            return op.executed_flops / flash_attention_flops(self.flash_curve, seq_len, head_dim)
         dtype = self._dtype(op)
         fraction = self.attention_fraction or self.accelerator.gemm.fraction(dtype)
         return op.executed_flops / (self.accelerator.peak_flops(dtype) * fraction)

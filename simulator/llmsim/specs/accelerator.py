@@ -80,6 +80,12 @@ class Accelerator(Spec):
     cudnn_attention_fraction: float | None = Field(default=None, gt=0, le=1)
     """The same for cuDNN's fused flash attention (``training.attention_kernel: cudnn``);
     None where the catalog has no measurement of it."""
+    flash_attention_tflops: dict[PositiveInt, dict[PositiveInt, PositiveFloat]] | None = None
+    """Measured FlashAttention-2 forward + backward throughput with a causal mask, TFLOP/s,
+    by head dimension, then sequence length (FLOPs counted as the kernel's own benchmark
+    counts them: the causal half, the backward 2.5× the forward). Where given, it prices
+    ``training.attention_kernel: flash`` shape by shape in place of ``attention_fraction``
+    (:func:`llmsim.costs.compute.flash_attention_flops`)."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
     tdp_w: PositiveFloat | None = None
@@ -96,6 +102,21 @@ class Accelerator(Spec):
                 f"accelerator {self.name!r}: dense_tflops gives no data type; "
                 "add at least one, e.g. bf16: 312"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _flash_curve_has_points(self) -> Accelerator:
+        if self.flash_attention_tflops == {}:
+            raise ValueError(
+                f"accelerator {self.name!r}: flash_attention_tflops is empty; give TFLOP/s by "
+                "head dimension and sequence length, e.g. {128: {2048: 155}}, or leave it out"
+            )
+        for head_dim, by_seq in (self.flash_attention_tflops or {}).items():
+            if not by_seq:
+                raise ValueError(
+                    f"accelerator {self.name!r}: flash_attention_tflops[{head_dim}] has no "
+                    "sequence lengths; give at least one, e.g. 2048: 155"
+                )
         return self
 
     def peak_flops(self, dtype: Dtype) -> float:
