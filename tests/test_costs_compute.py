@@ -198,6 +198,36 @@ def test_splitting_below_a_wave_pays_the_idle_units() -> None:
     assert model.compute_s(replace(whole, splits=8)) / model.compute_s(whole) == pytest.approx(4.0)
 
 
+def test_concurrent_chunks_share_the_units() -> None:
+    # 8 chunks of 320 rows, 30 tiles each: one after another they take 8 waves; three at a
+    # time on three streams 90 tiles are resident, so the 240 tiles take ⌈240/90⌉ = 3.
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    whole = gemm_op(2560, 1280, 4096)
+    one = model.compute_s(replace(whole, splits=8))
+    three = model.compute_s(replace(whole, splits=8, concurrent_splits=3))
+    assert three / one == pytest.approx(3 / 8)
+    # Chunks larger than a wave: on one stream each pays its partial wave (4 × 2 waves of
+    # 150 tiles on 100 units); together the 600 tiles fill 6.
+    big = gemm_op(4 * 1920, 1280, 4096)
+    assert model.compute_s(replace(big, splits=4)) == pytest.approx(8 * model.compute_s(
+        gemm_op(1280, 1280, 4096)))
+    assert model.compute_s(replace(big, splits=4, concurrent_splits=3)) == pytest.approx(
+        6 * model.compute_s(gemm_op(1280, 1280, 4096)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20000), n=st.integers(1, 20000), k=st.integers(1, 8192),
+       splits=st.integers(1, 8), streams=st.integers(1, 4), held=st.integers(0, UNITS - 1))
+def test_splitting_never_beats_the_whole_gemm_and_streams_never_slow_it(
+        m: int, n: int, k: int, splits: int, streams: int, held: int) -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    whole = replace(gemm_op(m, n, k), reserved_units=held)
+    split = replace(whole, splits=splits)
+    assert model.compute_s(split) >= model.compute_s(whole) * (1 - 1e-12)
+    together = model.compute_s(replace(split, concurrent_splits=streams))
+    assert model.compute_s(whole) * (1 - 1e-12) <= together <= model.compute_s(split) * (1 + 1e-12)
+
+
 def test_units_held_by_other_kernels_cost_waves_not_speed() -> None:
     model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
     op = gemm_op(128 * 10, 128 * 8, 4096)  # 80 tiles: one wave on 100 units or on 80

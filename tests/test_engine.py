@@ -425,6 +425,19 @@ def test_tp_overlap_runs_the_gemms_as_transformer_engine_does(overlap):
     assert {name: gemms[name] for name in expected} == expected
 
 
+@pytest.mark.parametrize("together", [1, 3])
+def test_only_the_split_gemms_take_the_concurrent_chunks(together):
+    s = _sp(True, parallelism__tp_overlap_concurrent_chunks=together)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(1, 0)]
+    concurrent = {op.name: op.concurrent_splits
+                  for block in (chunk.forward, chunk.backward, chunk.weight)
+                  for op in block if getattr(op, "kind", None) == "gemm"}
+    split = {"qkv", "mlp_up", "attn_proj", "mlp_down", "mlp_down_dx", "attn_proj_dx"}
+    assert {n for n, c in concurrent.items() if c == together} >= split
+    assert all(c == 1 for n, c in concurrent.items() if n not in split)
+
+
 def test_tp_overlap_comm_units_must_leave_the_gemms_some():
     with pytest.raises(UserError, match="tp_overlap_comm_units: 108 leaves none"):
         _sp(True, parallelism__tp_overlap_comm_units=108)

@@ -44,6 +44,9 @@ class ComputeOp:
     splits: int = 1
     """The GEMM runs as this many GEMMs of ⌈M/splits⌉ rows, one per chunk of the
     communication it is overlapped with (Transformer Engine's userbuffers)."""
+    concurrent_splits: int = 1
+    """Chunks of a split GEMM that run at once, on separate streams, their tiles sharing
+    the compute units."""
     reserved_units: int = 0
     """Compute units (SMs) that communication kernels running beside the kernel hold."""
     attention_shape: tuple[int, int] | None = None

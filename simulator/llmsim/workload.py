@@ -263,15 +263,17 @@ class _LayerBuilder:
         ``num_splits`` chunks, by kernels on ``num_sm`` SMs; the backward's transfers
         (the input re-gather for the weight gradient, the reduce-scatter of the QKV and
         MLP-up input gradients) in bulk, beside the whole gradient GEMMs, also on
-        ``num_sm`` SMs.
+        ``num_sm`` SMs. TE launches the chunks of a split GEMM on three streams in turn;
+        ``tp_overlap_concurrent_chunks`` of them are priced as running at once.
         """
         if not self.userbuffers:
             return gemm
         par = self.par
+        together = par.tp_overlap_concurrent_chunks
         if method == "ring_exchange":
-            return replace(gemm, splits=self.t)
+            return replace(gemm, splits=self.t, concurrent_splits=together)
         if method == "pipeline":
-            return replace(gemm, splits=par.tp_overlap_rs_splits,
+            return replace(gemm, splits=par.tp_overlap_rs_splits, concurrent_splits=together,
                            reserved_units=par.tp_overlap_comm_units)
         return replace(gemm, reserved_units=par.tp_overlap_comm_units)
 

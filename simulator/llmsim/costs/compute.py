@@ -124,6 +124,43 @@ def gemm_math_s(
     return shape.padded_flops / (peak_flops * _efficiency(shape, gemm, dtype))
 
 
+def split_gemm_math_s(
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    gemm: GemmModel,
+    peak_flops: float,
+    dtype: Dtype = "bf16",
+    reserved_units: int = 0,
+    splits: int = 1,
+    concurrent: int = 1,
+) -> float:
+    """Math time of a GEMM run as ``splits`` GEMMs of ⌈M/splits⌉ rows, up to
+    ``concurrent`` of them at once on separate streams.
+
+    On one stream every chunk pays its own waves, the last one partial:
+    ``splits · ⌈tiles_per_chunk / u⌉`` waves on the ``u = compute_units − reserved_units``
+    units. Chunks on ``c = min(concurrent, splits) > 1`` streams share the units: at most
+    ``min(u, c · tiles_per_chunk)`` tiles are resident at a time, one chunk's tiles fill
+    another's partial wave, and all ``splits · tiles_per_chunk`` tiles take
+    ``⌈splits · tiles_per_chunk / resident⌉`` waves. Each wave is as long as one wave of
+    the whole GEMM (:func:`gemm_math_s`), so a small chunk (Transformer Engine's
+    ``tokens/tp`` rows) that fills a third of the units runs three at a time on three
+    streams.
+    """
+    units = gemm.compute_units - reserved_units
+    chunk = gemm_shape(math.ceil(m / splits), n, k, batch, gemm, units)
+    together = min(concurrent, splits)
+    if together == 1:
+        waves = splits * chunk.waves
+    else:
+        waves = math.ceil(splits * chunk.tiles / min(units, together * chunk.tiles))
+    wave_s = (2.0 * gemm.tile_m * gemm.tile_n * (k + gemm.k_fill) * gemm.compute_units
+              / (peak_flops * gemm.fraction(dtype)))
+    return waves * wave_s
+
+
 class GemmTable:
     """Measured GEMM throughput of one device: by shape where measured, else by volume.
 
@@ -225,7 +262,7 @@ class ComputeModel:
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
         """
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
-               op.splits, op.reserved_units, op.attention_shape)
+               op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
@@ -248,9 +285,11 @@ class ComputeModel:
     def gemm_math_s(self, op: ComputeOp) -> float:
         """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput.
 
-        A GEMM in ``splits`` chunks is priced as that many GEMMs of ⌈M/splits⌉ rows, on the
-        compute units its neighbours' ``reserved_units`` leave; a measured table, which
-        has no units, is slowed by compute_units / (compute_units − reserved_units).
+        A GEMM in ``splits`` chunks is priced as that many GEMMs of ⌈M/splits⌉ rows, up to
+        ``concurrent_splits`` of them at once, on the compute units its neighbours'
+        ``reserved_units`` leave (:func:`split_gemm_math_s`); a measured table, which has
+        no units, prices each chunk at the rate measured for its shape alone, slowed by
+        compute_units / (compute_units − reserved_units).
         """
         dtype = self._dtype(op)
         peak = self.accelerator.peak_flops(dtype)
@@ -264,8 +303,9 @@ class ComputeModel:
             achieved = self.gemm_table.achieved_flops(rows, n, k, op.batch, dtype)
             units = gemm.compute_units
             return op.executed_flops / achieved * units / (units - op.reserved_units)
-        chunk_s = gemm_math_s(rows, n, k, op.batch, gemm, peak, dtype, op.reserved_units)
-        return op.executed_fraction * op.splits * chunk_s
+        return op.executed_fraction * split_gemm_math_s(
+            m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
+            op.concurrent_splits)
 
     def attention_math_s(self, op: ComputeOp) -> float:
         """Fused attention: executed FLOPs at the kernel's fraction of peak

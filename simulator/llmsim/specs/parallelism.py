@@ -65,6 +65,13 @@ class Parallelism(Spec):
     """Compute units (SMs) the TP overlap's communication kernels hold while their GEMMs
     run (Transformer Engine's ``num_sm``, default 16 for its ``pipeline`` and ``bulk``
     methods; its ring exchanges move data with copy engines and hold none)."""
+    tp_overlap_concurrent_chunks: PositiveInt = 1
+    """Chunks of a TP-overlapped split GEMM priced as running at once, their tiles sharing
+    the compute units. Transformer Engine launches the chunks on 3 streams in turn
+    (``_stream_compute[i % NVTE_COMM_OVERLAP_MAX_STREAMS]``), but how far they overlap
+    depends on when each chunk's data arrives and how the kernels share the SMs, which no
+    measurement llmsim has gives: 1 prices them one after another (the slow bound), 3 lets
+    three share the units whenever they fit (the fast bound)."""
     overlap_param_gather: bool = False
     """ZeRO-1/2: all-gather the updated weights during the next step's first forward, one
     layer ahead of the compute, instead of after the optimizer (Megatron-LM
