@@ -108,6 +108,8 @@ def gemm_math_s(
     peak_flops: float,
     dtype: Dtype = "bf16",
     reserved_units: int = 0,
+    splits: int = 1,
+    concurrent: int = 1,
 ) -> float:
     """Math time of a GEMM: padded FLOPs / (peak · η_gemm).
 
@@ -119,33 +121,13 @@ def gemm_math_s(
     With ``reserved_units`` held by other kernels, the tiles are spread over the
     ``u = compute_units − reserved_units`` left, each at its share of the peak, peak/units:
     waves = ⌈tiles/u⌉, so the GEMM is never faster than on the whole device.
-    """
-    shape = gemm_shape(m, n, k, batch, gemm, gemm.compute_units - reserved_units)
-    return shape.padded_flops / (peak_flops * _efficiency(shape, gemm, dtype))
 
-
-def split_gemm_math_s(
-    m: int,
-    n: int,
-    k: int,
-    batch: int,
-    gemm: GemmModel,
-    peak_flops: float,
-    dtype: Dtype = "bf16",
-    reserved_units: int = 0,
-    splits: int = 1,
-    concurrent: int = 1,
-) -> float:
-    """Math time of a GEMM run as ``splits`` GEMMs of ⌈M/splits⌉ rows, up to
-    ``concurrent`` of them at once on separate streams.
-
-    On one stream every chunk pays its own waves, the last one partial:
-    ``splits · ⌈tiles_per_chunk / u⌉`` waves on the ``u = compute_units − reserved_units``
-    units. Chunks on ``c = min(concurrent, splits) > 1`` streams share the units: at most
+    A GEMM run as ``splits`` GEMMs of ⌈M/splits⌉ rows on one stream pays every chunk's
+    waves, the last one partial: ``splits · ⌈tiles_per_chunk / u⌉``. Chunks on
+    ``c = min(concurrent, splits) > 1`` streams share the units: at most
     ``min(u, c · tiles_per_chunk)`` tiles are resident at a time, one chunk's tiles fill
     another's partial wave, and all ``splits · tiles_per_chunk`` tiles take
-    ``⌈splits · tiles_per_chunk / resident⌉`` waves. Each wave is as long as one wave of
-    the whole GEMM (:func:`gemm_math_s`), so a small chunk (Transformer Engine's
+    ``⌈splits · tiles_per_chunk / resident⌉`` waves; a small chunk (Transformer Engine's
     ``tokens/tp`` rows) that fills a third of the units runs three at a time on three
     streams.
     """
@@ -156,9 +138,8 @@ def split_gemm_math_s(
         waves = splits * chunk.waves
     else:
         waves = math.ceil(splits * chunk.tiles / min(units, together * chunk.tiles))
-    wave_s = (2.0 * gemm.tile_m * gemm.tile_n * (k + gemm.k_fill) * gemm.compute_units
-              / (peak_flops * gemm.fraction(dtype)))
-    return waves * wave_s
+    return (2.0 * gemm.tile_m * gemm.tile_n * (k + gemm.k_fill) * waves * gemm.compute_units
+            / (peak_flops * gemm.fraction(dtype)))
 
 
 class GemmTable:
@@ -287,7 +268,7 @@ class ComputeModel:
 
         A GEMM in ``splits`` chunks is priced as that many GEMMs of ⌈M/splits⌉ rows, up to
         ``concurrent_splits`` of them at once, on the compute units its neighbours'
-        ``reserved_units`` leave (:func:`split_gemm_math_s`); a measured table, which has
+        ``reserved_units`` leave (:func:`gemm_math_s`); a measured table, which has
         no units, prices each chunk at the rate measured for its shape alone, slowed by
         compute_units / (compute_units − reserved_units).
         """
@@ -303,7 +284,7 @@ class ComputeModel:
             achieved = self.gemm_table.achieved_flops(rows, n, k, op.batch, dtype)
             units = gemm.compute_units
             return op.executed_flops / achieved * units / (units - op.reserved_units)
-        return op.executed_fraction * split_gemm_math_s(
+        return op.executed_fraction * gemm_math_s(
             m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
             op.concurrent_splits)
 
