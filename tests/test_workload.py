@@ -127,6 +127,34 @@ def test_dp_gradient_reduction_dtype(precision, reduce_dtype, bytes_per_grad):
         -(-s.model.vocab // 2) * s.model.hidden * bytes_per_grad)
 
 
+@pytest.mark.parametrize(("precision", "reduce_dtype", "bytes_per_element"), [
+    ("bf16", None, 12),    # zero-fill 2, read 2, FP32 buffer read + write 8
+    ("fp16", None, 8),     # FP16 buffer: 2 + 2 + 2 + 2
+    ("bf16", "bf16", 8),   # a BF16 accumulation buffer
+    ("fp32", None, 16),
+])
+def test_embedding_gradient_is_dense(precision, reduce_dtype, bytes_per_element):
+    # PyTorch's embedding backward zero-fills the whole ⌈V/t⌉ × h gradient and the
+    # data-parallel hook adds it to the accumulation buffer: once per micro-batch, on the
+    # first stage only, whatever the micro-batch's token count.
+    sizes = []
+    for micro_batch in (1, 4):
+        s = make_scenario(nodes=2, parallelism__tp=2, parallelism__pp=2,
+                          parallelism__micro_batch=micro_batch,
+                          parallelism__grad_reduce_dtype=reduce_dtype,
+                          training__precision=precision)
+        work = build_workload(s.model, s.parallelism, s.training, s.dp)
+        dense = {st: [op for op in c.weight if op.name == "embed_dense_grad"]
+                 for (st, _), c in work.chunks.items()}
+        assert not dense[1]
+        (op,) = dense[0]
+        assert op.kind == "memory"
+        assert op.bytes == pytest.approx(
+            -(-s.model.vocab // 2) * s.model.hidden * bytes_per_element)
+        sizes.append(op.bytes)
+    assert sizes[0] == sizes[1]
+
+
 @pytest.mark.parametrize(("precision", "fwd_bytes", "bwd_bytes"),
                          [("bf16", 38, 14), ("fp16", 38, 14), ("fp32", 32, 8)])
 def test_cross_entropy_traffic_follows_megatrons_kernels(precision, fwd_bytes, bwd_bytes):

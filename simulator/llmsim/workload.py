@@ -462,7 +462,12 @@ class _LayerBuilder:
         h = self.m.hidden
         fwd: list[Op] = [self._mem("embed", "F", self.T * h, 3),
                          *self._exit("embed_tp", "F", after_gemm=False)]
-        wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3)]
+        table = math.ceil(self.m.vocab / self.t) * h
+        dense = embedding_dense_grad_bytes_per_element(
+            self.e, grad_bytes_per_param(self.trn.precision, self.par.grad_reduce_dtype))
+        wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3),
+                         ComputeOp("embed_dense_grad", "memory", "W", 0.0,
+                                   float(table * dense))]
         return fwd, [], wgt
 
     def head(self) -> tuple[list[Op], list[Op], list[Op]]:
@@ -482,6 +487,20 @@ class _LayerBuilder:
                          *self._exit("head_rs", "B"),
                          self._mem("final_norm", "B", n_sp, 4)]
         return fwd, bwd, [dw]
+
+
+def embedding_dense_grad_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
+    """HBM bytes per element of the word-embedding table for its weight gradient.
+
+    The embedding's backward is dense: PyTorch's ``embedding_dense_backward`` (CUDA)
+    allocates the whole ``⌈V/t⌉ × h`` gradient with ``at::zeros`` in the parameters'
+    dtype and writes only the looked-up rows into it, and the gradient hook of
+    Megatron-LM's data-parallel wrapper then adds it to the accumulation buffer
+    (``param.main_grad.add_(param.grad.data)``; the linear layers instead accumulate
+    inside their weight-gradient GEMMs). Per micro-batch and element: the zero-fill
+    writes the gradient, the add reads it and reads and writes the buffer.
+    """
+    return param_bytes + param_bytes + 2 * grad_bytes
 
 
 def cross_entropy_bytes_per_logit(logit_bytes: int) -> tuple[int, int]:
