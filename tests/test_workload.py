@@ -134,7 +134,7 @@ def test_dp_gradient_reduction_dtype(precision, reduce_dtype, bytes_per_grad):
     ("fp32", None, 16),
 ])
 def test_embedding_gradient_is_dense(precision, reduce_dtype, bytes_per_element):
-    # PyTorch's embedding backward zero-fills the whole ⌈V/t⌉ × h gradient and the
+    # PyTorch's embedding backward zero-fills the whole gradient of each table and the
     # data-parallel hook adds it to the accumulation buffer: once per micro-batch, on the
     # first stage only, whatever the micro-batch's token count.
     sizes = []
@@ -149,8 +149,9 @@ def test_embedding_gradient_is_dense(precision, reduce_dtype, bytes_per_element)
         assert not dense[1]
         (op,) = dense[0]
         assert op.kind == "memory"
-        assert op.bytes == pytest.approx(
-            -(-s.model.vocab // 2) * s.model.hidden * bytes_per_element)
+        words = -(-s.model.vocab // 2) * s.model.hidden
+        positions = s.model.max_seq_len * s.model.hidden   # learned, not split over TP
+        assert op.bytes == pytest.approx((words + positions) * bytes_per_element)
         sizes.append(op.bytes)
     assert sizes[0] == sizes[1]
 

@@ -462,7 +462,7 @@ class _LayerBuilder:
         h = self.m.hidden
         fwd: list[Op] = [self._mem("embed", "F", self.T * h, 3),
                          *self._exit("embed_tp", "F", after_gemm=False)]
-        table = math.ceil(self.m.vocab / self.t) * h
+        table = embedding_params_per_device(self.m, self.t)  # word and learned positions
         dense = embedding_dense_grad_bytes_per_element(
             self.e, grad_bytes_per_param(self.trn.precision, self.par.grad_reduce_dtype))
         wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3),
@@ -490,11 +490,12 @@ class _LayerBuilder:
 
 
 def embedding_dense_grad_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
-    """HBM bytes per element of the word-embedding table for its weight gradient.
+    """HBM bytes per element of the embedding tables for their weight gradient.
 
-    The embedding's backward is dense: PyTorch's ``embedding_dense_backward`` (CUDA)
-    allocates the whole ``⌈V/t⌉ × h`` gradient with ``at::zeros`` in the parameters'
-    dtype and writes only the looked-up rows into it, and the gradient hook of
+    An embedding's backward is dense: PyTorch's ``embedding_dense_backward`` (CUDA)
+    allocates the whole gradient (``⌈V/t⌉ × h`` words, ``max_seq_len × h`` learned
+    positions) with ``at::zeros`` in the parameters' dtype and writes only the looked-up
+    rows into it, and the gradient hook of
     Megatron-LM's data-parallel wrapper then adds it to the accumulation buffer
     (``param.main_grad.add_(param.grad.data)``; the linear layers instead accumulate
     inside their weight-gradient GEMMs). Per micro-batch and element: the zero-fill
