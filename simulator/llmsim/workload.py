@@ -495,13 +495,13 @@ def embedding_dense_grad_bytes_per_element(param_bytes: int, grad_bytes: int) ->
     An embedding's backward is dense: PyTorch's ``embedding_dense_backward`` (CUDA)
     allocates the whole gradient (``⌈V/t⌉ × h`` words, ``max_seq_len × h`` learned
     positions) with ``at::zeros`` in the parameters' dtype and writes only the looked-up
-    rows into it, and the gradient hook of
-    Megatron-LM's data-parallel wrapper then adds it to the accumulation buffer
-    (``param.main_grad.add_(param.grad.data)``; the linear layers instead accumulate
-    inside their weight-gradient GEMMs). Per micro-batch and element: the zero-fill
-    writes the gradient, the add reads it and reads and writes the buffer.
+    rows into it, and the gradient hook of Megatron-LM's data-parallel wrapper then adds
+    it to the accumulation buffer (``param.main_grad.add_(param.grad.data)``; the linear
+    layers instead accumulate inside their weight-gradient GEMMs). Per micro-batch and
+    element: the zero-fill writes the gradient, the add reads it and reads and writes the
+    buffer.
     """
-    return param_bytes + param_bytes + 2 * grad_bytes
+    return 2 * param_bytes + 2 * grad_bytes
 
 
 def cross_entropy_bytes_per_logit(logit_bytes: int) -> tuple[int, int]:
