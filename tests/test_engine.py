@@ -10,6 +10,7 @@ from helpers import LayerOnlyCosts, make_scenario
 
 from llmsim import simulate
 from llmsim.errors import UserError
+from llmsim.params import layer_params_per_device
 from llmsim.workload import build_workload
 
 
@@ -56,6 +57,29 @@ def test_every_microbatch_gets_one_f_and_one_b_per_stage(schedule, v):
                      if r.stream == "compute" and r.kind in "FBW")
     assert set(passes.values()) == {1}
     assert len(passes) == 3 * 4 * 8 * v
+
+
+@pytest.mark.parametrize(("mode", "bytes_per_param", "accumulating"), [
+    ("fused", 0, lambda m: 0),
+    ("autograd", 6, lambda m: m - 1),     # the first micro-batch's gradient is param.grad
+    ("fp32_cast_add", 18, lambda m: m),
+])
+@pytest.mark.parametrize("m", [1, 3])
+def test_gradient_accumulation_adds_one_pass_per_accumulating_microbatch(
+        mode, bytes_per_param, accumulating, m):
+    # One stage, no data parallelism: the step is m passes, plus one pass over the
+    # layers' parameters for each micro-batch whose gradients are added to the buffer.
+    def step(grad_accumulation):
+        s = _pipeline("1f1b", 1, m, training__precision="fp16",
+                      training__grad_accumulation=grad_accumulation)
+        return s, simulate(s, costs=LayerOnlyCosts(bytes_per_s=1e12))
+
+    s, result = step(mode)
+    params = s.model.layers * layer_params_per_device(s.model, s.parallelism.tp)
+    extra_s = accumulating(m) * params * bytes_per_param / 1e12
+    assert result.step_time_s - step("fused")[1].step_time_s == pytest.approx(extra_s)
+    accumulated = [r for r in result.trace.expand() if r.name == "grad_accum"]
+    assert sorted(r.microbatch for r in accumulated) == list(range(m - accumulating(m), m))
 
 
 def test_busy_plus_idle_is_step_time_on_every_stream(tiny):

@@ -144,16 +144,42 @@ def test_embedding_gradient_is_dense(precision, reduce_dtype, bytes_per_element)
                           parallelism__grad_reduce_dtype=reduce_dtype,
                           training__precision=precision)
         work = build_workload(s.model, s.parallelism, s.training, s.dp)
-        dense = {st: [op for op in c.weight if op.name == "embed_dense_grad"]
+        dense = {st: [op for op in (*c.weight, *c.accumulate)
+                      if op.name in ("embed_dense_grad", "embed_grad_accum")]
                  for (st, _), c in work.chunks.items()}
         assert not dense[1]
-        (op,) = dense[0]
-        assert op.kind == "memory"
+        fill, add = dense[0]
+        assert fill.kind == add.kind == "memory"
         words = -(-s.model.vocab // 2) * s.model.hidden
         positions = s.model.max_seq_len * s.model.hidden   # learned, not split over TP
-        assert op.bytes == pytest.approx((words + positions) * bytes_per_element)
-        sizes.append(op.bytes)
+        assert fill.bytes + add.bytes == pytest.approx((words + positions) * bytes_per_element)
+        sizes.append(fill.bytes + add.bytes)
     assert sizes[0] == sizes[1]
+
+
+@pytest.mark.parametrize(("mode", "precision", "bytes_per_param"), [
+    ("autograd", "fp16", 6),        # param.grad += new: read 2, read 2, write 2
+    ("autograd", "bf16", 6),
+    ("fp32_cast_add", "bf16", 18),  # .to(fp32): read 2, write 4; add_: read 4 + 4, write 4
+])
+def test_gradient_accumulation_outside_the_gemms(mode, precision, bytes_per_param):
+    # Without fused accumulation every weight's gradient is added to the buffer by a kernel
+    # of its own: the layers', the LM head's and the embeddings' (the embeddings' after
+    # their dense zero-fill), with their parameter counts.
+    s = make_scenario(nodes=2, parallelism__tp=2, parallelism__pp=2,
+                      training__precision=precision, training__grad_accumulation=mode)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    fused = make_scenario(nodes=2, parallelism__tp=2, parallelism__pp=2,
+                          training__precision=precision)
+    fused_work = build_workload(fused.model, fused.parallelism, fused.training, fused.dp)
+    for key, chunk in work.chunks.items():
+        assert sum(op.bytes for op in chunk.accumulate) == chunk.params * bytes_per_param
+        # fused: only the embeddings' gradients, which no GEMM produces
+        assert [op.name for op in fused_work.chunks[key].accumulate] == (
+            ["embed_grad_accum"] if chunk.first else [])
+        assert chunk.weight == fused_work.chunks[key].weight
+    assert work.accumulate_from_microbatch == (1 if mode == "autograd" else 0)
+    assert fused_work.accumulate_from_microbatch == 0
 
 
 @pytest.mark.parametrize(("precision", "fwd_bytes", "bwd_bytes"),

@@ -159,6 +159,7 @@ class Trace:
 
     records: list[Record]
     blocks: dict[tuple[int, int, str], Block]
+    """(stage, chunk, kind) → the pass's ops; see :func:`block_kind`."""
     stage_last_compute_s: dict[int, float]
     stage_dp_done_s: dict[int, float]
     optimizer_start_s: float
@@ -169,10 +170,19 @@ class Trace:
     """(device, wait start, wait end) for every wait on a weight gather (ZeRO-3, or
     ZeRO-1/2 with ``overlap_param_gather``)."""
 
+    accumulate_from_microbatch: int = 0
+
+    def block_of(self, r: Record) -> Block | None:
+        """The ops a compute record of a pass ran (None for any other record)."""
+        if r.stream != "compute" or r.kind not in ("F", "B", "W"):
+            return None
+        kind = block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
+        return self.blocks[(r.stage, r.chunk, kind)]
+
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
         for r in self.records:
-            block = self.blocks.get((r.stage, r.chunk, r.kind)) if r.stream == "compute" else None
+            block = self.block_of(r)
             if block is None:
                 yield r
                 continue
@@ -182,6 +192,12 @@ class Trace:
                 start = r.start_s + s.offset_s - r.block_from_s
                 yield Record(r.device, r.stage, s.stream if s.stream == "compute" else "tp",
                              s.name, s.phase, r.microbatch, r.chunk, start, start + s.duration_s)
+
+
+def block_kind(kind: str, microbatch: int, accumulate_from: int) -> str:
+    """Key of a pass's block: its kind, or "w" for a weight pass that adds no gradients to
+    the buffer (a micro-batch before ``accumulate_from``)."""
+    return "w" if kind == "W" and microbatch < accumulate_from else kind
 
 
 class _Barrier:
@@ -274,11 +290,15 @@ class Engine:
         self.ready_count = 0
 
     def _price_blocks(self) -> dict[tuple[int, int, str], Block]:
+        """Each chunk's passes; "W" with its gradient accumulation, "w" without (the
+        micro-batches before :attr:`Workload.accumulate_from_microbatch`)."""
         out = {}
         for (s, c), chunk in self.work.chunks.items():
             out[(s, c, "F")] = Block.of(chunk.forward, self.costs, self.overlap_tp)
             out[(s, c, "B")] = Block.of(chunk.backward, self.costs, self.overlap_tp)
-            out[(s, c, "W")] = Block.of(chunk.weight, self.costs, self.overlap_tp)
+            out[(s, c, "W")] = Block.of(chunk.weight + chunk.accumulate, self.costs,
+                                        self.overlap_tp)
+            out[(s, c, "w")] = Block.of(chunk.weight, self.costs, self.overlap_tp)
         return out
 
     # -- messages between pipeline stages ---------------------------------------------
@@ -350,7 +370,9 @@ class Engine:
                 key = (dev.pipe, act.kind, vs, act.microbatch)
                 self.pp_waits.append((dev.id, wait_start, env.now,
                                       self.message_start.get(key, wait_start)))
-            block = self.blocks[(dev.stage, act.chunk, act.kind)]
+            block = self.blocks[(dev.stage, act.chunk,
+                                 block_kind(act.kind, act.microbatch,
+                                            work.accumulate_from_microbatch))]
             key, members = dev.tp_group
             if members > 1:
                 yield self.barrier.arrive((key, i), members)
@@ -521,6 +543,7 @@ class Engine:
         return Trace(
             records=sorted(self.records, key=lambda r: (r.device, r.start_s, r.stream)),
             blocks=self.blocks,
+            accumulate_from_microbatch=self.work.accumulate_from_microbatch,
             stage_last_compute_s={s: max(self.last_compute[d] for d in ids)
                                   for s, ids in by_stage.items()},
             stage_dp_done_s={s: max(self.dp_done[d] for d in ids) for s, ids in by_stage.items()},

@@ -17,9 +17,8 @@ MAX_OP_EVENTS = 200_000
 
 def trace_records(result: Result, limit: int = MAX_OP_EVENTS) -> Iterable[Record]:
     """Per-op records when they are few enough, otherwise one per pass."""
-    per_action = sum(len(result.trace.blocks[(r.stage, r.chunk, r.kind)].spans)
-                     for r in result.trace.records
-                     if r.stream == "compute" and r.kind in "FBW")
+    blocks = (result.trace.block_of(r) for r in result.trace.records)
+    per_action = sum(len(block.spans) for block in blocks if block is not None)
     return result.trace.expand() if per_action <= limit else result.trace.records
 
 

@@ -89,8 +89,8 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     compute = tp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     for r in records:
-        if r.stream == "compute" and r.kind in "FBW":
-            block = trace.blocks[(stage, r.chunk, r.kind)]
+        block = trace.block_of(r)
+        if block is not None:
             share = r.block_share(block)
             compute += block.compute_s * share
             tp += block.tp_s * share

@@ -64,6 +64,10 @@ class Chunk:
     backward: tuple[Op, ...]
     """Input-gradient ops, recompute ops (phase R) first."""
     weight: tuple[Op, ...]
+    accumulate: tuple[Op, ...] = ()
+    """After ``weight``: the kernels that add this micro-batch's weight gradients to the
+    gradient buffer (``training.grad_accumulation``), on the micro-batches from
+    :attr:`Workload.accumulate_from_microbatch` on."""
 
     @property
     def units(self) -> int:
@@ -111,6 +115,9 @@ class Workload:
     the tensor-list loop over the ranks, ``tensor_list_host_us_per_rank`` each)."""
     optimizer: dict[int, ComputeOp] = field(default_factory=dict)
     """Stage → optimizer step over the local shard."""
+    accumulate_from_microbatch: int = 0
+    """First micro-batch whose gradients are added to the buffer by :attr:`Chunk.accumulate`
+    (1 when the first one's gradients are the buffer: PyTorch's ``param.grad``)."""
     embedding_grad_allreduce: CommOp | None = None
     """Tied embeddings with ``pp > 1``: the first and the last stage each hold a copy of
     the word embedding and all-reduce its gradient before the optimizer step."""
@@ -205,7 +212,7 @@ class Workload:
         """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
         rows = []
         for (stage, chunk), c in sorted(self.chunks.items()):
-            for block in (c.forward, c.backward, c.weight):
+            for block in (c.forward, c.backward, c.weight + c.accumulate):
                 for i, op in enumerate(block):
                     compute = isinstance(op, ComputeOp)
                     rows.append({
@@ -462,12 +469,12 @@ class _LayerBuilder:
         h = self.m.hidden
         fwd: list[Op] = [self._mem("embed", "F", self.T * h, 3),
                          *self._exit("embed_tp", "F", after_gemm=False)]
-        table = embedding_params_per_device(self.m, self.t)  # word and learned positions
-        dense = embedding_dense_grad_bytes_per_element(
-            self.e, grad_bytes_per_param(self.trn.precision, self.par.grad_reduce_dtype))
+        # PyTorch's embedding_dense_backward allocates the whole gradient of each table
+        # (⌈V/t⌉ × h words, max_seq_len × h learned positions) with at::zeros and writes
+        # the looked-up rows into it; adding it to the buffer is :attr:`Chunk.accumulate`.
+        table = embedding_params_per_device(self.m, self.t)
         wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3),
-                         ComputeOp("embed_dense_grad", "memory", "W", 0.0,
-                                   float(table * dense))]
+                         self._mem("embed_dense_grad", "W", table, 1)]
         return fwd, [], wgt
 
     def head(self) -> tuple[list[Op], list[Op], list[Op]]:
@@ -489,19 +496,39 @@ class _LayerBuilder:
         return fwd, bwd, [dw]
 
 
-def embedding_dense_grad_bytes_per_element(param_bytes: int, grad_bytes: int) -> int:
-    """HBM bytes per element of the embedding tables for their weight gradient.
+def grad_accumulation_bytes_per_param(mode: str, param_bytes: int, grad_bytes: int) -> int:
+    """HBM bytes per parameter to add one micro-batch's gradient to the gradient buffer
+    with a kernel of its own (``training.grad_accumulation``).
 
-    An embedding's backward is dense: PyTorch's ``embedding_dense_backward`` (CUDA)
-    allocates the whole gradient (``⌈V/t⌉ × h`` words, ``max_seq_len × h`` learned
-    positions) with ``at::zeros`` in the parameters' dtype and writes only the looked-up
-    rows into it, and the gradient hook of Megatron-LM's data-parallel wrapper then adds
-    it to the accumulation buffer (``param.main_grad.add_(param.grad.data)``; the linear
-    layers instead accumulate inside their weight-gradient GEMMs). Per micro-batch and
-    element: the zero-fill writes the gradient, the add reads it and reads and writes the
-    buffer.
+    ``fused``: Megatron-LM's data-parallel hook, for the parameters no GEMM accumulates
+    (``param.main_grad.add_(param.grad.data)``): read the gradient, read and write the
+    ``grad_bytes`` buffer. ``autograd``: PyTorch's AccumulateGrad, ``param.grad += new``,
+    all in the parameters' dtype. ``fp32_cast_add``: DeepSpeed's BF16_Optimizer,
+    ``hp_grad.add_(lp.grad.to(float32))``: the cast reads the gradient and writes an FP32
+    copy, the add reads the copy and reads and writes the FP32 gradient.
     """
-    return 2 * param_bytes + 2 * grad_bytes
+    if mode == "autograd":
+        return 3 * param_bytes
+    if mode == "fp32_cast_add":
+        fp32 = DTYPE_BYTES["fp32"]
+        return param_bytes + fp32 + 3 * fp32
+    return param_bytes + 2 * grad_bytes
+
+
+def _accumulation(model: Model, par: Parallelism, training: Training, layers: int,
+                  first: bool, last: bool) -> tuple[Op, ...]:
+    """:attr:`Chunk.accumulate`: the embeddings' gradients, and unless the GEMMs accumulate
+    them (``fused``) those of the chunk's layers and LM head."""
+    mode, t = training.grad_accumulation, par.tp
+    per_param = grad_accumulation_bytes_per_param(
+        mode, DTYPE_BYTES[training.precision],
+        grad_bytes_per_param(training.precision, par.grad_reduce_dtype))
+    parts = [("embed_grad_accum", embedding_params_per_device(model, t) if first else 0)]
+    if mode != "fused":
+        parts += [("grad_accum", layers * layer_params_per_device(model, t)),
+                  ("head_grad_accum", head_params_per_device(model, t, par.pp) if last else 0)]
+    return tuple(ComputeOp(name, "memory", "W", 0.0, float(params * per_param))
+                 for name, params in parts if params)
 
 
 def cross_entropy_bytes_per_logit(logit_bytes: int) -> tuple[int, int]:
@@ -582,6 +609,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
                 stage, c, vs, n, first, last,
                 chunk_params(model, par.tp, n, first, last, p),
                 tuple(fwd), tuple(bwd), tuple(wgt),
+                _accumulation(model, par, training, n, first, last),
             )
     e = DTYPE_BYTES[training.precision]
     tokens = par.micro_batch * training.seq_len
@@ -599,6 +627,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         tp=par.tp,
         bucket_bytes=par.dp_bucket_mb * 1e6,
         overlap_param_gather=par.overlap_param_gather,
+        accumulate_from_microbatch=1 if training.grad_accumulation == "autograd" else 0,
         embedding_grad_allreduce=_embedding_grad_allreduce(model, par, training),
         # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3

@@ -38,6 +38,15 @@ class Training(Spec):
     the weight-gradient GEMMs (Transformer Engine); ``separate`` as Megatron-LM's own
     layers run them (``--transformer-impl local``): the QKV bias added after its GEMM and
     every bias gradient a reduction over the tokens."""
+    grad_accumulation: Literal["fused", "autograd", "fp32_cast_add"] = "fused"
+    """How each micro-batch's weight gradients are added to the gradient buffer.
+    ``fused``: the weight-gradient GEMMs add into it (Megatron-LM's
+    ``--gradient-accumulation-fusion``, Transformer Engine), and only the embeddings,
+    whose gradients come from no GEMM, are added by a separate kernel (Megatron-LM's
+    data-parallel hook). ``autograd``: PyTorch adds every gradient into ``param.grad``, in
+    the parameters' dtype, from the second micro-batch on (Megatron-LM of 2020–21, before
+    its fused kernels). ``fp32_cast_add``: every micro-batch's gradients are cast to FP32
+    and added to FP32 copies (DeepSpeed's BF16_Optimizer, ``update_hp_grads``)."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
