@@ -65,8 +65,11 @@ FAST_IDS = [
 # NCCL's two channels per network peer (one NVLink's worth) lowered it to 9.59 % and
 # reproduce all 12 Zero Bubble schedule orders; FlashAttention-2 priced by sequence length
 # and head dimension on A100 lowered it to 9.23 %, the word embedding's dense gradient to
-# 9.19 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.3
+# 9.19 %; each micro-batch's gradients added to the buffer as the frameworks of the runs
+# did it (Megatron-LM 2021's autograd adds in FP16, DeepSpeed BF16_Optimizer's FP32
+# cast-adds; the large NAR21 rows, already too slow, became slower) raised it to 9.48 %.
+# See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 9.6
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -278,7 +281,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.2 %, median 5.0 %, worst row +59 % "
+    reason="target-set MAPE 9.5 %, median 6.0 %, worst row +59 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
