@@ -296,9 +296,10 @@ class Engine:
         for (s, c), chunk in self.work.chunks.items():
             out[(s, c, "F")] = Block.of(chunk.forward, self.costs, self.overlap_tp)
             out[(s, c, "B")] = Block.of(chunk.backward, self.costs, self.overlap_tp)
-            out[(s, c, "W")] = Block.of(chunk.weight + chunk.accumulate, self.costs,
-                                        self.overlap_tp)
             out[(s, c, "w")] = Block.of(chunk.weight, self.costs, self.overlap_tp)
+            out[(s, c, "W")] = Block.of(chunk.weight + chunk.accumulate, self.costs,
+                                        self.overlap_tp) if chunk.accumulate \
+                else out[(s, c, "w")]
         return out
 
     # -- messages between pipeline stages ---------------------------------------------
