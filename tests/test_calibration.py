@@ -168,7 +168,7 @@ def test_gemm_shapes_account_for_every_gemm_flop(overrides: dict[str, object]) -
     shapes = gemm_shapes([(wl, scenario.training.precision)])
     assert tuple(shapes.columns) == SHAPE_COLUMNS
     gemm_flops = sum(op.flops for c in wl.chunks.values()
-                     for op in (*c.forward, *c.backward, *c.weight)
+                     for op in c.ops
                      if isinstance(op, ComputeOp) and op.kind == "gemm") * wl.microbatches
     listed = (shapes["calls_per_step"] * shapes["gflop_per_call"]).sum() * 1e9
     assert listed == pytest.approx(gemm_flops, rel=1e-9)

@@ -408,7 +408,7 @@ def gemm_shapes(workloads: Iterable[tuple[Workload, str]]) -> pd.DataFrame:
     calls: dict[tuple[int, int, int, str, int], int] = defaultdict(int)
     for workload, precision in workloads:
         for chunk in workload.chunks.values():
-            for op in (*chunk.forward, *chunk.backward, *chunk.weight):
+            for op in chunk.ops:
                 if not isinstance(op, ComputeOp) or op.kind != "gemm" or op.mnk is None:
                     continue
                 m, n, k = op.mnk

@@ -70,6 +70,11 @@ class Chunk:
     :attr:`Workload.accumulate_from_microbatch` on."""
 
     @property
+    def ops(self) -> tuple[Op, ...]:
+        """Every op of one micro-batch's passes (the gradient accumulation included)."""
+        return self.forward + self.backward + self.weight + self.accumulate
+
+    @property
     def units(self) -> int:
         """Blocks whose weights are gathered one at a time (ZeRO-3, or the overlapped
         ZeRO-1/2 gather): its layers, or one for a chunk that holds only the embedding or
@@ -203,7 +208,7 @@ class Workload:
     def _flops(self, include_recompute: bool) -> float:
         per_replica = 0.0
         for c in self.chunks.values():
-            for op in (*c.forward, *c.backward, *c.weight):
+            for op in c.ops:
                 if isinstance(op, ComputeOp) and (include_recompute or op.phase != "R"):
                     per_replica += op.flops * self.tp
         return per_replica * self.microbatches * self.dp
