@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsim import load_scenario
+from llmsim import catalog, load_scenario
 from llmsim.calibration import (
     Calibration,
     CollectivePoint,
@@ -21,9 +21,10 @@ from llmsim.calibration import (
 from llmsim.costs import HardwareCosts, algorithm_times_s
 from llmsim.costs.collectives import CollectiveTable
 from llmsim.errors import UserError
+from llmsim.loader import read_yaml
 from llmsim.ops import CommOp
 from llmsim.plan import Plan
-from llmsim.specs import Parallelism, System
+from llmsim.specs import CollectiveLibrary, Parallelism, System
 
 DATA = Path(__file__).parent / "data"
 LAUNCH_S = 5e-6
@@ -457,3 +458,108 @@ def test_host_time_before_a_collective_adds_to_its_duration(extra: dict[str, int
     op = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, **extra)
     hosted = CommOp("z3_ag", "all_gather", "dp", "F", 64e6, host_s=1.5e-3, **extra)
     assert model.comm_s(hosted) - model.comm_s(op) == pytest.approx(1.5e-3, rel=1e-9)
+
+
+# -- a collective library's own model (NCCL's tuner) ----------------------------------------
+
+NCCL_2021 = read_yaml(catalog.path_of("collectives", "nccl-2021"))
+LIBRARY = CollectiveLibrary.model_validate(NCCL_2021)
+
+
+def test_library_ring_and_tree_follow_the_tuner_formulas() -> None:
+    """dp over 16 nodes, one member per node (ppn 1): NCCL 2021's ring and tree."""
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=16, tp=8)
+    path = model.collectives.path("dp")
+    assert path is not None and (path.ranks, path.nodes, path.per_node) == (16, 16, 1)
+    bus = 8 * 25e9 * 0.9 / 8  # the node's NICs shared by its 8 dp groups
+    hop_us = 1.0  # one leaf switch
+
+    def ring(s: float, base: float, net: float, fraction: float) -> float:
+        latency = base + 2 * 15 * (net + hop_us)  # every step crosses the network
+        if base == 8.4 and s >= 16 / 16 * 65536:
+            latency *= 1.9  # the plateau of a large Simple ring all-reduce
+        return latency * 1e-6 + 2 * 15 / 16 * s / (bus * fraction)
+
+    def tree(s: float, base: float, net: float, cap: float, fraction: float,
+             correction: float) -> float:
+        latency = base + 2 * (0 + 4 * (net + hop_us))  # log2(16) levels, no local chain
+        return latency * 1e-6 + 2 * s / (min(bus * 0.9, cap) * fraction * correction)
+
+    s = 1e9  # beyond the tree corrections
+    times = algorithm_times_s("all_reduce", s, path, LIBRARY)
+    assert times == {
+        "ring/ll": pytest.approx(ring(s, 3.6, 2.7, 0.25)),
+        "ring/ll128": pytest.approx(ring(s, 10.0, 4.0, 0.7)),  # ppn < 2
+        "ring/simple": pytest.approx(ring(s, 8.4, 9.6, 1.0)),
+        "tree/ll": pytest.approx(tree(s, 4.4, 5.0, 80e9, 1 / 3.8, 1.0)),
+        "tree/ll128": pytest.approx(tree(s, 4.4, 8.5, 105e9, 0.915, 1.0)),
+        "tree/simple": pytest.approx(tree(s, 0.0, 50.0, 80e9, 1.0, 1.0)),
+    }
+    assert min(times, key=times.__getitem__) == "ring/simple"  # 22.5 GB/s is under the caps
+    small = algorithm_times_s("all_reduce", 4096, path, LIBRARY)  # size class 6
+    assert small["tree/ll"] == pytest.approx(tree(4096, 4.4, 5.0, 80e9, 1 / 3.8, 0.7))
+    assert min(small, key=small.__getitem__) == "tree/ll"  # few steps, cheap ones
+    assert price(model, "all_reduce", "dp", 4096) == pytest.approx(small["tree/ll"] + LAUNCH_S)
+
+
+def test_library_gathers_use_only_rings_and_one_node_skips_the_network() -> None:
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=1, tp=1)
+    path = model.collectives.path("dp")
+    assert path is not None and (path.ranks, path.nodes) == (8, 1)
+    times = algorithm_times_s("all_gather", 1e8, path, LIBRARY)
+    assert set(times) == {"ring/ll", "ring/ll128", "ring/simple"}
+    assert times["ring/simple"] == pytest.approx(
+        (8.4 + 7 * 3.4) * 1e-6 + 7 / 8 * 1e8 / B_INTRA)
+    assert times["ring/ll"] == pytest.approx(  # LL on one node: a third of the bandwidth
+        (3.6 + 7 * 0.47) * 1e-6 + 7 / 8 * 1e8 / (B_INTRA / 3))
+
+
+def test_library_tree_on_eight_members_per_node_pays_the_chain_and_the_cap() -> None:
+    """dp groups of 64 with all 8 members on each of 8 nodes: LL128's tree cap is 105 GB/s."""
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=8, tp=1)
+    path = model.collectives.path("dp")
+    assert path is not None and (path.ranks, path.nodes, path.per_node) == (64, 8, 8)
+    bus = min(B_INTRA, 8 * 25e9 * 0.9)  # 180 GB/s: the NICs
+    s = 1e9
+    tree_ll128 = (4.4 + 2 * (7 * 1.2 + 3 * (8.5 + 1.0))) * 1e-6 + 2 * s / (105e9 * 0.915)
+    ring_simple = ((8.4 + (126 - 14) * 3.4 + 14 * (9.6 + 1.0)) * 1.9 * 1e-6
+                   + 2 * 63 / 64 * s / bus)
+    times = algorithm_times_s("all_reduce", s, path, LIBRARY)
+    assert times["tree/ll128"] == pytest.approx(tree_ll128)
+    assert times["ring/simple"] == pytest.approx(ring_simple)
+    assert times["ring/simple"] < times["tree/ll128"]  # the cap halves the tree's rate
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10), nodes=st.sampled_from([1, 2, 8, 16]),
+       tp=st.sampled_from([1, 8]),
+       collective=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
+def test_library_bigger_messages_never_take_less_time(
+    a: float, b: float, nodes: int, tp: int, collective: str
+) -> None:
+    """The tuner's tree corrections rise with size in places; llmsim holds the time there."""
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=nodes, tp=tp)
+    small, big = sorted((a, b))
+    assert price(model, collective, "dp", big) >= price(model, collective, "dp", small)
+
+
+@settings(max_examples=100, deadline=None)
+@given(nbytes=st.floats(1.0, 1e10), gain=st.floats(1.0, 8.0),
+       which=st.sampled_from(["fabric_gbps", "nic_gbit", "nics"]),
+       layout=st.sampled_from([(8, 1), (16, 8), (4, 2)]))
+def test_library_more_bandwidth_never_takes_longer(
+    nbytes: float, gain: float, which: str, layout: tuple[int, int]
+) -> None:
+    nodes, tp = layout
+    base: dict[str, Any] = {"fabric_gbps": 300.0, "nic_gbit": 200.0, "nics": 4,
+                            "network": {**FAT_TREE, "collectives": NCCL_2021}}
+    faster = {**base, which: round(base[which] * gain) if which == "nics" else base[which] * gain}
+    slow, fast = costs(system(**base), nodes, tp), costs(system(**faster), nodes, tp)
+    assert price(fast, "all_reduce", "dp", nbytes) <= price(slow, "all_reduce", "dp", nbytes) * (
+        1 + 1e-12)
+
+
+def test_a_library_without_a_tree_cap_for_a_protocol_is_rejected() -> None:
+    broken = {**NCCL_2021, "tree_max_bus_gbps": {"simple": {"two_nodes": 1, "more_nodes": 1}}}
+    with pytest.raises(ValueError, match="tree_max_bus_gbps and tree_correction need an entry"):
+        CollectiveLibrary.model_validate(broken)

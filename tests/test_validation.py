@@ -67,9 +67,11 @@ FAST_IDS = [
 # and head dimension on A100 lowered it to 9.23 %, the word embedding's dense gradient to
 # 9.19 %; each micro-batch's gradients added to the buffer as the frameworks of the runs
 # did it (Megatron-LM 2021's autograd adds in FP16, DeepSpeed BF16_Optimizer's FP32
-# cast-adds; the large NAR21 rows, already too slow, became slower) raised it to 9.48 %.
-# See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.6
+# cast-adds; the large NAR21 rows, already too slow, became slower) raised it to 9.48 %;
+# the collectives of the 2021-era NVIDIA systems priced per algorithm and protocol by
+# NCCL's own tuner model (its tree latencies and bandwidth caps, LL and LL128, the ring's
+# plateau) lowered it to 9.23 %. See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 9.3
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -281,7 +283,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.5 %, median 6.0 %, worst row +59 % "
+    reason="target-set MAPE 9.2 %, median 6.1 %, worst row +51 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -1,4 +1,5 @@
-"""The bundled catalog of accelerators, systems, models and scenarios (YAML files).
+"""The bundled catalog of accelerators, collective libraries, systems, models and scenarios
+(YAML files).
 
 In a source checkout the files live in the top-level ``hardware/`` and ``workloads/``
 folders; an installed wheel carries a copy under ``llmsim/_catalog``.
@@ -12,9 +13,10 @@ from typing import Literal
 
 from llmsim.errors import UserError
 
-Kind = Literal["accelerators", "systems", "models", "scenarios"]
+Kind = Literal["accelerators", "collectives", "systems", "models", "scenarios"]
 KINDS: dict[str, tuple[str, str]] = {
     "accelerators": ("hardware", "accelerators"),
+    "collectives": ("hardware", "collectives"),
     "systems": ("hardware", "systems"),
     "models": ("workloads", "models"),
     "scenarios": ("workloads", "scenarios"),

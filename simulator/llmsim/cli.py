@@ -67,9 +67,9 @@ def run(
 @app.command("catalog")
 def catalog_cmd(
     kind: Annotated[str | None, typer.Argument(
-        help="accelerators, systems, models or scenarios (default: all).")] = None,
+        help="accelerators, collectives, systems, models or scenarios (default: all).")] = None,
 ) -> None:
-    """List the bundled hardware, models and scenarios."""
+    """List the bundled hardware, collective libraries, models and scenarios."""
     kinds = list(catalog.KINDS)
     if kind is not None and kind not in kinds:
         raise UserError(f"catalog kind {kind!r} is unknown; use one of {', '.join(kinds)}")

@@ -13,17 +13,20 @@ from pydantic import BaseModel, ValidationError
 
 from llmsim import catalog
 from llmsim.errors import UserError
-from llmsim.specs import Accelerator, Model, Scenario, System
+from llmsim.specs import Accelerator, CollectiveLibrary, Model, Scenario, System
 
 # Where a scenario may name a catalog entry instead of writing it inline.
 _REFERENCES: tuple[tuple[tuple[str, ...], catalog.Kind], ...] = (
     (("system",), "systems"),
     (("system", "node", "accelerator"), "accelerators"),
     (("node", "accelerator"), "accelerators"),  # a system file loaded on its own
+    (("system", "network", "collectives"), "collectives"),
+    (("network", "collectives"), "collectives"),
     (("model",), "models"),
 )
 _SPEC_OF_KIND: dict[str, type[BaseModel]] = {
     "accelerators": Accelerator,
+    "collectives": CollectiveLibrary,
     "systems": System,
     "models": Model,
     "scenarios": Scenario,

@@ -35,7 +35,8 @@ import numpy as np
 from llmsim.calibration import CollectivePoint, bus_factor
 from llmsim.ops import Collective, CommOp
 from llmsim.plan import GroupPlacement, Plan
-from llmsim.specs import FabricTier, System, Torus
+from llmsim.specs import CollectiveLibrary, FabricTier, System, Torus
+from llmsim.specs.collectives import Protocol
 
 INF = math.inf
 
@@ -66,6 +67,9 @@ class GroupPath:
     nodes NCCL gives every peer the network peers' channels, each half a link
     (:func:`pair_fabric_bytes_per_s`); inf when no such limit applies. A send between two
     members on one node runs at the lower of this and ``intra_bytes_per_s``."""
+    hop_latency_s: float = 0.0
+    """The switch hops' share of ``inter_latency_s`` (what a library's own step latency
+    between nodes does not include)."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
@@ -154,13 +158,14 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
             * share
         )
         hops = network.hops(span, system.nodes)
-        inter_lat = (network.step_latency_us + network.hop_latency_us * hops) * 1e-6
+        hop_lat = network.hop_latency_us * hops * 1e-6
+        inter_lat = network.step_latency_us * 1e-6 + hop_lat
         link_bw = (device_link_bytes_per_s(system) * network.efficiency
                    * network.bandwidth_fraction(span, system.nodes))
     else:
-        inter_bw, inter_lat, link_bw = INF, 0.0, INF
+        inter_bw, inter_lat, link_bw, hop_lat = INF, 0.0, INF, 0.0
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
-                     link_bw, pair_bw)
+                     link_bw, pair_bw, hop_lat)
 
 
 # -- algorithms ---------------------------------------------------------------------------
@@ -264,10 +269,96 @@ ALGORITHMS: dict[str, Algorithm] = {
 """Registered algorithms; each returns None where it does not apply."""
 
 
-def algorithm_times_s(collective: Collective, nbytes: float, path: GroupPath) -> dict[str, float]:
-    """Time of every applicable algorithm (without the launch cost), by name."""
+def algorithm_times_s(collective: Collective, nbytes: float, path: GroupPath,
+                      library: CollectiveLibrary | None = None) -> dict[str, float]:
+    """Time of every applicable algorithm (without the launch cost), by name.
+
+    With a ``library`` the collectives are its own algorithms and protocols
+    (:func:`library_times_s`, named ``ring/ll128`` and so on); a send/recv is always
+    :func:`point_to_point_s`.
+    """
+    if library is not None and collective != "send_recv":
+        return library_times_s(collective, nbytes, path, library)
     times = {name: algo(collective, nbytes, path) for name, algo in ALGORITHMS.items()}
     return {name: t for name, t in times.items() if t is not None}
+
+
+# -- a collective library's own model ---------------------------------------------------------
+
+
+def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
+                   library: CollectiveLibrary, protocol: Protocol) -> float:
+    """A ring with ``protocol`` as the library's tuner prices it.
+
+    ``base + (steps(n) − steps(N))·α_fabric + steps(N)·(α_network + hops)`` plus
+    ``f(n)·S / (B·fraction)``: the protocol's share of the bus bandwidth ``B`` (LL sends
+    half its bytes as flags and less, LL128 1/16 of them), the plateau factor on the
+    latency of a large Simple all-reduce across nodes (NCCL ``tuning.cc``).
+    """
+    n, n_nodes, k = path.ranks, path.nodes, path.per_node
+    fraction = library.ring_bandwidth_fraction.of(protocol)
+    if protocol == "ll" and n_nodes == 1 and collective != "all_reduce":
+        fraction = library.ring_ll_one_node_gather_fraction
+    if protocol == "ll128" and k < 2:
+        fraction = library.ring_ll128_one_per_node_fraction
+    fabric = library.step_latency_us.fabric.of("ring", protocol)
+    if protocol == "ll" and n_nodes > 1:
+        fabric *= library.ll_fabric_step_factor_across_nodes
+    network = library.step_latency_us.network.of("ring", protocol) + path.hop_latency_s * 1e6
+    inter_steps = ring_steps(collective, n_nodes)
+    latency_us = library.base_latency_us.of("ring", protocol)
+    latency_us += (ring_steps(collective, n) - inter_steps) * fabric + inter_steps * network
+    if (protocol == "simple" and collective == "all_reduce" and n_nodes > 1
+            and nbytes >= n / 16 * 65536):
+        latency_us *= library.ring_plateau_latency_factor
+    bandwidth = path.bottleneck_bytes_per_s * fraction
+    return latency_us * 1e-6 + volume_factor(collective, n) * nbytes / bandwidth
+
+
+def library_tree_s(nbytes: float, path: GroupPath, library: CollectiveLibrary,
+                   protocol: Protocol) -> float:
+    """A double binary tree all-reduce across nodes as the library's tuner prices it.
+
+    Latency ``base + 2·((k−1)·α_fabric + ⌊log2 N⌋·(α_network + hops))``; algorithm
+    bandwidth half the bus bandwidth ``min(B·tree_bus_fraction, cap(N))`` times the
+    protocol's fraction and, below 256 MB, the tree correction of the message's size
+    class (64 B · 2^i ≤ S < 64 B · 2^(i+1)). Where the correction rises from one class
+    to the next the tuner's time drops; like a measured table, the time is held at the
+    largest it reached for a smaller message, so a bigger message never takes less.
+    """
+    n_nodes, k = path.nodes, path.per_node
+    fabric = library.step_latency_us.fabric.of("tree", protocol)
+    if protocol == "ll":
+        fabric *= library.ll_fabric_step_factor_across_nodes
+    network = library.step_latency_us.network.of("tree", protocol) + path.hop_latency_s * 1e6
+    levels = int(math.log2(n_nodes))
+    latency_us = library.base_latency_us.of("tree", protocol)
+    latency_us += 2 * ((k - 1) * fabric + levels * network)
+    cap = library.tree_max_bus_gbps[protocol].at(n_nodes) * 1e9
+    bus = min(path.bottleneck_bytes_per_s * library.tree_bus_fraction, cap)
+    bus *= library.tree_protocol_fraction.of(protocol)
+    corrections = library.tree_correction[protocol]
+    size_class = max(int(nbytes) // 64, 1).bit_length() - 1
+    seconds_per_bus_byte = 1.0 / corrections[size_class] if size_class < len(corrections) else 1.0
+    transfer = nbytes * seconds_per_bus_byte
+    for i in range(min(size_class, len(corrections))):  # each smaller class's largest message
+        transfer = max(transfer, 64.0 * 2 ** (i + 1) / corrections[i])
+    return latency_us * 1e-6 + 2.0 * transfer / bus
+
+
+def library_times_s(collective: Collective, nbytes: float, path: GroupPath,
+                    library: CollectiveLibrary) -> dict[str, float]:
+    """Every (algorithm, protocol) the library would consider for this call.
+
+    Rings for every collective; the tree for an all-reduce across nodes (on one node the
+    tree, a chain through the node, is not modelled: NCCL's tuner rarely picks it there).
+    """
+    times = {}
+    for protocol in library.protocols:
+        times[f"ring/{protocol}"] = library_ring_s(collective, nbytes, path, library, protocol)
+        if collective == "all_reduce" and path.nodes > 1:
+            times[f"tree/{protocol}"] = library_tree_s(nbytes, path, library, protocol)
+    return times
 
 
 # -- measured tables ------------------------------------------------------------------------
@@ -383,4 +474,5 @@ class CollectiveModel:
             if collective == "send_recv":  # a pair of neighbours, on one node or two
                 return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
             return self.table.time_s(collective, path.ranks, path.nodes, nbytes)
-        return min(algorithm_times_s(collective, nbytes, path).values()) + self.launch_s
+        library = self.system.network.collectives
+        return min(algorithm_times_s(collective, nbytes, path, library).values()) + self.launch_s

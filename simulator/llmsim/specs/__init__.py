@@ -1,6 +1,7 @@
 """Typed, validated specs: the inputs of every simulation."""
 
 from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel
+from llmsim.specs.collectives import CollectiveLibrary
 from llmsim.specs.model import Model
 from llmsim.specs.network import Dragonfly, FatTree, Network, Torus
 from llmsim.specs.node import FabricTier, Node
@@ -12,6 +13,7 @@ from llmsim.specs.training import AttentionKernel, Training
 __all__ = [
     "Accelerator",
     "AttentionKernel",
+    "CollectiveLibrary",
     "DenseTflops",
     "Dragonfly",
     "Dtype",

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from llmsim.specs._base import Spec
+from llmsim.specs.collectives import CollectiveLibrary
 
 
 class _NetworkBase(Spec):
@@ -28,6 +29,11 @@ class _NetworkBase(Spec):
     two (``ncclTopoComputeP2pChannels``), so in a group that spans nodes a send between
     two members on one node also runs on this many channels; the fabric tier's
     ``link_gbps`` says what they carry."""
+    collectives: CollectiveLibrary | None = None
+    """The collective library's own cost model (a ``hardware/collectives`` entry, e.g.
+    ``nccl-2021``): collectives are then priced per algorithm and protocol as that
+    library predicts them. Without it every collective is a Simple-protocol α–β ring,
+    tree or two-level algorithm with ``step_latency_us`` and the fabric's latency."""
 
 
 class FatTree(_NetworkBase):

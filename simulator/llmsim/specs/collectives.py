@@ -1,0 +1,122 @@
+"""A collective library's own cost model: latency and bandwidth per algorithm and protocol.
+
+NCCL chooses, for every call, the algorithm (ring, tree) and the protocol (LL, LL128,
+Simple) its tuner predicts to be fastest (``src/graph/tuning.cc``: ``ncclTopoTuneModel``
+builds the table, ``ncclTopoGetAlgoTime`` prices a call). A :class:`CollectiveLibrary`
+holds that model's constants for one version of the library; a system names it as
+``network.collectives`` and llmsim then prices its collectives the way that library
+predicts them (:mod:`llmsim.costs.collectives`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveFloat, model_validator
+
+from llmsim.specs._base import Spec
+
+Protocol = Literal["ll", "ll128", "simple"]
+LibraryAlgorithm = Literal["ring", "tree"]
+
+
+class ProtocolValues(Spec):
+    """One number per protocol."""
+
+    ll: float = Field(ge=0)
+    ll128: float = Field(ge=0)
+    simple: float = Field(ge=0)
+
+    def of(self, protocol: Protocol) -> float:
+        """The value for ``protocol``."""
+        return float(getattr(self, protocol))
+
+
+class AlgorithmValues(Spec):
+    """One number per algorithm and protocol."""
+
+    ring: ProtocolValues
+    tree: ProtocolValues
+
+    def of(self, algorithm: LibraryAlgorithm, protocol: Protocol) -> float:
+        """The value for ``algorithm`` with ``protocol``."""
+        return getattr(self, algorithm).of(protocol)
+
+
+class StepLatencies(Spec):
+    """Latency of one algorithm step by the link it crosses, microseconds."""
+
+    fabric: AlgorithmValues
+    """A step between two devices of one node (NVLink)."""
+    network: AlgorithmValues
+    """A step between nodes, at the endpoints; llmsim adds the switch hops."""
+
+
+class TreeBusCap(Spec):
+    """Most bus bandwidth the tree reaches, GB/s, by how many nodes it spans."""
+
+    two_nodes: PositiveFloat
+    """On one or two nodes."""
+    more_nodes: PositiveFloat
+    """On more than two nodes."""
+
+    def at(self, nodes: int) -> float:
+        """The cap for a tree over ``nodes`` nodes, GB/s."""
+        return self.two_nodes if nodes <= 2 else self.more_nodes
+
+
+class CollectiveLibrary(Spec):
+    """A collective library's tuning model (NCCL's ``tuning.cc`` of one version).
+
+    A call of ``S`` bytes with algorithm ``a`` and protocol ``p`` takes
+    ``latency(a, p) + S / algorithm_bandwidth(a, p)``, and the library picks the
+    fastest pair. Bandwidths start from the bus bandwidth ``B`` llmsim derives from the
+    links (the ring's ``min(B_intra, B_inter)``) and apply the library's protocol and
+    tree refinements; latencies are the base latency plus one step latency per ring
+    step, or per tree level.
+    """
+
+    name: str
+    """Catalog name, e.g. ``nccl-2021``."""
+    description: str = ""
+    """Library and version the numbers come from."""
+    protocols: list[Protocol] = Field(default_factory=lambda: ["ll", "ll128", "simple"])
+    """Protocols the library uses on the systems that name this model."""
+    base_latency_us: AlgorithmValues
+    """Fixed latency of one call, microseconds (``baseLat``)."""
+    step_latency_us: StepLatencies
+    """Latency of one step, microseconds (``hwLat``)."""
+    ll_fabric_step_factor_across_nodes: PositiveFloat = 1.0
+    """Multiplies LL's fabric step latency when the group spans nodes."""
+    ring_bandwidth_fraction: ProtocolValues
+    """Ring bus bandwidth per protocol as a fraction of ``B``: LL across nodes or for an
+    all-reduce, LL128 with two or more members per node."""
+    ring_ll_one_node_gather_fraction: PositiveFloat = 1.0
+    """LL's fraction for a reduce-scatter or all-gather on one node."""
+    ring_ll128_one_per_node_fraction: PositiveFloat = 1.0
+    """LL128's fraction when the group has one member per node (``ppn < 2``)."""
+    tree_bus_fraction: PositiveFloat
+    """The tree's bus bandwidth as a fraction of ``B`` before its cap."""
+    tree_max_bus_gbps: dict[Protocol, TreeBusCap]
+    """The tree's bus bandwidth cap per protocol, GB/s."""
+    tree_protocol_fraction: ProtocolValues
+    """Applied to the capped tree bandwidth per protocol."""
+    tree_correction: dict[Protocol, list[float]]
+    """Tree bandwidth multipliers for message sizes 64 B · 2^i (i = 0 … len − 1); larger
+    messages get none (``treeCorrectionFactor``)."""
+    ring_plateau_latency_factor: PositiveFloat = 1.0
+    """Multiplies the latency of a Simple ring all-reduce across nodes of at least
+    ``n/16 × 64 KiB`` (the ring's plateau)."""
+    sources: dict[str, str] = Field(default_factory=dict)
+    """Where each number comes from: field name → citation."""
+
+    @model_validator(mode="after")
+    def _every_protocol_has_a_tree_cap(self) -> CollectiveLibrary:
+        missing = [p for p in self.protocols if p not in self.tree_max_bus_gbps
+                   or p not in self.tree_correction]
+        if missing:
+            raise ValueError(
+                f"collective library {self.name!r}: tree_max_bus_gbps and tree_correction "
+                f"need an entry for protocol(s) {', '.join(missing)}; add them"
+            )
+        return self
