@@ -19,7 +19,10 @@ A group of ``n`` ranks has ``k`` members on each of ``N`` nodes (from the Plan's
 
 Each algorithm gives a time; like NCCL's tuner (``src/graph/tuning.cc``,
 ``ncclTopoTuneModel``/``ncclTopoGetAlgoTime``), the fastest is taken per call, plus one
-kernel launch. A measured nccl-tests table replaces the model (:class:`CollectiveTable`).
+kernel launch. A system that names its library's own model (``network.collectives``, a
+:class:`~llmsim.specs.CollectiveLibrary`) gets that tuner's algorithms and protocols
+instead (:func:`library_times_s`). A measured nccl-tests table replaces the model
+(:class:`CollectiveTable`).
 See ``docs/cost-models.md`` for the derivations.
 """
 
@@ -291,9 +294,10 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
     """A ring with ``protocol`` as the library's tuner prices it.
 
     ``base + (steps(n) − steps(N))·α_fabric + steps(N)·(α_network + hops)`` plus
-    ``f(n)·S / (B·fraction)``: the protocol's share of the bus bandwidth ``B`` (LL sends
-    half its bytes as flags and less, LL128 1/16 of them), the plateau factor on the
-    latency of a large Simple all-reduce across nodes (NCCL ``tuning.cc``).
+    ``f(n)·S / (B·fraction)``: the protocol's share of the bus bandwidth ``B`` (LL's
+    8-byte stores carry 4 bytes of data beside a flag, LL128's 128-byte lines 120 bytes),
+    the plateau factor on the latency of a large Simple all-reduce across nodes (NCCL
+    ``tuning.cc``).
     """
     n, n_nodes, k = path.ranks, path.nodes, path.per_node
     fraction = library.ring_bandwidth_fraction.of(protocol)
@@ -339,11 +343,10 @@ def library_tree_s(nbytes: float, path: GroupPath, library: CollectiveLibrary,
     bus *= library.tree_protocol_fraction.of(protocol)
     corrections = library.tree_correction[protocol]
     size_class = max(int(nbytes) // 64, 1).bit_length() - 1
-    seconds_per_bus_byte = 1.0 / corrections[size_class] if size_class < len(corrections) else 1.0
-    transfer = nbytes * seconds_per_bus_byte
+    corrected_bytes = nbytes / (corrections[size_class] if size_class < len(corrections) else 1)
     for i in range(min(size_class, len(corrections))):  # each smaller class's largest message
-        transfer = max(transfer, 64.0 * 2 ** (i + 1) / corrections[i])
-    return latency_us * 1e-6 + 2.0 * transfer / bus
+        corrected_bytes = max(corrected_bytes, 64.0 * 2 ** (i + 1) / corrections[i])
+    return latency_us * 1e-6 + 2.0 * corrected_bytes / bus
 
 
 def library_times_s(collective: Collective, nbytes: float, path: GroupPath,
