@@ -20,9 +20,9 @@ from llmsim import catalog
 from llmsim.costs.compute import gemm_math_s
 from llmsim.loader import load_scenario, load_spec, read_yaml
 
-KINDS = ("accelerators", "systems", "models", "scenarios")
+KINDS = ("accelerators", "collectives", "systems", "models", "scenarios")
 ENTRIES = [(kind, name) for kind in KINDS for name in catalog.names(kind)]
-SOURCED_KINDS = ("accelerators", "systems")
+SOURCED_KINDS = ("accelerators", "collectives", "systems")
 
 # The catalog the docs and the GPT-4 table promise; a missing file is a regression.
 REQUIRED = {
@@ -37,6 +37,7 @@ REQUIRED = {
         "a64fx",
         "mi300a",
     },
+    "collectives": {"nccl-2021"},
     "systems": {
         "frontier",
         "lumi",
@@ -213,6 +214,19 @@ def test_a64fx_has_no_bf16() -> None:
     assert not chip.supports("bf16")
     assert all(chip.supports(d) for d in ("fp16", "fp32", "fp64"))
     assert chip.attention_fraction == 0
+
+
+@pytest.mark.parametrize("name", catalog.names("systems"))
+def test_a_library_model_keeps_the_systems_own_simple_ring_latencies(name: str) -> None:
+    """A system that names its collective library keeps its own step latencies for
+    send/recv; they are that library's Simple ring steps, so the two never disagree."""
+    system = load_spec("systems", name)
+    library = system.network.collectives
+    if library is None:
+        return
+    assert system.network.step_latency_us == library.step_latency_us.network.ring.simple
+    for tier in system.node.fabric:
+        assert tier.latency_us == library.step_latency_us.fabric.ring.simple
 
 
 def test_fugaku_torus_holds_exactly_its_nodes() -> None:
