@@ -236,6 +236,65 @@ def test_units_held_by_other_kernels_cost_waves_not_speed() -> None:
     assert model.compute_s(held) == pytest.approx(2 * model.compute_s(op))
 
 
+
+# -- the library's configurations: other tiles, split-K ------------------------------------
+
+def test_split_k_fills_the_units_a_few_tiles_leave_idle() -> None:
+    # 128 × 1,280 is 10 tiles of 100 units: K = 65,536 in s ≤ 10 parts makes 10·s tiles
+    # over K/s each, plus a reduction that reads the s FP32 partial sums and writes the
+    # BF16 output, (2·4·s + 2)·M·N bytes at 1.8 TB/s. Ten parts fill the wave.
+    acc = accelerator(kernel_launch_us=0.0, gemm={"split_k": True})
+    m, n, k = 128, 1280, 65536
+    per_tile_s = 2 * 128 * 128 * UNITS / (PEAK_TFLOPS * 1e12 * 0.8)
+    ten_parts = per_tile_s * (k / 10 + 64) + (2 * 4 * 10 + 2) * m * n / 1.8e12
+    whole = per_tile_s * (k + 64)
+    model = ComputeModel(acc, "bf16")
+    assert model.compute_s(gemm_op(m, n, k)) == pytest.approx(ten_parts)
+    assert ComputeModel(accelerator(kernel_launch_us=0.0), "bf16").compute_s(
+        gemm_op(m, n, k)) == pytest.approx(whole)
+
+
+def test_split_k_is_left_to_gemms_below_one_wave() -> None:
+    acc = accelerator(kernel_launch_us=0.0)
+    split = accelerator(kernel_launch_us=0.0, gemm={"split_k": True})
+    op = gemm_op(128 * 10, 128 * 10, 1 << 16)  # 100 tiles: a full wave
+    assert ComputeModel(split, "bf16").compute_s(op) == ComputeModel(acc, "bf16").compute_s(op)
+
+
+def test_a_gemm_takes_the_tile_that_finishes_it_first() -> None:
+    # 640 × 640 on 256 × 128 tiles is 3 × 5 = 15 tiles padded to 768 rows; on 128 × 128
+    # tiles 25, no padding: both fill less than one wave, and a unit's one tile is half the
+    # work on the smaller tile.
+    big = accelerator(kernel_launch_us=0.0, gemm={"tile_m": 256})
+    both = accelerator(kernel_launch_us=0.0, gemm={"tile_m": 256, "extra_tiles": [[128, 128]]})
+    op = gemm_op(640, 640, 4096)
+    ratio = ComputeModel(both, "bf16").compute_s(op) / ComputeModel(big, "bf16").compute_s(op)
+    assert ratio == pytest.approx(0.5)  # one wave of 128 × 128 tiles against one of 256 × 128
+
+
+gemm_shapes = st.tuples(st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 1 << 16))
+LIBRARY = {"split_k": True, "extra_tiles": [[64, 256], [128, 64]]}
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=gemm_shapes, held=st.integers(0, UNITS - 1))
+def test_more_configurations_never_run_a_gemm_slower(shape: tuple[int, int, int],
+                                                       held: int) -> None:
+    op = replace(gemm_op(*shape), reserved_units=held)
+    plain = ComputeModel(accelerator(), "bf16").compute_s(op)
+    assert ComputeModel(accelerator(gemm=LIBRARY), "bf16").compute_s(op) <= plain * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=gemm_shapes, dm=st.integers(0, 5000), dn=st.integers(0, 5000),
+       dk=st.integers(0, 5000))
+def test_with_split_k_and_more_tiles_a_bigger_gemm_never_runs_faster(
+        shape: tuple[int, int, int], dm: int, dn: int, dk: int) -> None:
+    model = ComputeModel(accelerator(gemm=LIBRARY), "bf16")
+    m, n, k = shape
+    assert model.compute_s(gemm_op(m + dm, n + dn, k + dk)) >= model.compute_s(
+        gemm_op(m, n, k)) * (1 - 1e-12)
+
 # -- measured GEMM tables -------------------------------------------------------------------
 
 TABLE = [

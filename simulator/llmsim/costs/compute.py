@@ -110,8 +110,10 @@ def gemm_math_s(
     reserved_units: int = 0,
     splits: int = 1,
     concurrent: int = 1,
+    *,
+    memory_bytes_per_s: float,
 ) -> float:
-    """Math time of a GEMM: padded FLOPs / (peak · η_gemm).
+    """Math time of a GEMM: padded FLOPs / (peak · η_gemm), on its fastest configuration.
 
     Padding (tile quantisation, guide §3.1) is counted as work: an M of 129 with 128-row
     tiles costs as much as an M of 256. Equivalently the time is
@@ -130,16 +132,39 @@ def gemm_math_s(
     ``⌈splits · tiles_per_chunk / resident⌉`` waves; a small chunk (Transformer Engine's
     ``tokens/tp`` rows) that fills a third of the units runs three at a time on three
     streams.
+
+    The library's configurations are every tile of :meth:`GemmModel.tiles` and, with
+    :attr:`GemmModel.split_k`, every split of K in ``s = 2 … ⌊u / tiles⌋`` parts for a
+    chunk whose tiles fill less than one wave: ``s`` times the tiles, each over K/s (and
+    its own ``k_fill``), then a reduction kernel that reads the ``s`` FP32 partial sums
+    the blocks wrote and writes the output, ``(2·s·4 + out) · rows · N`` bytes at
+    ``memory_bytes_per_s``. The GEMM takes the fastest.
     """
     units = gemm.compute_units - reserved_units
-    chunk = gemm_shape(math.ceil(m / splits), n, k, batch, gemm, units)
+    rows = math.ceil(m / splits)
     together = min(concurrent, splits)
-    if together == 1:
-        waves = splits * chunk.waves
-    else:
-        waves = math.ceil(splits * chunk.tiles / min(units, together * chunk.tiles))
-    return (2.0 * gemm.tile_m * gemm.tile_n * (k + gemm.k_fill) * waves * gemm.compute_units
-            / (peak_flops * gemm.fraction(dtype)))
+    per_tile_s = 2.0 * gemm.compute_units / (peak_flops * gemm.fraction(dtype))
+    out_bytes = _OUTPUT_BYTES.get(dtype, 2)
+    best = math.inf
+    for tile_m, tile_n in gemm.tiles():
+        tiles = batch * math.ceil(rows / tile_m) * math.ceil(n / tile_n)
+        most = units // tiles if gemm.split_k and tiles < units else 1
+        for parts in range(1, most + 1):
+            chunk_tiles = tiles * parts
+            if together == 1:
+                waves = splits * math.ceil(chunk_tiles / units)
+            else:
+                waves = math.ceil(splits * chunk_tiles / min(units, together * chunk_tiles))
+            seconds = per_tile_s * tile_m * tile_n * (k / parts + gemm.k_fill) * waves
+            if parts > 1:
+                reduced_bytes = splits * batch * rows * n * (2 * 4 * parts + out_bytes)
+                seconds += reduced_bytes / memory_bytes_per_s
+            best = min(best, seconds)
+    return best
+
+
+_OUTPUT_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "tf32": 4}
+"""Bytes of one output element by GEMM dtype; 16-bit and FP8 GEMMs write 16-bit outputs."""
 
 
 class GemmTable:
@@ -286,7 +311,7 @@ class ComputeModel:
             return op.executed_flops / achieved * units / (units - op.reserved_units)
         return op.executed_fraction * gemm_math_s(
             m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
-            op.concurrent_splits)
+            op.concurrent_splits, memory_bytes_per_s=self.memory_bytes_per_s)
 
     def attention_math_s(self, op: ComputeOp) -> float:
         """Fused attention: executed FLOPs at the kernel's fraction of peak

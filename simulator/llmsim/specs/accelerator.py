@@ -33,7 +33,9 @@ class GemmModel(Spec):
 
     The GEMM is cut into ``tile_m × tile_n`` output tiles spread over ``compute_units``;
     the last partial wave wastes units (wave quantisation), and each tile pays a
-    pipeline fill of ``k_fill`` K-elements before it streams (small-K penalty).
+    pipeline fill of ``k_fill`` K-elements before it streams (small-K penalty). Where the
+    library has more than one tile shape (``extra_tiles``) or splits K over several
+    thread blocks (``split_k``), each GEMM takes its fastest configuration.
     """
 
     peak_fraction: float = Field(gt=0, le=1)
@@ -48,6 +50,18 @@ class GemmModel(Spec):
     """Per-tile pipeline prologue/epilogue, in equivalent K elements."""
     peak_fraction_by_dtype: dict[Dtype, float] = Field(default_factory=dict)
     """Measured best fraction for data types that differ from ``peak_fraction`` (e.g. fp8)."""
+    extra_tiles: list[tuple[PositiveInt, PositiveInt]] = Field(default_factory=list)
+    """Other output tiles (rows, columns) the library's kernels use beside
+    ``tile_m × tile_n``, each at ``peak_fraction``: a GEMM runs on the tile that finishes it
+    first (a smaller tile wastes less padding and fills more units)."""
+    split_k: bool = False
+    """The library splits K over up to ``compute_units`` thread blocks per output tile
+    when a GEMM's tiles fill less than one wave (parallel split-K: each block writes an
+    FP32 partial sum, a reduction kernel adds them), where that is faster."""
+
+    def tiles(self) -> list[tuple[int, int]]:
+        """Every output tile (rows, columns) the library runs, the main one first."""
+        return [(self.tile_m, self.tile_n), *self.extra_tiles]
 
     def fraction(self, dtype: Dtype) -> float:
         """Best fraction of the dense peak of ``dtype`` reached by large GEMMs."""
