@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from llmsim import catalog
+from llmsim.calibration import parse_gemm_csv
 from llmsim.costs.compute import gemm_math_s
 from llmsim.loader import load_scenario, load_spec, read_yaml
+from llmsim.specs import GemmModel
+
+DATA = Path(__file__).parent / "data"
 
 KINDS = ("accelerators", "collectives", "systems", "models", "scenarios")
 ENTRIES = [(kind, name) for kind in KINDS for name in catalog.names(kind)]
@@ -176,7 +181,8 @@ def test_gemm_model_reproduces_the_sourced_8192_cube(name: str, measured_tflops:
     """mli/transformers-benchmarks: sustained 8192³ FP16 matmul, CUDA 11.7 (see the YAML)."""
     acc = load_spec("accelerators", name)
     n = 8192
-    seconds = gemm_math_s(n, n, n, 1, acc.gemm, acc.peak_flops("fp16"), "fp16")
+    seconds = gemm_math_s(n, n, n, 1, acc.gemm, acc.peak_flops("fp16"), "fp16",
+                          memory_bytes_per_s=acc.hbm_bytes_per_s * acc.memory_bound_fraction)
     assert 2 * n**3 / seconds / 1e12 == pytest.approx(measured_tflops, rel=2e-3)
 
 
@@ -193,7 +199,9 @@ H100_GEMMS = {
 
 def _h100_model_over_measured(dtype: str) -> list[float]:
     acc = load_spec("accelerators", "h100-sxm5-80gb")
-    return [2 * m * n * k / gemm_math_s(m, n, k, 1, acc.gemm, acc.peak_flops(dtype), dtype)
+    memory = acc.hbm_bytes_per_s * acc.memory_bound_fraction
+    return [2 * m * n * k / gemm_math_s(m, n, k, 1, acc.gemm, acc.peak_flops(dtype), dtype,
+                                        memory_bytes_per_s=memory)
             / 1e12 / tflops for m, n, k, tflops in H100_GEMMS[dtype]]
 
 
@@ -206,6 +214,40 @@ def test_h100_gemm_fraction_is_the_fit_to_measurements_at_training_shapes(
     ratios = _h100_model_over_measured(dtype)
     assert math.exp(sum(map(math.log, ratios)) / len(ratios)) == pytest.approx(1.0, abs=2e-3)
     assert all(abs(r - 1) <= spread for r in ratios)
+
+
+def _h100_model_over_xla_table(gemm: GemmModel, shortest_s: float, launch_s: float) -> list[float]:
+    """Model time (plus ``launch_s``) over measured time for the shapes of OpenXLA's H100
+    BF16 table (tests/data/gemm_h100_xla.csv) measured to run at least ``shortest_s``."""
+    acc = load_spec("accelerators", "h100-sxm5-80gb")
+    memory = acc.hbm_bytes_per_s * acc.memory_bound_fraction
+    ratios = []
+    for p in parse_gemm_csv(DATA / "gemm_h100_xla.csv"):
+        measured_s = 2 * p.m * p.n * p.k / (p.tflops * 1e12)
+        if measured_s >= shortest_s:
+            model_s = gemm_math_s(p.m, p.n, p.k, 1, gemm, acc.peak_flops("bf16"), "bf16",
+                                  memory_bytes_per_s=memory)
+            ratios.append((model_s + launch_s) / measured_s)
+    return ratios
+
+
+def _log_spread(ratios: list[float]) -> float:
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / len(logs)
+    return math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+
+
+def test_h100_gemm_model_follows_gemms_measured_by_shape() -> None:
+    """The catalog's H100 tiles and split-K follow the measured shape dependence of GEMMs
+    from 256 to 4,096 in M, N and K; one 256 × 128 tile without split-K does not."""
+    gemm = load_spec("accelerators", "h100-sxm5-80gb").gemm
+    one_tile = gemm.model_copy(update={"extra_tiles": [], "split_k": False})
+    long = _h100_model_over_xla_table(gemm, 20e-6, 0.0)
+    assert len(long) >= 20 and _log_spread(long) < 0.08
+    assert 0.95 < math.exp(sum(map(math.log, long)) / len(long)) < 1.10
+    short = _h100_model_over_xla_table(gemm, 8e-6, 4e-6)
+    assert len(short) >= 75 and _log_spread(short) < 0.13 and max(short) < 1.6
+    assert _log_spread(_h100_model_over_xla_table(one_tile, 8e-6, 4e-6)) > 0.4
 
 
 def test_a64fx_has_no_bf16() -> None:

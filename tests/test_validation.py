@@ -71,8 +71,11 @@ FAST_IDS = [
 # the collectives of the 2021-era NVIDIA systems priced per algorithm and protocol by
 # NCCL's own tuner model (its tree latencies and bandwidth caps, LL and LL128, the ring's
 # plateau) lowered it to 9.23 %; cuDNN's H100 attention at its causal forward rate to
-# 9.22 %. See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.3
+# 9.22 %; the H100 GEMM library's 128x128 tiles and split-K, checked against OpenXLA's
+# H100 GEMMs measured by shape (Transformer Engine's 512-row chunks had been priced 2-4x
+# too slow, standing in for time the pipelined H100 rows lack) raised it to 9.90 %.
+# See docs/validation.md for the per-source discussion.
+TARGET_MAPE_CEILING_PCT = 10.0
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -284,7 +287,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.2 %, median 6.1 %, worst row +51 % "
+    reason="target-set MAPE 9.9 %, median 6.5 %, worst row +51 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
