@@ -8,7 +8,8 @@ cost (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
 The achieved-efficiency factor η depends on the kernel kind:
 
 * ``gemm``: ``η_gemm = peak_fraction × wave efficiency × K / (K + k_fill)``, applied to the
-  FLOPs of the tile-padded problem (tile quantisation), see :func:`gemm_math_s`;
+  FLOPs of the tile-padded problem (tile quantisation), on the fastest of the library's
+  tiles and, for a GEMM of less than one wave, splits of K, see :func:`gemm_math_s`;
 * ``attention`` (a fused flash kernel): ``accelerator.attention_fraction`` for
   FlashAttention-2, or its measured throughput by sequence length and head dimension
   where the catalog has it (:func:`flash_attention_flops`),
@@ -84,7 +85,8 @@ def gemm_shape(
 def gemm_efficiency(
     m: int, n: int, k: int, batch: int, gemm: GemmModel, dtype: Dtype = "bf16"
 ) -> float:
-    """η_gemm = peak_fraction × wave efficiency × K/(K + k_fill), on the padded FLOPs.
+    """η_gemm = peak_fraction × wave efficiency × K/(K + k_fill), on the padded FLOPs, for
+    the main tile without split-K (:func:`gemm_math_s` prices the fastest configuration).
 
     ``peak_fraction`` is the best measured fraction of dense peak (a large, well-shaped
     GEMM); wave efficiency is §3.2 of NVIDIA's Matrix Multiplication Background guide;

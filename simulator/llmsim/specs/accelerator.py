@@ -55,9 +55,9 @@ class GemmModel(Spec):
     ``tile_m × tile_n``, each at ``peak_fraction``: a GEMM runs on the tile that finishes it
     first (a smaller tile wastes less padding and fills more units)."""
     split_k: bool = False
-    """The library splits K over up to ``compute_units`` thread blocks per output tile
-    when a GEMM's tiles fill less than one wave (parallel split-K: each block writes an
-    FP32 partial sum, a reduction kernel adds them), where that is faster."""
+    """The library splits K into up to ⌊units / tiles⌋ parts, one thread block per tile
+    and part, when a GEMM's tiles fill less than one wave (parallel split-K: each block
+    writes an FP32 partial sum, a reduction kernel adds them), where that is faster."""
 
     def tiles(self) -> list[tuple[int, int]]:
         """Every output tile (rows, columns) the library runs, the main one first."""
