@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from llmsim import load_spec
+from llmsim import load_spec, loader
+from llmsim.errors import UserError
 from llmsim.specs import Accelerator, Model, Parallelism, Scenario, System, Training
 
 
@@ -94,3 +95,12 @@ def test_specs_are_frozen_and_reject_unknown_fields():
         par.tp = 2
     with pytest.raises(ValidationError):
         Parallelism(tensor_parallel=2)
+
+
+def test_a_list_item_with_too_few_entries_is_named_with_its_value():
+    """A tile of one number (gemm.extra_tiles: [[128]]) is a clear user error, not a
+    'missing field' with a tuple index for a name."""
+    raw = load_spec("accelerators", "h100-sxm5-80gb").model_dump(mode="json")
+    raw["gemm"]["extra_tiles"] = [[128]]
+    with pytest.raises(UserError, match=r"gemm\.extra_tiles\[0\] = \[128\] has too few items"):
+        loader.validate(Accelerator, raw, "bad.yaml")
