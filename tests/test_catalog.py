@@ -21,7 +21,7 @@ from llmsim import catalog
 from llmsim.calibration import parse_gemm_csv
 from llmsim.costs.compute import gemm_math_s
 from llmsim.loader import load_scenario, load_spec, read_yaml
-from llmsim.specs import GemmModel
+from llmsim.specs import Accelerator, GemmModel
 
 DATA = Path(__file__).parent / "data"
 
@@ -173,6 +173,13 @@ def test_pvc_device_is_one_aurora_stack() -> None:
     assert load_spec("systems", "aurora").node.devices_per_node == 12
 
 
+def _gemm_s(acc: Accelerator, m: int, n: int, k: int, dtype: str,
+            gemm: GemmModel | None = None) -> float:
+    """The catalog model's math time of one M×N×K GEMM on ``acc`` (or with ``gemm``)."""
+    return gemm_math_s(m, n, k, 1, gemm or acc.gemm, acc.peak_flops(dtype), dtype,
+                       memory_bytes_per_s=acc.hbm_bytes_per_s * acc.memory_bound_fraction)
+
+
 @pytest.mark.parametrize(
     ("name", "measured_tflops"),
     [("a100-sxm4-80gb", 230.0), ("a100-sxm4-40gb", 230.0), ("v100-sxm2-16gb", 95.0)],
@@ -181,8 +188,7 @@ def test_gemm_model_reproduces_the_sourced_8192_cube(name: str, measured_tflops:
     """mli/transformers-benchmarks: sustained 8192³ FP16 matmul, CUDA 11.7 (see the YAML)."""
     acc = load_spec("accelerators", name)
     n = 8192
-    seconds = gemm_math_s(n, n, n, 1, acc.gemm, acc.peak_flops("fp16"), "fp16",
-                          memory_bytes_per_s=acc.hbm_bytes_per_s * acc.memory_bound_fraction)
+    seconds = _gemm_s(acc, n, n, n, "fp16")
     assert 2 * n**3 / seconds / 1e12 == pytest.approx(measured_tflops, rel=2e-3)
 
 
@@ -199,10 +205,8 @@ H100_GEMMS = {
 
 def _h100_model_over_measured(dtype: str) -> list[float]:
     acc = load_spec("accelerators", "h100-sxm5-80gb")
-    memory = acc.hbm_bytes_per_s * acc.memory_bound_fraction
-    return [2 * m * n * k / gemm_math_s(m, n, k, 1, acc.gemm, acc.peak_flops(dtype), dtype,
-                                        memory_bytes_per_s=memory)
-            / 1e12 / tflops for m, n, k, tflops in H100_GEMMS[dtype]]
+    return [2 * m * n * k / _gemm_s(acc, m, n, k, dtype) / 1e12 / tflops
+            for m, n, k, tflops in H100_GEMMS[dtype]]
 
 
 @pytest.mark.parametrize(("dtype", "spread"), [("bf16", 0.03), ("fp8", 0.06)])
@@ -220,13 +224,11 @@ def _h100_model_over_xla_table(gemm: GemmModel, shortest_s: float, launch_s: flo
     """Model time (plus ``launch_s``) over measured time for the shapes of OpenXLA's H100
     BF16 table (tests/data/gemm_h100_xla.csv) measured to run at least ``shortest_s``."""
     acc = load_spec("accelerators", "h100-sxm5-80gb")
-    memory = acc.hbm_bytes_per_s * acc.memory_bound_fraction
     ratios = []
     for p in parse_gemm_csv(DATA / "gemm_h100_xla.csv"):
         measured_s = 2 * p.m * p.n * p.k / (p.tflops * 1e12)
         if measured_s >= shortest_s:
-            model_s = gemm_math_s(p.m, p.n, p.k, 1, gemm, acc.peak_flops("bf16"), "bf16",
-                                  memory_bytes_per_s=memory)
+            model_s = _gemm_s(acc, p.m, p.n, p.k, "bf16", gemm)
             ratios.append((model_s + launch_s) / measured_s)
     return ratios
 

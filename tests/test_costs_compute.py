@@ -236,7 +236,6 @@ def test_units_held_by_other_kernels_cost_waves_not_speed() -> None:
     assert model.compute_s(held) == pytest.approx(2 * model.compute_s(op))
 
 
-
 # -- the library's configurations: other tiles, split-K ------------------------------------
 
 def test_split_k_fills_the_units_a_few_tiles_leave_idle() -> None:
