@@ -1,6 +1,8 @@
 """Host time of a ZeRO-3 tensor-list gather's per-rank Python loop (needs PyTorch).
 
 Run: pip install torch && python benchmarks/bench_host_loop.py
+On the software of 2021 (Python 3.9.2, PyTorch 1.8.1, unpacked under $TMPDIR):
+     bash benchmarks/stack_2021.sh benchmarks/bench_host_loop.py
 
 DeepSpeed ZeRO-3 of 2021 (``partition_parameters.py``, ``_allgather_param``) prepares
 every parameter all-gather on the host after a ``torch.cuda.synchronize()``: for each
@@ -9,8 +11,8 @@ compares the loop index with ``torch.distributed.get_rank(group)``, and it hands
 of slices to ``torch.distributed.all_gather``. The device has nothing queued meanwhile,
 so the loop's time is exposed once per gather. This script times that loop (the same
 calls on CPU tensors, a one-process gloo group standing in for the NCCL group; the calls'
-host cost does not depend on where the tensors live) and prints microseconds per rank:
-the default of ``parallelism.tensor_list_host_us_per_rank``. It reports the best of
+host cost does not depend on where the tensors live) and prints microseconds per rank,
+from which ``parallelism.tensor_list_host_us_per_rank`` is set. It reports the best of
 :data:`REPEATS` runs (noise from other work on the machine only adds time) and the median.
 """
 

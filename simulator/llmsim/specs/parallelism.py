@@ -102,16 +102,17 @@ class Parallelism(Spec):
     gathers into a new flat buffer and copies each rank's slice out with its own call, dp
     copies per all-gather. False: one gather into the flat buffer, no fill, loop or
     copies."""
-    tensor_list_host_us_per_rank: float = Field(default=3.9, ge=0)
+    tensor_list_host_us_per_rank: float = Field(default=2.2, ge=0)
     """With ``tensor_list_gathers``: host CPU time per rank of the Python loop that builds
     the tensor list before each all-gather, microseconds. DeepSpeed ZeRO-3 of 2021
     (``_allgather_param``) calls ``torch.cuda.synchronize()``, then for every rank slices
     the flat buffer (``narrow``) and compares the rank with
-    ``torch.distributed.get_rank(group)``; the device is idle meanwhile. 3.9 µs is what
-    ``benchmarks/bench_host_loop.py`` measures (best of 60 runs; 3.8, 3.9 and 6.7 µs in
-    three invocations on a shared 2-core AMD EPYC Zen 3 host, Python 3.11, PyTorch 2.13
-    CPU build): a lower bound for 2021's Python 3.8 and PyTorch 1.8 on Selene's Zen 2
-    EPYC 7742, which were not measured."""
+    ``torch.distributed.get_rank(group)``; the device is idle meanwhile.
+    ``benchmarks/bench_host_loop.py`` times that loop (best of 60 runs). On one Intel Xeon
+    host the software of 2021 (Python 3.9.2, PyTorch 1.8.1: ``benchmarks/stack_2021.sh``)
+    runs it in 1.12 µs per rank and today's (Python 3.11, PyTorch 2.13) in 1.97 µs; today's
+    took 3.9 µs on a shared AMD EPYC Zen 3 host, the closer to Selene's Zen 2 EPYC 7742.
+    2.2 µs is that AMD figure scaled by the software's ratio, 3.9 × 1.12 / 1.97."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: gather each layer's weights for its recompute forward and
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
