@@ -102,17 +102,18 @@ class Parallelism(Spec):
     gathers into a new flat buffer and copies each rank's slice out with its own call, dp
     copies per all-gather. False: one gather into the flat buffer, no fill, loop or
     copies."""
-    tensor_list_host_us_per_rank: float = Field(default=2.2, ge=0)
-    """With ``tensor_list_gathers``: host CPU time per rank of the Python loop that builds
-    the tensor list before each all-gather, microseconds. DeepSpeed ZeRO-3 of 2021
-    (``_allgather_param``) calls ``torch.cuda.synchronize()``, then for every rank slices
-    the flat buffer (``narrow``) and compares the rank with
-    ``torch.distributed.get_rank(group)``; the device is idle meanwhile.
-    ``benchmarks/bench_host_loop.py`` times that loop (best of 60 runs). On one Intel Xeon
-    host the software of 2021 (Python 3.9.2, PyTorch 1.8.1: ``benchmarks/stack_2021.sh``)
-    runs it in 1.12 µs per rank and today's (Python 3.11, PyTorch 2.13) in 1.97 µs; today's
-    took 3.9 µs on a shared AMD EPYC Zen 3 host, the closer to Selene's Zen 2 EPYC 7742.
-    2.2 µs is that AMD figure scaled by the software's ratio, 3.9 × 1.12 / 1.97."""
+    tensor_list_host_us_per_rank: float = Field(default=2.4, ge=0)
+    """With ``tensor_list_gathers``: host CPU time per rank before each all-gather,
+    microseconds, while the device is idle. DeepSpeed ZeRO-3 of 2021 (``_allgather_param``)
+    calls ``torch.cuda.synchronize()``, then for every rank slices the flat buffer
+    (``narrow``) and compares the rank with ``torch.distributed.get_rank(group)``, and
+    ``torch.distributed.all_gather`` checks the list in Python and converts it for C++.
+    ``benchmarks/bench_host_loop.py`` times both (best of 60 runs). On one Intel Xeon host
+    the software of 2021 (Python 3.9.2, PyTorch 1.8.1: ``benchmarks/stack_2021.sh``) takes
+    1.09 + 0.12 = 1.21 µs per rank, and runs the loop in 0.57 of the time today's software
+    (Python 3.11, PyTorch 2.13) takes. Today's software ran the loop in 3.9 µs on a shared
+    AMD EPYC Zen 3 host, the closer to Selene's Zen 2 EPYC 7742, 1.97 on the Intel host:
+    2.4 µs is the 2021 figure scaled to the AMD host, 1.21 × 3.9 / 1.97."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: gather each layer's weights for its recompute forward and
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
