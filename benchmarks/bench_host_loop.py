@@ -66,7 +66,7 @@ def main() -> int:
         with contextlib.suppress(RuntimeError, ValueError):
             dist.all_gather(slices, shard, group=group)
 
-    def best_s(call, *args) -> list[float]:
+    def times_s(call, *args) -> list[float]:
         call(*args)
         times = []
         for _ in range(REPEATS):
@@ -75,10 +75,10 @@ def main() -> int:
             times.append(time.perf_counter() - start)
         return times
 
-    loop_us = [t / RANKS * 1e6 for t in best_s(tensor_list_loop)]
+    loop_us = [t / RANKS * 1e6 for t in times_s(tensor_list_loop)]
     slices = tensor_list_loop()
-    call_us = (min(best_s(rejected_all_gather, slices))
-               - min(best_s(rejected_all_gather, slices[:2]))) / (RANKS - 2) * 1e6
+    call_us = (min(times_s(rejected_all_gather, slices))
+               - min(times_s(rejected_all_gather, slices[:2]))) / (RANKS - 2) * 1e6
     dist.destroy_process_group()
     print(f"host: {platform.processor() or platform.machine()}, Python "
           f"{platform.python_version()}, PyTorch {torch.__version__}")

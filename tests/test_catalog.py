@@ -11,6 +11,7 @@ weak numbers say "unverified" in their citation.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,7 +178,7 @@ def _gemm_s(acc: Accelerator, m: int, n: int, k: int, dtype: str,
             gemm: GemmModel | None = None) -> float:
     """The catalog model's math time of one M×N×K GEMM on ``acc`` (or with ``gemm``)."""
     return gemm_math_s(m, n, k, 1, gemm or acc.gemm, acc.peak_flops(dtype), dtype,
-                       memory_bytes_per_s=acc.hbm_bytes_per_s * acc.memory_bound_fraction)
+                       memory_bytes_per_s=acc.sustained_memory_bytes_per_s)
 
 
 @pytest.mark.parametrize(
@@ -216,7 +217,7 @@ def test_h100_gemm_fraction_is_the_fit_to_measurements_at_training_shapes(
     """The catalog fraction makes the model's geometric-mean ratio to the measurements 1
     (to its three printed digits), and no shape is off by more than ``spread``."""
     ratios = _h100_model_over_measured(dtype)
-    assert math.exp(sum(map(math.log, ratios)) / len(ratios)) == pytest.approx(1.0, abs=2e-3)
+    assert statistics.geometric_mean(ratios) == pytest.approx(1.0, abs=2e-3)
     assert all(abs(r - 1) <= spread for r in ratios)
 
 
@@ -234,9 +235,7 @@ def _h100_model_over_xla_table(gemm: GemmModel, shortest_s: float, launch_s: flo
 
 
 def _log_spread(ratios: list[float]) -> float:
-    logs = [math.log(r) for r in ratios]
-    mean = sum(logs) / len(logs)
-    return math.sqrt(sum((x - mean) ** 2 for x in logs) / len(logs))
+    return statistics.pstdev(math.log(r) for r in ratios)
 
 
 def test_h100_gemm_model_follows_gemms_measured_by_shape() -> None:
@@ -246,7 +245,7 @@ def test_h100_gemm_model_follows_gemms_measured_by_shape() -> None:
     one_tile = gemm.model_copy(update={"extra_tiles": [], "split_k": False})
     long = _h100_model_over_xla_table(gemm, 20e-6, 0.0)
     assert len(long) >= 20 and _log_spread(long) < 0.08
-    assert 0.95 < math.exp(sum(map(math.log, long)) / len(long)) < 1.10
+    assert 0.95 < statistics.geometric_mean(long) < 1.10
     short = _h100_model_over_xla_table(gemm, 8e-6, 4e-6)
     assert len(short) >= 75 and _log_spread(short) < 0.13 and max(short) < 1.6
     assert _log_spread(_h100_model_over_xla_table(one_tile, 8e-6, 4e-6)) > 0.4

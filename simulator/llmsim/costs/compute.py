@@ -253,7 +253,7 @@ class ComputeModel:
         )
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
-        self.memory_bytes_per_s = accelerator.hbm_bytes_per_s * accelerator.memory_bound_fraction
+        self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
         self.launch_s = accelerator.kernel_launch_us * 1e-6
         self.gemm_table = gemm_table
         self._cache: dict[tuple[object, ...], float] = {}

@@ -156,3 +156,8 @@ class Accelerator(Spec):
     def hbm_bytes_per_s(self) -> float:
         """Peak memory bandwidth in bytes/s."""
         return self.hbm_tbps * 1e12
+
+    @property
+    def sustained_memory_bytes_per_s(self) -> float:
+        """Bandwidth memory-bound kernels reach, bytes/s (peak × ``memory_bound_fraction``)."""
+        return self.hbm_bytes_per_s * self.memory_bound_fraction
