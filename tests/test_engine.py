@@ -341,10 +341,10 @@ def test_zero3_tensor_list_host_loop_is_exposed_once_per_gather_and_rank():
     """DeepSpeed 2021's per-rank Python loop runs before every gather, the device idle:
     without prefetch each gather is exposed, so the step grows by gathers × dp × the
     per-rank host time."""
-    base = _zero3(prefetch=False, parallelism__tensor_list_gathers=True,
-                  parallelism__tensor_list_host_us_per_rank=0.0)
-    slow = _zero3(prefetch=False, parallelism__tensor_list_gathers=True,
-                  parallelism__tensor_list_host_us_per_rank=10.0)
+    flags = dict(prefetch=False, parallelism__tensor_list_gathers=True,
+                 parallelism__tensor_list_host_us_per_call=0.0)
+    base = _zero3(parallelism__tensor_list_host_us_per_rank=0.0, **flags)
+    slow = _zero3(parallelism__tensor_list_host_us_per_rank=10.0, **flags)
     dp = slow.scenario.dp
     ops = slow.workload.weight_gathers(slow.workload.chunks[(0, 0)])
     assert [op.host_s for op in ops] == pytest.approx([dp * 10e-6] * len(ops))
@@ -357,6 +357,27 @@ def test_zero3_tensor_list_host_loop_is_exposed_once_per_gather_and_rank():
     plain = _zero3(prefetch=False, parallelism__tensor_list_host_us_per_rank=10.0)
     assert {op.host_s for op in plain.workload.weight_gathers(
         plain.workload.chunks[(0, 0)])} == {0.0}
+
+
+def test_zero3_tensor_list_call_cost_is_paid_once_per_gather_whatever_the_ranks():
+    """The call's own host time (DeepSpeed 2021's per-parameter bookkeeping and PyTorch's
+    call path) adds once to every gather's host time, on top of the per-rank loop."""
+    def run(nodes, call_us):
+        return simulate(make_scenario(
+            nodes=nodes, parallelism__zero=3, parallelism__pp=1, parallelism__tp=4,
+            training__global_batch=16, parallelism__prefetch_weights=False,
+            parallelism__tensor_list_gathers=True, parallelism__tensor_list_host_us_per_rank=10.0,
+            parallelism__tensor_list_host_us_per_call=call_us))
+
+    for nodes in (1, 2):
+        base, slow = run(nodes, 0.0), run(nodes, 300.0)
+        dp = slow.scenario.dp
+        ops = slow.workload.weight_gathers(slow.workload.chunks[(0, 0)])
+        assert [op.host_s for op in ops] == pytest.approx([dp * 10e-6 + 300e-6] * len(ops))
+        per_device = sum(1 for r in slow.trace.records
+                         if r.name.startswith("z3_ag")) // len(slow.stages)
+        assert slow.step_time_s == pytest.approx(base.step_time_s + per_device * 300e-6,
+                                                 rel=1e-6)
 
 
 def test_regather_needs_full_recompute():

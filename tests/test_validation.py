@@ -76,9 +76,10 @@ FAST_IDS = [
 # too slow, standing in for time the pipelined H100 rows lack) raised it to 9.90 %; the
 # ZeRO-3 host time before each gather timed on the software of 2021 (Python 3.9.2, PyTorch
 # 1.8.1, faster than today's: 2.4 us per rank where today's 3.9 had been used) raised it to
-# 10.13 %.
+# 10.13 %; the host time of each of those gathers that does not grow with the ranks
+# (325 us per call, from a 2021 profile of DeepSpeed 0.3.16) lowered it to 10.09 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 10.2
+TARGET_MAPE_CEILING_PCT = 10.1
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -290,7 +291,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 10.1 %, median 6.5 %, worst row +57 % "
+    reason="target-set MAPE 10.1 %, median 6.5 %, worst row +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

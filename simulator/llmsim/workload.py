@@ -117,7 +117,8 @@ class Workload:
     (``parallelism.tensor_list_gathers``: DeepSpeed 2021 allocates it with ``torch.zeros``)."""
     gather_host_s: float = 0.0
     """Host time before each ZeRO-3 all-gather, seconds (``parallelism.tensor_list_gathers``:
-    the tensor-list loop over the ranks, ``tensor_list_host_us_per_rank`` each)."""
+    the tensor-list loop over the ranks, ``tensor_list_host_us_per_rank`` each, and the
+    call's own ``tensor_list_host_us_per_call``)."""
     optimizer: dict[int, ComputeOp] = field(default_factory=dict)
     """Stage → optimizer step over the local shard."""
     accumulate_from_microbatch: int = 0
@@ -639,7 +640,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         else 1,
         gather_copies=dp if tensor_list else 0,
         gather_fill_passes=1 if tensor_list else 0,
-        gather_host_s=dp * par.tensor_list_host_us_per_rank * 1e-6 if tensor_list else 0.0,
+        gather_host_s=(dp * par.tensor_list_host_us_per_rank
+                       + par.tensor_list_host_us_per_call) * 1e-6 if tensor_list else 0.0,
         grad_all_reduce=par.grad_all_reduce and par.zero >= 1,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",

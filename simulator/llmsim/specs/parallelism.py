@@ -114,6 +114,16 @@ class Parallelism(Spec):
     (Python 3.11, PyTorch 2.13) takes. Today's software ran the loop in 3.9 µs on a shared
     AMD EPYC Zen 3 host, the closer to Selene's Zen 2 EPYC 7742, 1.97 on the Intel host:
     2.4 µs is the 2021 figure scaled to the AMD host, 1.21 × 3.9 / 1.97."""
+    tensor_list_host_us_per_call: float = Field(default=325.0, ge=0)
+    """With ``tensor_list_gathers``: host time of each all-gather call that does not grow
+    with the rank count, microseconds, the device idle. A profile of DeepSpeed 0.3.16 with
+    PyTorch 1.8.0 on 8 A100s (deepspeedai/DeepSpeed#1069, June 2021) shows each
+    parameter's all-gather spending ≈ 130 µs on the host before the call and ≈ 250 µs in
+    it: 380 µs per call at 8 ranks. llmsim already prices about 55 µs of that there, the per-rank
+    host time (8 × 2.4 µs) and the call's nine kernel launches (8 slice copies and the
+    fill, 4 µs each); the other 325 µs are charged once per call. One group size cannot
+    tell whether part of it grows with the ranks; charging it per rank instead (40 µs)
+    would add more than the 1,536-GPU rows of Narayanan et al. 2021 take in all."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: gather each layer's weights for its recompute forward and
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
