@@ -218,8 +218,8 @@ class _GatherOnlyCosts(LayerOnlyCosts):
         return self.gather_s if op.name.startswith(("z3_ag", "dp_ag_params")) else 0.0
 
 
-def _zero3(costs=None, prefetch=True, **extra):
-    scenario = make_scenario(nodes=2, parallelism__zero=3, parallelism__pp=1,
+def _zero3(costs=None, prefetch=True, nodes=2, **extra):
+    scenario = make_scenario(nodes=nodes, parallelism__zero=3, parallelism__pp=1,
                              parallelism__tp=4, training__global_batch=16,
                              parallelism__prefetch_weights=prefetch, **extra)
     return simulate(scenario, costs)
@@ -363,11 +363,9 @@ def test_zero3_tensor_list_call_cost_is_paid_once_per_gather_whatever_the_ranks(
     """The call's own host time (DeepSpeed 2021's per-parameter bookkeeping and PyTorch's
     call path) adds once to every gather's host time, on top of the per-rank loop."""
     def run(nodes, call_us):
-        return simulate(make_scenario(
-            nodes=nodes, parallelism__zero=3, parallelism__pp=1, parallelism__tp=4,
-            training__global_batch=16, parallelism__prefetch_weights=False,
-            parallelism__tensor_list_gathers=True, parallelism__tensor_list_host_us_per_rank=10.0,
-            parallelism__tensor_list_host_us_per_call=call_us))
+        return _zero3(prefetch=False, nodes=nodes, parallelism__tensor_list_gathers=True,
+                      parallelism__tensor_list_host_us_per_rank=10.0,
+                      parallelism__tensor_list_host_us_per_call=call_us)
 
     for nodes in (1, 2):
         base, slow = run(nodes, 0.0), run(nodes, 300.0)

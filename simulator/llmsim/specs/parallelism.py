@@ -119,9 +119,9 @@ class Parallelism(Spec):
     with the rank count, microseconds, the device idle. A profile of DeepSpeed 0.3.16 with
     PyTorch 1.8.0 on 8 A100s (deepspeedai/DeepSpeed#1069, June 2021) shows each
     parameter's all-gather spending ≈ 130 µs on the host before the call and ≈ 250 µs in
-    it: 380 µs per call at 8 ranks. llmsim already prices about 55 µs of that there, the per-rank
-    host time (8 × 2.4 µs) and the call's nine kernel launches (8 slice copies and the
-    fill, 4 µs each); the other 325 µs are charged once per call. One group size cannot
+    it: 380 µs per call at 8 ranks. llmsim already prices about 55 µs of that there, the
+    per-rank host time (8 × 2.4 µs) and the call's nine kernel launches (8 slice copies
+    and the fill, 4 µs each); the other 325 µs are charged once per call. One group size cannot
     tell whether part of it grows with the ranks; charging it per rank instead (40 µs)
     would add more than the 1,536-GPU rows of Narayanan et al. 2021 take in all."""
     regather_for_recompute: bool = False
