@@ -101,6 +101,10 @@ def _efficiency(shape: GemmShape, gemm: GemmModel, dtype: Dtype) -> float:
     return gemm.fraction(dtype) * shape.wave_efficiency * shape.k_efficiency
 
 
+_OUTPUT_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "tf32": 4}
+"""Bytes of one output element by GEMM dtype; 16-bit and FP8 GEMMs write 16-bit outputs."""
+
+
 def gemm_math_s(
     m: int,
     n: int,
@@ -163,10 +167,6 @@ def gemm_math_s(
                 seconds += reduced_bytes / memory_bytes_per_s
             best = min(best, seconds)
     return best
-
-
-_OUTPUT_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "tf32": 4}
-"""Bytes of one output element by GEMM dtype; 16-bit and FP8 GEMMs write 16-bit outputs."""
 
 
 class GemmTable:
