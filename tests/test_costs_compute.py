@@ -99,6 +99,14 @@ def test_attention_at_attention_fraction_of_executed_flops() -> None:
     assert model.compute_s(op) == pytest.approx(0.5e12 / (PEAK_TFLOPS * 1e12 * 0.5))
 
 
+@pytest.mark.parametrize("held", [0, 10, 50])
+def test_attention_beside_kernels_that_hold_units_runs_on_the_units_left(held: int) -> None:
+    model = ComputeModel(accelerator(kernel_launch_us=0.0), "bf16")
+    op = ComputeOp("attn", "attention", "F", 1e12, 0.0, executed_fraction=0.5)
+    slowed = model.compute_s(replace(op, reserved_units=held))
+    assert slowed == pytest.approx(model.compute_s(op) * UNITS / (UNITS - held))
+
+
 def test_cudnn_attention_at_its_own_fraction() -> None:
     acc = accelerator(kernel_launch_us=0.0, cudnn_attention_fraction=0.8)
     op = ComputeOp("attn", "attention", "F", 1e12, 0.0, executed_fraction=0.5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -117,6 +118,7 @@ def test_dp_traffic_when_replicated():
     {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2},
     {"parallelism__schedule": "zb-h1", "parallelism__overlap_dp_comm": False},
     {"model__tied_embeddings": True},
+    {"parallelism__zero": 3, "system__node__collective_units": 32},
 ])
 def test_reduced_and_full_fidelity_agree(overrides):
     base = {"nodes": 2, "parallelism__pp": 2, "training__global_batch": 16} | overrides
@@ -562,3 +564,79 @@ def test_no_embedding_exchange_without_a_tied_copy_on_another_stage(overrides):
     result = simulate(make_scenario(nodes=4, parallelism__tp=8, **overrides))
     assert result.workload.embedding_grad_allreduce is None
     assert not [r for r in result.trace.records if r.name == "embed_grad_allreduce"]
+
+
+# ------------------------------------------- compute units held by data-parallel collectives
+def test_compute_runs_at_the_slowed_rate_only_while_a_collective_runs():
+    import simpy
+
+    from llmsim.engine import _Contention
+
+    env = simpy.Environment()
+    held = _Contention(env)
+    ends = []
+
+    def compute():
+        yield from held.run(1.0, 2.0)  # 1 s alone, 2 s beside a collective
+        ends.append(env.now)
+
+    def collective():
+        yield env.timeout(0.2)
+        held.hold(True)
+        yield env.timeout(0.4)
+        held.hold(False)
+
+    env.process(compute())
+    env.process(collective())
+    env.run()
+    # 0.2 s alone (0.2 of the work), 0.4 s at half speed (0.2), then 0.6 s alone (0.6)
+    assert ends == [pytest.approx(1.2)]
+
+
+def _gathering(units: int, **extra):
+    return make_scenario(nodes=4, parallelism__tp=2, parallelism__pp=2, parallelism__zero=3,
+                         training__global_batch=64, system__node__collective_units=units,
+                         **extra)
+
+
+def test_collective_units_slow_the_compute_that_gathers_run_beside():
+    free, held = simulate(_gathering(0)), simulate(_gathering(32))
+    assert held.step_time_s > free.step_time_s
+    # the slowed compute is data-parallel time; the compute itself is the same work
+    assert held.breakdown_s["compute"] == pytest.approx(free.breakdown_s["compute"])
+    assert held.breakdown_s["dp_comm"] > free.breakdown_s["dp_comm"]
+    for stage in held.stages:
+        assert sum(stage.as_dict().values()) == pytest.approx(held.step_time_s, rel=1e-9)
+    usage = held.stream_usage()
+    assert (usage.busy_s + usage.idle_s).tolist() == pytest.approx(
+        [held.step_time_s] * len(usage))
+
+
+def test_collectives_after_the_compute_hold_no_units_it_needs():
+    """Gradients reduced after the last backward (no overlap, no ZeRO-3 gathers) run
+    beside no compute: the units they hold cost nothing."""
+    layout = {"nodes": 4, "parallelism__tp": 2, "parallelism__pp": 2, "parallelism__zero": 1,
+              "parallelism__overlap_dp_comm": False, "training__global_batch": 64}
+    free = simulate(make_scenario(system__node__collective_units=0, **layout))
+    held = simulate(make_scenario(system__node__collective_units=32, **layout))
+    assert held.step_time_s == free.step_time_s
+
+
+def test_slowed_passes_stretch_their_ops_in_the_timeline():
+    result = simulate(_gathering(32))
+    trace = result.trace
+    slowed = [r for r in trace.records  # whole passes (not cut by a wait for weights)
+              if (b := trace.block_of(r)) is not None and r.slowed_s(b) > 0
+              and r.block_from_s == 0 and r.block_to_s == math.inf]
+    assert slowed
+    ops = [r for r in trace.expand() if r.stream in ("compute", "tp")]
+    for r in slowed:
+        inside = [o for o in ops if o.device == r.device and r.start_s - 1e-12 <= o.start_s
+                  and o.end_s <= r.end_s + 1e-12 and (o.microbatch, o.chunk)
+                  == (r.microbatch, r.chunk)]
+        assert sum(o.end_s - o.start_s for o in inside) == pytest.approx(r.end_s - r.start_s)
+
+
+def test_collective_units_must_leave_the_compute_some():
+    with pytest.raises(UserError, match="collective_units"):
+        make_scenario(system__node__collective_units=108)

@@ -98,3 +98,21 @@ def test_more_units_held_by_tp_communication_never_speed_a_step(layout, extra):
           "parallelism__overlap_tp_comm": True}
     base = _step({**ub, "parallelism__tp_overlap_comm_units": 16})
     assert _step({**ub, "parallelism__tp_overlap_comm_units": 16 + extra}) >= base * (1 - 1e-12)
+
+
+@FAST
+@given(layout=layouts, units=st.integers(1, 64), more=st.integers(0, 32))
+def test_units_held_by_data_parallel_collectives_never_speed_a_step(layout, units, more):
+    fewer = _step(layout, system__node__collective_units=units)
+    assert _step(layout, system__node__collective_units=units + more) >= fewer * (1 - 1e-12)
+    assert fewer >= _step(layout) * (1 - 1e-12)
+
+
+@FAST
+@given(layout=layouts, units=st.integers(1, 64))
+def test_stream_usage_and_breakdown_add_up_beside_collectives_holding_units(layout, units):
+    result = simulate(make_scenario(training__global_batch=32, **layout,
+                                    system__node__collective_units=units))
+    for stage in result.stages:
+        assert abs(sum(stage.as_dict().values()) - result.step_time_s) < 1e-9
+        assert min(stage.as_dict().values()) >= 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import simpy
@@ -58,13 +58,18 @@ class Block:
     tp_s: float
 
     @classmethod
-    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False) -> Block:
+    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
+           reserved_units: int = 0) -> Block:
         """Price ``ops`` and lay them out back to back.
 
         With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
         keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
-        ``splits`` chunks.
+        ``splits`` chunks. ``reserved_units`` more compute units are held by other kernels
+        (a data-parallel collective's) while every compute op runs.
         """
+        if reserved_units:
+            ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
+                        if isinstance(op, ComputeOp) else op for op in ops)
         durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
                      for op in ops]
         if overlap_tp:
@@ -152,6 +157,19 @@ class Record:
             return 1.0
         return (min(self.block_to_s, block.duration_s) - self.block_from_s) / block.duration_s
 
+    def slowed_s(self, block: Block) -> float:
+        """Time this record ran beyond its share of ``block``: its compute slowed by the
+        compute units a data-parallel collective held meanwhile (rounding noise of the
+        clock counts as none)."""
+        share_s = block.duration_s * self.block_share(block)
+        excess = self.end_s - self.start_s - share_s
+        return excess if excess > 1e-9 * share_s else 0.0
+
+    def stretch(self, block: Block) -> float:
+        """Wall time of this record over its share of ``block``'s time (1: not slowed)."""
+        share_s = block.duration_s * self.block_share(block)
+        return 1.0 + self.slowed_s(block) / share_s if share_s > 0 else 1.0
+
 
 @dataclass
 class Trace:
@@ -186,12 +204,14 @@ class Trace:
             if block is None:
                 yield r
                 continue
+            stretch = r.stretch(block)
             for s in block.spans:
                 if not r.block_from_s <= s.offset_s < r.block_to_s:
                     continue
-                start = r.start_s + s.offset_s - r.block_from_s
+                start = r.start_s + (s.offset_s - r.block_from_s) * stretch
                 yield Record(r.device, r.stage, s.stream if s.stream == "compute" else "tp",
-                             s.name, s.phase, r.microbatch, r.chunk, start, start + s.duration_s)
+                             s.name, s.phase, r.microbatch, r.chunk, start,
+                             start + s.duration_s * stretch)
 
 
 def block_kind(kind: str, microbatch: int, accumulate_from: int) -> str:
@@ -215,6 +235,47 @@ class _Barrier:
             del self.waiting[key]
             event.succeed()
         return event
+
+
+class _Contention:
+    """Compute on one device that runs slower while a collective holds compute units.
+
+    A pass of ``full_s`` (alone on the device) that takes ``slowed_s`` beside a collective
+    progresses at ``1/full_s`` of its work per second while the device's collectives are
+    idle and ``1/slowed_s`` while one runs; each start or end of a collective changes the
+    rate of the pass under way.
+    """
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.busy = False
+        self.change: simpy.Event | None = None
+
+    def hold(self, busy: bool) -> None:
+        """A collective starts (``True``) or ends (``False``) on the device."""
+        self.busy = busy
+        if self.change is not None:
+            change, self.change = self.change, None
+            change.succeed()
+
+    def run(self, full_s: float, slowed_s: float) -> Iterator[simpy.Event]:
+        """Run a pass of ``full_s`` seconds alone, ``slowed_s`` beside a collective."""
+        env = self.env
+        if slowed_s <= full_s:
+            yield env.timeout(full_s)
+            return
+        left = 1.0  # share of the pass's work still to do
+        while True:
+            rate_s = slowed_s if self.busy else full_s
+            if self.change is None:
+                self.change = env.event()
+            start, done = env.now, env.timeout(left * rate_s)
+            yield done | self.change
+            if done.processed:
+                return
+            left -= (env.now - start) / rate_s
+            if left <= 1e-12:
+                return
 
 
 @dataclass(frozen=True)
@@ -249,7 +310,8 @@ class Engine:
                  split_backward: bool = False, overlap_pp: bool = True,
                  overlap_tp: bool = False, prefetch_weights: bool = True,
                  regather_for_recompute: bool = False,
-                 node_of: Callable[[Device, int], int] | None = None) -> None:
+                 node_of: Callable[[Device, int], int] | None = None,
+                 collective_units: int = 0) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
@@ -270,6 +332,10 @@ class Engine:
         self.gather_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its per-layer weight gathers, built once."""
         self.blocks = self._price_blocks()
+        # Passes as they run beside a data-parallel collective, which holds
+        # ``collective_units`` compute units (None: collectives cost the compute nothing).
+        self.slowed = self._price_blocks(collective_units) if collective_units else None
+        self.contention = {d.id: _Contention(self.env) for d in devices}
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
         self.pp_link = {d.id: simpy.Resource(self.env, 1) for d in devices}
@@ -289,18 +355,25 @@ class Engine:
         self.stage_ready = self.env.event()
         self.ready_count = 0
 
-    def _price_blocks(self) -> dict[tuple[int, int, str], Block]:
+    def _price_blocks(self, reserved_units: int = 0) -> dict[tuple[int, int, str], Block]:
         """Each chunk's passes; "W" with its gradient accumulation, "w" without (the
-        micro-batches before :attr:`Workload.accumulate_from_microbatch`)."""
+        micro-batches before :attr:`Workload.accumulate_from_microbatch`), with
+        ``reserved_units`` compute units held by other kernels."""
         out = {}
         for (s, c), chunk in self.work.chunks.items():
-            out[(s, c, "F")] = Block.of(chunk.forward, self.costs, self.overlap_tp)
-            out[(s, c, "B")] = Block.of(chunk.backward, self.costs, self.overlap_tp)
-            out[(s, c, "w")] = Block.of(chunk.weight, self.costs, self.overlap_tp)
-            out[(s, c, "W")] = Block.of(chunk.weight + chunk.accumulate, self.costs,
-                                        self.overlap_tp) if chunk.accumulate \
-                else out[(s, c, "w")]
+            passes = {"F": chunk.forward, "B": chunk.backward, "w": chunk.weight}
+            if chunk.accumulate:
+                passes["W"] = chunk.weight + chunk.accumulate
+            for kind, ops in passes.items():
+                out[(s, c, kind)] = Block.of(ops, self.costs, self.overlap_tp, reserved_units)
+            out.setdefault((s, c, "W"), out[(s, c, "w")])
         return out
+
+    def _block(self, dev: Device, act: Action, slowed: bool = False) -> Block:
+        """The block ``act`` runs on ``dev``; beside a collective if ``slowed``."""
+        blocks = self.slowed if slowed and self.slowed is not None else self.blocks
+        return blocks[(dev.stage, act.chunk,
+                       block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch))]
 
     # -- messages between pipeline stages ---------------------------------------------
     def _message(self, key: object) -> simpy.Event:
@@ -339,7 +412,9 @@ class Engine:
             key, members = dev.dp_group
             yield self.barrier.arrive((key, op.name, tag), members)
             start = self.env.now
+            self.contention[dev.id].hold(True)
             yield self.env.timeout(self.costs.comm_s(op))
+            self.contention[dev.id].hold(False)
             self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
                                        start, self.env.now))
         if done is not None:
@@ -371,9 +446,7 @@ class Engine:
                 key = (dev.pipe, act.kind, vs, act.microbatch)
                 self.pp_waits.append((dev.id, wait_start, env.now,
                                       self.message_start.get(key, wait_start)))
-            block = self.blocks[(dev.stage, act.chunk,
-                                 block_kind(act.kind, act.microbatch,
-                                            work.accumulate_from_microbatch))]
+            block = self._block(dev, act)
             key, members = dev.tp_group
             if members > 1:
                 yield self.barrier.arrive((key, i), members)
@@ -383,7 +456,8 @@ class Engine:
                 if self.prefetch_weights:
                     self._prefetch(dev, actions, i + 1, 0, gathers)
                 start = env.now
-                yield env.timeout(block.duration_s)
+                yield from self.contention[dev.id].run(
+                    block.duration_s, self._block(dev, act, slowed=True).duration_s)
                 self.records.append(Record(dev.id, dev.stage, "compute", _label(act),
                                            act.kind, act.microbatch, act.chunk, start, env.now))
             send: simpy.Process | None = None
@@ -455,6 +529,7 @@ class Engine:
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
+        slowed = self._gathered_units(dev, act, self._block(dev, act, slowed=True))
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
@@ -469,7 +544,7 @@ class Engine:
             if self.prefetch_weights:
                 nxt = (i, j + 1) if j + 1 < len(units) else (i + 1, 0)
                 self._prefetch(dev, actions, *nxt, gathers)
-            yield env.timeout(unit_s)
+            yield from self.contention[dev.id].run(unit_s, slowed[j])
             offset += unit_s
         self._record_part(dev, act, seg_start, seg_from, math.inf)
 

@@ -33,7 +33,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
                    overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                    prefetch_weights=par.prefetch_weights,
                    regather_for_recompute=workload.regather_for_recompute,
-                   node_of=_node_of(plan)).run()
+                   node_of=_node_of(plan),
+                   collective_units=scenario.system.node.collective_units).run()
     step = trace.step_end_s + trn.step_overhead_s
     reps = _representatives(trace)
     stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
@@ -94,6 +95,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             share = r.block_share(block)
             compute += block.compute_s * share
             tp += block.tp_s * share
+            dp += r.slowed_s(block)  # the compute units a collective held meanwhile
         elif r.kind == "O":
             if r.stream == "compute":
                 optimizer += r.end_s - r.start_s

@@ -328,10 +328,17 @@ class ComputeModel:
         the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
         efficiency ``gemm.peak_fraction`` (the op carries no single GEMM shape to
         quantise; the softmax traffic is in its ``bytes``).
+
+        With ``reserved_units`` held by other kernels the attention kernel's blocks run on
+        the units left: slower by compute_units / (compute_units − reserved_units) (it is
+        priced by its throughput, without waves to quantise).
         """
+        units = self.accelerator.gemm.compute_units
+        slowed = units / (units - op.reserved_units)
         if self.flash_curve and op.attention_shape is not None:
             seq_len, head_dim = op.attention_shape
-            return op.executed_flops / flash_attention_flops(self.flash_curve, seq_len, head_dim)
+            return slowed * op.executed_flops / flash_attention_flops(
+                self.flash_curve, seq_len, head_dim)
         dtype = self._dtype(op)
         fraction = self.attention_fraction or self.accelerator.gemm.fraction(dtype)
-        return op.executed_flops / (self.accelerator.peak_flops(dtype) * fraction)
+        return slowed * op.executed_flops / (self.accelerator.peak_flops(dtype) * fraction)

@@ -51,6 +51,12 @@ class Node(Spec):
     """Line rate of one NIC per direction, Gb/s (bits)."""
     host_memory_gb: PositiveFloat | None = None
     """CPU memory per node, GB."""
+    collective_units: int = Field(default=0, ge=0)
+    """Compute units (SMs) the collective library's kernels hold on a device while a
+    data-parallel collective runs beside the compute: NCCL runs one thread block per
+    channel for as long as the collective lasts, and the GEMM and attention kernels of
+    that time run on the units left (:attr:`~llmsim.ops.ComputeOp.reserved_units`).
+    0: not modelled (the collectives cost the compute nothing)."""
 
     @model_validator(mode="after")
     def _tiers_cover_the_node(self) -> Node:
@@ -64,6 +70,16 @@ class Node(Spec):
             raise ValueError(
                 f"node.fabric tiers have devices {sizes}; they must grow and the last must "
                 f"equal devices_per_node ({self.devices_per_node})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _collectives_leave_compute_units(self) -> Node:
+        units = self.accelerator.gemm.compute_units
+        if self.collective_units >= units:
+            raise ValueError(
+                f"node.collective_units is {self.collective_units} but "
+                f"{self.accelerator.name} has {units} compute units; give fewer"
             )
         return self
 
