@@ -77,9 +77,11 @@ FAST_IDS = [
 # ZeRO-3 host time before each gather timed on the software of 2021 (Python 3.9.2, PyTorch
 # 1.8.1, faster than today's: 2.4 us per rank where today's 3.9 had been used) raised it to
 # 10.13 %; the host time of each of those gathers that does not grow with the ranks
-# (325 us per call, from a 2021 profile of DeepSpeed 0.3.16) lowered it to 10.09 %.
+# (325 us per call, from a 2021 profile of DeepSpeed 0.3.16) lowered it to 10.09 %; the
+# SMs NCCL's channels hold on the H100 rows while a data-parallel collective runs beside
+# the compute (16, from NCCL's log on a multi-node 8-H100 cluster) to 9.94 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 10.1
+TARGET_MAPE_CEILING_PCT = 10.0
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -291,7 +293,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 10.1 %, median 6.5 %, worst row +56 % "
+    reason="target-set MAPE 9.9 %, median 6.5 %, worst row +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
