@@ -640,3 +640,73 @@ def test_slowed_passes_stretch_their_ops_in_the_timeline():
 def test_collective_units_must_leave_the_compute_some():
     with pytest.raises(UserError, match="collective_units"):
         make_scenario(system__node__collective_units=108)
+
+
+# ------------------------------------------------------ gradient buckets as they become final
+def test_marks_succeed_when_their_share_of_the_pass_is_done():
+    import simpy
+
+    from llmsim.engine import _Contention
+
+    env = simpy.Environment()
+    held = _Contention(env)
+    when: dict[str, float] = {}
+    marks = [(share, env.event()) for share in (0.25, 1.0)]
+    for name, (_, event) in zip(("quarter", "end"), marks, strict=True):
+        event.callbacks.append(lambda _, name=name: when.setdefault(name, env.now))
+
+    def compute():
+        yield from held.run(2.0, 4.0, marks)  # 2 s alone, 4 s beside a collective
+
+    def collective():
+        yield env.timeout(0.2)
+        held.hold(True)
+        yield env.timeout(0.4)
+        held.hold(False)
+
+    env.process(compute())
+    env.process(collective())
+    env.run()
+    # 0.2 s alone (10 % of the work), 0.4 s at half speed (10 %), 0.1 s alone: 25 % at 0.7 s
+    assert when == {"quarter": pytest.approx(0.7), "end": pytest.approx(2.2)}
+
+
+def _buckets(schedule: str):
+    scenario = make_scenario(nodes=4, parallelism__tp=2, parallelism__pp=1, parallelism__zero=1,
+                             parallelism__schedule=schedule, parallelism__dp_bucket_mb=1,
+                             training__global_batch=64)
+    result = simulate(scenario)
+    last = result.workload.microbatches - 1
+    passes = {r.kind: r for r in result.trace.records
+              if r.device == 0 and r.stream == "compute" and r.microbatch == last}
+    reductions = [r for r in result.trace.records
+                  if r.device == 0 and r.stream == "dp" and r.name.startswith("dp_rs")]
+    buckets = len(result.workload.dp_grad_ops(result.workload.chunks[(0, 0)]))
+    return passes, reductions, buckets
+
+
+def test_a_fused_backward_reduces_each_bucket_once_its_share_of_b_and_w_is_done():
+    passes, reductions, buckets = _buckets("1f1b")
+    assert len(reductions) == buckets > 2
+    b, w = passes["B"], passes["W"]
+    assert w.start_s == pytest.approx(b.end_s)
+    # the last layers' bucket is final after 1/n of the backward, B and W together
+    assert reductions[0].start_s == pytest.approx(b.start_s + (w.end_s - b.start_s) / buckets)
+    assert reductions[0].start_s < b.end_s
+    assert reductions[-1].start_s >= w.end_s - 1e-12
+
+
+def test_a_split_backward_reduces_its_buckets_during_the_weight_pass():
+    passes, reductions, buckets = _buckets("zb-h1")
+    assert len(reductions) == buckets
+    w = passes["W"]
+    assert reductions[0].start_s == pytest.approx(w.start_s + (w.end_s - w.start_s) / buckets)
+
+
+def test_overlapped_buckets_hide_what_a_reduction_after_the_backward_exposes():
+    layout = {"nodes": 4, "parallelism__tp": 2, "parallelism__pp": 1, "parallelism__zero": 1,
+              "training__global_batch": 64}
+    after = simulate(make_scenario(parallelism__overlap_dp_comm=False, **layout))
+    during = simulate(make_scenario(parallelism__overlap_dp_comm=True, **layout))
+    assert during.breakdown_s["dp_comm"] < after.breakdown_s["dp_comm"]
+    assert during.step_time_s < after.step_time_s

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -258,24 +258,34 @@ class _Contention:
             change, self.change = self.change, None
             change.succeed()
 
-    def run(self, full_s: float, slowed_s: float) -> Iterator[simpy.Event]:
-        """Run a pass of ``full_s`` seconds alone, ``slowed_s`` beside a collective."""
+    def run(self, full_s: float, slowed_s: float,
+            marks: Sequence[tuple[float, simpy.Event]] = ()) -> Iterator[simpy.Event]:
+        """Run a pass of ``full_s`` seconds alone, ``slowed_s`` beside a collective;
+        each ``(share, event)`` of ``marks`` succeeds when that share of the pass's work
+        is done."""
         env = self.env
-        if slowed_s <= full_s:
+        contended = slowed_s > full_s
+        if not contended and not marks:
             yield env.timeout(full_s)
             return
-        left = 1.0  # share of the pass's work still to do
+        pending = sorted(marks, key=lambda mark: mark[0])
+        done = 0.0  # share of the pass's work done
         while True:
-            rate_s = slowed_s if self.busy else full_s
+            while pending and pending[0][0] <= done + 1e-12:
+                pending.pop(0)[1].succeed()
+            if done >= 1.0 - 1e-12:
+                return
+            target = pending[0][0] if pending else 1.0
+            rate_s = slowed_s if contended and self.busy else full_s
+            if not contended:
+                yield env.timeout((target - done) * rate_s)
+                done = target
+                continue
             if self.change is None:
                 self.change = env.event()
-            start, done = env.now, env.timeout(left * rate_s)
-            yield done | self.change
-            if done.processed:
-                return
-            left -= (env.now - start) / rate_s
-            if left <= 1e-12:
-                return
+            start, reach = env.now, env.timeout((target - done) * rate_s)
+            yield reach | self.change
+            done = target if reach.processed else done + (env.now - start) / rate_s
 
 
 @dataclass(frozen=True)
@@ -428,6 +438,7 @@ class Engine:
         w_seen: dict[int, int] = defaultdict(int)
         grad_ops: list[simpy.Process] = []
         deferred: list[tuple[Chunk, int, int]] = []
+        carried: dict[tuple[int, int], list[tuple[float, simpy.Event]]] = {}
         gathers: dict[tuple[int, int, str, int], simpy.Event] = {}
         actions = self.schedule[dev.stage]
         if self.prefetch_weights:
@@ -455,9 +466,13 @@ class Engine:
             else:
                 if self.prefetch_weights:
                     self._prefetch(dev, actions, i + 1, 0, gathers)
+                marks = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
+                if self.overlap_dp and work.zero != 3 \
+                        and w_seen[act.chunk] + 1 == work.microbatches:
+                    marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
                 yield from self.contention[dev.id].run(
-                    block.duration_s, self._block(dev, act, slowed=True).duration_s)
+                    block.duration_s, self._block(dev, act, slowed=True).duration_s, marks)
                 self.records.append(Record(dev.id, dev.stage, "compute", _label(act),
                                            act.kind, act.microbatch, act.chunk, start, env.now))
             send: simpy.Process | None = None
@@ -473,10 +488,10 @@ class Engine:
                 self.pp_waits.append((dev.id, blocked, env.now, blocked))
             if act.kind == "W":
                 w_seen[act.chunk] += 1
-                if self.overlap_dp:
-                    grad_ops += self._gradients(dev, chunk, w_seen[act.chunk], act.microbatch)
-                else:
+                if not self.overlap_dp:
                     deferred.append((chunk, w_seen[act.chunk], act.microbatch))
+                elif work.zero == 3:  # the other stages' buckets are launched by their marks
+                    grad_ops += self._gradients(dev, chunk, w_seen[act.chunk], act.microbatch)
         self.last_compute[dev.id] = env.now
         for chunk, count, mb in deferred:  # without overlap: reduce after the last pass
             grad_ops += self._gradients(dev, chunk, count, mb)
@@ -504,6 +519,49 @@ class Engine:
         gather = work.dp_param_gather(dev.stage)
         if gather is not None:
             yield env.process(self._collective(dev, gather))
+
+    def _bucket_marks(self, dev: Device, actions: list[Action], i: int, chunk: Chunk,
+                      grad_ops: list[simpy.Process],
+                      carried: dict[tuple[int, int], list[tuple[float, simpy.Event]]],
+                      ) -> list[tuple[float, simpy.Event]]:
+        """Launch each gradient bucket of ``chunk`` as the last micro-batch's backward
+        makes it final (``overlap_dp_comm``; Megatron-LM's and PyTorch DDP's bucket hooks).
+
+        The backward walks the chunk's parameters from the last layer's to the first at an
+        even rate, so bucket k of n (the last layers' first) is final after (k+1)/n of it.
+        A fused backward (autograd) computes each layer's input and weight gradients
+        together, so the share is of the B and W passes together, which the schedule runs
+        back to back; a split one (Zero Bubble) makes weight gradients in its W pass only.
+        Returns the marks of pass ``actions[i]``; those of the W pass that follows a fused
+        B go to ``carried``.
+        """
+        act = actions[i]
+        ops = self.work.dp_grad_ops(chunk)
+        if not ops or act.kind != ("W" if self.split_backward else "B"):
+            return []
+        passes = [(act, self._block(dev, act).duration_s)]
+        if act.kind == "B":
+            w = actions[i + 1]
+            assert (w.kind, w.chunk, w.microbatch) == ("W", act.chunk, act.microbatch)
+            passes.append((w, self._block(dev, w).duration_s))
+        total = sum(d for _, d in passes)
+        own: list[tuple[float, simpy.Event]] = []
+        for k, op in enumerate(ops):
+            at = (k + 1) / len(ops) * total
+            ready = self.env.event()
+            grad_ops.append(self.env.process(self._when(ready, dev, op)))
+            first_s = passes[0][1]
+            if len(passes) == 1 or (at <= first_s and first_s > 0):
+                own.append((at / first_s if first_s > 0 else 1.0, ready))
+            else:
+                share = (at - first_s) / passes[1][1] if passes[1][1] > 0 else 1.0
+                carried.setdefault((act.chunk, act.microbatch), []).append((share, ready))
+        return own
+
+    def _when(self, ready: simpy.Event, dev: Device, op: CommOp) -> Iterator[simpy.Event]:
+        """Run the collective ``op`` once ``ready`` has succeeded."""
+        yield ready
+        yield from self._collective(dev, op)
 
     def _gradients(self, dev: Device, chunk: Chunk, count: int, mb: int) -> list[simpy.Process]:
         """Launch the gradient reduction of ``chunk`` once its gradients are final."""
