@@ -567,17 +567,23 @@ def test_no_embedding_exchange_without_a_tied_copy_on_another_stage(overrides):
 
 
 # ------------------------------------------- compute units held by data-parallel collectives
-def test_compute_runs_at_the_slowed_rate_only_while_a_collective_runs():
+def _beside_collective(full_s: float, slowed_s: float, shares=()):
+    """Run a pass of ``full_s`` (``slowed_s`` beside a collective) while a collective runs
+    from 0.2 s to 0.6 s; returns when the pass ended and when each share of it was done."""
     import simpy
 
     from llmsim.engine import _Contention
 
     env = simpy.Environment()
     held = _Contention(env)
+    marks = [(share, env.event()) for share in shares]
+    done_at: dict[float, float] = {}
+    for share, event in marks:
+        event.callbacks.append(lambda _, share=share: done_at.setdefault(share, env.now))
     ends = []
 
     def compute():
-        yield from held.run(1.0, 2.0)  # 1 s alone, 2 s beside a collective
+        yield from held.run(full_s, slowed_s, marks)
         ends.append(env.now)
 
     def collective():
@@ -589,8 +595,13 @@ def test_compute_runs_at_the_slowed_rate_only_while_a_collective_runs():
     env.process(compute())
     env.process(collective())
     env.run()
+    return ends[0], done_at
+
+
+def test_compute_runs_at_the_slowed_rate_only_while_a_collective_runs():
+    end, _ = _beside_collective(1.0, 2.0)  # 1 s alone, 2 s beside a collective
     # 0.2 s alone (0.2 of the work), 0.4 s at half speed (0.2), then 0.6 s alone (0.6)
-    assert ends == [pytest.approx(1.2)]
+    assert end == pytest.approx(1.2)
 
 
 def _gathering(units: int, **extra):
@@ -644,31 +655,10 @@ def test_collective_units_must_leave_the_compute_some():
 
 # ------------------------------------------------------ gradient buckets as they become final
 def test_marks_succeed_when_their_share_of_the_pass_is_done():
-    import simpy
-
-    from llmsim.engine import _Contention
-
-    env = simpy.Environment()
-    held = _Contention(env)
-    when: dict[str, float] = {}
-    marks = [(share, env.event()) for share in (0.25, 1.0)]
-    for name, (_, event) in zip(("quarter", "end"), marks, strict=True):
-        event.callbacks.append(lambda _, name=name: when.setdefault(name, env.now))
-
-    def compute():
-        yield from held.run(2.0, 4.0, marks)  # 2 s alone, 4 s beside a collective
-
-    def collective():
-        yield env.timeout(0.2)
-        held.hold(True)
-        yield env.timeout(0.4)
-        held.hold(False)
-
-    env.process(compute())
-    env.process(collective())
-    env.run()
+    end, done_at = _beside_collective(2.0, 4.0, shares=(0.25, 1.0))
     # 0.2 s alone (10 % of the work), 0.4 s at half speed (10 %), 0.1 s alone: 25 % at 0.7 s
-    assert when == {"quarter": pytest.approx(0.7), "end": pytest.approx(2.2)}
+    assert done_at == {0.25: pytest.approx(0.7), 1.0: pytest.approx(2.2)}
+    assert end == pytest.approx(2.2)
 
 
 def _buckets(schedule: str):
