@@ -576,10 +576,9 @@ def _beside_collective(full_s: float, slowed_s: float, shares=()):
 
     env = simpy.Environment()
     held = _Contention(env)
-    marks = [(share, env.event()) for share in shares]
     done_at: dict[float, float] = {}
-    for share, event in marks:
-        event.callbacks.append(lambda _, share=share: done_at.setdefault(share, env.now))
+    marks = [(share, lambda share=share: done_at.setdefault(share, env.now))
+             for share in shares]
     ends = []
 
     def compute():

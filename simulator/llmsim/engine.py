@@ -237,6 +237,10 @@ class _Barrier:
         return event
 
 
+Mark = tuple[float, Callable[[], object]]
+"""(share of a pass's work, what to call when the pass has done that share)."""
+
+
 class _Contention:
     """Compute on one device that runs slower while a collective holds compute units.
 
@@ -259,10 +263,10 @@ class _Contention:
             change.succeed()
 
     def run(self, full_s: float, slowed_s: float,
-            marks: Sequence[tuple[float, simpy.Event]] = ()) -> Iterator[simpy.Event]:
+            marks: Sequence[Mark] = ()) -> Iterator[simpy.Event]:
         """Run a pass of ``full_s`` seconds alone, ``slowed_s`` beside a collective;
-        each ``(share, event)`` of ``marks`` succeeds when that share of the pass's work
-        is done."""
+        each ``(share, call)`` of ``marks`` is called when that share of the pass's work is
+        done."""
         env = self.env
         contended = slowed_s > full_s
         if not contended and not marks:
@@ -272,7 +276,7 @@ class _Contention:
         done = 0.0  # share of the pass's work done
         while True:
             while pending and pending[0][0] <= done + 1e-12:
-                pending.pop(0)[1].succeed()
+                pending.pop(0)[1]()
             if done >= 1.0 - 1e-12:
                 return
             target = pending[0][0] if pending else 1.0
@@ -438,7 +442,7 @@ class Engine:
         w_seen: dict[int, int] = defaultdict(int)
         grad_ops: list[simpy.Process] = []
         deferred: list[tuple[Chunk, int, int]] = []
-        carried: dict[tuple[int, int], list[tuple[float, simpy.Event]]] = {}
+        carried: dict[tuple[int, int], list[Mark]] = {}
         gathers: dict[tuple[int, int, str, int], simpy.Event] = {}
         actions = self.schedule[dev.stage]
         if self.prefetch_weights:
@@ -522,8 +526,7 @@ class Engine:
 
     def _bucket_marks(self, dev: Device, actions: list[Action], i: int, chunk: Chunk,
                       grad_ops: list[simpy.Process],
-                      carried: dict[tuple[int, int], list[tuple[float, simpy.Event]]],
-                      ) -> list[tuple[float, simpy.Event]]:
+                      carried: dict[tuple[int, int], list[Mark]]) -> list[Mark]:
         """Launch each gradient bucket of ``chunk`` as the last micro-batch's backward
         makes it final (``overlap_dp_comm``; Megatron-LM's and PyTorch DDP's bucket hooks).
 
@@ -545,11 +548,13 @@ class Engine:
             assert (w.kind, w.chunk, w.microbatch) == ("W", act.chunk, act.microbatch)
             passes.append((w, self._block(dev, w).duration_s))
         total = sum(d for _, d in passes)
-        own: list[tuple[float, simpy.Event]] = []
+        own: list[Mark] = []
         for k, op in enumerate(ops):
             at = (k + 1) / len(ops) * total
-            ready = self.env.event()
-            grad_ops.append(self.env.process(self._when(ready, dev, op)))
+
+            def ready(op: CommOp = op) -> None:
+                grad_ops.append(self.env.process(self._collective(dev, op)))
+
             first_s = passes[0][1]
             if len(passes) == 1 or (at <= first_s and first_s > 0):
                 own.append((at / first_s if first_s > 0 else 1.0, ready))
@@ -557,11 +562,6 @@ class Engine:
                 share = (at - first_s) / passes[1][1] if passes[1][1] > 0 else 1.0
                 carried.setdefault((act.chunk, act.microbatch), []).append((share, ready))
         return own
-
-    def _when(self, ready: simpy.Event, dev: Device, op: CommOp) -> Iterator[simpy.Event]:
-        """Run the collective ``op`` once ``ready`` has succeeded."""
-        yield ready
-        yield from self._collective(dev, op)
 
     def _gradients(self, dev: Device, chunk: Chunk, count: int, mb: int) -> list[simpy.Process]:
         """Launch the gradient reduction of ``chunk`` once its gradients are final."""
