@@ -650,6 +650,10 @@ def test_slowed_passes_stretch_their_ops_in_the_timeline():
 def test_collective_units_must_leave_the_compute_some():
     with pytest.raises(UserError, match="collective_units"):
         make_scenario(system__node__collective_units=108)
+    with pytest.raises(UserError, match="collective_units holds 60 more"):
+        make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
+                      parallelism__sequence_parallel=True, parallelism__overlap_tp_comm=True,
+                      parallelism__tp_overlap_comm_units=48, system__node__collective_units=60)
 
 
 # ------------------------------------------------------ gradient buckets as they become final

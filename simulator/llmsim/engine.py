@@ -542,25 +542,23 @@ class Engine:
         ops = self.work.dp_grad_ops(chunk)
         if not ops or act.kind != ("W" if self.split_backward else "B"):
             return []
-        passes = [(act, self._block(dev, act).duration_s)]
-        if act.kind == "B":
+        own_s, next_s = self._block(dev, act).duration_s, 0.0
+        if act.kind == "B":  # fused: the W pass of the same micro-batch follows
             w = actions[i + 1]
             assert (w.kind, w.chunk, w.microbatch) == ("W", act.chunk, act.microbatch)
-            passes.append((w, self._block(dev, w).duration_s))
-        total = sum(d for _, d in passes)
+            next_s = self._block(dev, w).duration_s
         own: list[Mark] = []
         for k, op in enumerate(ops):
-            at = (k + 1) / len(ops) * total
+            at = (k + 1) / len(ops) * (own_s + next_s)
 
             def ready(op: CommOp = op) -> None:
                 grad_ops.append(self.env.process(self._collective(dev, op)))
 
-            first_s = passes[0][1]
-            if len(passes) == 1 or (at <= first_s and first_s > 0):
-                own.append((at / first_s if first_s > 0 else 1.0, ready))
+            if at <= own_s or next_s == 0:
+                own.append((at / own_s if own_s > 0 else 1.0, ready))
             else:
-                share = (at - first_s) / passes[1][1] if passes[1][1] > 0 else 1.0
-                carried.setdefault((act.chunk, act.microbatch), []).append((share, ready))
+                carried.setdefault((act.chunk, act.microbatch), []).append(
+                    ((at - own_s) / next_s, ready))
         return own
 
     def _gradients(self, dev: Device, chunk: Chunk, count: int, mb: int) -> list[simpy.Process]:

@@ -91,10 +91,12 @@ class Scenario(Spec):
                 f"use one of {', '.join(have)}"
             )
         units = accel.gemm.compute_units
-        if par.overlap_tp_comm and par.tp > 1 and par.tp_overlap_comm_units >= units:
+        held = sysm.node.collective_units  # beside a data-parallel collective as well
+        if par.overlap_tp_comm and par.tp > 1 and par.tp_overlap_comm_units + held >= units:
             raise ValueError(
                 f"parallelism.tp_overlap_comm_units: {par.tp_overlap_comm_units} leaves none "
-                f"of {accel.name}'s {units} compute units to the GEMMs; use fewer than {units}"
+                f"of {accel.name}'s {units} compute units to the GEMMs (system.node."
+                f"collective_units holds {held} more); use fewer than {units - held}"
             )
         return self
 
