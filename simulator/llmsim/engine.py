@@ -237,6 +237,21 @@ class _Barrier:
         return event
 
 
+class _Fifo:
+    """A stream that runs one transfer at a time, in the order they were queued (a
+    lighter ``simpy.Resource(capacity=1)``: one event per transfer)."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.last: simpy.Event | None = None
+
+    def queue(self) -> tuple[simpy.Event | None, simpy.Event]:
+        """Join the queue: (the end to wait for first, or None when the stream is free;
+        the event to succeed when this transfer ends)."""
+        before, self.last = self.last, self.env.event()
+        return (before if before is not None and not before.triggered else None), self.last
+
+
 Mark = tuple[float, Callable[[], object]]
 """(share of a pass's work, what to call when the pass has done that share)."""
 
@@ -345,6 +360,8 @@ class Engine:
         self.dp_waits: list[tuple[int, float, float]] = []
         self.gather_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its per-layer weight gathers, built once."""
+        self.grad_ops: dict[tuple[int, int], list[CommOp]] = {}
+        """(stage, chunk) → its gradient buckets' reductions, built once."""
         self.blocks = self._price_blocks()
         # Passes as they run beside a data-parallel collective, which holds
         # ``collective_units`` compute units (None: collectives cost the compute nothing).
@@ -352,8 +369,8 @@ class Engine:
         self.contention = {d.id: _Contention(self.env) for d in devices}
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
-        self.pp_link = {d.id: simpy.Resource(self.env, 1) for d in devices}
-        self.dp_stream = {d.id: simpy.Resource(self.env, 1) for d in devices}
+        self.pp_link = {d.id: _Fifo(self.env) for d in devices}
+        self.dp_stream = {d.id: _Fifo(self.env) for d in devices}
         # A send between pipeline neighbours on one node crosses its fabric, one between
         # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
         # neighbour sits (None: every send priced as the pipeline group's path).
@@ -398,13 +415,15 @@ class Engine:
     def _send(self, dev: Device, key: object, mb: int, chunk: int,
               to_stage: int) -> Iterator[simpy.Event]:
         within = self._within_node(dev, to_stage)
-        with self.pp_link[dev.id].request() as req:
-            yield req
-            start = self.env.now
-            self.message_start[key] = start
-            yield self.env.timeout(self.pp_send_s[within])
-            self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
-                                       start, self.env.now))
+        before, sent = self.pp_link[dev.id].queue()
+        if before is not None:
+            yield before
+        start = self.env.now
+        self.message_start[key] = start
+        yield self.env.timeout(self.pp_send_s[within])
+        self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
+                                   start, self.env.now))
+        sent.succeed()
         self._message(key).succeed()
 
     def _within_node(self, dev: Device, to_stage: int) -> bool:
@@ -421,16 +440,19 @@ class Engine:
     # -- data-parallel collectives ------------------------------------------------------
     def _collective(self, dev: Device, op: CommOp, done: simpy.Event | None = None,
                     tag: object = None) -> Iterator[simpy.Event]:
-        with self.dp_stream[dev.id].request() as req:
-            yield req
-            key, members = dev.dp_group
+        before, ended = self.dp_stream[dev.id].queue()
+        if before is not None:
+            yield before
+        key, members = dev.dp_group
+        if members > 1:  # fidelity "full": wait for the group's other members
             yield self.barrier.arrive((key, op.name, tag), members)
-            start = self.env.now
-            self.contention[dev.id].hold(True)
-            yield self.env.timeout(self.costs.comm_s(op))
-            self.contention[dev.id].hold(False)
-            self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
-                                       start, self.env.now))
+        start = self.env.now
+        self.contention[dev.id].hold(True)
+        yield self.env.timeout(self.costs.comm_s(op))
+        self.contention[dev.id].hold(False)
+        self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
+                                   start, self.env.now))
+        ended.succeed()
         if done is not None:
             done.succeed()
 
@@ -539,7 +561,7 @@ class Engine:
         B go to ``carried``.
         """
         act = actions[i]
-        ops = self.work.dp_grad_ops(chunk)
+        ops = self._grad_ops(chunk)
         if not ops or act.kind != ("W" if self.split_backward else "B"):
             return []
         own_s, next_s = self._block(dev, act).duration_s, 0.0
@@ -565,11 +587,19 @@ class Engine:
         """Launch the gradient reduction of ``chunk`` once its gradients are final."""
         work = self.work
         if work.zero == 3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
-            ops = work.dp_grad_ops(chunk)
-            return [self.env.process(self._collective(dev, op, tag=mb)) for op in ops]
+            return [self.env.process(self._collective(dev, op, tag=mb))
+                    for op in self._grad_ops(chunk)]
         if count < work.microbatches:
             return []
-        return [self.env.process(self._collective(dev, op)) for op in work.dp_grad_ops(chunk)]
+        return [self.env.process(self._collective(dev, op)) for op in self._grad_ops(chunk)]
+
+    def _grad_ops(self, chunk: Chunk) -> list[CommOp]:
+        """The bucketed gradient reduction of ``chunk`` (:meth:`Workload.dp_grad_ops`),
+        built once."""
+        key = (chunk.stage, chunk.chunk)
+        if key not in self.grad_ops:
+            self.grad_ops[key] = self.work.dp_grad_ops(chunk)
+        return self.grad_ops[key]
 
     def _gathered_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
                        gathers: dict[tuple[int, int, str, int], simpy.Event],
