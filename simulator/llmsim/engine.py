@@ -360,12 +360,14 @@ class Engine:
         self.dp_waits: list[tuple[int, float, float]] = []
         self.gather_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its per-layer weight gathers, built once."""
-        self.grad_ops: dict[tuple[int, int], list[CommOp]] = {}
+        self.bucket_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its gradient buckets' reductions, built once."""
         self.blocks = self._price_blocks()
         # Passes as they run beside a data-parallel collective, which holds
-        # ``collective_units`` compute units (None: collectives cost the compute nothing).
-        self.slowed = self._price_blocks(collective_units) if collective_units else None
+        # ``collective_units`` compute units (None: collectives cost the compute nothing,
+        # or there are none).
+        self.slowed = (self._price_blocks(collective_units)
+                       if collective_units and workload.dp > 1 else None)
         self.contention = {d.id: _Contention(self.env) for d in devices}
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
@@ -597,9 +599,9 @@ class Engine:
         """The bucketed gradient reduction of ``chunk`` (:meth:`Workload.dp_grad_ops`),
         built once."""
         key = (chunk.stage, chunk.chunk)
-        if key not in self.grad_ops:
-            self.grad_ops[key] = self.work.dp_grad_ops(chunk)
-        return self.grad_ops[key]
+        if key not in self.bucket_ops:
+            self.bucket_ops[key] = self.work.dp_grad_ops(chunk)
+        return self.bucket_ops[key]
 
     def _gathered_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
                        gathers: dict[tuple[int, int, str, int], simpy.Event],
@@ -615,7 +617,8 @@ class Engine:
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
-        slowed = self._gathered_units(dev, act, self._block(dev, act, slowed=True))
+        slowed = (units if self.slowed is None
+                  else self._gathered_units(dev, act, self._block(dev, act, slowed=True)))
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
