@@ -187,6 +187,33 @@ def test_pipeline_sends_cross_the_network_only_between_nodes(schedule):
         assert slow == {7: 2 * m, 8: 2 * m, 15: m, 0: m}
 
 
+class _GatherCosts(LayerOnlyCosts):
+    """Layer ops by FLOPs and bytes; a pipeline send costs 1 ms, the receivers' all-gather
+    over their TP group 0.5 ms; nothing else costs."""
+
+    def comm_s(self, op):
+        if op.collective == "send_recv":
+            return 1e-3
+        return 5e-4 if op.name == "pp_gather" and op.axis == "tp" else 0.0
+
+
+def test_scatter_gather_rebuilds_every_received_message_before_its_pass():
+    scenario = make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
+                             parallelism__pp_scatter_gather=True, training__global_batch=32)
+    result = simulate(scenario, _GatherCosts())
+    plain = simulate(scenario.model_copy(update={"parallelism": scenario.parallelism.model_copy(
+        update={"pp_scatter_gather": False})}), _GatherCosts())
+    m = result.workload.microbatches
+    gathers = [r for r in result.trace.records if r.name == "pp_gather"]
+    # Stage 1 rebuilds m activations, stage 0 m gradients.
+    assert Counter(r.stage for r in gathers) == {0: m, 1: m}
+    assert all(abs(r.end_s - r.start_s - 5e-4) < 1e-12 for r in gathers)
+    assert not [r for r in plain.trace.records if r.name == "pp_gather"]
+    # The device waits for them: pipeline time, and a longer step than the same sends alone.
+    assert result.step_time_s > plain.step_time_s
+    assert result.breakdown_s["pp_comm"] >= plain.breakdown_s["pp_comm"] + m * 5e-4 - 1e-9
+
+
 def test_fp8_keeps_attention_in_bf16_and_adds_casts():
     fp8 = make_scenario(system="eos", nodes=1, parallelism__tp=8, parallelism__pp=1,
                         training__precision="fp8")

@@ -23,6 +23,8 @@ layouts = st.sampled_from([
      "parallelism__sequence_parallel": True, "parallelism__overlap_tp_comm": True},
     {"nodes": 4, "parallelism__tp": 8, "parallelism__pp": 2, "parallelism__zero": 1,
      "parallelism__overlap_param_gather": True},
+    {"nodes": 2, "parallelism__tp": 8, "parallelism__pp": 2,
+     "parallelism__pp_scatter_gather": True},
 ])
 factors = st.floats(min_value=1.0, max_value=8.0)
 

@@ -83,9 +83,11 @@ FAST_IDS = [
 # bucket reduced as soon as the last backward makes it final, not after the whole pass
 # (PyTorch DDP's and Megatron-Core's bucket hooks: MEGREADME-H100-03 -11.2 -> +0.6 %, the
 # small H100 rows and NAR21-T1's DDP rows, now without exposed reductions, further off)
-# raised it to 10.04 %.
+# raised it to 10.04 %; Megatron-LM 2021's scatter/gather of pipeline messages (each TP
+# rank sends 1/t on its own NIC, the receivers all-gather over NVLink; NAR21-T1-09
+# -8.9 -> -2.2 %) lowered it to 9.83 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 10.1
+TARGET_MAPE_CEILING_PCT = 9.9
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -297,7 +299,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 10.0 %, median 6.3 %, worst row +56 % "
+    reason="target-set MAPE 9.8 %, median 5.2 %, worst row +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

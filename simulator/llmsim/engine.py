@@ -383,6 +383,12 @@ class Engine:
                                         workload.pp_message_bytes, within_node=within))
             for within in (False, True)
         }
+        # Megatron's scatter/gather: the receivers rebuild each message over their TP group
+        # with a tensor-list all_gather (a flat buffer, then one copy out per rank's slice).
+        self.pp_gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
+                                               workload.pp_gather_bytes,
+                                               copies=workload.tp)) \
+            if workload.pp_gather_bytes else 0.0
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
         self.stage_ready = self.env.event()
@@ -427,6 +433,16 @@ class Engine:
                                    start, self.env.now))
         sent.succeed()
         self._message(key).succeed()
+
+    def _gather_message(self, dev: Device, act: Action) -> Iterator[simpy.Event]:
+        """All-gather a received message's slices over the TP group before ``act`` runs
+        (``parallelism.pp_scatter_gather``); the device waits, as Megatron's
+        ``gather_split_1d_tensor`` makes it."""
+        start = self.env.now
+        yield self.env.timeout(self.pp_gather_s)
+        self.records.append(Record(dev.id, dev.stage, "pp", "pp_gather", "recv",
+                                   act.microbatch, act.chunk, start, self.env.now))
+        self.pp_waits.append((dev.id, start, self.env.now, start))
 
     def _within_node(self, dev: Device, to_stage: int) -> bool:
         """Whether ``dev`` and its pipeline's ``to_stage`` share a node (memoised)."""
@@ -485,6 +501,8 @@ class Engine:
                 key = (dev.pipe, act.kind, vs, act.microbatch)
                 self.pp_waits.append((dev.id, wait_start, env.now,
                                       self.message_start.get(key, wait_start)))
+            if need is not None and self.pp_gather_s:
+                yield from self._gather_message(dev, act)
             block = self._block(dev, act)
             key, members = dev.tp_group
             if members > 1:

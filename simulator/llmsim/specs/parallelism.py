@@ -133,6 +133,14 @@ class Parallelism(Spec):
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
     (interleaved schedule) hides them."""
+    pp_scatter_gather: bool = False
+    """Megatron-LM's scatter/gather of pipeline messages (Narayanan et al. 2021, §4.1;
+    ``--scatter-gather-tensors-in-pipeline``, on by default in the Megatron-LM of 2021):
+    the activation is the same on every tensor-parallel rank, so each of them sends a
+    1/tp slice of it, and the receiving ranks all-gather the slices over their group
+    before the next pass. Only without sequence parallelism, whose messages are already
+    1/tp; no effect at tp = 1. False: every rank sends the whole activation (DeepSpeed's
+    pipeline engine, Megatron-Core)."""
     dp_bucket_mb: float = Field(default=25.0, gt=0)
     """Gradient bucket size for the overlapped reduction, MB."""
     rank_order: list[Axis] = Field(default_factory=lambda: ["tp", "cp", "ep", "dp", "pp"])
