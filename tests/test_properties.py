@@ -24,7 +24,7 @@ layouts = st.sampled_from([
     {"nodes": 4, "parallelism__tp": 8, "parallelism__pp": 2, "parallelism__zero": 1,
      "parallelism__overlap_param_gather": True},
     {"nodes": 2, "parallelism__tp": 8, "parallelism__pp": 2,
-     "parallelism__pp_scatter_gather": True},
+     "parallelism__pp_scatter_gather": "megatron"},
 ])
 factors = st.floats(min_value=1.0, max_value=8.0)
 

@@ -85,9 +85,11 @@ FAST_IDS = [
 # small H100 rows and NAR21-T1's DDP rows, now without exposed reductions, further off)
 # raised it to 10.04 %; Megatron-LM 2021's scatter/gather of pipeline messages (each TP
 # rank sends 1/t on its own NIC, the receivers all-gather over NVLink; NAR21-T1-09
-# -8.9 -> -2.2 %) lowered it to 9.83 %.
+# -8.9 -> -2.2 %) lowered it to 9.83 %; DeepSpeed's pipeline engine slicing BLOOM's
+# messages the same way (its whole-activation sends had hidden missing time: BLOOM-01
+# -0.8 -> -4.7 %, BLOOM-02 -19.1 -> -21.2 %) raised it to 9.90 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 9.9
+TARGET_MAPE_CEILING_PCT = 10.0
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -299,7 +301,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.8 %, median 5.2 %, worst row +56 % "
+    reason="target-set MAPE 9.9 %, median 5.2 %, worst row +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -74,20 +74,23 @@ def test_tensor_parallel_collectives_follow_sequence_parallelism():
 
 
 @pytest.mark.parametrize(("tp", "sp", "sliced", "gathered"), [
-    (4, False, True, True),    # Megatron 2021: 1/tp on each rank, all-gathered on receipt
+    (4, False, True, True),    # 1/tp on each rank, all-gathered on receipt
     (4, True, True, False),    # sequence parallel: already 1/tp, nothing to rebuild
     (1, False, False, False),  # nothing to split
 ])
-def test_scatter_gather_sends_a_slice_and_gathers_the_activation(tp, sp, sliced, gathered):
+@pytest.mark.parametrize("framework", ["megatron", "deepspeed"])
+def test_scatter_gather_sends_a_slice_and_gathers_the_activation(tp, sp, sliced, gathered,
+                                                                  framework):
     b, s, h = 2, 1024, 1024
     scenario = make_scenario(nodes=2, parallelism__tp=tp, parallelism__pp=2,
                              parallelism__micro_batch=b, training__seq_len=s,
                              model__hidden=h, parallelism__sequence_parallel=sp,
-                             parallelism__pp_scatter_gather=True)
+                             parallelism__pp_scatter_gather=framework)
     work = build_workload(scenario.model, scenario.parallelism, scenario.training, scenario.dp)
     activation = b * s * h * 2  # bf16
     assert work.pp_message_bytes == (activation / tp if sliced else activation)
     assert work.pp_gather_bytes == (activation if gathered else 0.0)
+    assert work.pp_regather_output == (gathered and framework == "deepspeed")
 
 
 def test_no_tp_collectives_without_tensor_parallelism():

@@ -434,12 +434,13 @@ class Engine:
         sent.succeed()
         self._message(key).succeed()
 
-    def _gather_message(self, dev: Device, act: Action) -> Iterator[simpy.Event]:
-        """All-gather a received message's slices over the TP group before ``act`` runs
-        (``parallelism.pp_scatter_gather``); the device waits, as Megatron's
-        ``gather_split_1d_tensor`` makes it."""
+    def _gather_messages(self, dev: Device, act: Action, count: int) -> Iterator[simpy.Event]:
+        """All-gather ``count`` sliced messages over the TP group before ``act`` runs
+        (``parallelism.pp_scatter_gather``: the received one; with DeepSpeed also the
+        stage's own output before its backward); the device waits, as Megatron's
+        ``gather_split_1d_tensor`` and DeepSpeed's ``PartitionedTensor.full`` make it."""
         start = self.env.now
-        yield self.env.timeout(self.pp_gather_s)
+        yield self.env.timeout(count * self.pp_gather_s)
         self.records.append(Record(dev.id, dev.stage, "pp", "pp_gather", "recv",
                                    act.microbatch, act.chunk, start, self.env.now))
         self.pp_waits.append((dev.id, start, self.env.now, start))
@@ -501,8 +502,10 @@ class Engine:
                 key = (dev.pipe, act.kind, vs, act.microbatch)
                 self.pp_waits.append((dev.id, wait_start, env.now,
                                       self.message_start.get(key, wait_start)))
-            if need is not None and self.pp_gather_s:
-                yield from self._gather_message(dev, act)
+            sliced = (need is not None) + (self.work.pp_regather_output and act.kind == "B"
+                                           and vs < last_vs)
+            if sliced and self.pp_gather_s:
+                yield from self._gather_messages(dev, act, sliced)
             block = self._block(dev, act)
             key, members = dev.tp_group
             if members > 1:

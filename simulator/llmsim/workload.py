@@ -100,6 +100,9 @@ class Workload:
     pp_gather_bytes: float = 0.0
     """With ``parallelism.pp_scatter_gather``: bytes of the all-gather over the tensor-
     parallel group that rebuilds each received message from its slices (0: none)."""
+    pp_regather_output: bool = False
+    """``pp_scatter_gather: deepspeed``: a stage that sent an output keeps only its slice and
+    all-gathers it back before that micro-batch's backward."""
     overlap_param_gather: bool = False
     """ZeRO-1/2: the updated weights are gathered during the next step's first forward
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
@@ -624,7 +627,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     tokens = par.micro_batch * training.seq_len
     activation = tokens * model.hidden * e
     # Sequence parallelism or Megatron's scatter/gather: each rank sends 1/tp of it.
-    sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather)
+    sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
     message = activation / par.tp if sliced else activation
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
     tensor_list = par.tensor_list_gathers and par.zero == 3
@@ -633,6 +636,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         microbatches=training.global_batch // (par.micro_batch * dp),
         pp_message_bytes=float(message),
         pp_gather_bytes=float(activation) if sliced and not par.sequence_parallel else 0.0,
+        pp_regather_output=sliced and not par.sequence_parallel
+        and par.pp_scatter_gather == "deepspeed",
         grad_bytes_per_param=grad_bytes_per_param(training.precision, par.grad_reduce_dtype),
         param_bytes_per_param=e,
         zero=par.zero,

@@ -133,14 +133,17 @@ class Parallelism(Spec):
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
     (interleaved schedule) hides them."""
-    pp_scatter_gather: bool = False
-    """Megatron-LM's scatter/gather of pipeline messages (Narayanan et al. 2021, §4.1;
-    ``--scatter-gather-tensors-in-pipeline``, on by default in the Megatron-LM of 2021):
-    the activation is the same on every tensor-parallel rank, so each of them sends a
-    1/tp slice of it, and the receiving ranks all-gather the slices over their group
-    before the next pass. Only without sequence parallelism, whose messages are already
-    1/tp; no effect at tp = 1. False: every rank sends the whole activation (DeepSpeed's
-    pipeline engine, Megatron-Core)."""
+    pp_scatter_gather: Literal["none", "megatron", "deepspeed"] = "none"
+    """Pipeline messages split over the tensor-parallel ranks, whose copies of the
+    activation are the same: each rank sends a 1/tp slice on its own NIC and the receiving
+    ranks all-gather the slices over their group before the pass that needs them.
+    ``megatron``: Megatron-LM of 2021 (Narayanan et al. 2021, §4.1;
+    ``--scatter-gather-tensors-in-pipeline``, on by default then): one gather per received
+    message. ``deepspeed``: DeepSpeed's pipeline engine with tp > 1 (``is_pipe_partitioned``,
+    ``is_grad_partitioned``), which also keeps only its slice of each output it sent and
+    all-gathers it back before that micro-batch's backward. Only without sequence
+    parallelism, whose messages are already 1/tp; no effect at tp = 1. ``none``: every
+    rank sends the whole activation (Megatron-Core)."""
     dp_bucket_mb: float = Field(default=25.0, gt=0)
     """Gradient bucket size for the overlapped reduction, MB."""
     rank_order: list[Axis] = Field(default_factory=lambda: ["tp", "cp", "ep", "dp", "pp"])
