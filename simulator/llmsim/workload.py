@@ -498,8 +498,11 @@ class _LayerBuilder:
         dx, dw = self._gemm_grads(head)
         fwd_bytes, bwd_bytes = cross_entropy_bytes_per_logit(self.e)
         loss_tp = self._tp_comm("loss_tp", "all_reduce", "F", 3 * 4 * T)
-        fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2),
-                         *self._entry("head_ag", "F"), head,
+        # The output layer is the framework's own column-parallel linear, not a Transformer
+        # Engine module: with SP its input all-gather blocks, TP overlap or not.
+        head_ag = self._tp_comm("head_ag", "all_gather", "F", T * m.hidden * self.e) \
+            if self.sp else []
+        fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2), *head_ag, head,
                          ComputeOp("loss", "memory", "F", 0.0, float(T * v * fwd_bytes)),
                          *loss_tp]
         bwd: list[Op] = [ComputeOp("loss", "memory", "B", 0.0, float(T * v * bwd_bytes)), dx,
