@@ -93,6 +93,19 @@ def test_scatter_gather_sends_a_slice_and_gathers_the_activation(tp, sp, sliced,
     assert work.pp_regather_output == (gathered and framework == "deepspeed")
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+@pytest.mark.parametrize("staged", [False, True])
+def test_gradients_through_a_flattened_copy_add_three_passes(zero, staged):
+    s = make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=1, parallelism__zero=zero,
+                      parallelism__grad_all_reduce=staged)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    ops = work.dp_grad_ops(work.chunks[(0, 0)])
+    assert ops and {op.staging_passes for op in ops} == {3 if staged else 0}
+    # ZeRO-0 all-reduces either way; ZeRO-1 reduce-scatters unless it goes through the copy.
+    assert {op.collective for op in ops} == {
+        "all_reduce" if zero == 0 or staged else "reduce_scatter"}
+
+
 def test_no_tp_collectives_without_tensor_parallelism():
     s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1)
     df = build_workload(s.model, s.parallelism, s.training, s.dp).to_dataframe()

@@ -107,8 +107,8 @@ class Workload:
     """ZeRO-1/2: the updated weights are gathered during the next step's first forward
     (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
     grad_all_reduce: bool = False
-    """ZeRO-1/2/3 gradients reduced by DeepSpeed's all-reduce fallback: a full all-reduce of
-    a flattened, scaled copy of each bucket, copied back (``parallelism.grad_all_reduce``)."""
+    """Gradients reduced through a flattened, scaled copy of each bucket, copied back, with
+    ZeRO-1/2/3 by a full all-reduce (``parallelism.grad_all_reduce``)."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: each backward layer is gathered for its recompute and
     again for its backward (``parallelism.regather_for_recompute``)."""
@@ -156,7 +156,8 @@ class Workload:
         all_reduce = self.zero == 0 or self.grad_all_reduce
         kind = "all_reduce" if all_reduce else "reduce_scatter"
         buckets = max(1, math.ceil(total / self.bucket_bytes))
-        # DeepSpeed's allreduce_and_copy: flatten the bucket, scale it, copy it back.
+        # DeepSpeed's allreduce_and_copy, Megatron's local DDP without contiguous buffers:
+        # flatten the bucket, scale it, copy it back.
         staging = 3 if self.grad_all_reduce else 0
         return [CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b{i}",
                        kind, "dp", "W", total / buckets, staging_passes=staging)
@@ -657,7 +658,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         gather_fill_passes=1 if tensor_list else 0,
         gather_host_s=(dp * par.tensor_list_host_us_per_rank
                        + par.tensor_list_host_us_per_call) * 1e-6 if tensor_list else 0.0,
-        grad_all_reduce=par.grad_all_reduce and par.zero >= 1,
+        grad_all_reduce=par.grad_all_reduce,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",
     )

@@ -82,13 +82,14 @@ class Parallelism(Spec):
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
     grad_all_reduce: bool = False
-    """ZeRO-1/2/3: reduce the gradients with a full all-reduce (twice a reduce-scatter's
-    traffic) and keep this rank's shard, through DeepSpeed's fallback, which flattens each
-    bucket into a new buffer, scales it and copies the result back (three passes through
-    device memory): DeepSpeed's pipeline engine with BF16 (``_bf16_reduce_grads``:
+    """Reduce the gradients through a flattened copy: each bucket flattened into a new
+    buffer, scaled, all-reduced and copied back (three passes through device memory).
+    ZeRO-1/2/3 then keep this rank's shard of a full all-reduce (twice a reduce-scatter's
+    traffic): DeepSpeed's pipeline engine with BF16 (``_bf16_reduce_grads``:
     ``buffered_allreduce_fallback`` of the FP32 gradients), and ZeRO-3 without
     ``contiguous_gradients`` (its 2021 default: ``reduce_ipg_grads`` falls back to
-    ``buffered_reduce_fallback``)."""
+    ``buffered_reduce_fallback``). At ZeRO-0, whose reduction is an all-reduce already, only
+    the passes are added: Megatron-LM's local DDP without contiguous buffers (2020–21)."""
     gather_per_module: bool = False
     """ZeRO-3: gather a layer's weights with one all-gather per weight matrix (QKV,
     attention output, the MLP's two or three), back to back, as DeepSpeed's per-module
