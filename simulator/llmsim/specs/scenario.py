@@ -32,7 +32,8 @@ class Scenario(Spec):
     training: Training
     """Batch, sequence, precision and run size."""
     seed: int = 0
-    """Seed of every random draw (same seed → same result)."""
+    """Seed for random draws. The simulation has none today (it is deterministic), so the
+    value changes nothing yet."""
     fidelity: Literal["reduced", "full"] = "reduced"
     """``reduced`` simulates one device per pipeline stage; ``full`` every device."""
     calibration: str | None = None
