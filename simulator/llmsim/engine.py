@@ -383,8 +383,9 @@ class Engine:
                                         workload.pp_message_bytes, within_node=within))
             for within in (False, True)
         }
-        # Megatron's scatter/gather: the receivers rebuild each message over their TP group
-        # with a tensor-list all_gather (a flat buffer, then one copy out per rank's slice).
+        # Sliced pipeline messages (Megatron's scatter/gather, DeepSpeed's partitioned
+        # tensors): the receivers rebuild each over their TP group with a tensor-list
+        # all_gather (a flat buffer, then one copy out per rank's slice).
         self.pp_gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
                                                workload.pp_gather_bytes,
                                                copies=workload.tp)) \

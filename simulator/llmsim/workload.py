@@ -630,7 +630,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     e = DTYPE_BYTES[training.precision]
     tokens = par.micro_batch * training.seq_len
     activation = tokens * model.hidden * e
-    # Sequence parallelism or Megatron's scatter/gather: each rank sends 1/tp of it.
+    # Sequence parallelism, or a framework's scatter/gather: each rank sends 1/tp of it.
     sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
     message = activation / par.tp if sliced else activation
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
