@@ -503,10 +503,11 @@ class Engine:
                 key = (dev.pipe, act.kind, vs, act.microbatch)
                 self.pp_waits.append((dev.id, wait_start, env.now,
                                       self.message_start.get(key, wait_start)))
-            sliced = (need is not None) + (self.work.pp_regather_output and act.kind == "B"
-                                           and vs < last_vs)
-            if sliced and self.pp_gather_s:
-                yield from self._gather_messages(dev, act, sliced)
+            if self.pp_gather_s:  # sliced messages: the received one, DeepSpeed's own output
+                regather = work.pp_regather_output and act.kind == "B" and vs < last_vs
+                count = int(need is not None) + int(regather)
+                if count:
+                    yield from self._gather_messages(dev, act, count)
             block = self._block(dev, act)
             key, members = dev.tp_group
             if members > 1:

@@ -633,15 +633,15 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     # Sequence parallelism, or a framework's scatter/gather: each rank sends 1/tp of it.
     sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
     message = activation / par.tp if sliced else activation
+    gathered = sliced and not par.sequence_parallel  # rebuilt from the slices on receipt
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
     tensor_list = par.tensor_list_gathers and par.zero == 3
     work = Workload(
         chunks=chunks,
         microbatches=training.global_batch // (par.micro_batch * dp),
         pp_message_bytes=float(message),
-        pp_gather_bytes=float(activation) if sliced and not par.sequence_parallel else 0.0,
-        pp_regather_output=sliced and not par.sequence_parallel
-        and par.pp_scatter_gather == "deepspeed",
+        pp_gather_bytes=float(activation) if gathered else 0.0,
+        pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",
         grad_bytes_per_param=grad_bytes_per_param(training.precision, par.grad_reduce_dtype),
         param_bytes_per_param=e,
         zero=par.zero,
