@@ -134,6 +134,25 @@ def test_activations_per_layer_match_korthikanti(
     assert got == pytest.approx(formula(S, B, gpt3.hidden, gpt3.heads, t), rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("hidden", "attention", "formula"),
+    [
+        # Without hidden dropout the two 1-byte masks go (10 → 8 outside the TP region);
+        # without attention dropout only the softmax output stays of the core (5 → 2).
+        (0.0, 0.1, lambda s, b, h, a: s * b * h * (32 + 5 * a * s / h)),
+        (0.1, 0.0, lambda s, b, h, a: s * b * h * (34 + 2 * a * s / h)),
+        (0.0, 0.0, lambda s, b, h, a: s * b * h * (32 + 2 * a * s / h)),
+    ],
+)
+def test_activations_without_dropout_keep_no_masks(gpt3: Model, hidden: float, attention: float,
+                                                   formula) -> None:
+    got = activation_bytes_per_layer(
+        gpt3, Parallelism(micro_batch=B),
+        training(seq_len=S, attention_kernel="unfused", hidden_dropout=hidden,
+                 attention_dropout=attention))
+    assert got == pytest.approx(formula(S, B, gpt3.hidden, gpt3.heads), rel=1e-12)
+
+
 @pytest.mark.parametrize("kernel", ["flash", "cudnn"])
 def test_fused_attention_stores_no_s_by_s_matrix(gpt3: Model, kernel: str) -> None:
     selective = per_layer(gpt3, tp=8, sequence_parallel=True, recompute="selective")

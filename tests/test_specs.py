@@ -104,3 +104,10 @@ def test_a_list_item_with_too_few_entries_is_named_with_its_value():
     raw["gemm"]["extra_tiles"] = [[128]]
     with pytest.raises(UserError, match=r"gemm\.extra_tiles\[0\] = \[128\] has too few items"):
         loader.validate(Accelerator, raw, "bad.yaml")
+
+
+def test_a_dropout_of_one_is_a_clear_user_error():
+    """Dropout is a probability below 1; the message names the field, value and limit."""
+    raw = {"global_batch": 8, "seq_len": 128, "hidden_dropout": 1.0}
+    with pytest.raises(UserError, match=r"hidden_dropout.*1\.0.*less than 1"):
+        loader.validate(Training, raw, "bad.yaml")

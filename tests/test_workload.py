@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import make_scenario
 
+from llmsim.specs import Scenario
 from llmsim.workload import build_workload
 
 GPT3 = {"name": "gpt3-shape", "layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152,
@@ -231,19 +232,61 @@ def test_cross_entropy_traffic_follows_megatrons_kernels(precision, fwd_bytes, b
     assert [op.bytes for op in loss_b] == [logits * bwd_bytes]
 
 
-def test_residual_stream_backward_traffic():
-    # Per layer, on the b·s·h residual stream: the dropout backward of each residual branch
-    # (read the gradient, write it: 2 passes each), each norm's backward (4), and
-    # autograd's out-of-place sum where a tensor feeds two ops (the layer input and the
-    # attention block's output each feed a norm and a residual add: read 2, write 1).
-    s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1, training__precision="bf16")
+@pytest.mark.parametrize(("dropout", "names", "per_element"), [
+    # two of each: dropout backward (read the gradient and the 1-byte mask, write the
+    # gradient: 2·2 + 1), norm backward (4 passes), gradient sum (read 2, write 1)
+    (0.1, {"residual2_bwd", "ln2_bwd", "residual1_bwd", "ln1_bwd", "input_grad_sum"},
+     2 * (2 * 2 + 1) + 2 * 4 * 2 + 2 * 3 * 2),
+    # no dropout: the residual adds hand their gradient on, only the norms and sums remain
+    (0.0, {"ln2_bwd", "residual1_bwd", "ln1_bwd", "input_grad_sum"}, 2 * 4 * 2 + 2 * 3 * 2),
+])
+def test_residual_stream_backward_traffic(dropout, names, per_element):
+    # Per layer, on the b·s·h residual stream: the dropout backward of each residual branch,
+    # each norm's backward, and autograd's out-of-place sum where a tensor feeds two ops
+    # (the layer input and the attention block's output each feed a norm and a residual
+    # add). residual1_bwd holds the attention branch's dropout backward and one sum.
+    s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1, training__precision="bf16",
+                      training__hidden_dropout=dropout)
     work = build_workload(s.model, s.parallelism, s.training, s.dp)
     stream = {"residual2_bwd", "ln2_bwd", "residual1_bwd", "ln1_bwd", "input_grad_sum"}
     ops = [op for op in work.chunks[(0, 0)].backward if op.name in stream]
     T = s.parallelism.micro_batch * s.training.seq_len
-    per_layer = 2 * 2 + 2 * 4 + 2 * 3  # two of each: dropout backward, norm backward, sum
-    assert len(ops) == len(stream) * s.model.layers
-    assert sum(op.bytes for op in ops) == s.model.layers * per_layer * T * s.model.hidden * 2
+    assert {op.name for op in ops} == names
+    assert len(ops) == len(names) * s.model.layers
+    assert sum(op.bytes for op in ops) == s.model.layers * per_element * T * s.model.hidden
+
+
+def test_hidden_dropout_writes_masks_in_the_forward():
+    # Bias-dropout-add reads the branch and the residual and writes the sum (3 passes of
+    # 2 bytes) and, with dropout, a 1-byte mask; the embedding output gets its own dropout.
+    def forward(dropout: float) -> tuple[dict[str, float], Scenario]:
+        s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1,
+                          training__precision="bf16", training__hidden_dropout=dropout)
+        work = build_workload(s.model, s.parallelism, s.training, s.dp)
+        return {op.name: op.bytes for op in work.chunks[(0, 0)].forward}, s
+
+    on, s = forward(0.1)
+    off, _ = forward(0.0)
+    T = s.parallelism.micro_batch * s.training.seq_len
+    stream = T * s.model.hidden
+    assert on["residual1"] == on["residual2"] == stream * (3 * 2 + 1)
+    assert off["residual1"] == off["residual2"] == stream * 3 * 2
+    assert on["embed_dropout"] == stream * (2 * 2 + 1)
+    assert "embed_dropout" not in off
+
+
+def test_attention_dropout_is_a_kernel_only_for_unfused_attention():
+    # Unfused: the dropout reads and writes the s×s probabilities and a 1-byte mask, forward
+    # and backward; without it the softmax output goes straight to the context GEMM.
+    def names(dropout: float) -> set[str]:
+        s = make_scenario(parallelism__tp=1, parallelism__pp=1,
+                          training__attention_kernel="unfused",
+                          training__attention_dropout=dropout)
+        chunk = build_workload(s.model, s.parallelism, s.training, s.dp).chunks[(0, 0)]
+        return {op.name for op in chunk.ops}
+
+    assert {"attn_dropout", "attn_dropout_bwd"} <= names(0.1)
+    assert not {"attn_dropout", "attn_dropout_bwd"} & names(0.0)
 
 
 @pytest.mark.parametrize(("bias", "kernels", "expect"), [

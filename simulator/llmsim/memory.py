@@ -39,8 +39,9 @@ tensors' bytes. An assumption, the same 5 % that Megatron-LM's
 
 _MB = 1e6
 _GB = 1e9
-_MASK_BYTES = 1
-"""Dropout masks are stored as one byte per element (Korthikanti et al. 2022 §4.1)."""
+DROPOUT_MASK_BYTES = 1
+"""Dropout masks are stored as one byte per element (Korthikanti et al. 2022 §4.1; PyTorch's
+``native_dropout`` keeps a bool tensor)."""
 _FP32_BYTES = 4
 """Logits kept for the cross-entropy (Korthikanti et al. 2022 §4.3) and flash attention's
 log-sum-exp (Dao et al. 2022 §3.1) are fp32."""
@@ -148,12 +149,13 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
 
     * outside the TP region (divided by t only with sequence parallelism): two norm
       inputs 2·e·sbh, QKV-GEMM input e·sbh, MLP-up input e·sbh, two dropout masks 2·sbh
-      → 10·sbh;
+      → 10·sbh (8·sbh without hidden dropout);
     * TP-sharded: Q e·sbh/t, K and V 2·e·sb·kv, attention output (out-projection input)
       e·sbh/t, activation input e·sbf/t (SwiGLU: gate and up, 2·e·sbf/t), MLP-down input
       e·sbf/t → 24·sbh/t for MHA with f = 4h and GeLU;
     * attention core (unfused, no selective recompute): softmax output, its dropout
-      mask and dropout output, (2e + 1)·a·s²·b/t = 5·a·s²·b/t;
+      mask and dropout output, (2e + 1)·a·s²·b/t = 5·a·s²·b/t (the softmax output alone,
+      e·a·s²·b/t, without attention dropout);
     * flash attention instead stores only the fp32 log-sum-exp, 4·a·s·b/t (Dao et al.
       2022 §3.1), and regenerates its dropout mask.
 
@@ -167,7 +169,8 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     e, sb = _activation_bytes(training), training.seq_len * parallelism.micro_batch
     if parallelism.recompute == "full":
         return e * sb * h / (t if sp else 1)
-    outside_tp = (4 * e + 2 * _MASK_BYTES) * sb * h / (t if sp else 1)
+    masks = DROPOUT_MASK_BYTES if training.hidden_dropout > 0 else 0
+    outside_tp = (4 * e + 2 * masks) * sb * h / (t if sp else 1)
     act_inputs = 2 if model.activation == "swiglu" else 1
     sharded = e * sb * (2 * h / t + 2 * kv_dim_per_rank(model, t) + (act_inputs + 1) * f / t)
     core = 0.0
@@ -176,16 +179,19 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
         if training.fused_attention:
             core = _FP32_BYTES * heads * s * b
         else:
-            core = (2 * e + _MASK_BYTES) * heads * s * s * b
+            dropped = e + DROPOUT_MASK_BYTES if training.attention_dropout > 0 else 0
+            core = (e + dropped) * heads * s * s * b
     return outside_tp + sharded + core
 
 
 def embedding_activation_bytes(model: Model, parallelism: Parallelism, training: Training) -> float:
     """First stage, per micro-batch: the embedding dropout mask, sbh bytes (÷t with
-    sequence parallelism; Korthikanti et al. 2022 §4.3). The embedding output itself is
-    the first block's input and is counted there."""
+    sequence parallelism; Korthikanti et al. 2022 §4.3), none without hidden dropout. The
+    embedding output itself is the first block's input and is counted there."""
+    if training.hidden_dropout == 0:
+        return 0.0
     sbh = training.seq_len * parallelism.micro_batch * model.hidden
-    return _MASK_BYTES * sbh / (parallelism.tp if parallelism.sequence_parallel else 1)
+    return DROPOUT_MASK_BYTES * sbh / (parallelism.tp if parallelism.sequence_parallel else 1)
 
 
 def output_activation_bytes(model: Model, parallelism: Parallelism, training: Training) -> float:

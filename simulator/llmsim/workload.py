@@ -15,6 +15,7 @@ from typing import Literal
 
 import pandas as pd
 
+from llmsim.memory import DROPOUT_MASK_BYTES
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.params import (
     embedding_params_per_device,
@@ -252,6 +253,8 @@ class _LayerBuilder:
         self.T = par.micro_batch * training.seq_len  # tokens per micro-batch
         self.e = DTYPE_BYTES[training.precision]
         self.sp = par.sequence_parallel and par.tp > 1
+        # Elements of the residual stream (norms, residual adds, dropout) on this device.
+        self.stream = self.T * model.hidden / self.t if self.sp else self.T * model.hidden
         self.userbuffers = self.sp and par.overlap_tp_comm
         self.fp8 = training.precision == "fp8"
         # FP8 training (Transformer Engine, 2023) runs only the linear layers in FP8;
@@ -297,9 +300,12 @@ class _LayerBuilder:
                            reserved_units=par.tp_overlap_comm_units)
         return replace(gemm, reserved_units=par.tp_overlap_comm_units)
 
-    def _mem(self, name: str, phase: str, elements: float, passes: float) -> ComputeOp:
-        """A memory-bound kernel touching ``elements`` values ``passes`` times."""
-        return ComputeOp(name, "memory", phase, 0.0, float(elements * passes * self.e))
+    def _mem(self, name: str, phase: str, elements: float, passes: float,
+             masks: int = 0) -> ComputeOp:
+        """A memory-bound kernel touching ``elements`` values ``passes`` times, and writing
+        or reading ``masks`` 1-byte dropout masks of as many elements."""
+        return ComputeOp(name, "memory", phase, 0.0,
+                         float(elements * (passes * self.e + masks * DROPOUT_MASK_BYTES)))
 
     def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
         """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
@@ -352,7 +358,8 @@ class _LayerBuilder:
         return [
             replace(self._gemm("attn_scores", phase, s, s, d, b * heads), dtype=self.attn_dtype),
             self._mem("attn_softmax", phase, probs, 2),     # read scores, write probs
-            self._mem("attn_dropout", phase, probs, 2.5),   # read, write, 1-byte mask
+            *([self._mem("attn_dropout", phase, probs, 2, masks=1)]  # read, write, mask
+              if self.trn.attention_dropout > 0 else []),
             replace(self._gemm("attn_context", phase, s, d, s, b * heads), dtype=self.attn_dtype),
         ]
 
@@ -387,7 +394,8 @@ class _LayerBuilder:
         context = self._gemm("attn_context", "B", s, d, s, b * heads)
         # Attention has no weights: both gradients of each batched GEMM are input gradients.
         ops = [*self._gemm_grads(context),
-               self._mem("attn_dropout_bwd", "B", probs, 2.5),
+               *([self._mem("attn_dropout_bwd", "B", probs, 2, masks=1)]
+                 if self.trn.attention_dropout > 0 else []),
                self._mem("attn_softmax_bwd", "B", probs, 3),
                *self._gemm_grads(scores)]
         return [replace(o, phase="B") for o in ops]
@@ -397,7 +405,7 @@ class _LayerBuilder:
         """Forward, recompute, input-gradient and weight-gradient ops of one block."""
         m, t, T, _e = self.m, self.t, self.T, self.e
         h, f = m.hidden, m.ffn_hidden
-        n_sp = T * h / t if self.sp else T * h  # elements of a norm/residual on this device
+        n_sp = self.stream
         qkv_n = (h + 2 * m.kv_dim) // t
         up_n = f * (2 if m.activation == "swiglu" else 1) // t
         qkv = self._beside_tp_comm(self._gemm("qkv", "F", T, qkv_n, h), "ring_exchange")
@@ -405,6 +413,9 @@ class _LayerBuilder:
         up = self._beside_tp_comm(self._gemm("mlp_up", "F", T, up_n, h), "ring_exchange")
         down = self._beside_tp_comm(self._gemm("mlp_down", "F", T, h, f // t), "pipeline")
         act_passes = 3 if m.activation == "swiglu" else 2
+        # Bias-dropout-add writes a 1-byte mask per element with hidden dropout; its
+        # backward reads it with the gradient and writes the gradient (2 passes + mask).
+        drop = int(self.trn.hidden_dropout > 0)
         separate_bias = m.bias and self.trn.bias_kernels == "separate"
         fwd: list[Op] = [
             self._mem("ln1", "F", n_sp, 2),
@@ -416,7 +427,7 @@ class _LayerBuilder:
             *self._fp8_cast(proj, "input"),
             proj,
             *self._exit("tp_attn", "F"),
-            self._mem("residual1", "F", n_sp, 3),
+            self._mem("residual1", "F", n_sp, 3, masks=drop),
             self._mem("ln2", "F", n_sp, 2),
             *self._entry("tp_ag_mlp", "F"),
             *self._fp8_cast(up, "input"),
@@ -425,7 +436,7 @@ class _LayerBuilder:
             *self._fp8_cast(down, "input"),
             down,
             *self._exit("tp_mlp", "F"),
-            self._mem("residual2", "F", n_sp, 3),
+            self._mem("residual2", "F", n_sp, 3, masks=drop),
         ]
         recompute: list[Op]
         if self.par.recompute == "full":
@@ -445,10 +456,11 @@ class _LayerBuilder:
         # The layer input and the attention block's output each feed a norm and a
         # residual add, so autograd sums their two gradients out of place
         # (torch/csrc/autograd/input_buffer.cpp: old_var + var; read 2, write 1):
-        # residual1_bwd is that sum and the attention branch's dropout backward (3 + 2),
-        # input_grad_sum the sum at the layer input.
+        # residual1_bwd is that sum and the attention branch's dropout backward (3 + 2 and
+        # the mask), input_grad_sum the sum at the layer input. Without hidden dropout the
+        # residual adds pass their gradient on untouched: no residual2_bwd.
         bwd: list[Op] = [
-            self._mem("residual2_bwd", "B", n_sp, 2),
+            *([self._mem("residual2_bwd", "B", n_sp, 2, masks=1)] if drop else []),
             *self._entry("tp_ag_mlp_bwd", "B"),
             *_in_phase(self._fp8_cast(down, "grad"), "B"),
             down_dx,
@@ -457,7 +469,7 @@ class _LayerBuilder:
             up_dx,
             *self._exit("tp_mlp_bwd", "B"),
             self._mem("ln2_bwd", "B", n_sp, 4),
-            self._mem("residual1_bwd", "B", n_sp, 5),
+            self._mem("residual1_bwd", "B", n_sp, 3 + 2 * drop, masks=drop),
             *self._entry("tp_ag_attn_bwd", "B"),
             *_in_phase(self._fp8_cast(proj, "grad"), "B"),
             proj_dx,
@@ -479,21 +491,25 @@ class _LayerBuilder:
     # -- first and last stage -------------------------------------------------------------
     def embedding(self) -> tuple[list[Op], list[Op], list[Op]]:
         """Vocab-parallel embedding lookup (+ positions): F, B, W ops."""
-        h = self.m.hidden
+        h, n_sp = self.m.hidden, self.stream
+        # Hidden dropout on the embedding output (after the scatter with SP): its own
+        # kernel, read, write and a mask; the backward reads the mask with the gradient.
+        drop = self.trn.hidden_dropout > 0
         fwd: list[Op] = [self._mem("embed", "F", self.T * h, 3),
-                         *self._exit("embed_tp", "F", after_gemm=False)]
+                         *self._exit("embed_tp", "F", after_gemm=False),
+                         *([self._mem("embed_dropout", "F", n_sp, 2, masks=1)] if drop else [])]
         # PyTorch's embedding_dense_backward allocates the whole gradient of each table
         # (⌈V/t⌉ × h words, max_seq_len × h learned positions) with at::zeros and writes
         # the looked-up rows into it; adding it to the buffer is :attr:`Chunk.accumulate`.
         table = embedding_params_per_device(self.m, self.t)
-        wgt: list[Op] = [self._mem("embed", "W", self.T * h, 3),
+        wgt: list[Op] = [*([self._mem("embed_dropout", "W", n_sp, 2, masks=1)] if drop else []),
+                         self._mem("embed", "W", self.T * h, 3),
                          self._mem("embed_dense_grad", "W", table, 1)]
         return fwd, [], wgt
 
     def head(self) -> tuple[list[Op], list[Op], list[Op]]:
         """Final norm, LM head GEMM and vocab-parallel cross-entropy: F, B, W ops."""
-        m, t, T = self.m, self.t, self.T
-        n_sp = T * m.hidden / t if self.sp else T * m.hidden
+        m, t, T, n_sp = self.m, self.t, self.T, self.stream
         v = math.ceil(m.vocab / t)
         head = self._gemm("lm_head", "F", T, v, m.hidden)
         dx, dw = self._gemm_grads(head)

@@ -47,6 +47,16 @@ class Training(Spec):
     the parameters' dtype, from the second micro-batch on (Megatron-LM of 2020–21, before
     its fused kernels). ``fp32_cast_add``: every micro-batch's gradients are cast to FP32
     and added to FP32 copies (DeepSpeed's BF16_Optimizer, ``update_hp_grads``)."""
+    hidden_dropout: float = Field(default=0.1, ge=0, lt=1)
+    """Dropout probability on the embedding output and on each residual branch
+    (Megatron-LM's ``--hidden-dropout``, default 0.1). Above zero each of those kernels
+    also writes a 1-byte mask, which the backward reads and the activations keep; at zero
+    there is no mask and no dropout backward. Only zero versus non-zero changes a cost."""
+    attention_dropout: float = Field(default=0.1, ge=0, lt=1)
+    """Dropout probability on the attention probabilities (Megatron-LM's
+    ``--attention-dropout``, default 0.1). With unfused attention, above zero a dropout
+    kernel reads and writes the s×s probabilities and a mask, forward and backward, and
+    the activations keep both; flash kernels drop in registers, at no priced cost."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
