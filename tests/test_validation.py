@@ -89,9 +89,10 @@ FAST_IDS = [
 # messages the same way (its whole-activation sends had hidden missing time: BLOOM-01
 # -0.8 -> -4.7 %, BLOOM-02 -19.1 -> -21.2 %) raised it to 9.90 %; the LM head's SP all-gather
 # blocking (not a Transformer Engine module) brought it to 9.89 %; Megatron-LM 2020-21 local
-# DDP reducing through a flattened copy (three passes) to 9.87 %.
+# DDP reducing through a flattened copy (three passes) to 9.87 %; each run's dropout as it
+# set it (the hidden-dropout masks counted, MLPerf's runs without dropout) to 9.77 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 10.0
+TARGET_MAPE_CEILING_PCT = 9.9
 ZB24_ORDERS_REPRODUCED = 12
 
 
@@ -303,7 +304,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 9.9 %, median 5.2 %, worst row +56 % "
+    reason="target-set MAPE 9.8 %, median 5.5 %, worst row +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
