@@ -521,6 +521,11 @@ def test_tp_overlap_comm_units_must_leave_the_gemms_some():
         _sp(True, parallelism__tp_overlap_comm_units=108)
 
 
+def test_a_tp_overlap_gemm_must_leave_the_gemms_some_units():
+    with pytest.raises(UserError, match=r"tp_overlap_gemms\.qkv_wgrad\.num_sm: 108 leaves none"):
+        _sp(True, parallelism__tp_overlap_gemms={"qkv_wgrad": {"method": "bulk", "num_sm": 108}})
+
+
 def test_tp_overlap_needs_sequence_parallelism():
     with pytest.raises(UserError, match="overlap_tp_comm: true needs sequence_parallel"):
         make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,

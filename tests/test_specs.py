@@ -111,3 +111,11 @@ def test_a_dropout_of_one_is_a_clear_user_error():
     raw = {"global_batch": 8, "seq_len": 128, "hidden_dropout": 1.0}
     with pytest.raises(UserError, match=r"hidden_dropout.*1\.0.*less than 1"):
         loader.validate(Training, raw, "bad.yaml")
+
+
+def test_an_unknown_tp_overlap_gemm_is_a_clear_user_error():
+    """tp_overlap_gemms takes Transformer Engine's GEMM names; a typo names the key."""
+    raw = {"tp": 2, "tp_overlap_gemms": {"fc3_fprop": {"method": "bulk"}}}
+    with pytest.raises(UserError,
+                       match=r"tp_overlap_gemms has the key .fc3_fprop., which is not allowed"):
+        loader.validate(Parallelism, raw, "bad.yaml")

@@ -343,3 +343,24 @@ def test_gradient_collective_follows_zero_stage_and_grad_all_reduce(zero, all_re
     assert sum(op.bytes for op in ops) == pytest.approx(chunk.params * 4)  # same buffer
     # DeepSpeed's fallback flattens, scales and copies back each bucket; NCCL does not.
     assert {op.staging_passes for op in ops} == {3 if zero and all_reduce else 0}
+
+
+def test_tp_overlap_gemms_replace_transformer_engine_defaults_per_gemm():
+    # A userbuffers configuration (MLPerf v3.0's h100tp4pp8mbs1 file): the bulk transfers
+    # beside the QKV gradients on 4 and 8 SMs, the attention output's reduce-scatter
+    # pipelined in 2 chunks on 24, MLP-down's input gradient by ring exchange in tp/2
+    # aggregated chunks; every other GEMM keeps TE's defaults.
+    gemms = {"qkv_dgrad": {"method": "bulk", "num_sm": 4},
+             "qkv_wgrad": {"method": "bulk", "num_sm": 8},
+             "proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 2},
+             "fc2_dgrad": {"method": "ring_exchange", "aggregate": True}}
+    s = make_scenario(parallelism__tp=4, parallelism__pp=1, parallelism__sequence_parallel=True,
+                      parallelism__overlap_tp_comm=True, parallelism__tp_overlap_gemms=gemms)
+    ops = {op.name: op for op in build_workload(s.model, s.parallelism, s.training,
+                                                s.dp).chunks[(0, 0)].ops}
+    assert (ops["qkv_dx"].reserved_units, ops["qkv_dw"].reserved_units) == (4, 8)
+    assert (ops["attn_proj"].splits, ops["attn_proj"].reserved_units) == (2, 24)
+    assert (ops["mlp_down_dx"].splits, ops["mlp_down_dx"].reserved_units) == (2, 0)
+    # defaults: MLP-down's reduce-scatter in 4 chunks on 16 SMs, QKV by ring exchange in tp
+    assert (ops["mlp_down"].splits, ops["mlp_down"].reserved_units) == (4, 16)
+    assert (ops["qkv"].splits, ops["mlp_up_dw"].reserved_units) == (4, 16)

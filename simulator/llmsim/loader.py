@@ -172,6 +172,10 @@ def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) 
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
         return UserError(f"{label}: unknown field {field!r}; remove it ({hint})")
+    if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key, not its value
+        parent, _, _ = _locate(loc[:-2], data)
+        return UserError(f"{label}: {parent} has the key {loc[-2]!r}, which is not allowed; "
+                         f"{msg.lower()}")
     if kind == "missing" and isinstance(loc[-1], int):
         parent, items, _ = _locate(loc[:-1], data)
         return UserError(f"{label}: {parent} = {_describe(items)} has too few items (no item "

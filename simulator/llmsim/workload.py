@@ -24,6 +24,7 @@ from llmsim.params import (
 )
 from llmsim.partition import chunk_layers
 from llmsim.specs import Model, Parallelism, Training
+from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 
 Op = ComputeOp | CommOp
 
@@ -32,6 +33,14 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 and casts to FP8 only at the GEMM inputs (Transformer Engine)."""
 
 EXTRA_OP_PREFIXES = ("embed", "final_norm", "head_", "lm_head", "loss")
+
+_TE_DEFAULT_METHOD: dict[str, Literal["ring_exchange", "pipeline", "bulk"]] = {
+    "qkv_fprop": "ring_exchange", "fc1_fprop": "ring_exchange",
+    "proj_dgrad": "ring_exchange", "fc2_dgrad": "ring_exchange",
+    "proj_fprop": "pipeline", "fc2_fprop": "pipeline",
+    "qkv_dgrad": "bulk", "qkv_wgrad": "bulk", "fc1_dgrad": "bulk", "fc1_wgrad": "bulk",
+}
+"""Transformer Engine's default overlap method per GEMM (``initialize_ub``)."""
 """Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
 
 
@@ -275,9 +284,9 @@ class _LayerBuilder:
         return (self._gemm(f"{fwd.name}_dx", "B", m, k, n, fwd.batch),
                 self._gemm(f"{fwd.name}_dw", "W", k, n, m, fwd.batch))
 
-    def _beside_tp_comm(self, gemm: ComputeOp,
-                        method: Literal["ring_exchange", "pipeline", "bulk"]) -> ComputeOp:
-        """``gemm`` as Transformer Engine's userbuffers run it beside a TP transfer.
+    def _beside_tp_comm(self, gemm: ComputeOp, te_name: TpOverlapGemmName) -> ComputeOp:
+        """``gemm`` as Transformer Engine's userbuffers run it beside a TP transfer;
+        ``te_name`` is the GEMM's name in TE's configuration.
 
         TE's defaults (``initialize_ub``): the all-gathers that feed a GEMM (QKV and MLP-up
         forward, the input gradients of the attention output and MLP-down) by ring
@@ -286,19 +295,24 @@ class _LayerBuilder:
         ``num_splits`` chunks, by kernels on ``num_sm`` SMs; the backward's transfers
         (the input re-gather for the weight gradient, the reduce-scatter of the QKV and
         MLP-up input gradients) in bulk, beside the whole gradient GEMMs, also on
-        ``num_sm`` SMs. TE launches the chunks of a split GEMM on three streams in turn;
-        ``tp_overlap_concurrent_chunks`` of them are priced as running at once.
+        ``num_sm`` SMs. ``parallelism.tp_overlap_gemms`` replaces them per GEMM. TE launches
+        the chunks of a split GEMM on three streams in turn; ``tp_overlap_concurrent_chunks``
+        of them are priced as running at once.
         """
         if not self.userbuffers:
             return gemm
         par = self.par
+        cfg = par.tp_overlap_gemms.get(te_name) or TpOverlapGemm(
+            method=_TE_DEFAULT_METHOD[te_name], num_sm=par.tp_overlap_comm_units,
+            num_splits=par.tp_overlap_rs_splits)
         together = par.tp_overlap_concurrent_chunks
-        if method == "ring_exchange":
-            return replace(gemm, splits=self.t, concurrent_splits=together)
-        if method == "pipeline":
-            return replace(gemm, splits=par.tp_overlap_rs_splits, concurrent_splits=together,
-                           reserved_units=par.tp_overlap_comm_units)
-        return replace(gemm, reserved_units=par.tp_overlap_comm_units)
+        if cfg.method == "ring_exchange":
+            chunks = max(1, self.t // 2) if cfg.aggregate else self.t
+            return replace(gemm, splits=chunks, concurrent_splits=together)
+        if cfg.method == "pipeline":
+            return replace(gemm, splits=cfg.num_splits, concurrent_splits=together,
+                           reserved_units=cfg.num_sm)
+        return replace(gemm, reserved_units=cfg.num_sm)
 
     def _mem(self, name: str, phase: str, elements: float, passes: float,
              masks: int = 0) -> ComputeOp:
@@ -408,10 +422,10 @@ class _LayerBuilder:
         n_sp = self.stream
         qkv_n = (h + 2 * m.kv_dim) // t
         up_n = f * (2 if m.activation == "swiglu" else 1) // t
-        qkv = self._beside_tp_comm(self._gemm("qkv", "F", T, qkv_n, h), "ring_exchange")
-        proj = self._beside_tp_comm(self._gemm("attn_proj", "F", T, h, h // t), "pipeline")
-        up = self._beside_tp_comm(self._gemm("mlp_up", "F", T, up_n, h), "ring_exchange")
-        down = self._beside_tp_comm(self._gemm("mlp_down", "F", T, h, f // t), "pipeline")
+        qkv = self._beside_tp_comm(self._gemm("qkv", "F", T, qkv_n, h), "qkv_fprop")
+        proj = self._beside_tp_comm(self._gemm("attn_proj", "F", T, h, h // t), "proj_fprop")
+        up = self._beside_tp_comm(self._gemm("mlp_up", "F", T, up_n, h), "fc1_fprop")
+        down = self._beside_tp_comm(self._gemm("mlp_down", "F", T, h, f // t), "fc2_fprop")
         act_passes = 3 if m.activation == "swiglu" else 2
         # Bias-dropout-add writes a 1-byte mask per element with hidden dropout; its
         # backward reads it with the gradient and writes the gradient (2 passes + mask).
@@ -445,12 +459,16 @@ class _LayerBuilder:
             recompute = [_as_phase(op, "R") for op in self._attention_forward("R")]
         else:
             recompute = []
-        qkv_dx, qkv_dw = (self._beside_tp_comm(g, "bulk") for g in self._gemm_grads(qkv))
+        qkv_dx, qkv_dw = self._gemm_grads(qkv)
+        qkv_dx, qkv_dw = (self._beside_tp_comm(qkv_dx, "qkv_dgrad"),
+                          self._beside_tp_comm(qkv_dw, "qkv_wgrad"))
+        up_dx, up_dw = self._gemm_grads(up)
+        up_dx, up_dw = (self._beside_tp_comm(up_dx, "fc1_dgrad"),
+                        self._beside_tp_comm(up_dw, "fc1_wgrad"))
         proj_dx, proj_dw = self._gemm_grads(proj)
-        up_dx, up_dw = (self._beside_tp_comm(g, "bulk") for g in self._gemm_grads(up))
         down_dx, down_dw = self._gemm_grads(down)
-        proj_dx = self._beside_tp_comm(proj_dx, "ring_exchange")
-        down_dx = self._beside_tp_comm(down_dx, "ring_exchange")
+        proj_dx = self._beside_tp_comm(proj_dx, "proj_dgrad")
+        down_dx = self._beside_tp_comm(down_dx, "fc2_dgrad")
         # Backward runs the block in reverse; the conjugate collectives swap places
         # (Megatron's f/g operators): AR after the column-parallel input gradients.
         # The layer input and the attention block's output each feed a norm and a

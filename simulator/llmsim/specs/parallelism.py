@@ -10,6 +10,26 @@ from llmsim.specs._base import Spec
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
+TpOverlapGemmName = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
+                            "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
+"""Transformer Engine's names of the userbuffers-overlapped GEMMs (``initialize_ub``)."""
+
+
+class TpOverlapGemm(Spec):
+    """How Transformer Engine overlaps one GEMM with its TP transfer: one entry of its
+    userbuffers configuration (``ub_cfgs``; NeMo's ``tp_comm_overlap_cfg`` YAML)."""
+
+    method: Literal["ring_exchange", "pipeline", "bulk"]
+    """``ring_exchange``: the transfer by copy engines, the GEMM cut into ``tp`` chunks of
+    the tokens (``tp/2`` with ``aggregate``); ``pipeline``: the GEMM cut into ``num_splits``
+    chunks, each reduce-scattered by kernels on ``num_sm`` SMs while the next computes;
+    ``bulk``: the whole GEMM beside a transfer on ``num_sm`` SMs."""
+    num_sm: NonNegativeInt = 16
+    """Compute units (SMs) the transfer's kernels hold (``pipeline`` and ``bulk``)."""
+    num_splits: PositiveInt = 4
+    """Chunks of a ``pipeline`` GEMM."""
+    aggregate: bool = False
+    """``ring_exchange``: two arriving chunks per GEMM, ``tp/2`` GEMMs of twice the rows."""
 
 
 class Parallelism(Spec):
@@ -65,6 +85,11 @@ class Parallelism(Spec):
     """Compute units (SMs) the TP overlap's communication kernels hold while their GEMMs
     run (Transformer Engine's ``num_sm``, default 16 for its ``pipeline`` and ``bulk``
     methods; its ring exchanges move data with copy engines and hold none)."""
+    tp_overlap_gemms: dict[TpOverlapGemmName, TpOverlapGemm] = Field(default_factory=dict)
+    """Per-GEMM overrides of the overlap above, keyed by Transformer Engine's names (a
+    ``--tp-comm-overlap-cfg`` / ``ub_tp_comm_overlap_cfg`` file): an entry replaces the
+    default method, SMs and chunks of that GEMM; the others keep TE's defaults
+    (``tp_overlap_rs_splits``, ``tp_overlap_comm_units``)."""
     tp_overlap_concurrent_chunks: PositiveInt = 1
     """Chunks of a TP-overlapped split GEMM priced as running at once, their tiles sharing
     the compute units. Transformer Engine launches the chunks on 3 streams in turn
