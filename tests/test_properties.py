@@ -103,8 +103,9 @@ def test_more_units_held_by_tp_communication_never_speed_a_step(layout, extra):
 
 
 @FAST
-@given(layout=layouts, units=st.integers(1, 64), more=st.integers(0, 32))
+@given(layout=layouts, units=st.integers(1, 64), more=st.integers(0, 24))
 def test_units_held_by_data_parallel_collectives_never_speed_a_step(layout, units, more):
+    # At most 88 held beside the 16 of the TP-overlap layout: valid on a 108-SM A100.
     fewer = _step(layout, system__node__collective_units=units)
     assert _step(layout, system__node__collective_units=units + more) >= fewer * (1 - 1e-12)
     assert fewer >= _step(layout) * (1 - 1e-12)
