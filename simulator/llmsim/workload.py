@@ -33,6 +33,7 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 and casts to FP8 only at the GEMM inputs (Transformer Engine)."""
 
 EXTRA_OP_PREFIXES = ("embed", "final_norm", "head_", "lm_head", "loss")
+"""Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
 
 _TE_DEFAULT_METHOD: dict[str, Literal["ring_exchange", "pipeline", "bulk"]] = {
     "qkv_fprop": "ring_exchange", "fc1_fprop": "ring_exchange",
@@ -41,7 +42,6 @@ _TE_DEFAULT_METHOD: dict[str, Literal["ring_exchange", "pipeline", "bulk"]] = {
     "qkv_dgrad": "bulk", "qkv_wgrad": "bulk", "fc1_dgrad": "bulk", "fc1_wgrad": "bulk",
 }
 """Transformer Engine's default overlap method per GEMM (``initialize_ub``)."""
-"""Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
 
 
 def grad_bytes_per_param(precision: str, reduce_dtype: str | None = None) -> int:
