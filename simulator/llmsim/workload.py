@@ -265,6 +265,12 @@ class _LayerBuilder:
         # Elements of the residual stream (norms, residual adds, dropout) on this device.
         self.stream = self.T * model.hidden / self.t if self.sp else self.T * model.hidden
         self.userbuffers = self.sp and par.overlap_tp_comm
+        # Each overlapped GEMM's userbuffers setting: the scenario's, else TE's default.
+        self.tp_overlap = {
+            name: par.tp_overlap_gemms.get(name) or TpOverlapGemm(
+                method=method, num_sm=par.tp_overlap_comm_units,
+                num_splits=par.tp_overlap_rs_splits)
+            for name, method in _TE_DEFAULT_METHOD.items()} if self.userbuffers else {}
         self.fp8 = training.precision == "fp8"
         # FP8 training (Transformer Engine, 2023) runs only the linear layers in FP8;
         # attention stays in BF16 (Micikevicius et al. 2022, "FP8 Formats for Deep
@@ -301,11 +307,8 @@ class _LayerBuilder:
         """
         if not self.userbuffers:
             return gemm
-        par = self.par
-        cfg = par.tp_overlap_gemms.get(te_name) or TpOverlapGemm(
-            method=_TE_DEFAULT_METHOD[te_name], num_sm=par.tp_overlap_comm_units,
-            num_splits=par.tp_overlap_rs_splits)
-        together = par.tp_overlap_concurrent_chunks
+        cfg = self.tp_overlap[te_name]
+        together = self.par.tp_overlap_concurrent_chunks
         if cfg.method == "ring_exchange":
             chunks = max(1, self.t // 2) if cfg.aggregate else self.t
             return replace(gemm, splits=chunks, concurrent_splits=together)
