@@ -10,8 +10,10 @@ import pytest
 from helpers import LayerOnlyCosts, make_scenario
 
 from llmsim import simulate
+from llmsim.engine import Block
 from llmsim.errors import UserError
 from llmsim.params import layer_params_per_device
+from llmsim.simulation import build_engine
 from llmsim.workload import build_workload
 
 
@@ -741,3 +743,48 @@ def test_overlapped_buckets_hide_what_a_reduction_after_the_backward_exposes():
     during = simulate(make_scenario(parallelism__overlap_dp_comm=True, **layout))
     assert during.breakdown_s["dp_comm"] < after.breakdown_s["dp_comm"]
     assert during.step_time_s < after.step_time_s
+
+
+# ------------------------------------------- posted pipeline sends and receives hold units
+def _interleaved(**extra):
+    layout = {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
+              "parallelism__overlap_pp_comm": True}
+    return make_scenario(**{**layout, **extra})
+
+
+@pytest.mark.parametrize(("nodes", "tp", "held"), [
+    (4, 8, {0: 2, 1: 2, 2: 2, 3: 2}),  # every stage on its own node
+    (2, 4, {0: 0, 1: 2, 2: 0, 3: 2}),  # stages 0-1 and 2-3 share a node; 3 sends to 0
+    (1, 2, {0: 0, 1: 0, 2: 0, 3: 0}),  # one node: NVLink peers, not modelled
+])
+def test_posted_operations_hold_units_where_the_next_stage_is_on_another_node(nodes, tp, held):
+    engine = build_engine(_interleaved(nodes=nodes, parallelism__tp=tp))
+    assert engine.posted_p2p_units == held
+    for (stage, chunk), work in engine.work.chunks.items():
+        for kind, ops in (("F", work.forward), ("B", work.backward)):
+            priced = Block.of(ops, engine.costs, engine.overlap_tp, held[stage])
+            assert engine.blocks[(stage, chunk, kind)].duration_s == priced.duration_s
+
+
+def test_channels_per_network_peer_set_the_units_held():
+    engine = build_engine(_interleaved(nodes=4, parallelism__tp=8,
+                                       system__network__p2p_channels_per_net_peer=4))
+    assert set(engine.posted_p2p_units.values()) == {4}
+
+
+@pytest.mark.parametrize("extra", [
+    {"parallelism__overlap_pp_comm": False},  # blocking sends: the device waits anyway
+    {"parallelism__schedule": "1f1b", "parallelism__virtual_stages": 1},
+])
+def test_blocking_or_non_interleaved_pipelines_hold_nothing(extra):
+    assert build_engine(_interleaved(nodes=4, parallelism__tp=8, **extra)).posted_p2p_units == {}
+
+
+def test_held_units_make_passes_slower_not_faster():
+    engine = build_engine(_interleaved(nodes=4, parallelism__tp=8))
+    for (stage, chunk, kind), block in engine.blocks.items():
+        if kind == "F":
+            free = Block.of(engine.work.chunks[(stage, chunk)].forward, engine.costs,
+                            engine.overlap_tp)
+            assert block.duration_s >= free.duration_s
+            assert block.compute_s > free.compute_s

@@ -340,7 +340,7 @@ class Engine:
                  overlap_tp: bool = False, prefetch_weights: bool = True,
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
-                 collective_units: int = 0) -> None:
+                 collective_units: int = 0, p2p_units: int = 0) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
@@ -362,22 +362,25 @@ class Engine:
         """(stage, chunk) → its per-layer weight gathers, built once."""
         self.bucket_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its gradient buckets' reductions, built once."""
-        self.blocks = self._price_blocks()
+        # A send between pipeline neighbours on one node crosses its fabric, one between
+        # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
+        # neighbour sits (None: every send priced as the pipeline group's path).
+        self.node_of = node_of
+        self._within: dict[tuple[object, int, int], bool] = {}
+        self.posted_p2p_units = self._posted_p2p_units(p2p_units)
+        """Stage → compute units its posted pipeline sends hold beside every pass."""
+        held = self.posted_p2p_units
+        self.blocks = self._price_blocks(held)
         # Passes as they run beside a data-parallel collective, which holds
-        # ``collective_units`` compute units (None: collectives cost the compute nothing,
-        # or there are none).
-        self.slowed = (self._price_blocks(collective_units)
+        # ``collective_units`` compute units more (None: collectives cost the compute
+        # nothing, or there are none).
+        self.slowed = (self._price_blocks(held, collective_units)
                        if collective_units and workload.dp > 1 else None)
         self.contention = {d.id: _Contention(self.env) for d in devices}
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
         self.pp_link = {d.id: _Fifo(self.env) for d in devices}
         self.dp_stream = {d.id: _Fifo(self.env) for d in devices}
-        # A send between pipeline neighbours on one node crosses its fabric, one between
-        # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
-        # neighbour sits (None: every send priced as the pipeline group's path).
-        self.node_of = node_of
-        self._within: dict[tuple[object, int, int], bool] = {}
         self.pp_send_s = {
             within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
                                         workload.pp_message_bytes, within_node=within))
@@ -395,17 +398,50 @@ class Engine:
         self.stage_ready = self.env.event()
         self.ready_count = 0
 
-    def _price_blocks(self, reserved_units: int = 0) -> dict[tuple[int, int, str], Block]:
+    def _posted_p2p_units(self, p2p_units: int) -> dict[int, int]:
+        """Per stage, the compute units its posted pipeline operations hold beside its passes.
+
+        Megatron-LM's interleaved schedule with overlapped communication
+        (``overlap_p2p_comm``) posts each iteration's sends together with the receives
+        for the next iteration and computes on (``send_forward_recv_forward(...,
+        overlap_p2p_comm=True)`` in ``forward_backward_pipelining_with_interleaving``),
+        and NCCL's kernel for a posted send or receive holds its thread blocks, one per
+        channel, until its peer has posted the other half and the data has moved. In a
+        balanced steady state stage s + 1 runs a backward pass ahead of stage s (its
+        input gradient is what s needs next), so s posts the receive for that gradient
+        as its forward pass starts and it completes only as the pass ends, and s's
+        activation send to s + 1 waits about a forward pass, during s's backward pass,
+        for s + 1 to post its receive. So one operation with the next stage is in
+        flight beside stage s's passes (all of each forward, about half of each
+        backward; priced as beside all of them), on ``p2p_units`` blocks when that stage
+        is on another node. With that stage on the same node NCCL gives the peer its
+        NVLink channel count, the blocks a message takes depend on its size, and the
+        case is not modelled (0). Other schedules send blocking or post their receives
+        where they consume them: nothing is held."""
+        if not (p2p_units and self.overlap_pp and self.work.chunks_per_stage > 1
+                and self.work.stages > 1 and self.node_of is not None):
+            return {}
+        p = self.work.stages
+        first = {}
+        for d in self.devices:
+            first.setdefault(d.stage, d)
+        return {s: p2p_units * (not self._within_node(dev, (s + 1) % p))
+                for s, dev in first.items()}
+
+    def _price_blocks(self, stage_units: dict[int, int],
+                      reserved_units: int = 0) -> dict[tuple[int, int, str], Block]:
         """Each chunk's passes; "W" with its gradient accumulation, "w" without (the
         micro-batches before :attr:`Workload.accumulate_from_microbatch`), with
-        ``reserved_units`` compute units held by other kernels."""
+        ``stage_units`` (per stage) and ``reserved_units`` compute units held by other
+        kernels."""
         out = {}
         for (s, c), chunk in self.work.chunks.items():
             passes = {"F": chunk.forward, "B": chunk.backward, "w": chunk.weight}
             if chunk.accumulate:
                 passes["W"] = chunk.weight + chunk.accumulate
+            held = reserved_units + stage_units.get(s, 0)
             for kind, ops in passes.items():
-                out[(s, c, kind)] = Block.of(ops, self.costs, self.overlap_tp, reserved_units)
+                out[(s, c, kind)] = Block.of(ops, self.costs, self.overlap_tp, held)
             out.setdefault((s, c, "W"), out[(s, c, "w")])
         return out
 

@@ -13,28 +13,36 @@ from llmsim.specs import Scenario
 from llmsim.workload import build_workload
 
 
-def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
-    """Simulate one training step of ``scenario``.
-
-    ``costs`` replaces the hardware cost model (e.g. to price communication at zero in
-    a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`.
-    """
+def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
+    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run."""
     plan = Plan.from_scenario(scenario)
-    par, trn = scenario.parallelism, scenario.training
-    workload = build_workload(scenario.model, par, trn, scenario.dp)
+    par = scenario.parallelism
+    workload = build_workload(scenario.model, par, scenario.training, scenario.dp)
     schedule = schedules.build(par.schedule, par.pp, workload.microbatches, par.virtual_stages)
     if costs is None:
         from llmsim.costs import HardwareCosts
 
         costs = HardwareCosts.from_scenario(scenario, plan)
     devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
-    trace = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
-                   split_backward=par.schedule in schedules.SPLIT_BACKWARD,
-                   overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
-                   prefetch_weights=par.prefetch_weights,
-                   regather_for_recompute=workload.regather_for_recompute,
-                   node_of=_node_of(plan),
-                   collective_units=scenario.system.node.collective_units).run()
+    return Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
+                  split_backward=par.schedule in schedules.SPLIT_BACKWARD,
+                  overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
+                  prefetch_weights=par.prefetch_weights,
+                  regather_for_recompute=workload.regather_for_recompute,
+                  node_of=_node_of(plan),
+                  collective_units=scenario.system.node.collective_units,
+                  p2p_units=scenario.system.network.p2p_channels_per_net_peer)
+
+
+def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
+    """Simulate one training step of ``scenario``.
+
+    ``costs`` replaces the hardware cost model (e.g. to price communication at zero in
+    a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`.
+    """
+    engine = build_engine(scenario, costs)
+    par, trn, workload = scenario.parallelism, scenario.training, engine.work
+    trace = engine.run()
     step = trace.step_end_s + trn.step_overhead_s
     reps = _representatives(trace)
     stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
