@@ -690,7 +690,7 @@ def test_slowed_passes_stretch_their_ops_in_the_timeline():
 def test_collective_units_must_leave_the_compute_some():
     with pytest.raises(UserError, match="collective_units"):
         make_scenario(system__node__collective_units=108)
-    with pytest.raises(UserError, match="collective_units holds 60 more"):
+    with pytest.raises(UserError, match="other kernels hold 60 more"):
         make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=2,
                       parallelism__sequence_parallel=True, parallelism__overlap_tp_comm=True,
                       parallelism__tp_overlap_comm_units=48, system__node__collective_units=60)
@@ -788,3 +788,12 @@ def test_held_units_make_passes_slower_not_faster():
                             engine.overlap_tp)
             assert block.duration_s >= free.duration_s
             assert block.compute_s > free.compute_s
+
+
+def test_posted_operations_must_leave_the_compute_some():
+    with pytest.raises(UserError, match="p2p_channels_per_net_peer: 108 leaves none"):
+        _interleaved(system__network__p2p_channels_per_net_peer=108)
+    with pytest.raises(UserError, match="other kernels hold 102 more"):  # 100 + 2 posted
+        _interleaved(nodes=2, parallelism__tp=4, parallelism__sequence_parallel=True,
+                     parallelism__overlap_tp_comm=True, parallelism__tp_overlap_comm_units=6,
+                     system__node__collective_units=100)

@@ -93,6 +93,16 @@ class Scenario(Spec):
             )
         units = accel.gemm.compute_units
         held = sysm.node.collective_units  # beside a data-parallel collective as well
+        if par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1:
+            posted = sysm.network.p2p_channels_per_net_peer  # beside a posted pipeline send
+            if posted + held >= units:
+                raise ValueError(
+                    f"system.network.p2p_channels_per_net_peer: {posted} leaves none of "
+                    f"{accel.name}'s {units} compute units to the compute of an overlapped "
+                    f"interleaved pipeline (system.node.collective_units holds {held} "
+                    f"more); use fewer than {units - held}"
+                )
+            held += posted
         held_by_tp = {"tp_overlap_comm_units": par.tp_overlap_comm_units} | {
             f"tp_overlap_gemms.{name}.num_sm": gemm.num_sm
             for name, gemm in par.tp_overlap_gemms.items()}
@@ -100,8 +110,8 @@ class Scenario(Spec):
             if par.overlap_tp_comm and par.tp > 1 and sms + held >= units:
                 raise ValueError(
                     f"parallelism.{field}: {sms} leaves none of {accel.name}'s {units} "
-                    f"compute units to the GEMMs (system.node.collective_units holds {held} "
-                    f"more); use fewer than {units - held}"
+                    f"compute units to the GEMMs (other kernels hold {held} more); "
+                    f"use fewer than {units - held}"
                 )
         return self
 
