@@ -775,6 +775,7 @@ def test_channels_per_network_peer_set_the_units_held():
 @pytest.mark.parametrize("extra", [
     {"parallelism__overlap_pp_comm": False},  # blocking sends: the device waits anyway
     {"parallelism__schedule": "1f1b", "parallelism__virtual_stages": 1},
+    {"system__node__p2p_kernels_hold_units": False},  # a library whose kernels hold none
 ])
 def test_blocking_or_non_interleaved_pipelines_hold_nothing(extra):
     assert build_engine(_interleaved(nodes=4, parallelism__tp=8, **extra)).posted_p2p_units == {}
@@ -793,6 +794,8 @@ def test_held_units_make_passes_slower_not_faster():
 def test_posted_operations_must_leave_the_compute_some():
     with pytest.raises(UserError, match="p2p_channels_per_net_peer: 108 leaves none"):
         _interleaved(system__network__p2p_channels_per_net_peer=108)
+    _interleaved(system__network__p2p_channels_per_net_peer=108,  # held by nothing: fine
+                 system__node__p2p_kernels_hold_units=False)
     with pytest.raises(UserError, match="other kernels hold 102 more"):  # 100 + 2 posted
         _interleaved(nodes=2, parallelism__tp=4, parallelism__sequence_parallel=True,
                      parallelism__overlap_tp_comm=True, parallelism__tp_overlap_comm_units=6,

@@ -29,8 +29,7 @@ class _NetworkBase(Spec):
     two (``ncclTopoComputeP2pChannels``), so in a group that spans nodes a send between
     two members on one node also runs on this many channels; the fabric tier's
     ``link_gbps`` says what they carry. Each channel is a thread block that holds an SM
-    while the operation is posted: the engine prices the passes of an overlapped
-    interleaved pipeline beside one such operation with a stage on another node."""
+    while the operation is posted, where the node's ``p2p_kernels_hold_units`` says so."""
     collectives: CollectiveLibrary | None = None
     """The collective library's own cost model (a ``hardware/collectives`` entry, e.g.
     ``nccl-2021``): collectives are then priced per algorithm and protocol as that

@@ -93,7 +93,8 @@ class Scenario(Spec):
             )
         units = accel.gemm.compute_units
         held = sysm.node.collective_units  # beside a data-parallel collective as well
-        if par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1:
+        if (par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1
+                and sysm.node.p2p_kernels_hold_units):
             posted = sysm.network.p2p_channels_per_net_peer  # beside a posted pipeline send
             if posted + held >= units:
                 raise ValueError(
