@@ -761,8 +761,10 @@ def test_posted_operations_hold_units_where_the_next_stage_is_on_another_node(no
     engine = build_engine(_interleaved(nodes=nodes, parallelism__tp=tp))
     assert engine.posted_p2p_units == held
     for (stage, chunk), work in engine.work.chunks.items():
-        for kind, ops in (("F", work.forward), ("B", work.backward)):
-            priced = Block.of(ops, engine.costs, engine.overlap_tp, held[stage])
+        for kind, ops, units in (("F", work.forward, held[stage]),
+                                 ("B", work.backward, held[stage]),
+                                 ("W", work.weight + work.accumulate, 0)):  # weights run free
+            priced = Block.of(ops, engine.costs, engine.overlap_tp, units)
             assert engine.blocks[(stage, chunk, kind)].duration_s == priced.duration_s
 
 

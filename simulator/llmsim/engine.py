@@ -368,7 +368,7 @@ class Engine:
         self.node_of = node_of
         self._within: dict[tuple[object, int, int], bool] = {}
         self.posted_p2p_units = self._posted_p2p_units(p2p_units)
-        """Stage → compute units its posted pipeline sends hold beside every pass."""
+        """Stage → compute units its posted pipeline operations hold beside F and B passes."""
         held = self.posted_p2p_units
         self.blocks = self._price_blocks(held)
         # Passes as they run beside a data-parallel collective, which holds
@@ -412,9 +412,10 @@ class Engine:
         as its forward pass starts and it completes only as the pass ends, and s's
         activation send to s + 1 waits about a forward pass, during s's backward pass,
         for s + 1 to post its receive. So one operation with the next stage is in
-        flight beside stage s's passes (all of each forward, about half of each
-        backward; priced as beside all of them), on ``p2p_units`` blocks when that stage
-        is on another node. With that stage on the same node NCCL gives the peer its
+        flight beside all of each of stage s's forward passes and about a forward pass's
+        time of each backward: priced beside the input-gradient part of the backward
+        (its "B" block), not its weight gradients ("W"), on ``p2p_units`` blocks when that
+        stage is on another node. With that stage on the same node NCCL gives the peer its
         NVLink channel count, the blocks a message takes depend on its size, and the
         case is not modelled (0). Other schedules send blocking or post their receives
         where they consume them: nothing is held."""
@@ -439,8 +440,9 @@ class Engine:
             passes = {"F": chunk.forward, "B": chunk.backward, "w": chunk.weight}
             if chunk.accumulate:
                 passes["W"] = chunk.weight + chunk.accumulate
-            held = reserved_units + stage_units.get(s, 0)
+            posted = stage_units.get(s, 0)  # beside the forward and input-gradient passes
             for kind, ops in passes.items():
+                held = reserved_units + (posted if kind in "FB" else 0)
                 out[(s, c, kind)] = Block.of(ops, self.costs, self.overlap_tp, held)
             out.setdefault((s, c, "W"), out[(s, c, "w")])
         return out

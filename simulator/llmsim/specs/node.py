@@ -60,10 +60,10 @@ class Node(Spec):
     p2p_kernels_hold_units: bool = False
     """Whether the communication library runs a send or receive as a kernel of one thread
     block per channel that holds its compute unit while the operation is posted (NCCL):
-    an overlapped interleaved pipeline's passes then run beside one such operation with
-    the next stage, on the network's ``p2p_channels_per_net_peer`` units fewer where that
-    stage is on another node (``docs/engine.md``). False: not modelled (MPI progressed on
-    assistant cores, copy-engine transfers, or not known)."""
+    an overlapped interleaved pipeline's forward and input-gradient passes then run beside
+    one such operation with the next stage, on the network's ``p2p_channels_per_net_peer``
+    units fewer where that stage is on another node (``docs/engine.md``). False: not
+    modelled (MPI progressed on assistant cores, copy-engine transfers, or not known)."""
 
     @model_validator(mode="after")
     def _tiers_cover_the_node(self) -> Node:
