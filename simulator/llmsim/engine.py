@@ -369,12 +369,11 @@ class Engine:
         self._within: dict[tuple[object, int, int], bool] = {}
         self.posted_p2p_units = self._posted_p2p_units(p2p_units)
         """Stage → compute units its posted pipeline operations hold beside F and B passes."""
-        held = self.posted_p2p_units
-        self.blocks = self._price_blocks(held)
+        self.blocks = self._price_blocks(self.posted_p2p_units)
         # Passes as they run beside a data-parallel collective, which holds
         # ``collective_units`` compute units more (None: collectives cost the compute
         # nothing, or there are none).
-        self.slowed = (self._price_blocks(held, collective_units)
+        self.slowed = (self._price_blocks(self.posted_p2p_units, collective_units)
                        if collective_units and workload.dp > 1 else None)
         self.contention = {d.id: _Contention(self.env) for d in devices}
         self.messages: dict[object, simpy.Event] = {}

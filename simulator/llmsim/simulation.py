@@ -31,14 +31,7 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                   regather_for_recompute=workload.regather_for_recompute,
                   node_of=_node_of(plan),
                   collective_units=scenario.system.node.collective_units,
-                  p2p_units=posted_p2p_units(scenario))
-
-
-def posted_p2p_units(scenario: Scenario) -> int:
-    """Compute units one posted pipeline send or receive holds on ``scenario``'s system
-    (0 where its library's kernels are not modelled as holding any)."""
-    system = scenario.system
-    return system.network.p2p_channels_per_net_peer if system.node.p2p_kernels_hold_units else 0
+                  p2p_units=scenario.system.posted_p2p_units)
 
 
 def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:

@@ -93,9 +93,8 @@ class Scenario(Spec):
             )
         units = accel.gemm.compute_units
         held = sysm.node.collective_units  # beside a data-parallel collective as well
-        if (par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1
-                and sysm.node.p2p_kernels_hold_units):
-            posted = sysm.network.p2p_channels_per_net_peer  # beside a posted pipeline send
+        posted = sysm.posted_p2p_units  # beside an overlapped interleaved pipeline's passes
+        if posted and par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1:
             if posted + held >= units:
                 raise ValueError(
                     f"system.network.p2p_channels_per_net_peer: {posted} leaves none of "
