@@ -43,7 +43,7 @@ REQUIRED = {
         "a64fx",
         "mi300a",
     },
-    "collectives": {"nccl-2021"},
+    "collectives": {"nccl-2021", "nccl-2024"},
     "systems": {
         "frontier",
         "lumi",

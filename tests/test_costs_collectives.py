@@ -50,6 +50,7 @@ def system(
     nic_gbit: float = 200.0,
     network: dict[str, Any] | None = None,
     link_gbps: float | None = None,
+    collective_units: int = 0,
 ) -> System:
     """An 8-GPU switched node (300 GB/s per device) with 8 × 200 Gb/s NICs."""
     fabric = (
@@ -75,6 +76,7 @@ def system(
                 "fabric": fabric,
                 "nics_per_node": nics,
                 "nic_gbit": nic_gbit,
+                "collective_units": collective_units,
             },
             "network": network or FAT_TREE,
         }
@@ -464,6 +466,8 @@ def test_host_time_before_a_collective_adds_to_its_duration(extra: dict[str, int
 
 NCCL_2021 = read_yaml(catalog.path_of("collectives", "nccl-2021"))
 LIBRARY = CollectiveLibrary.model_validate(NCCL_2021)
+NCCL_2024 = read_yaml(catalog.path_of("collectives", "nccl-2024"))
+LIBRARIES = {"nccl-2021": NCCL_2021, "nccl-2024": NCCL_2024}
 
 
 def test_library_ring_and_tree_follow_the_tuner_formulas() -> None:
@@ -533,12 +537,14 @@ def test_library_tree_on_eight_members_per_node_pays_the_chain_and_the_cap() -> 
 @settings(max_examples=200, deadline=None)
 @given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10), nodes=st.sampled_from([1, 2, 8, 16]),
        tp=st.sampled_from([1, 8]),
-       collective=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
+       collective=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]),
+       library=st.sampled_from(["nccl-2021", "nccl-2024"]))
 def test_library_bigger_messages_never_take_less_time(
-    a: float, b: float, nodes: int, tp: int, collective: str
+    a: float, b: float, nodes: int, tp: int, collective: str, library: str
 ) -> None:
     """The tuner's tree corrections rise with size in places; llmsim holds the time there."""
-    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=nodes, tp=tp)
+    model = costs(system(network={**FAT_TREE, "collectives": LIBRARIES[library]},
+                         collective_units=16), nodes=nodes, tp=tp)
     small, big = sorted((a, b))
     assert price(model, collective, "dp", big) >= price(model, collective, "dp", small)
 
@@ -546,13 +552,15 @@ def test_library_bigger_messages_never_take_less_time(
 @settings(max_examples=100, deadline=None)
 @given(nbytes=st.floats(1.0, 1e10), gain=st.floats(1.0, 8.0),
        which=st.sampled_from(["fabric_gbps", "nic_gbit", "nics"]),
-       layout=st.sampled_from([(8, 1), (16, 8), (4, 2)]))
+       layout=st.sampled_from([(8, 1), (16, 8), (4, 2)]),
+       library=st.sampled_from(["nccl-2021", "nccl-2024"]))
 def test_library_more_bandwidth_never_takes_longer(
-    nbytes: float, gain: float, which: str, layout: tuple[int, int]
+    nbytes: float, gain: float, which: str, layout: tuple[int, int], library: str
 ) -> None:
     nodes, tp = layout
     base: dict[str, Any] = {"fabric_gbps": 300.0, "nic_gbit": 200.0, "nics": 4,
-                            "network": {**FAT_TREE, "collectives": NCCL_2021}}
+                            "network": {**FAT_TREE, "collectives": LIBRARIES[library]},
+                            "collective_units": 16}
     faster = {**base, which: round(base[which] * gain) if which == "nics" else base[which] * gain}
     slow, fast = costs(system(**base), nodes, tp), costs(system(**faster), nodes, tp)
     assert price(fast, "all_reduce", "dp", nbytes) <= price(slow, "all_reduce", "dp", nbytes) * (
@@ -563,3 +571,58 @@ def test_a_library_without_a_tree_cap_for_a_protocol_is_rejected() -> None:
     broken = {**NCCL_2021, "tree_max_bus_gbps": {"simple": {"two_nodes": 1, "more_nodes": 1}}}
     with pytest.raises(ValueError, match="tree_max_bus_gbps and tree_correction need an entry"):
         CollectiveLibrary.model_validate(broken)
+
+
+def test_library_2024_steps_floors_caps_and_plateau() -> None:
+    """dp groups of 64, all 8 members on each of 8 nodes, 16 channels: NCCL 2024's tuner."""
+    library = CollectiveLibrary.model_validate(NCCL_2024)
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2024}, collective_units=16),
+                  nodes=8, tp=1)
+    path = model.collectives.path("dp")
+    assert path is not None and (path.ranks, path.nodes, path.per_node) == (64, 8, 8)
+    bus = min(B_INTRA, 8 * 25e9 * 0.9)  # 180 GB/s: the NICs
+    hop_us = 1.0
+    # Ring: 2N = 16 network steps; the other 110 fabric steps at no less than the floor.
+    ring_ll = (6.6 + 110 * 1.0 + 16 * (2.7 + hop_us)) * 1e-6  # LL's 0.6 us raised to 1.0
+    ring_simple = (8.4 + 110 * 3.4 + 16 * (14.0 + hop_us)) * 1e-6  # 3.4 us beats the 3.0 floor
+    tree_ll = (6.8 + 2 * (7 * 0.6 + 3 * (5.0 + hop_us))) * 1e-6
+    tree_simple = (0.0 + 2 * (7 * 28.0 + 3 * (28.0 + hop_us))) * 1e-6
+    s = 1e9  # beyond the tree corrections, past the plateau (64 B x 16 channels x 64 ranks)
+    times = algorithm_times_s("all_reduce", s, path, library)
+    assert times["ring/ll"] == pytest.approx(ring_ll + 2 * 63 / 64 * s / 20.4e9)  # LL's cap
+    assert times["ring/simple"] == pytest.approx(ring_simple * 1.4 + 2 * 63 / 64 * s / bus)
+    assert times["tree/ll"] == pytest.approx(tree_ll + 2 * s / 20.4e9)
+    assert times["tree/simple"] == pytest.approx(tree_simple + 2 * s / (0.92 * bus))
+    below = 64 * 16 * 64 - 1  # just under the plateau
+    assert algorithm_times_s("all_reduce", below, path, library)["ring/simple"] == (
+        pytest.approx(ring_simple + 2 * 63 / 64 * below / bus))
+    tiny = algorithm_times_s("all_reduce", 4096, path, library)  # size class 6: 0.7
+    assert tiny["tree/ll"] == pytest.approx(tree_ll + 2 * 4096 / (0.7 * 20.4e9))
+    assert min(tiny, key=tiny.__getitem__) == "tree/ll"
+
+
+def test_library_2024_tree_cap_is_per_channel() -> None:
+    """Two channels cap the tree at 2 x 36 GB/s over more than two nodes."""
+    library = CollectiveLibrary.model_validate(NCCL_2024)
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2024}, collective_units=2),
+                  nodes=8, tp=1)
+    path = model.collectives.path("dp")
+    assert path is not None and path.channels == 2
+    s = 1e9
+    latency = 2 * (7 * 28.0 + 3 * (28.0 + 1.0)) * 1e-6
+    assert algorithm_times_s("all_reduce", s, path, library)["tree/simple"] == (
+        pytest.approx(latency + 2 * s / 72e9))
+
+
+def test_a_per_channel_library_needs_the_nodes_channel_count() -> None:
+    with pytest.raises(ValueError, match=r"node\.collective_units is 0"):
+        system(network={**FAT_TREE, "collectives": NCCL_2024})
+
+
+def test_a_library_gives_its_tree_cap_one_way() -> None:
+    both = {**NCCL_2024, "tree_max_bus_gbps": NCCL_2021["tree_max_bus_gbps"]}
+    neither = {k: v for k, v in NCCL_2024.items() if k != "tree_max_bus_gbps_per_channel"}
+    for raw in (both, neither):
+        with pytest.raises(ValueError, match="either per protocol"):
+            CollectiveLibrary.model_validate(raw)
+

@@ -73,6 +73,8 @@ class GroupPath:
     hop_latency_s: float = 0.0
     """The switch hops' share of ``inter_latency_s`` (what a library's own step latency
     between nodes does not include)."""
+    channels: int = 0
+    """The library's channels for a collective (``node.collective_units``; 0: unknown)."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
@@ -168,7 +170,7 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
     else:
         inter_bw, inter_lat, link_bw, hop_lat = INF, 0.0, INF, 0.0
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
-                     link_bw, pair_bw, hop_lat)
+                     link_bw, pair_bw, hop_lat, node.collective_units)
 
 
 # -- algorithms ---------------------------------------------------------------------------
@@ -295,9 +297,10 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
 
     ``base + (steps(n) − steps(N))·α_fabric + steps(N)·(α_network + hops)`` plus
     ``f(n)·S / (B·fraction)``: the protocol's share of the bus bandwidth ``B`` (LL's
-    8-byte stores carry 4 bytes of data beside a flag, LL128's 128-byte lines 120 bytes),
-    the plateau factor on the latency of a large Simple all-reduce across nodes (NCCL
-    ``tuning.cc``).
+    8-byte stores carry 4 bytes of data beside a flag, LL128's 128-byte lines 120 bytes;
+    LL's capped where the library caps it), the plateau factor on the latency of a large
+    Simple all-reduce across nodes, and, across nodes, a fabric step never cheaper than
+    the library's network floor (NCCL ``tuning.cc``).
     """
     n, n_nodes, k = path.ranks, path.nodes, path.per_node
     fraction = library.ring_bandwidth_fraction.of(protocol)
@@ -308,14 +311,23 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
     fabric = library.step_latency_us.fabric.of("ring", protocol)
     if protocol == "ll" and n_nodes > 1:
         fabric *= library.ll_fabric_step_factor_across_nodes
+    if n_nodes > 1 and library.ring_network_step_floor_us is not None:
+        fabric = max(fabric, library.ring_network_step_floor_us.of(protocol))
     network = library.step_latency_us.network.of("ring", protocol) + path.hop_latency_s * 1e6
     inter_steps = ring_steps(collective, n_nodes)
+    if (collective == "all_reduce" and n_nodes > 1
+            and library.all_reduce_network_steps == "2N"):
+        inter_steps = 2 * n_nodes
     latency_us = library.base_latency_us.of("ring", protocol)
     latency_us += (ring_steps(collective, n) - inter_steps) * fabric + inter_steps * network
-    if (protocol == "simple" and collective == "all_reduce" and n_nodes > 1
-            and nbytes >= n / 16 * 65536):
-        latency_us *= library.ring_plateau_latency_factor
+    if protocol == "simple" and collective == "all_reduce" and n_nodes > 1:
+        per_rank = library.ring_plateau_bytes_per_rank_channel
+        plateau_bytes = n / 16 * 65536 if per_rank is None else per_rank * path.channels * n
+        if nbytes >= plateau_bytes:
+            latency_us *= library.ring_plateau_latency_factor
     bandwidth = path.bottleneck_bytes_per_s * fraction
+    if protocol == "ll" and library.ll_max_bus_gbps is not None:
+        bandwidth = min(bandwidth, library.ll_max_bus_gbps.at(n_nodes) * 1e9)
     return latency_us * 1e-6 + volume_factor(collective, n) * nbytes / bandwidth
 
 
@@ -325,10 +337,11 @@ def library_tree_s(nbytes: float, path: GroupPath, library: CollectiveLibrary,
 
     Latency ``base + 2·((k−1)·α_fabric + ⌊log2 N⌋·(α_network + hops))``; algorithm
     bandwidth half the bus bandwidth ``min(B·tree_bus_fraction, cap(N))`` times the
-    protocol's fraction and, below 256 MB, the tree correction of the message's size
-    class (64 B · 2^i ≤ S < 64 B · 2^(i+1)). Where the correction rises from one class
-    to the next the tuner's time drops; like a measured table, the time is held at the
-    largest it reached for a smaller message, so a bigger message never takes less.
+    protocol's fraction (LL's capped where the library caps it) and, below the table's
+    end, the tree correction of the message's size class (64 B · 2^i ≤ S < 64 B ·
+    2^(i+1)). Where the correction rises from one class to the next the tuner's time
+    drops; like a measured table, the time is held at the largest it reached for a
+    smaller message, so a bigger message never takes less.
     """
     n_nodes, k = path.nodes, path.per_node
     fabric = library.step_latency_us.fabric.of("tree", protocol)
@@ -338,9 +351,11 @@ def library_tree_s(nbytes: float, path: GroupPath, library: CollectiveLibrary,
     levels = int(math.log2(n_nodes))
     latency_us = library.base_latency_us.of("tree", protocol)
     latency_us += 2 * ((k - 1) * fabric + levels * network)
-    cap = library.tree_max_bus_gbps[protocol].at(n_nodes) * 1e9
+    cap = library.tree_cap_bytes_per_s(protocol, n_nodes, path.channels)
     bus = min(path.bottleneck_bytes_per_s * library.tree_bus_fraction, cap)
     bus *= library.tree_protocol_fraction.of(protocol)
+    if protocol == "ll" and library.ll_max_bus_gbps is not None:
+        bus = min(bus, library.ll_max_bus_gbps.at(n_nodes) * 1e9)
     corrections = library.tree_correction[protocol]
     size_class = max(int(nbytes) // 64, 1).bit_length() - 1
     corrected_bytes = nbytes / (corrections[size_class] if size_class < len(corrections) else 1)

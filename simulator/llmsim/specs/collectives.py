@@ -52,16 +52,20 @@ class StepLatencies(Spec):
     """A step between nodes, at the endpoints; llmsim adds the switch hops."""
 
 
-class TreeBusCap(Spec):
-    """Most bus bandwidth the tree reaches, GB/s, by how many nodes it spans."""
+class BusCap(Spec):
+    """Most bus bandwidth an algorithm reaches, GB/s, by how many nodes it spans."""
 
+    one_node: PositiveFloat | None = None
+    """On one node (where the cap applies there)."""
     two_nodes: PositiveFloat
-    """On one or two nodes."""
+    """On two nodes (and on one where ``one_node`` is not given)."""
     more_nodes: PositiveFloat
     """On more than two nodes."""
 
     def at(self, nodes: int) -> float:
-        """The cap for a tree over ``nodes`` nodes, GB/s."""
+        """The cap for a group over ``nodes`` nodes, GB/s."""
+        if nodes <= 1 and self.one_node is not None:
+            return self.one_node
         return self.two_nodes if nodes <= 2 else self.more_nodes
 
 
@@ -95,10 +99,23 @@ class CollectiveLibrary(Spec):
     """LL's fraction for a reduce-scatter or all-gather on one node."""
     ring_ll128_one_per_node_fraction: PositiveFloat = 1.0
     """LL128's fraction when the group has one member per node (``ppn < 2``)."""
+    ll_max_bus_gbps: BusCap | None = None
+    """LL's most bus bandwidth after its fraction, ring and tree alike (``llMaxBws``);
+    None: no such cap."""
+    ring_network_step_floor_us: ProtocolValues | None = None
+    """Least a fabric step of a ring that spans nodes costs, per protocol: the host's
+    cost of posting a network operation, which every step of such a ring pays
+    (``getNetOverhead``); None: no floor."""
+    all_reduce_network_steps: Literal["2(N-1)", "2N"] = "2(N-1)"
+    """Network steps the tuner counts for a ring all-reduce over N > 1 nodes."""
     tree_bus_fraction: PositiveFloat
     """The tree's bus bandwidth as a fraction of ``B`` before its cap."""
-    tree_max_bus_gbps: dict[Protocol, TreeBusCap]
-    """The tree's bus bandwidth cap per protocol, GB/s."""
+    tree_max_bus_gbps: dict[Protocol, BusCap] | None = None
+    """The tree's bus bandwidth cap per protocol, GB/s (one of this and
+    ``tree_max_bus_gbps_per_channel``)."""
+    tree_max_bus_gbps_per_channel: BusCap | None = None
+    """The tree's bus bandwidth cap per channel, every protocol, GB/s: times the node's
+    channel count (``node.collective_units``) it caps the tree (``perChMaxTreeBws``)."""
     tree_protocol_fraction: ProtocolValues
     """Applied to the capped tree bandwidth per protocol."""
     tree_correction: dict[Protocol, list[float]]
@@ -106,13 +123,23 @@ class CollectiveLibrary(Spec):
     messages get none (``treeCorrectionFactor``)."""
     ring_plateau_latency_factor: PositiveFloat = 1.0
     """Multiplies the latency of a Simple ring all-reduce across nodes of at least
-    ``n/16 × 64 KiB`` (the ring's plateau)."""
+    ``n/16 × 64 KiB`` (the ring's plateau), or of ``ring_plateau_bytes_per_rank_channel``
+    per rank and channel where that is given."""
+    ring_plateau_bytes_per_rank_channel: PositiveFloat | None = None
+    """Where given, the plateau starts at this many bytes per rank and channel."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
 
     @model_validator(mode="after")
     def _every_protocol_has_a_tree_cap(self) -> CollectiveLibrary:
-        missing = [p for p in self.protocols if p not in self.tree_max_bus_gbps
+        if (self.tree_max_bus_gbps is None) == (self.tree_max_bus_gbps_per_channel is None):
+            raise ValueError(
+                f"collective library {self.name!r}: give the tree's cap either per protocol "
+                "(tree_max_bus_gbps) or per channel (tree_max_bus_gbps_per_channel), not "
+                "both or neither"
+            )
+        caps = self.tree_max_bus_gbps
+        missing = [p for p in self.protocols if (caps is not None and p not in caps)
                    or p not in self.tree_correction]
         if missing:
             raise ValueError(
@@ -120,3 +147,16 @@ class CollectiveLibrary(Spec):
                 f"need an entry for protocol(s) {', '.join(missing)}; add them"
             )
         return self
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether the model needs the node's channel count (``node.collective_units``)."""
+        return (self.tree_max_bus_gbps_per_channel is not None
+                or self.ring_plateau_bytes_per_rank_channel is not None)
+
+    def tree_cap_bytes_per_s(self, protocol: Protocol, nodes: int, channels: int) -> float:
+        """The tree's bus bandwidth cap for ``protocol`` over ``nodes`` nodes, bytes/s."""
+        if self.tree_max_bus_gbps is not None:
+            return self.tree_max_bus_gbps[protocol].at(nodes) * 1e9
+        assert self.tree_max_bus_gbps_per_channel is not None
+        return self.tree_max_bus_gbps_per_channel.at(nodes) * channels * 1e9

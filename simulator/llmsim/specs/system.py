@@ -41,6 +41,17 @@ class System(Spec):
             )
         return self
 
+    @model_validator(mode="after")
+    def _library_channels_are_known(self) -> System:
+        library = self.network.collectives
+        if library is not None and library.per_channel and not self.node.collective_units:
+            raise ValueError(
+                f"system {self.name!r}: network.collectives {library.name!r} prices "
+                "collectives per channel but node.collective_units is 0; give the node's "
+                "channel count there"
+            )
+        return self
+
     @property
     def devices(self) -> int:
         """Accelerators in the whole system."""
