@@ -626,3 +626,16 @@ def test_a_library_gives_its_tree_cap_one_way() -> None:
         with pytest.raises(ValueError, match="either per protocol"):
             CollectiveLibrary.model_validate(raw)
 
+
+def test_a_stage_group_is_priced_over_every_rank_of_a_pipeline_stage() -> None:
+    """tp 4 x dp 16 of a stage on 8 full nodes: a tiny all-reduce takes NCCL's tree with LL."""
+    library = CollectiveLibrary.model_validate(NCCL_2024)
+    model = costs(system(network={**FAT_TREE, "collectives": NCCL_2024}, collective_units=16),
+                  nodes=64, tp=4, pp=8)
+    path = model.collectives.path("stage")
+    assert path is not None and (path.ranks, path.nodes, path.per_node) == (64, 8, 8)
+    times = algorithm_times_s("all_reduce", 48, path, library)
+    assert min(times, key=times.__getitem__) == "tree/ll"
+    assert price(model, "all_reduce", "stage", 48) == pytest.approx(times["tree/ll"] + LAUNCH_S)
+    one_stage = costs(system(), nodes=1, tp=1, pp=8)  # one rank per stage: nothing to reduce
+    assert price(one_stage, "all_reduce", "stage", 48) == 0.0

@@ -802,3 +802,57 @@ def test_posted_operations_must_leave_the_compute_some():
         _interleaved(nodes=2, parallelism__tp=4, parallelism__sequence_parallel=True,
                      parallelism__overlap_tp_comm=True, parallelism__tp_overlap_comm_units=6,
                      system__node__collective_units=100)
+
+
+class _AmaxOnlyCosts(LayerOnlyCosts):
+    """Blocks priced by FLOPs and bytes; each FP8 amax all-reduce takes ``amax_s``."""
+
+    def __init__(self, amax_s: float) -> None:
+        super().__init__()
+        self.amax_s = amax_s
+
+    def comm_s(self, op):
+        return self.amax_s if op.name.startswith("fp8_amax_reduce") else 0.0
+
+
+def _fp8(**extra):
+    layout = {"parallelism__tp": 8, "parallelism__pp": 1, **extra}
+    return make_scenario(system="eos", nodes=1, training__precision="fp8", **layout)
+
+
+def test_fp8_amax_reductions_end_each_chunks_forward_and_backward():
+    layout = {"parallelism__tp": 2, "parallelism__pp": 4}
+    scenario = _fp8(training__fp8_amax_reduction=True, **layout)
+    plain = _fp8(**layout)
+    work = build_workload(scenario.model, scenario.parallelism, scenario.training, scenario.dp)
+    base = build_workload(plain.model, plain.parallelism, plain.training, plain.dp)
+    middle = work.chunks[(1, 0)]
+    layer_ops = {op.name for op in (*middle.forward, *middle.backward)
+                 if not op.name.startswith("fp8_amax")}
+    for key, chunk in work.chunks.items():
+        for block, plain_block, name, floats in (
+                (chunk.forward, base.chunks[key].forward, "fp8_amax_reduce", 3),
+                (chunk.backward, base.chunks[key].backward, "fp8_amax_reduce_bwd", 2)):
+            at = [i for i, op in enumerate(block) if op.name == name]
+            assert len(at) == 1
+            op = block[at[0]]
+            assert (op.collective, op.axis) == ("all_reduce", "stage")
+            assert op.bytes == 4 * floats * 4 * chunk.layers  # one float per FP8 tensor
+            assert block[:at[0]] + block[at[0] + 1:] == plain_block  # nothing else changes
+            assert not {o.name for o in block[at[0] + 1:]} & layer_ops  # after every layer
+    assert not [op for c in base.chunks.values() for op in c.ops
+                if op.name.startswith("fp8_amax")]
+
+
+def test_fp8_amax_reductions_block_the_compute_stream():
+    """pp = 1: two reductions per micro-batch, each on the step's path."""
+    amax_s = 1e-3
+    base = simulate(_fp8(), _AmaxOnlyCosts(amax_s))
+    reduced = simulate(_fp8(training__fp8_amax_reduction=True), _AmaxOnlyCosts(amax_s))
+    microbatches = 16  # global batch 16, micro-batch 1, one replica
+    assert reduced.step_time_s - base.step_time_s == pytest.approx(2 * microbatches * amax_s)
+
+
+def test_fp8_amax_reduction_needs_fp8():
+    with pytest.raises(UserError, match=r"training\.fp8_amax_reduction is true"):
+        make_scenario(training__fp8_amax_reduction=True)

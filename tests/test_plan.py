@@ -120,6 +120,31 @@ def test_pp_group_spans_nodes(selene: System) -> None:
     assert g.crosses_nodes and g.nodes_spanned == 4 and g.level == "leaf switch"
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2, 4]),
+    dp=st.sampled_from([1, 2, 3]),
+    order=st.permutations(list(AXES)),
+)
+def test_a_stage_group_is_every_rank_of_one_pipeline_stage(selene: System, tp, pp, dp,
+                                                             order) -> None:
+    p = plan(selene, tp, pp, dp, rank_order=order)
+    groups = {tuple(p.members("stage", r)) for r in range(p.devices)}
+    assert len(groups) == pp
+    for group in groups:
+        assert len(group) == tp * dp
+        assert len({p.coords(r)["pp"] for r in group}) == 1
+
+
+def test_a_stage_group_of_megatrons_order_is_a_block_of_whole_nodes(selene: System) -> None:
+    """tp 4 × dp 16 of one stage, pp outermost: ranks 64s … 64s + 63, 8 full nodes."""
+    p = plan(selene, 4, 8, 16)
+    assert p.members("stage", 64 * 3 + 5) == list(range(192, 256))
+    g = p.placement("stage")
+    assert (g.size, g.nodes_spanned, g.members_per_node, g.span_devices) == (64, 8, 8, 8)
+
+
 def test_other_rank_orders(selene: System) -> None:
     p = plan(selene, 2, 2, 4, rank_order=["dp", "tp", "cp", "ep", "pp"])
     assert p.strides["dp"] == 1 and p.strides["tp"] == 4 and p.strides["pp"] == 8

@@ -102,9 +102,11 @@ FAST_IDS = [
 # interleaved schedule's posted sends and receives hold beside the forward and
 # input-gradient passes, where the next stage is on another node (NCCL's 2 channels per
 # network peer), lowered it to 8.16 % and brought a ninth schedule order (ZB24 14.6B,
-# batch 128).
+# batch 128); Eos's collectives priced as NCCL's 2024 tuner prices them to 8.15 %, and
+# the FP8 amax all-reduces that end each chunk's forward and backward in the MLPerf runs
+# to 8.05 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 8.2
+TARGET_MAPE_CEILING_PCT = 8.1
 ZB24_ORDERS_REPRODUCED = 9
 
 
@@ -316,7 +318,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 8.2 %, median 4.2 %, worst row +56 % "
+    reason="target-set MAPE 8.05 %, median 4.2 %, worst row +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

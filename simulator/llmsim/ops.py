@@ -13,7 +13,8 @@ ComputeKind = Literal["gemm", "attention", "memory"]
 Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
-Axis = Literal["tp", "cp", "ep", "dp", "pp"]
+Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage"]
+"""A parallel axis, or ``stage``: every rank of one pipeline stage (all axes but pp)."""
 
 
 @dataclass(frozen=True, slots=True)

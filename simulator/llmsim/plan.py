@@ -24,7 +24,8 @@ class GroupPlacement:
     """
 
     axis: str
-    """Parallel axis: tp, cp, ep, dp or pp."""
+    """Parallel axis: tp, cp, ep, dp or pp, or ``stage`` (every rank of one pipeline
+    stage: Megatron's tensor-and-data-parallel group)."""
     size: int
     """Ranks in the group."""
     stride: int
@@ -95,7 +96,16 @@ class Plan:
         return divmod(rank, self.system.node.devices_per_node)
 
     def members(self, axis: str, rank: int = 0) -> list[int]:
-        """Ranks of the ``axis`` group that contains ``rank``."""
+        """Ranks of the ``axis`` group that contains ``rank`` (for ``stage``: every rank
+        with its pipeline coordinate)."""
+        if axis == "stage":
+            base = self.rank(pp=self.coords(rank)["pp"])
+            ranks = [base]
+            for a in AXES:
+                if a != "pp":
+                    ranks = [r + j * self.strides[a] for r in ranks
+                             for j in range(self.degrees[a])]
+            return sorted(ranks)
         stride, size = self.strides[axis], self.degrees[axis]
         base = rank - self.coords(rank)[axis] * stride
         return [base + j * stride for j in range(size)]
@@ -124,6 +134,8 @@ class Plan:
 
     def _first_rank_of_groups(self, axis: str, limit: int = 64) -> list[int]:
         """First rank of up to ``limit`` distinct groups of ``axis``."""
+        if axis == "stage":
+            return [self.rank(pp=s) for s in range(min(self.degrees["pp"], limit))]
         stride, size = self.strides[axis], self.degrees[axis]
         out, rank = [], 0
         while rank < self.devices and len(out) < limit:
@@ -150,7 +162,7 @@ class Plan:
             placement = GroupPlacement(
                 axis=axis,
                 size=len(members),
-                stride=self.strides[axis],
+                stride=self.strides.get(axis, 1),
                 members_per_node=local,
                 nodes_spanned=nodes,
                 domains_spanned=domains,

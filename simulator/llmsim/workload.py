@@ -620,6 +620,28 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
                                                      par.grad_reduce_dtype)))
 
 
+FP8_LINEARS_PER_LAYER = 4
+"""Transformer Engine's FP8 linear layers in a transformer layer: QKV, attention output,
+and the MLP's two (a gated MLP's gate and up matrices are one GEMM)."""
+
+
+def _amax_reductions(training: Training, layers: int) -> tuple[list[Op], list[Op]]:
+    """The FP8 amax all-reduces of a chunk's forward and backward
+    (``training.fp8_amax_reduction``), or none.
+
+    Transformer Engine all-reduces (MAX) one float per FP8 tensor over the stage's ranks:
+    each linear layer's input, weight and output in the forward, its output and input
+    gradients in the backward (``fp8_meta`` of TE 0.x: three and two tensors per GEMM).
+    The chunk's layers run inside one ``fp8_autocast`` region (NeMo's and Megatron's
+    transformer block), so each pass ends with one reduction.
+    """
+    if not training.fp8_amax_reduction or layers == 0:
+        return [], []
+    linears = FP8_LINEARS_PER_LAYER * layers
+    return ([CommOp("fp8_amax_reduce", "all_reduce", "stage", "F", 4.0 * 3 * linears)],
+            [CommOp("fp8_amax_reduce_bwd", "all_reduce", "stage", "B", 4.0 * 2 * linears)])
+
+
 def _as_phase(op: Op, phase: str) -> Op:
     return replace(op, phase=phase)
 
@@ -652,11 +674,12 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         for c in range(v):
             vs, n = c * p + stage, split[stage][c]
             first, last = vs == 0, vs == p * v - 1
-            fwd = (emb_f if first else []) + layer_f * n + (head_f if last else [])
+            amax_f, amax_b = _amax_reductions(training, n)
+            fwd = (emb_f if first else []) + layer_f * n + amax_f + (head_f if last else [])
             bwd: list[Op] = list(head_b if last else [])
             for _ in range(n):
                 bwd += layer_r + layer_b
-            bwd += emb_b if first else []
+            bwd += amax_b + (emb_b if first else [])
             wgt = (head_w if last else []) + layer_w * n + (emb_w if first else [])
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,

@@ -460,16 +460,16 @@ class CollectiveModel:
         table: CollectiveTable | None = None,
     ) -> None:
         self.system, self.plan, self.launch_s, self.table = system, plan, launch_s, table
-        self._paths: dict[str, GroupPath] = {}
+        self._paths: dict[str, GroupPath | None] = {}
         self._cache: dict[tuple[str, str, float], float] = {}
 
     def path(self, axis: str) -> GroupPath | None:
         """The path of ``axis``'s groups, or None when the axis has one rank."""
-        placement = self.plan.placements.get(axis)
-        if placement is None or placement.size < 2:
-            return None
         if axis not in self._paths:
-            self._paths[axis] = group_path(self.system, placement)
+            placement = (self.plan.placement(axis) if axis == "stage"
+                         else self.plan.placements.get(axis))
+            self._paths[axis] = (group_path(self.system, placement)
+                                 if placement is not None and placement.size > 1 else None)
         return self._paths[axis]
 
     def comm_s(self, op: CommOp) -> float:

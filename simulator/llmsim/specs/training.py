@@ -57,6 +57,12 @@ class Training(Spec):
     ``--attention-dropout``, default 0.1). With unfused attention, above zero a dropout
     kernel reads and writes the s×s probabilities and a mask, forward and backward, and
     the activations keep both; flash kernels drop in registers, at no priced cost."""
+    fp8_amax_reduction: bool = False
+    """With ``precision: fp8``: whether Transformer Engine's delayed scaling all-reduces the
+    latest amax of every FP8 tensor over all ranks of the pipeline stage (Megatron's
+    tensor-and-data-parallel group) each time a model chunk's forward ends and again when
+    its backward ends, blocking the compute stream (``reduce_amax``, TE of 2023:
+    ``global_amax_reduction`` with ``async_op=False``)."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
@@ -70,6 +76,15 @@ class Training(Spec):
             raise ValueError(
                 "training.tokens and training.flops are both set; keep only one of them "
                 "as the run size"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _amax_reduction_needs_fp8(self) -> Training:
+        if self.fp8_amax_reduction and self.precision != "fp8":
+            raise ValueError(
+                f"training.fp8_amax_reduction is true but training.precision is "
+                f"{self.precision}; set precision to fp8 or drop fp8_amax_reduction"
             )
         return self
 
