@@ -325,9 +325,7 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
         plateau_bytes = n / 16 * 65536 if per_rank is None else per_rank * path.channels * n
         if nbytes >= plateau_bytes:
             latency_us *= library.ring_plateau_latency_factor
-    bandwidth = path.bottleneck_bytes_per_s * fraction
-    if protocol == "ll" and library.ll_max_bus_gbps is not None:
-        bandwidth = min(bandwidth, library.ll_max_bus_gbps.at(n_nodes) * 1e9)
+    bandwidth = library.ll_capped(protocol, n_nodes, path.bottleneck_bytes_per_s * fraction)
     return latency_us * 1e-6 + volume_factor(collective, n) * nbytes / bandwidth
 
 
@@ -353,9 +351,7 @@ def library_tree_s(nbytes: float, path: GroupPath, library: CollectiveLibrary,
     latency_us += 2 * ((k - 1) * fabric + levels * network)
     cap = library.tree_cap_bytes_per_s(protocol, n_nodes, path.channels)
     bus = min(path.bottleneck_bytes_per_s * library.tree_bus_fraction, cap)
-    bus *= library.tree_protocol_fraction.of(protocol)
-    if protocol == "ll" and library.ll_max_bus_gbps is not None:
-        bus = min(bus, library.ll_max_bus_gbps.at(n_nodes) * 1e9)
+    bus = library.ll_capped(protocol, n_nodes, bus * library.tree_protocol_fraction.of(protocol))
     corrections = library.tree_correction[protocol]
     size_class = max(int(nbytes) // 64, 1).bit_length() - 1
     corrected_bytes = nbytes / (corrections[size_class] if size_class < len(corrections) else 1)
@@ -466,8 +462,7 @@ class CollectiveModel:
     def path(self, axis: str) -> GroupPath | None:
         """The path of ``axis``'s groups, or None when the axis has one rank."""
         if axis not in self._paths:
-            placement = (self.plan.placement(axis) if axis == "stage"
-                         else self.plan.placements.get(axis))
+            placement = self.plan.placements.get(axis) or self.plan.placement(axis)
             self._paths[axis] = (group_path(self.system, placement)
                                  if placement is not None and placement.size > 1 else None)
         return self._paths[axis]

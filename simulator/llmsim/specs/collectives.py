@@ -154,6 +154,13 @@ class CollectiveLibrary(Spec):
         return (self.tree_max_bus_gbps_per_channel is not None
                 or self.ring_plateau_bytes_per_rank_channel is not None)
 
+    def ll_capped(self, protocol: Protocol, nodes: int, bus_bytes_per_s: float) -> float:
+        """``bus_bytes_per_s`` under LL's cap over ``nodes`` nodes (``ll_max_bus_gbps``);
+        unchanged for the other protocols or without a cap."""
+        if protocol != "ll" or self.ll_max_bus_gbps is None:
+            return bus_bytes_per_s
+        return min(bus_bytes_per_s, self.ll_max_bus_gbps.at(nodes) * 1e9)
+
     def tree_cap_bytes_per_s(self, protocol: Protocol, nodes: int, channels: int) -> float:
         """The tree's bus bandwidth cap for ``protocol`` over ``nodes`` nodes, bytes/s."""
         if self.tree_max_bus_gbps is not None:
