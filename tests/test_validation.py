@@ -104,9 +104,12 @@ FAST_IDS = [
 # network peer), lowered it to 8.16 % and brought a ninth schedule order (ZB24 14.6B,
 # batch 128); Eos's collectives priced as NCCL's 2024 tuner prices them to 8.15 %, and
 # the FP8 amax all-reduces that end each chunk's forward and backward in the MLPerf runs
-# to 8.05 %.
+# to 8.05 %; each framework's optimizer step as its code of the time ran it (Megatron-LM
+# 2021's FP16 passes, 2020's per-tensor overflow checks and norms waited for on the host,
+# Megatron-Core's and DeepSpeed's zeroed gradient buffers) to 7.85 %, under the goal's 8 %,
+# with twelve rows still worse than 20 % and 9 of the 12 schedule orders.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 8.1
+TARGET_MAPE_CEILING_PCT = 7.9
 ZB24_ORDERS_REPRODUCED = 9
 
 
@@ -318,13 +321,15 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 8.05 %, median 4.2 %, worst row +56 % "
+    reason="target-set MAPE 7.85 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
-    errors = _frame(target)["error_pct"].abs()
+    df = _frame(target)
+    errors = df["error_pct"].abs()
     assert errors.mean() <= v.TARGET_MAPE_PCT
     assert errors.max() <= v.TARGET_WORST_PCT
+    assert v.schedule_ranking(df)["same"].all()  # every Zero Bubble configuration
 
 
 def test_target_set_accuracy_does_not_regress(target):

@@ -364,3 +364,50 @@ def test_tp_overlap_gemms_replace_transformer_engine_defaults_per_gemm():
     # defaults: MLP-down's reduce-scatter in 4 chunks on 16 SMs, QKV by ring exchange in tp
     assert (ops["mlp_down"].splits, ops["mlp_down"].reserved_units) == (4, 16)
     assert (ops["qkv"].splits, ops["mlp_up_dw"].reserved_units) == (4, 16)
+
+
+# Bytes per parameter of the optimizer step, by what the framework runs (optimizer_step):
+# Adam 28 (read weight, gradient, m, v; write weight, m, v), the norm 4, the 16-bit weight
+# copy 6; 16-bit gradients add their FP32 cast (6), fp16 the unscale and check (8).
+@pytest.mark.parametrize(("precision", "accumulation", "kernels", "per_param", "reset"), [
+    ("bf16", "fused", "multi_tensor", 4 + 28 + 6, 4),           # Megatron-Core, FP32 grads
+    ("fp16", "autograd", "multi_tensor", 6 + 8 + 4 + 28 + 6, 0),  # Megatron-LM 2021
+    ("fp16", "autograd", "per_tensor", 10 + 6 + 8 + 4 + 28 + 6, 0),  # Megatron-LM 2020
+    ("fp32", "fused", "multi_tensor", 4 + 28, 4),               # no 16-bit copy, no cast
+])
+def test_optimizer_step_bytes_follow_the_framework_passes(precision, accumulation, kernels,
+                                                          per_param, reset):
+    s = make_scenario(parallelism__pp=1, training__precision=precision,
+                      training__grad_accumulation=accumulation,
+                      training__optimizer_kernels=kernels)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    params = work.stage_params(0)
+    assert work.optimizer[0].bytes == pytest.approx((per_param + reset) * params)
+
+
+def test_fused_adam_reads_the_reduced_gradient_once_more_for_the_norm():
+    # apex DistributedFusedAdam (MLPerf): the norm over the BF16 shard, then one kernel
+    # reading gradient, FP32 weight, m, v and writing them and the BF16 weight.
+    s = make_scenario(nodes=2, parallelism__pp=1, parallelism__zero=1,
+                      parallelism__grad_reduce_dtype="bf16", training__optimizer_kernels="fused")
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    params = work.stage_params(0)
+    shard = params / s.dp
+    assert work.optimizer[0].bytes == pytest.approx((2 + 2 + 24 + 2) * shard + 2 * params)
+
+
+def test_per_tensor_optimizer_launches_six_kernels_per_parameter_tensor():
+    # Megatron-LM 2020: per tensor the overflow check's cast, sum and host copy, the norm
+    # and its host copy, and the weight copy. A GPT layer holds 12 tensors (QKV, attention
+    # output, MLP in and out with biases, two layernorms); the first stage adds the word
+    # and position embeddings, the last the final norm and its copy of the tied head.
+    s = make_scenario(parallelism__pp=2, training__precision="fp16",
+                      training__optimizer_kernels="per_tensor")
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    layers = s.model.layers // 2
+    assert work.optimizer[0].splits == 6 * (12 * layers + 2)
+    assert work.optimizer[1].splits == 6 * (12 * layers + 2 + 1)
+    multi = build_workload(s.model, s.parallelism,
+                           s.training.model_copy(update={"optimizer_kernels": "multi_tensor"}),
+                           s.dp)
+    assert multi.optimizer[0].splits == 1

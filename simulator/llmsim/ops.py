@@ -43,8 +43,10 @@ class ComputeOp:
     """Data type of the math when it differs from the training precision (FP8 training
     with Transformer Engine runs attention in BF16)."""
     splits: int = 1
-    """The GEMM runs as this many GEMMs of ⌈M/splits⌉ rows, one per chunk of the
-    communication it is overlapped with (Transformer Engine's userbuffers)."""
+    """The op runs as this many kernels, one launch each: a GEMM as GEMMs of ⌈M/splits⌉
+    rows, one per chunk of the communication it is overlapped with (Transformer Engine's
+    userbuffers); a memory-bound op as that many kernels over its bytes (a loop over
+    tensors)."""
     concurrent_splits: int = 1
     """Chunks of a split GEMM that run at once, on separate streams, their tiles sharing
     the compute units."""

@@ -45,3 +45,21 @@ def head_params_per_device(model: Model, tp: int, pp: int) -> int:
     final_norm = model.head_params - (0 if model.tied_embeddings else model.vocab * model.hidden)
     has_matrix = not model.tied_embeddings or pp > 1
     return final_norm + (math.ceil(model.vocab / tp) * model.hidden if has_matrix else 0)
+
+
+def param_tensors(model: Model, layers: int, first: bool, last: bool, stages: int) -> int:
+    """Parameter tensors of a chunk of ``layers`` layers, in Megatron-LM's layout.
+
+    A layer holds its QKV matrix (one fused tensor), the attention output, the MLP's input
+    matrix (gate and up fused when gated) and output matrix, each with a bias when
+    ``model.bias``, and two norms (weight, and bias for layernorm). The first chunk adds
+    the word embedding and learned positions; the last the final norm and, when it holds
+    its own copy, the LM head (:func:`head_params_per_device`).
+    """
+    norm = 2 if model.norm == "layernorm" else 1
+    tensors = layers * (4 * (2 if model.bias else 1) + 2 * norm)
+    if first:
+        tensors += 1 + (model.position_embedding == "learned")
+    if last:
+        tensors += norm + (not model.tied_embeddings or stages > 1)
+    return tensors

@@ -21,6 +21,7 @@ from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
     layer_params_per_device,
+    param_tensors,
 )
 from llmsim.partition import chunk_layers
 from llmsim.specs import Model, Parallelism, Training
@@ -723,8 +724,54 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         and par.recompute == "full",
     )
     for stage in range(p):
-        shard = work.stage_params(stage) / (dp if par.zero >= 1 else 1)
-        # Mixed-precision Adam reads fp32 weight, grad, m, v and writes weight, m, v and
-        # the 16-bit copy: ~30 bytes per parameter of the local shard.
-        work.optimizer[stage] = ComputeOp("optimizer", "memory", "O", 0.0, 30.0 * shard)
+        tensors = sum(param_tensors(model, c.layers, c.first, c.last, p)
+                      for (s, _), c in chunks.items() if s == stage)
+        work.optimizer[stage] = optimizer_step(par, training, work.stage_params(stage),
+                                               tensors, dp)
     return work
+
+
+def optimizer_step(par: Parallelism, training: Training, params: int, tensors: int,
+                   dp: int) -> ComputeOp:
+    """The optimizer step of one device holding ``params`` parameters in ``tensors``
+    tensors, and the reset of its gradient buffer for the next step.
+
+    Adam reads the FP32 weight, gradient and two moments and writes the weight and the
+    moments: 28 bytes per parameter of the local shard (1/dp of them with ZeRO). Around it,
+    by ``training.optimizer_kernels``:
+
+    - ``multi_tensor``: 16-bit gradients cast to FP32 copies (read 2, write 4), with fp16
+      the unscale and inf/NaN check (read and write 4; ``_amp_foreach_non_finite_check_
+      and_unscale_``), the norm for clipping (read 4), the 16-bit weights written from the
+      FP32 ones (read 4, write 2; Megatron-LM's ``_copy_main_params_to_model_params``).
+    - ``fused``: the norm reads the gradient, and the Adam kernel reads the gradient in its
+      own dtype and writes the 16-bit weight too (apex ``DistributedFusedAdam``).
+    - ``per_tensor``: ``multi_tensor``, plus the overflow check's ``x.float().sum()`` per
+      16-bit gradient (read 2, write and read 4), and one launch per tensor for each of
+      the check's cast, sum and copy to the host, the norm's kernel and copy to the host,
+      and the weight copy: six per tensor, none of them hidden behind the previous one,
+      since each check waits for its result (Megatron-LM 2020's ``DynamicLossScaler.
+      has_overflow_serial``, ``mpu.clip_grad_norm``, ``master_params_to_model_params``).
+
+    The clipping itself (a pass over the gradients when the norm exceeds the limit) depends
+    on the data and is not priced. Gradients accumulated in a persistent buffer (every
+    ``training.grad_accumulation`` but ``autograd``, whose gradients are freed after the
+    step) have it zeroed once per step: one write of each local gradient.
+    """
+    shard = params / (dp if par.zero >= 1 else 1)
+    g = grad_bytes_per_param(training.precision, par.grad_reduce_dtype)
+    weight16 = 0 if training.precision == "fp32" else DTYPE_BYTES[training.precision]
+    if training.optimizer_kernels == "fused":
+        per_param = g + (g + 24 + weight16)
+    else:
+        cast = g + 4 if g < 4 else 0
+        unscale = 8 if training.precision == "fp16" else 0
+        copy16 = 4 + weight16 if weight16 else 0
+        per_param = cast + unscale + 4 + 28 + copy16
+        if training.optimizer_kernels == "per_tensor":
+            per_param += g + 8
+    held = params if par.zero < 2 else shard
+    reset = g * held if training.grad_accumulation != "autograd" else 0.0
+    launches = 6 * tensors if training.optimizer_kernels == "per_tensor" else 1
+    return ComputeOp("optimizer", "memory", "O", 0.0, per_param * shard + reset,
+                     splits=launches)

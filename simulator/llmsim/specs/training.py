@@ -23,6 +23,18 @@ class Training(Spec):
     """Data type of the matrix multiplications (mixed precision keeps fp32 master weights)."""
     optimizer: Literal["adam"] = "adam"
     """Optimizer (mixed-precision Adam: 16 bytes of state per parameter)."""
+    optimizer_kernels: Literal["multi_tensor", "fused", "per_tensor"] = "multi_tensor"
+    """How the optimizer step runs over the local shard. ``multi_tensor`` (Megatron-LM
+    from 2021, Megatron-Core, DeepSpeed): apex multi-tensor kernels, one pass each — 16-bit
+    gradients cast to FP32 copies, with fp16 the loss-scale unscale and inf/NaN check, the
+    gradient norm for clipping, Adam, the 16-bit weights copied from the FP32 ones.
+    ``fused``: the norm and one kernel that reads the gradient, the FP32 weight and moments
+    and writes them and the 16-bit weight (apex ``DistributedFusedAdam``, NeMo's
+    distributed optimizer). ``per_tensor``: Megatron-LM of 2020 (apex-era
+    ``FP16_Optimizer``): the ``multi_tensor`` passes, plus an overflow check that casts
+    every 16-bit gradient tensor to FP32 and sums it, and a clipping norm taken tensor by
+    tensor, each waiting for its result on the host, and the 16-bit weights copied tensor
+    by tensor."""
     attention_kernel: AttentionKernel = "flash"
     """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2) or
     ``cudnn`` (cuDNN's fused flash attention, Transformer Engine's ``FusedAttention``,
