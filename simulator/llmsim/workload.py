@@ -747,11 +747,12 @@ def optimizer_step(par: Parallelism, training: Training, params: int, tensors: i
     - ``fused``: the norm reads the gradient, and the Adam kernel reads the gradient in its
       own dtype and writes the 16-bit weight too (apex ``DistributedFusedAdam``).
     - ``per_tensor``: ``multi_tensor``, plus the overflow check's ``x.float().sum()`` per
-      16-bit gradient (read 2, write and read 4), and one launch per tensor for each of
-      the check's cast, sum and copy to the host, the norm's kernel and copy to the host,
-      and the weight copy: six per tensor, none of them hidden behind the previous one,
-      since each check waits for its result (Megatron-LM 2020's ``DynamicLossScaler.
-      has_overflow_serial``, ``mpu.clip_grad_norm``, ``master_params_to_model_params``).
+      gradient tensor (the cast's 2 + 4 for 16-bit ones, the sum's 4), and one launch per
+      tensor for each of the check's cast, sum and copy to the host, the norm's kernel and
+      copy to the host, and the weight copy: six per tensor, none of them hidden behind
+      the previous one, since each check waits for its result (Megatron-LM 2020's
+      ``DynamicLossScaler.has_overflow_serial``, ``mpu.clip_grad_norm``,
+      ``master_params_to_model_params``).
 
     The clipping itself (a pass over the gradients when the norm exceeds the limit) depends
     on the data and is not priced. Gradients accumulated in a persistent buffer (every
@@ -769,7 +770,7 @@ def optimizer_step(par: Parallelism, training: Training, params: int, tensors: i
         copy16 = 4 + weight16 if weight16 else 0
         per_param = cast + unscale + 4 + 28 + copy16
         if training.optimizer_kernels == "per_tensor":
-            per_param += g + 8
+            per_param += cast + 4  # x.float() (a copy only of 16-bit x), then its sum
     held = params if par.zero < 2 else shard
     reset = g * held if training.grad_accumulation != "autograd" else 0.0
     launches = 6 * tensors if training.optimizer_kernels == "per_tensor" else 1
