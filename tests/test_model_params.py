@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmsim.loader import load_spec
+from llmsim.params import param_tensors
 from llmsim.specs import Model
 
 # Published sizes (billions) with a tolerance band for vocabulary padding and rounding.
@@ -113,3 +114,14 @@ def test_swiglu_proxy_matches_a_gelu_4h_model() -> None:
     proxy = load_spec("models", "gpt4-proxy-dense")
     gelu = proxy.model_copy(update={"activation": "gelu", "ffn_hidden": 4 * proxy.hidden})
     assert gelu.params == proxy.params
+
+
+def test_parameter_tensors_in_megatron_layout() -> None:
+    """What a per-tensor optimizer loops over: GPT-2 has 12 tensors a layer (four matrices
+    and their biases, two layernorms of weight and bias), Llama 6 (no biases, RMSNorm);
+    the first stage adds the embeddings, the last the final norm and its head."""
+    gpt2 = load_spec("models", "gpt2-1.5b")
+    assert param_tensors(gpt2, 48, True, True, stages=1) == 12 * 48 + 2 + 2  # tied head
+    assert param_tensors(gpt2, 24, False, True, stages=2) == 12 * 24 + 2 + 1  # head copy
+    llama = load_spec("models", "llama3-8b")
+    assert param_tensors(llama, 32, True, True, stages=1) == 6 * 32 + 1 + 1 + 1
