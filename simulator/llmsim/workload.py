@@ -33,6 +33,12 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 """Bytes per activation element. FP8 training keeps activations and weights in 16 bits
 and casts to FP8 only at the GEMM inputs (Transformer Engine)."""
 
+FP32 = DTYPE_BYTES["fp32"]
+"""Bytes of an FP32 value (master weights, optimizer state, FP32 gradients)."""
+
+ADAM_STATE_BYTES = 3 * FP32
+"""FP32 weight and Adam's two moments, per parameter, read and written by each step."""
+
 EXTRA_OP_PREFIXES = ("embed", "final_norm", "head_", "lm_head", "loss")
 """Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
 
@@ -762,15 +768,16 @@ def optimizer_step(par: Parallelism, training: Training, params: int, tensors: i
     shard = params / (dp if par.zero >= 1 else 1)
     g = grad_bytes_per_param(training.precision, par.grad_reduce_dtype)
     weight16 = 0 if training.precision == "fp32" else DTYPE_BYTES[training.precision]
+    adam_state = 2 * ADAM_STATE_BYTES  # read and written
     if training.optimizer_kernels == "fused":
-        per_param = g + (g + 24 + weight16)
+        per_param = g + (g + adam_state + weight16)  # norm; Adam on the reduced gradient
     else:
-        cast = g + 4 if g < 4 else 0
-        unscale = 8 if training.precision == "fp16" else 0
-        copy16 = 4 + weight16 if weight16 else 0
-        per_param = cast + unscale + 4 + 28 + copy16
+        cast = g + FP32 if g < FP32 else 0
+        unscale = 2 * FP32 if training.precision == "fp16" else 0
+        copy16 = FP32 + weight16 if weight16 else 0
+        per_param = cast + unscale + FP32 + (FP32 + adam_state) + copy16
         if training.optimizer_kernels == "per_tensor":
-            per_param += cast + 4  # x.float() (a copy only of 16-bit x), then its sum
+            per_param += cast + FP32  # x.float() (a copy only of 16-bit x), then its sum
     held = params if par.zero < 2 else shard
     reset = g * held if training.grad_accumulation != "autograd" else 0.0
     launches = 6 * tensors if training.optimizer_kernels == "per_tensor" else 1
