@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -617,8 +618,11 @@ def _beside_collective(full_s: float, slowed_s: float, shares=()):
     env = simpy.Environment()
     held = _Contention(env)
     done_at: dict[float, float] = {}
-    marks = [(share, lambda share=share: done_at.setdefault(share, env.now))
-             for share in shares]
+
+    def note(share: float) -> None:
+        done_at[share] = env.now
+
+    marks = [(share, lambda share=share: note(share)) for share in shares]
     ends = []
 
     def compute():
@@ -734,6 +738,67 @@ def test_a_split_backward_reduces_its_buckets_during_the_weight_pass():
     assert len(reductions) == buckets
     w = passes["W"]
     assert reductions[0].start_s == pytest.approx(w.start_s + (w.end_s - w.start_s) / buckets)
+
+
+def _checked(overlap: bool, check: bool):
+    scenario = make_scenario(nodes=4, parallelism__tp=2, parallelism__pp=1, parallelism__zero=1,
+                             parallelism__dp_bucket_mb=1, training__global_batch=64,
+                             parallelism__overlap_dp_comm=overlap,
+                             parallelism__grad_bucket_nan_check=check,
+                             parallelism__grad_bucket_prescale=check)
+    return simulate(scenario)
+
+
+def _prep_s(result) -> float:
+    work = result.workload
+    costs = build_engine(result.scenario).costs
+    return sum(costs.compute_s(op) for bucket in work.dp_grad_ops(work.chunks[(0, 0)])
+               for op in work.grad_sync_prep(bucket))
+
+
+def test_bucket_checks_pause_the_backward_and_precede_each_reduction():
+    result = _checked(overlap=True, check=True)
+    records = [r for r in result.trace.records if r.device == 0]
+    checks = [r for r in records if r.kind == "D"]
+    reductions = [r for r in records if r.stream == "dp" and r.name.startswith("dp_rs")]
+    buckets = len(reductions)
+    assert buckets > 2 and len(checks) == 2 * buckets  # a NaN check and a scaling each
+    assert sum(r.end_s - r.start_s for r in checks) == pytest.approx(_prep_s(result))
+    # Each reduction is issued when its bucket's scaling ends, never before.
+    scalings = [r for r in checks if r.name == "dp_grad_prescale"]
+    for scaling, reduction in zip(scalings, reductions, strict=True):
+        assert reduction.start_s >= scaling.end_s - 1e-12
+    # The checks run on the compute stream: nothing else computes meanwhile, and the
+    # last backward's parts add up to its block.
+    compute = sorted((r for r in records if r.stream == "compute"), key=lambda r: r.start_s)
+    for a, b in itertools.pairwise(compute):
+        assert b.start_s >= a.end_s - 1e-12
+    last = result.workload.microbatches - 1
+    parts = [r for r in compute if r.microbatch == last and r.kind in "BW"]
+    assert len(parts) > 2  # split around the pauses
+    assert sum(r.block_share(result.trace.block_of(r)) for r in parts) == pytest.approx(2.0)
+
+
+def test_bucket_checks_lengthen_the_step_and_count_as_data_parallel_time():
+    plain, checked = _checked(overlap=True, check=False), _checked(overlap=True, check=True)
+    assert checked.step_time_s > plain.step_time_s
+    assert checked.breakdown_s["compute"] == pytest.approx(plain.breakdown_s["compute"])
+    assert checked.breakdown_s["dp_comm"] > plain.breakdown_s["dp_comm"]
+    assert sum(checked.breakdown_s.values()) == pytest.approx(checked.step_time_s)
+
+
+def test_without_overlap_each_bucket_is_checked_after_the_previous_reduction():
+    plain, checked = _checked(overlap=False, check=False), _checked(overlap=False, check=True)
+    records = [r for r in checked.trace.records if r.device == 0]
+    reductions = [r for r in records if r.stream == "dp"]
+    nan_checks = [r for r in records if r.name == "dp_grad_nan_check"]
+    for reduction, next_check in zip(reductions, nan_checks[1:], strict=False):
+        assert next_check.start_s >= reduction.end_s - 1e-12
+    # The serial checks and reductions: the step grows by the checks' time at least.
+    assert checked.step_time_s >= plain.step_time_s + _prep_s(checked) - 1e-9
+    assert sum(checked.breakdown_s.values()) == pytest.approx(checked.step_time_s)
+    assert checked.breakdown_s["dp_comm"] == pytest.approx(
+        plain.breakdown_s["dp_comm"] + checked.step_time_s - plain.step_time_s)
 
 
 def test_overlapped_buckets_hide_what_a_reduction_after_the_backward_exposes():

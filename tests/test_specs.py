@@ -119,3 +119,11 @@ def test_an_unknown_tp_overlap_gemm_is_a_clear_user_error():
     with pytest.raises(UserError,
                        match=r"tp_overlap_gemms has the key .fc3_fprop., which is not allowed"):
         loader.validate(Parallelism, raw, "bad.yaml")
+
+
+@pytest.mark.parametrize("field", ["grad_bucket_nan_check", "grad_bucket_prescale"])
+def test_bucket_checks_with_zero_3_are_a_clear_user_error(field):
+    """The bucket checks are Megatron-Core DDP's; ZeRO-3 reduces through its own hooks."""
+    raw = {"zero": 3, field: True}
+    with pytest.raises(UserError, match=rf"parallelism\.{field}: true with zero 3.*set zero"):
+        loader.validate(Parallelism, raw, "bad.yaml")

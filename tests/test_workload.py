@@ -107,6 +107,22 @@ def test_gradients_through_a_flattened_copy_add_three_passes(zero, staged):
         "all_reduce" if zero == 0 or staged else "reduce_scatter"}
 
 
+@pytest.mark.parametrize(("check", "prescale"), [(False, False), (True, False),
+                                                (False, True), (True, True)])
+def test_bucket_checks_read_the_bucket_and_scaling_rewrites_it(check, prescale):
+    s = make_scenario(nodes=2, parallelism__tp=8, parallelism__pp=1, parallelism__zero=1,
+                      parallelism__grad_bucket_nan_check=check,
+                      parallelism__grad_bucket_prescale=prescale)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    bucket = work.dp_grad_ops(work.chunks[(0, 0)])[0]
+    ops = {op.name: op for op in work.grad_sync_prep(bucket)}
+    expected = {"dp_grad_nan_check": (bucket.bytes, 3)} if check else {}
+    if prescale:
+        expected["dp_grad_prescale"] = (2 * bucket.bytes, 1)  # read and write, one kernel
+    assert {name: (op.bytes, op.splits) for name, op in ops.items()} == expected
+    assert all(op.kind == "memory" and op.flops == 0 for op in ops.values())
+
+
 def test_no_tp_collectives_without_tensor_parallelism():
     s = make_scenario(nodes=1, parallelism__tp=1, parallelism__pp=1)
     df = build_workload(s.model, s.parallelism, s.training, s.dp).to_dataframe()

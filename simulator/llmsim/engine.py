@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -252,8 +252,12 @@ class _Fifo:
         return (before if before is not None and not before.triggered else None), self.last
 
 
-Mark = tuple[float, Callable[[], object]]
-"""(share of a pass's work, what to call when the pass has done that share)."""
+Mark = tuple[float, Callable[[], Iterator[simpy.Event] | None]]
+"""(share of a pass's work, what to call when the pass has done that share). The call may
+return work that the compute stream runs first, the pass paused until it ends."""
+
+Pause = tuple[float, float, float]
+"""(share of the pass done, start, end) of a pause for a mark's compute-stream work."""
 
 
 class _Contention:
@@ -278,22 +282,29 @@ class _Contention:
             change.succeed()
 
     def run(self, full_s: float, slowed_s: float,
-            marks: Sequence[Mark] = ()) -> Iterator[simpy.Event]:
+            marks: Sequence[Mark] = ()) -> Generator[simpy.Event, object, list[Pause]]:
         """Run a pass of ``full_s`` seconds alone, ``slowed_s`` beside a collective;
         each ``(share, call)`` of ``marks`` is called when that share of the pass's work is
-        done."""
+        done, and the work a call returns runs before the pass goes on. Returns the
+        pauses that work made."""
         env = self.env
         contended = slowed_s > full_s
+        pauses: list[Pause] = []
         if not contended and not marks:
             yield env.timeout(full_s)
-            return
+            return pauses
         pending = sorted(marks, key=lambda mark: mark[0])
         done = 0.0  # share of the pass's work done
         while True:
             while pending and pending[0][0] <= done + 1e-12:
-                pending.pop(0)[1]()
+                share, call = pending.pop(0)
+                interlude = call()
+                if interlude is not None:
+                    paused = env.now
+                    yield from interlude
+                    pauses.append((min(share, 1.0), paused, env.now))
             if done >= 1.0 - 1e-12:
-                return
+                return pauses
             target = pending[0][0] if pending else 1.0
             rate_s = slowed_s if contended and self.busy else full_s
             if not contended:
@@ -362,6 +373,8 @@ class Engine:
         """(stage, chunk) → its per-layer weight gathers, built once."""
         self.bucket_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its gradient buckets' reductions, built once."""
+        self.prep_s: dict[CommOp, tuple[tuple[str, float], ...]] = {}
+        """Gradient bucket → its compute-stream kernels before the reduction, priced."""
         # A send between pipeline neighbours on one node crosses its fabric, one between
         # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
         # neighbour sits (None: every send priced as the pipeline group's path).
@@ -559,10 +572,9 @@ class Engine:
                         and w_seen[act.chunk] + 1 == work.microbatches:
                     marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
-                yield from self.contention[dev.id].run(
+                pauses = yield from self.contention[dev.id].run(
                     block.duration_s, self._block(dev, act, slowed=True).duration_s, marks)
-                self.records.append(Record(dev.id, dev.stage, "compute", _label(act),
-                                           act.kind, act.microbatch, act.chunk, start, env.now))
+                self._record_pass(dev, act, block, start, pauses)
             send: simpy.Process | None = None
             if act.kind == "F" and vs < last_vs:
                 send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
@@ -582,6 +594,14 @@ class Engine:
                     grad_ops += self._gradients(dev, chunk, w_seen[act.chunk], act.microbatch)
         self.last_compute[dev.id] = env.now
         for chunk, count, mb in deferred:  # without overlap: reduce after the last pass
+            if count == work.microbatches and self._has_prep(chunk):
+                # Each bucket's compute-stream work, then its reduction, which the next
+                # bucket's work waits for (Megatron-Core's synchronous collective).
+                for op in self._grad_ops(chunk):
+                    launched: list[simpy.Process] = []
+                    yield from self._prepared(dev, op, launched)
+                    yield launched[0]
+                continue
             grad_ops += self._gradients(dev, chunk, count, mb)
         for proc in grad_ops:
             if not proc.triggered:
@@ -635,8 +655,11 @@ class Engine:
         for k, op in enumerate(ops):
             at = (k + 1) / len(ops) * (own_s + next_s)
 
-            def ready(op: CommOp = op) -> None:
+            def ready(op: CommOp = op) -> Iterator[simpy.Event] | None:
+                if self._prep(op):
+                    return self._prepared(dev, op, grad_ops)
                 grad_ops.append(self.env.process(self._collective(dev, op)))
+                return None
 
             if at <= own_s or next_s == 0:
                 own.append((at / own_s if own_s > 0 else 1.0, ready))
@@ -644,6 +667,40 @@ class Engine:
                 carried.setdefault((act.chunk, act.microbatch), []).append(
                     ((at - own_s) / next_s, ready))
         return own
+
+    def _prep(self, op: CommOp) -> tuple[tuple[str, float], ...]:
+        """(name, seconds) of each kernel the compute stream runs on gradient bucket ``op``
+        before its reduction (:meth:`Workload.grad_sync_prep`), priced once."""
+        if op not in self.prep_s:
+            self.prep_s[op] = tuple((k.name, self.costs.compute_s(k))
+                                    for k in self.work.grad_sync_prep(op))
+        return self.prep_s[op]
+
+    def _has_prep(self, chunk: Chunk) -> bool:
+        return any(self._prep(op) for op in self._grad_ops(chunk))
+
+    def _prepared(self, dev: Device, op: CommOp,
+                  launched: list[simpy.Process]) -> Iterator[simpy.Event]:
+        """Run bucket ``op``'s kernels on the compute stream (recorded as kind "D"), then
+        launch its reduction into ``launched``."""
+        for name, duration_s in self._prep(op):
+            start = self.env.now
+            yield self.env.timeout(duration_s)
+            self.records.append(Record(dev.id, dev.stage, "compute", name, "D", -1, -1,
+                                       start, self.env.now))
+        launched.append(self.env.process(self._collective(dev, op)))
+
+    def _record_pass(self, dev: Device, act: Action, block: Block, start: float,
+                     pauses: list[Pause]) -> None:
+        """Record a pass that ran from ``start`` to now, in parts around its ``pauses``."""
+        seg_start, seg_from = start, 0.0
+        for share, paused, resumed in pauses:
+            self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
+                                       act.microbatch, act.chunk, seg_start, paused,
+                                       seg_from, share * block.duration_s))
+            seg_start, seg_from = resumed, share * block.duration_s
+        if not pauses or pauses[-1][0] < 1.0:  # a pause at the very end leaves nothing
+            self._record_part(dev, act, seg_start, seg_from, math.inf)
 
     def _gradients(self, dev: Device, chunk: Chunk, count: int, mb: int) -> list[simpy.Process]:
         """Launch the gradient reduction of ``chunk`` once its gradients are final."""

@@ -9,10 +9,11 @@ if TYPE_CHECKING:
 
 COLOURS = {
     "F": "#4c72b0", "R": "#8172b3", "B": "#dd8452", "W": "#55a868", "O": "#937860",
-    "tp": "#c44e52", "pp": "#da8bc3", "dp": "#8c8c8c",
+    "D": "#ccb974", "tp": "#c44e52", "pp": "#da8bc3", "dp": "#8c8c8c",
 }
 LABELS = {"F": "forward", "R": "recompute", "B": "backward (input grad)",
-          "W": "backward (weight grad)", "O": "optimizer", "tp": "TP comm",
+          "W": "backward (weight grad)", "O": "optimizer",
+          "D": "gradient bucket checks", "tp": "TP comm",
           "pp": "PP send/recv", "dp": "DP / ZeRO comm"}
 
 

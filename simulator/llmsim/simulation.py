@@ -104,6 +104,9 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             compute += block.compute_s * share
             tp += block.tp_s * share
             dp += r.slowed_s(block)  # the compute units a collective held meanwhile
+        elif r.kind == "D":  # a gradient bucket's kernels before its reduction
+            if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
+                dp += r.end_s - r.start_s
         elif r.kind == "O":
             if r.stream == "compute":
                 optimizer += r.end_s - r.start_s
@@ -121,7 +124,7 @@ def _bubble_fraction(trace: Trace, rep: _Representative) -> float:
     """Idle share of the compute stream of a stage's first device during the pipeline phase."""
     phase = max(trace.stage_last_compute_s.values())
     busy = sum(r.end_s - r.start_s for r in rep[0]
-               if r.stream == "compute" and r.kind in "FBW")
+               if r.stream == "compute" and r.kind in "FBWD")
     return (phase - busy) / phase if phase > 0 else 0.0
 
 

@@ -126,6 +126,12 @@ class Workload:
     grad_all_reduce: bool = False
     """Gradients reduced through a flattened, scaled copy of each bucket, copied back, with
     ZeRO-1/2/3 by a full all-reduce (``parallelism.grad_all_reduce``)."""
+    grad_bucket_nan_check: bool = False
+    """Each gradient bucket checked for NaN before its reduction
+    (``parallelism.grad_bucket_nan_check``)."""
+    grad_bucket_prescale: bool = False
+    """Each gradient bucket scaled by 1/dp before its reduction
+    (``parallelism.grad_bucket_prescale``)."""
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: each backward layer is gathered for its recompute and
     again for its backward (``parallelism.regather_for_recompute``)."""
@@ -179,6 +185,25 @@ class Workload:
         return [CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b{i}",
                        kind, "dp", "W", total / buckets, staging_passes=staging)
                 for i in range(buckets)]
+
+    def grad_sync_prep(self, bucket: CommOp) -> tuple[ComputeOp, ...]:
+        """Kernels the compute stream runs on a gradient bucket before its reduction.
+
+        Megatron-Core's DDP (``start_grad_sync`` of its gradient buckets, 2024) first takes
+        the L2 norm of the bucket and asserts it is not NaN: the norm reads the bucket,
+        ``isnan`` and the copy of the flag to the host are two more kernels, and the host
+        waits for the flag before it queues anything else, so none of the three launches
+        hides behind the previous kernel. It then multiplies the bucket in place by its
+        ``gradient_scaling_factor``, 1/dp (reads and writes it), and only then issues the
+        collective.
+        """
+        ops = []
+        if self.grad_bucket_nan_check:
+            ops.append(ComputeOp("dp_grad_nan_check", "memory", "W", 0.0, bucket.bytes,
+                                 splits=3))
+        if self.grad_bucket_prescale:
+            ops.append(ComputeOp("dp_grad_prescale", "memory", "W", 0.0, 2 * bucket.bytes))
+        return tuple(ops)
 
     def dp_param_gather(self, stage: int) -> CommOp | None:
         """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step
@@ -726,6 +751,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         gather_host_s=(dp * par.tensor_list_host_us_per_rank
                        + par.tensor_list_host_us_per_call) * 1e-6 if tensor_list else 0.0,
         grad_all_reduce=par.grad_all_reduce,
+        grad_bucket_nan_check=par.grad_bucket_nan_check,
+        grad_bucket_prescale=par.grad_bucket_prescale,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",
     )

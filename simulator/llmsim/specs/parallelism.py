@@ -172,6 +172,15 @@ class Parallelism(Spec):
     rank sends the whole activation (Megatron-Core)."""
     dp_bucket_mb: float = Field(default=25.0, gt=0)
     """Gradient bucket size for the overlapped reduction, MB."""
+    grad_bucket_nan_check: bool = False
+    """Check each gradient bucket for NaN before reducing it, on the compute stream: an L2
+    norm of its gradients, then the host waits for the result (Megatron-Core's DDP
+    ``start_grad_sync`` with ``check_for_nan_in_grad``, which Megatron-LM's
+    ``--check-for-nan-in-loss-and-grad`` turns on by default)."""
+    grad_bucket_prescale: bool = False
+    """Scale each gradient bucket by 1/dp in place, on the compute stream, before reducing
+    it (Megatron-Core's DDP ``gradient_scaling_factor``, unless ``average_in_collective``
+    lets the collective average)."""
     rank_order: list[Axis] = Field(default_factory=lambda: ["tp", "cp", "ep", "dp", "pp"])
     """Axes from innermost (adjacent ranks) to outermost."""
 
@@ -213,6 +222,14 @@ class Parallelism(Spec):
                 "it overlaps the distributed optimizer's weight all-gather; set zero or turn "
                 "it off"
             )
+        if self.zero == 3:
+            for field in ("grad_bucket_nan_check", "grad_bucket_prescale"):
+                if getattr(self, field):
+                    raise ValueError(
+                        f"parallelism.{field}: true with zero 3; the bucket checks are "
+                        "Megatron-Core DDP's, whose ZeRO stops at 2 — set zero to 1 or 2, or "
+                        "turn it off"
+                    )
         if self.pp == 1:
             for field in ("first_stage_layers", "last_stage_layers"):
                 if getattr(self, field) is not None:
