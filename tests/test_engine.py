@@ -801,6 +801,33 @@ def test_without_overlap_each_bucket_is_checked_after_the_previous_reduction():
         plain.breakdown_s["dp_comm"] + checked.step_time_s - plain.step_time_s)
 
 
+def test_aligned_reductions_are_issued_whole_after_the_backward_step_megatron_picks():
+    scenario = make_scenario(nodes=4, parallelism__tp=4, parallelism__pp=2,
+                             parallelism__zero=1, parallelism__schedule="interleaved-1f1b",
+                             parallelism__virtual_stages=2, parallelism__dp_bucket_mb=1,
+                             parallelism__grad_reduce_launch="pp_aligned",
+                             parallelism__grad_bucket_nan_check=True,
+                             training__global_batch=64)
+    result = simulate(scenario)
+    engine = build_engine(scenario)
+    work = result.workload
+    for stage, actions in enumerate(engine.schedule):
+        device = next(d.id for d in engine.devices if d.stage == stage)
+        records = [r for r in result.trace.records if r.device == device]
+        passes = {(r.kind, r.microbatch, r.chunk): r for r in records
+                  if r.stream == "compute" and r.kind in "FBW"}
+        assert len(passes) == len(actions)  # no pass paused: nothing is issued inside one
+        reductions = [r for r in records if r.stream == "dp" and r.name.startswith("dp_rs")]
+        for index, chunks in engine.grad_syncs[stage].items():
+            after = actions[index]
+            end = passes[(after.kind, after.microbatch, after.chunk)].end_s
+            for chunk in chunks:
+                vs = work.chunks[(stage, chunk)].virtual_stage
+                mine = [r for r in reductions if r.name.startswith(f"dp_rs_c{vs}_")]
+                assert len(mine) == len(work.dp_grad_ops(work.chunks[(stage, chunk)]))
+                assert min(r.start_s for r in mine) >= end - 1e-12
+
+
 def test_overlapped_buckets_hide_what_a_reduction_after_the_backward_exposes():
     layout = {"nodes": 4, "parallelism__tp": 2, "parallelism__pp": 1, "parallelism__zero": 1,
               "training__global_batch": 64}

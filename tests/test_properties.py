@@ -27,7 +27,8 @@ layouts = st.sampled_from([
      "parallelism__pp_scatter_gather": "megatron"},
     {"nodes": 4, "parallelism__tp": 4, "parallelism__pp": 2, "parallelism__zero": 1,
      "parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
-     "parallelism__grad_bucket_nan_check": True, "parallelism__grad_bucket_prescale": True},
+     "parallelism__grad_bucket_nan_check": True, "parallelism__grad_bucket_prescale": True,
+     "parallelism__grad_reduce_launch": "pp_aligned"},
 ])
 factors = st.floats(min_value=1.0, max_value=8.0)
 

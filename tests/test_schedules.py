@@ -18,6 +18,7 @@ from llmsim.schedules import (
     Action,
     Schedule,
     Timeline,
+    aligned_grad_syncs,
     build,
     format_grid,
     idle_fractions,
@@ -301,3 +302,44 @@ def test_unit_timeline_reports_a_schedule_that_cannot_finish() -> None:
     swapped[0].reverse()
     with pytest.raises(ValueError, match="cannot finish"):
         unit_timeline(swapped)
+
+
+# ------------------------------------------------- where Megatron-Core issues reductions
+def _issued(name: str, stages: int, microbatches: int, chunks: int):
+    schedule = build(name, stages, microbatches, chunks)
+    return schedule, [aligned_grad_syncs(actions, s, stages, chunks, microbatches)
+                      for s, actions in enumerate(schedule)]
+
+
+def test_interleaved_stage_issues_a_chunk_its_rank_steps_after_its_last_backward() -> None:
+    p, m, v = 4, 8, 3
+    schedule, syncs = _issued("interleaved-1f1b", p, m, v)
+    for stage, (actions, issued) in enumerate(zip(schedule, syncs, strict=True)):
+        steps = [i for i, a in enumerate(actions) if a.kind == "W"]
+        assert issued is not None and sorted(itertools.chain(*issued.values())) == [0, 1, 2]
+        for chunk in range(v):
+            last = next(k for k, i in enumerate(steps)
+                        if actions[i] == Action(stage, "W", m - 1, chunk))
+            at = [i for i, chunks in issued.items() if chunk in chunks]
+            # k − stage = last, or after the last backward step when there is no step k
+            assert at == [steps[min(last + stage, len(steps) - 1)]]
+    # The first stage issues each chunk right after its last micro-batch's backward.
+    assert all(schedule[0][i].microbatch == m - 1 for i in syncs[0])
+    # Chunk 0 is backward last: every stage issues it after its last backward. The last
+    # stage issues chunk 2 three steps after its last backward, in chunk 1's backward.
+    for actions, issued in zip(schedule, syncs, strict=True):
+        assert 0 in issued[len(actions) - 1]
+    assert syncs[p - 1] == {61: [2], 69: [1], 71: [0]}
+    assert schedule[p - 1][61] == Action(p - 1, "W", 6, 1)
+
+
+def test_1f1b_first_stage_uses_its_hooks_the_others_issue_after_their_last_backward() -> None:
+    schedule, syncs = _issued("1f1b", 4, 8, 1)
+    assert syncs[0] is None
+    for actions, issued in zip(schedule[1:], syncs[1:], strict=True):
+        assert issued == {len(actions) - 1: [0]} and actions[-1].kind == "W"
+
+
+def test_without_a_pipeline_every_bucket_is_issued_by_the_hooks() -> None:
+    _, syncs = _issued("1f1b", 1, 8, 1)
+    assert syncs == [None]

@@ -127,3 +127,12 @@ def test_bucket_checks_with_zero_3_are_a_clear_user_error(field):
     raw = {"zero": 3, field: True}
     with pytest.raises(UserError, match=rf"parallelism\.{field}: true with zero 3.*set zero"):
         loader.validate(Parallelism, raw, "bad.yaml")
+
+
+@pytest.mark.parametrize(("schedule", "zero"), [("zb-h1", 1), ("1f1b", 3)])
+def test_aligned_reductions_outside_megatron_cores_schedules_are_a_clear_user_error(
+        schedule, zero):
+    raw = {"pp": 2, "schedule": schedule, "zero": zero, "grad_reduce_launch": "pp_aligned"}
+    with pytest.raises(UserError, match=r"grad_reduce_launch: pp_aligned with schedule "
+                       rf"{schedule} and zero {zero}.*bucket_ready"):
+        loader.validate(Parallelism, raw, "bad.yaml")

@@ -107,11 +107,12 @@ FAST_IDS = [
 # to 8.05 %; each framework's optimizer step as its code of the time ran it (Megatron-LM
 # 2021's FP16 passes, 2020's per-tensor overflow checks and norms waited for on the host,
 # Megatron-Core's and DeepSpeed's zeroed gradient buffers) to 7.85 %, under the goal's 8 %,
-# and Megatron-Core's per-bucket NaN check and 1/dp scaling on the compute stream before
-# each gradient reduction to 7.68 %, with twelve rows still worse than 20 % and 9 of the
-# 12 schedule orders.
+# and Megatron-Core's DDP as its code runs it, each bucket's NaN check and 1/dp scaling on
+# the compute stream before its reduction and, on the pipelined rows, each chunk's
+# reductions issued where its grad_sync_func issues them, to 7.81 %, with twelve rows
+# still worse than 20 % and 9 of the 12 schedule orders.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 7.7
+TARGET_MAPE_CEILING_PCT = 7.9
 ZB24_ORDERS_REPRODUCED = 9
 
 
@@ -323,7 +324,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 7.68 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
+    reason="target-set MAPE 7.81 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

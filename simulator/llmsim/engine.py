@@ -26,7 +26,7 @@ from typing import Protocol
 import simpy
 
 from llmsim.ops import CommOp, ComputeOp
-from llmsim.schedules import Action
+from llmsim.schedules import Action, aligned_grad_syncs
 from llmsim.workload import Chunk, Op, Workload
 
 
@@ -351,7 +351,8 @@ class Engine:
                  overlap_tp: bool = False, prefetch_weights: bool = True,
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
-                 collective_units: int = 0, p2p_units: int = 0) -> None:
+                 collective_units: int = 0, p2p_units: int = 0,
+                 aligned_grad_sync: bool = False) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
@@ -375,6 +376,13 @@ class Engine:
         """(stage, chunk) → its gradient buckets' reductions, built once."""
         self.prep_s: dict[CommOp, tuple[tuple[str, float], ...]] = {}
         """Gradient bucket → its compute-stream kernels before the reduction, priced."""
+        self.grad_syncs: dict[int, dict[int, list[int]] | None] = {}
+        """Stage → where it issues whole chunks' reductions (action index → chunks), or
+        None where each bucket is issued as the backward makes it final."""
+        if aligned_grad_sync and overlap_dp and workload.dp > 1 and workload.zero != 3:
+            p, v, m = workload.stages, workload.chunks_per_stage, workload.microbatches
+            self.grad_syncs = {s: aligned_grad_syncs(actions, s, p, v, m)
+                               for s, actions in enumerate(schedule)}
         # A send between pipeline neighbours on one node crosses its fabric, one between
         # nodes the network: ``node_of(device, stage)`` says where a device's pipeline
         # neighbour sits (None: every send priced as the pipeline group's path).
@@ -537,6 +545,7 @@ class Engine:
         carried: dict[tuple[int, int], list[Mark]] = {}
         gathers: dict[tuple[int, int, str, int], simpy.Event] = {}
         actions = self.schedule[dev.stage]
+        syncs = self.grad_syncs.get(dev.stage)
         if self.prefetch_weights:
             self._prefetch(dev, actions, 0, 0, gathers)
         for i, act in enumerate(actions):
@@ -568,13 +577,15 @@ class Engine:
                 if self.prefetch_weights:
                     self._prefetch(dev, actions, i + 1, 0, gathers)
                 marks = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
-                if self.overlap_dp and work.zero != 3 \
+                if self.overlap_dp and work.zero != 3 and syncs is None \
                         and w_seen[act.chunk] + 1 == work.microbatches:
                     marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
                 pauses = yield from self.contention[dev.id].run(
                     block.duration_s, self._block(dev, act, slowed=True).duration_s, marks)
                 self._record_pass(dev, act, block, start, pauses)
+            for c in syncs.get(i, ()) if syncs else ():  # before the step's send
+                yield from self._issue(dev, work.chunks[(dev.stage, c)], grad_ops)
             send: simpy.Process | None = None
             if act.kind == "F" and vs < last_vs:
                 send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
@@ -678,6 +689,15 @@ class Engine:
 
     def _has_prep(self, chunk: Chunk) -> bool:
         return any(self._prep(op) for op in self._grad_ops(chunk))
+
+    def _issue(self, dev: Device, chunk: Chunk,
+               grad_ops: list[simpy.Process]) -> Iterator[simpy.Event]:
+        """Issue every bucket of ``chunk`` in turn, each after its compute-stream kernels."""
+        for op in self._grad_ops(chunk):
+            if self._prep(op):
+                yield from self._prepared(dev, op, grad_ops)
+            else:
+                grad_ops.append(self.env.process(self._collective(dev, op)))
 
     def _prepared(self, dev: Device, op: CommOp,
                   launched: list[simpy.Process]) -> Iterator[simpy.Event]:

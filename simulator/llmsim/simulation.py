@@ -31,7 +31,8 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                   regather_for_recompute=workload.regather_for_recompute,
                   node_of=_node_of(plan),
                   collective_units=scenario.system.node.collective_units,
-                  p2p_units=scenario.system.posted_p2p_units)
+                  p2p_units=scenario.system.posted_p2p_units,
+                  aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
 
 
 def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:

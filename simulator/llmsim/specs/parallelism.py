@@ -172,6 +172,17 @@ class Parallelism(Spec):
     rank sends the whole activation (Megatron-Core)."""
     dp_bucket_mb: float = Field(default=25.0, gt=0)
     """Gradient bucket size for the overlapped reduction, MB."""
+    grad_reduce_launch: Literal["bucket_ready", "pp_aligned"] = "bucket_ready"
+    """When each gradient bucket's reduction is issued, with ``overlap_dp_comm``.
+    ``bucket_ready``: as soon as the last micro-batch's backward makes the bucket final
+    (PyTorch DDP's, apex's and Megatron-Core's bucket hooks). ``pp_aligned``: as
+    Megatron-Core issues it on a pipeline through its ``grad_sync_func``
+    (``--delay-grad-reduce``, on by default from September 2023; ``--align-grad-reduce``
+    from August 2024), so that the stages issue together: with ``interleaved-1f1b`` all
+    of a chunk's buckets after the backward step that comes ``stage`` steps after the
+    chunk's last one (after the stage's last backward when there is none); with ``1f1b``
+    the first stage's as ``bucket_ready``, the others' after their last backward. Without
+    a pipeline (pp = 1) as ``bucket_ready``."""
     grad_bucket_nan_check: bool = False
     """Check each gradient bucket for NaN before reducing it, on the compute stream: an L2
     norm of its gradients, then the host waits for the result (Megatron-Core's DDP
@@ -221,6 +232,14 @@ class Parallelism(Spec):
                 f"parallelism.overlap_param_gather: true needs zero 1 or 2 (got {self.zero}): "
                 "it overlaps the distributed optimizer's weight all-gather; set zero or turn "
                 "it off"
+            )
+        if self.grad_reduce_launch == "pp_aligned" and (
+                self.schedule not in ("1f1b", "interleaved-1f1b") or self.zero == 3):
+            raise ValueError(
+                f"parallelism.grad_reduce_launch: pp_aligned with schedule {self.schedule} "
+                f"and zero {self.zero}; it is how Megatron-Core's DDP issues the reductions "
+                "in its 1f1b and interleaved-1f1b schedules, at zero 0 to 2 — change those, "
+                "or use bucket_ready"
             )
         if self.zero == 3:
             for field in ("grad_bucket_nan_check", "grad_bucket_prescale"):
