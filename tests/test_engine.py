@@ -11,7 +11,7 @@ import pytest
 from helpers import LayerOnlyCosts, make_scenario
 
 from llmsim import simulate
-from llmsim.engine import Block
+from llmsim.blocks import Block
 from llmsim.errors import UserError
 from llmsim.params import layer_params_per_device
 from llmsim.simulation import build_engine
@@ -443,7 +443,7 @@ def _sp(overlap: bool, **extra):
 
 @pytest.mark.parametrize("comm_factor", [0.0, 0.3, 1.0, 3.0])
 def test_tp_overlap_exposes_what_the_pipelining_formula_says(comm_factor):
-    from llmsim.engine import exposed_overlap_s
+    from llmsim.blocks import exposed_overlap_s
 
     base = simulate(_sp(False), costs=_TpCosts(0.0)).trace.blocks[(1, 0, "F")]
     qkv = next(s for s in base.spans if s.name == "qkv").duration_s
@@ -461,7 +461,7 @@ def test_tp_overlap_exposes_what_the_pipelining_formula_says(comm_factor):
 
 
 def test_tp_overlap_closed_form():
-    from llmsim.engine import exposed_overlap_s
+    from llmsim.blocks import exposed_overlap_s
 
     assert exposed_overlap_s(1.0, 4.0, 4) == pytest.approx(0.25)  # hidden but one piece
     assert exposed_overlap_s(4.0, 1.0, 4) == pytest.approx(3.25)  # the excess + a piece
@@ -471,7 +471,7 @@ def test_tp_overlap_closed_form():
 
 
 def test_every_sequence_parallel_collective_but_the_lookup_and_head_pairs_with_a_gemm():
-    from llmsim.engine import _paired_gemm
+    from llmsim.blocks import _paired_gemm
 
     s = _sp(True)
     work = build_workload(s.model, s.parallelism, s.training, s.dp)

@@ -91,7 +91,7 @@ def test_stream_usage_and_breakdown_add_up(layout):
 def test_overlapped_tp_communication_exposes_between_nothing_and_all_of_it(comm, gemm, chunks):
     # Overlap as a whole may slow a step (its GEMMs run in chunks, beside kernels holding
     # SMs, as Transformer Engine's do); what it exposes of a transfer never exceeds it.
-    from llmsim.engine import exposed_overlap_s
+    from llmsim.blocks import exposed_overlap_s
 
     exposed = exposed_overlap_s(comm, gemm, chunks)
     assert -1e-12 <= exposed <= comm + 1e-12

@@ -12,7 +12,8 @@ device, with collectives as barriers among their group members, to check the red
 
 A pipeline action (the forward, input-gradient or weight-gradient pass of one chunk for
 one micro-batch) is one SimPy timeout; its per-op spans are kept as offsets in the
-chunk's block template and expanded only when a trace is asked for.
+chunk's block template (:mod:`llmsim.blocks`) and expanded only when a trace
+(:mod:`llmsim.trace`) is asked for.
 """
 
 from __future__ import annotations
@@ -20,204 +21,17 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import dataclass
 
 import simpy
 
-from llmsim.ops import CommOp, ComputeOp
+from llmsim.blocks import Block, CostModel, block_kind
+from llmsim.ops import CommOp
 from llmsim.schedules import Action, aligned_grad_syncs
-from llmsim.workload import Chunk, Op, Workload
+from llmsim.trace import Record, Trace
+from llmsim.workload import Chunk, Workload
 
-
-class CostModel(Protocol):
-    """Prices ops in seconds (see :mod:`llmsim.costs`)."""
-
-    def compute_s(self, op: ComputeOp) -> float: ...
-    def comm_s(self, op: CommOp) -> float: ...
-
-
-@dataclass(frozen=True, slots=True)
-class OpSpan:
-    """Where one op of a block sits inside the block, relative to its start."""
-
-    name: str
-    stream: str
-    phase: str
-    offset_s: float
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class Block:
-    """The ops of one pass of a chunk, back to back on the compute (and TP) stream."""
-
-    spans: tuple[OpSpan, ...]
-    duration_s: float
-    compute_s: float
-    tp_s: float
-
-    @classmethod
-    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
-           reserved_units: int = 0) -> Block:
-        """Price ``ops`` and lay them out back to back.
-
-        With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
-        keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
-        ``splits`` chunks. ``reserved_units`` more compute units are held by other kernels
-        (a data-parallel collective's) while every compute op runs.
-        """
-        if reserved_units:
-            ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
-                        if isinstance(op, ComputeOp) else op for op in ops)
-        durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
-                     for op in ops]
-        if overlap_tp:
-            for i in range(len(ops)):
-                j = _paired_gemm(ops, i)
-                if j is not None:
-                    gemm = ops[j]
-                    assert isinstance(gemm, ComputeOp)
-                    durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
-        spans, t, compute, tp = [], 0.0, 0.0, 0.0
-        for op, d in zip(ops, durations, strict=True):
-            if isinstance(op, ComputeOp):
-                stream = "compute"
-                compute += d
-            else:
-                stream = op.axis
-                tp += d
-            spans.append(OpSpan(op.name, stream, op.phase, t, d))
-            t += d
-        return cls(tuple(spans), t, compute, tp)
-
-
-def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:
-    """Time a TP collective adds to the GEMM it is overlapped with.
-
-    Transformer Engine's overlap (Megatron-LM ``--tp-comm-overlap``) splits the GEMM and
-    its all-gather or reduce-scatter into ``chunks`` pieces and moves one piece while the
-    GEMM works on another (Wang et al. 2023, "Overlap communication with dependent
-    computation via decomposition", ASPLOS). Two pipelined operations take
-    ``max(c, g) + min(c, g)/n``: the longer one, plus one piece of the shorter that has
-    nothing to hide behind (the first transfer, or the last reduction). A transfer in
-    bulk (``chunks = 1``) runs beside a GEMM it does not depend on: ``max(c, g)``. What
-    the collective adds is that minus the GEMM's own time ``g``, which already includes
-    the chunking and the compute units the transfers hold
-    (:class:`~llmsim.ops.ComputeOp` ``splits`` and ``reserved_units``).
-    """
-    if chunks == 1:
-        return max(comm_s, gemm_s) - gemm_s
-    return max(comm_s, gemm_s) + min(comm_s, gemm_s) / chunks - gemm_s
-
-
-def _paired_gemm(ops: tuple[Op, ...], i: int) -> int | None:
-    """Index of the GEMM that collective ``ops[i]`` pairs with, or None.
-
-    Searches in the op's ``pairs_with`` direction, past memory-bound ops (an FP8 cast)
-    but not past another collective.
-    """
-    op = ops[i]
-    if not isinstance(op, CommOp) or op.pairs_with is None:
-        return None
-    step = 1 if op.pairs_with == "next" else -1
-    j = i + step
-    while 0 <= j < len(ops):
-        other = ops[j]
-        if isinstance(other, CommOp):
-            return None
-        if other.kind == "gemm":
-            return j
-        j += step
-    return None
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One entry of the trace: an action, a transfer or a collective on a stream."""
-
-    device: int
-    stage: int
-    stream: str
-    name: str
-    kind: str
-    microbatch: int
-    chunk: int
-    start_s: float
-    end_s: float
-    block_from_s: float = 0.0
-    """For a compute record that runs only part of its block (a pass interrupted
-    while a layer's weights arrive): where in the block it starts, seconds."""
-    block_to_s: float = math.inf
-    """… and where it ends (``inf``: the rest of the block)."""
-
-    def block_share(self, block: Block) -> float:
-        """Fraction of ``block``'s duration this record runs."""
-        if block.duration_s <= 0:
-            return 1.0
-        return (min(self.block_to_s, block.duration_s) - self.block_from_s) / block.duration_s
-
-    def slowed_s(self, block: Block) -> float:
-        """Time this record ran beyond its share of ``block``: its compute slowed by the
-        compute units a data-parallel collective held meanwhile (rounding noise of the
-        clock counts as none)."""
-        share_s = block.duration_s * self.block_share(block)
-        excess = self.end_s - self.start_s - share_s
-        return excess if excess > 1e-9 * share_s else 0.0
-
-    def stretch(self, block: Block) -> float:
-        """Wall time of this record over its share of ``block``'s time (1: not slowed)."""
-        share_s = block.duration_s * self.block_share(block)
-        return 1.0 + self.slowed_s(block) / share_s if share_s > 0 else 1.0
-
-
-@dataclass
-class Trace:
-    """Everything the engine recorded, with the block templates to expand actions."""
-
-    records: list[Record]
-    blocks: dict[tuple[int, int, str], Block]
-    """(stage, chunk, kind) → the pass's ops; see :func:`block_kind`."""
-    stage_last_compute_s: dict[int, float]
-    stage_dp_done_s: dict[int, float]
-    optimizer_start_s: float
-    step_end_s: float
-    pp_waits: list[tuple[int, float, float, float]] = field(default_factory=list)
-    """(device, wait start, wait end, transfer start) for every wait on a pipeline message."""
-    dp_waits: list[tuple[int, float, float]] = field(default_factory=list)
-    """(device, wait start, wait end) for every wait on a weight gather (ZeRO-3, or
-    ZeRO-1/2 with ``overlap_param_gather``)."""
-
-    accumulate_from_microbatch: int = 0
-
-    def block_of(self, r: Record) -> Block | None:
-        """The ops a compute record of a pass ran (None for any other record)."""
-        if r.stream != "compute" or r.kind not in ("F", "B", "W"):
-            return None
-        kind = block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
-        return self.blocks[(r.stage, r.chunk, kind)]
-
-    def expand(self) -> Iterator[Record]:
-        """Records with each action replaced by its per-op spans."""
-        for r in self.records:
-            block = self.block_of(r)
-            if block is None:
-                yield r
-                continue
-            stretch = r.stretch(block)
-            for s in block.spans:
-                if not r.block_from_s <= s.offset_s < r.block_to_s:
-                    continue
-                start = r.start_s + (s.offset_s - r.block_from_s) * stretch
-                yield Record(r.device, r.stage, s.stream if s.stream == "compute" else "tp",
-                             s.name, s.phase, r.microbatch, r.chunk, start,
-                             start + s.duration_s * stretch)
-
-
-def block_kind(kind: str, microbatch: int, accumulate_from: int) -> str:
-    """Key of a pass's block: its kind, or "w" for a weight pass that adds no gradients to
-    the buffer (a micro-batch before ``accumulate_from``)."""
-    return "w" if kind == "W" and microbatch < accumulate_from else kind
+__all__ = ["Block", "CostModel", "Device", "Engine", "Record", "Trace", "devices_for"]
 
 
 class _Barrier:

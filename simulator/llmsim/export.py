@@ -6,9 +6,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from llmsim.engine import Record
 from llmsim.errors import UserError
 from llmsim.result import Result
+from llmsim.trace import Record
 
 STREAMS = ("compute", "tp", "pp", "dp")
 MAX_OP_EVENTS = 200_000

@@ -18,9 +18,9 @@ from typing import Any
 
 import pandas as pd
 
-from llmsim.engine import Trace
 from llmsim.memory import StageMemory
 from llmsim.specs import Scenario
+from llmsim.trace import Trace
 from llmsim.workload import Workload
 
 SECONDS_PER_DAY = 86_400.0

@@ -1,0 +1,124 @@
+"""Pass templates: the ops of one pass of a chunk, priced and laid out back to back.
+
+A :class:`Block` is what one pipeline action runs on the compute stream (and, for the
+blocking tensor-parallel collectives inside it, the ``tp`` stream): the engine prices
+each chunk's passes once and replays them as single timeouts. Tensor-parallel
+communication overlapped with its GEMM keeps only its exposed part
+(:func:`exposed_overlap_s`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.workload import Op
+
+
+class CostModel(Protocol):
+    """Prices ops in seconds (see :mod:`llmsim.costs`)."""
+
+    def compute_s(self, op: ComputeOp) -> float: ...
+    def comm_s(self, op: CommOp) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpSpan:
+    """Where one op of a block sits inside the block, relative to its start."""
+
+    name: str
+    stream: str
+    phase: str
+    offset_s: float
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Block:
+    """The ops of one pass of a chunk, back to back on the compute (and TP) stream."""
+
+    spans: tuple[OpSpan, ...]
+    duration_s: float
+    compute_s: float
+    tp_s: float
+
+    @classmethod
+    def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
+           reserved_units: int = 0) -> Block:
+        """Price ``ops`` and lay them out back to back.
+
+        With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
+        keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
+        ``splits`` chunks. ``reserved_units`` more compute units are held by other kernels
+        (a data-parallel collective's) while every compute op runs.
+        """
+        if reserved_units:
+            ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
+                        if isinstance(op, ComputeOp) else op for op in ops)
+        durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
+                     for op in ops]
+        if overlap_tp:
+            for i in range(len(ops)):
+                j = _paired_gemm(ops, i)
+                if j is not None:
+                    gemm = ops[j]
+                    assert isinstance(gemm, ComputeOp)
+                    durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
+        spans, t, compute, tp = [], 0.0, 0.0, 0.0
+        for op, d in zip(ops, durations, strict=True):
+            if isinstance(op, ComputeOp):
+                stream = "compute"
+                compute += d
+            else:
+                stream = op.axis
+                tp += d
+            spans.append(OpSpan(op.name, stream, op.phase, t, d))
+            t += d
+        return cls(tuple(spans), t, compute, tp)
+
+
+def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:
+    """Time a TP collective adds to the GEMM it is overlapped with.
+
+    Transformer Engine's overlap (Megatron-LM ``--tp-comm-overlap``) splits the GEMM and
+    its all-gather or reduce-scatter into ``chunks`` pieces and moves one piece while the
+    GEMM works on another (Wang et al. 2023, "Overlap communication with dependent
+    computation via decomposition", ASPLOS). Two pipelined operations take
+    ``max(c, g) + min(c, g)/n``: the longer one, plus one piece of the shorter that has
+    nothing to hide behind (the first transfer, or the last reduction). A transfer in
+    bulk (``chunks = 1``) runs beside a GEMM it does not depend on: ``max(c, g)``. What
+    the collective adds is that minus the GEMM's own time ``g``, which already includes
+    the chunking and the compute units the transfers hold
+    (:class:`~llmsim.ops.ComputeOp` ``splits`` and ``reserved_units``).
+    """
+    if chunks == 1:
+        return max(comm_s, gemm_s) - gemm_s
+    return max(comm_s, gemm_s) + min(comm_s, gemm_s) / chunks - gemm_s
+
+
+def _paired_gemm(ops: tuple[Op, ...], i: int) -> int | None:
+    """Index of the GEMM that collective ``ops[i]`` pairs with, or None.
+
+    Searches in the op's ``pairs_with`` direction, past memory-bound ops (an FP8 cast)
+    but not past another collective.
+    """
+    op = ops[i]
+    if not isinstance(op, CommOp) or op.pairs_with is None:
+        return None
+    step = 1 if op.pairs_with == "next" else -1
+    j = i + step
+    while 0 <= j < len(ops):
+        other = ops[j]
+        if isinstance(other, CommOp):
+            return None
+        if other.kind == "gemm":
+            return j
+        j += step
+    return None
+
+
+def block_kind(kind: str, microbatch: int, accumulate_from: int) -> str:
+    """Key of a pass's block: its kind, or "w" for a weight pass that adds no gradients to
+    the buffer (a micro-batch before ``accumulate_from``)."""
+    return "w" if kind == "W" and microbatch < accumulate_from else kind
