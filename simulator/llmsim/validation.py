@@ -32,11 +32,11 @@ import pandas as pd
 from llmsim import catalog
 from llmsim.errors import UserError
 from llmsim.loader import load_scenario, read_yaml
+from llmsim.optimizer import grad_bytes_per_param
 from llmsim.partition import stage_layers
 from llmsim.result import Result
 from llmsim.simulation import simulate
 from llmsim.specs import Model, Parallelism, Scenario
-from llmsim.workload import grad_bytes_per_param
 
 METRICS = ("iteration_time_s", "tflops_per_gpu", "mfu")
 """Measured metrics the suite compares (``mfu`` in percent, as the sources print it)."""
