@@ -11,7 +11,11 @@ from llmsim.blocks import Block, block_kind
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One entry of the trace: an action, a transfer or a collective on a stream."""
+    """One entry of the trace: an action, a transfer or a collective on a stream.
+
+    ``kind`` is the pass (``F``, ``B``, ``W``), ``O`` for the optimizer step and what runs
+    around it, ``D`` for a gradient bucket's own kernels on the compute stream, or a
+    collective's phase."""
 
     device: int
     stage: int
@@ -24,7 +28,8 @@ class Record:
     end_s: float
     block_from_s: float = 0.0
     """For a compute record that runs only part of its block (a pass interrupted
-    while a layer's weights arrive): where in the block it starts, seconds."""
+    while a layer's weights arrive, or by a gradient bucket's kernels): where in the block
+    it starts, seconds."""
     block_to_s: float = math.inf
     """… and where it ends (``inf``: the rest of the block)."""
 
