@@ -460,16 +460,6 @@ def test_tp_overlap_exposes_what_the_pipelining_formula_says(comm_factor):
     assert over.tp_s == pytest.approx(plain.tp_s - hidden, rel=1e-9, abs=1e-15)
 
 
-def test_tp_overlap_closed_form():
-    from llmsim.blocks import exposed_overlap_s
-
-    assert exposed_overlap_s(1.0, 4.0, 4) == pytest.approx(0.25)  # hidden but one piece
-    assert exposed_overlap_s(4.0, 1.0, 4) == pytest.approx(3.25)  # the excess + a piece
-    assert exposed_overlap_s(0.0, 1.0, 8) == 0.0
-    assert exposed_overlap_s(1.0, 4.0, 1) == 0.0  # in bulk beside a longer GEMM: hidden
-    assert exposed_overlap_s(4.0, 1.0, 1) == pytest.approx(3.0)  # only the excess
-
-
 def test_every_sequence_parallel_collective_but_the_lookup_and_head_pairs_with_a_gemm():
     from llmsim.blocks import _paired_gemm
 
