@@ -481,10 +481,7 @@ class Engine:
             at = (k + 1) / len(ops) * (own_s + next_s)
 
             def ready(op: CommOp = op) -> Iterator[simpy.Event] | None:
-                if self._prep(op):
-                    return self._prepared(dev, op, grad_ops)
-                grad_ops.append(self.env.process(self._collective(dev, op)))
-                return None
+                return self._launch(dev, op, grad_ops)
 
             if at <= own_s or next_s == 0:
                 own.append((at / own_s if own_s > 0 else 1.0, ready))
@@ -504,14 +501,22 @@ class Engine:
     def _has_prep(self, chunk: Chunk) -> bool:
         return any(self._prep(op) for op in self._grad_ops(chunk))
 
+    def _launch(self, dev: Device, op: CommOp,
+                grad_ops: list[simpy.Process]) -> Iterator[simpy.Event] | None:
+        """Launch gradient bucket ``op``'s reduction into ``grad_ops``; or, when the compute
+        stream first runs kernels on the bucket, return that work, which launches it."""
+        if self._prep(op):
+            return self._prepared(dev, op, grad_ops)
+        grad_ops.append(self.env.process(self._collective(dev, op)))
+        return None
+
     def _issue(self, dev: Device, chunk: Chunk,
                grad_ops: list[simpy.Process]) -> Iterator[simpy.Event]:
         """Issue every bucket of ``chunk`` in turn, each after its compute-stream kernels."""
         for op in self._grad_ops(chunk):
-            if self._prep(op):
-                yield from self._prepared(dev, op, grad_ops)
-            else:
-                grad_ops.append(self.env.process(self._collective(dev, op)))
+            work = self._launch(dev, op, grad_ops)
+            if work is not None:
+                yield from work
 
     def _prepared(self, dev: Device, op: CommOp,
                   launched: list[simpy.Process]) -> Iterator[simpy.Event]:
@@ -529,9 +534,7 @@ class Engine:
         """Record a pass that ran from ``start`` to now, in parts around its ``pauses``."""
         seg_start, seg_from = start, 0.0
         for share, paused, resumed in pauses:
-            self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
-                                       act.microbatch, act.chunk, seg_start, paused,
-                                       seg_from, share * block.duration_s))
+            self._record_part(dev, act, seg_start, seg_from, share * block.duration_s, paused)
             seg_start, seg_from = resumed, share * block.duration_s
         if not pauses or pauses[-1][0] < 1.0:  # a pause at the very end leaves nothing
             self._record_part(dev, act, seg_start, seg_from, math.inf)
@@ -604,9 +607,12 @@ class Engine:
         return [recompute_s, layer_s - recompute_s] * layers
 
     def _record_part(self, dev: Device, act: Action, start: float, block_from: float,
-                     block_to: float) -> None:
+                     block_to: float, end: float | None = None) -> None:
+        """Record the part ``[block_from, block_to)`` of a pass's block, run from ``start``
+        to ``end`` (now by default)."""
         self.records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
-                                   act.microbatch, act.chunk, start, self.env.now,
+                                   act.microbatch, act.chunk, start,
+                                   self.env.now if end is None else end,
                                    block_from, block_to))
 
     def _gather_ops(self, dev: Device, act: Action) -> list[CommOp]:

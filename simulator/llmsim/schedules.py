@@ -249,17 +249,16 @@ def aligned_grad_syncs(actions: list[Action], stage: int, stages: int, chunks: i
     if stages == 1 or (chunks == 1 and stage == 0):
         return None
     ends = [i for i, a in enumerate(actions) if a.kind == "W"]
-    out: dict[int, list[int]] = {}
     if chunks == 1:
         return {ends[-1]: [0]}
     last = {a.chunk: step for step, i in enumerate(ends)
             if (a := actions[i]).microbatch == microbatches - 1}
+    out: dict[int, list[int]] = {}
     for chunk in sorted(last, key=lambda c: last[c]):
-        step = last[chunk] + stage
-        if step < len(ends):
-            out.setdefault(ends[step], []).append(chunk)
-    left = [c for c in range(chunks) if all(c not in v for v in out.values())]
-    out.setdefault(ends[-1], []).extend(left)
+        if last[chunk] + stage < len(ends):
+            out.setdefault(ends[last[chunk] + stage], []).append(chunk)
+    issued = {c for chunks_at in out.values() for c in chunks_at}
+    out.setdefault(ends[-1], []).extend(c for c in range(chunks) if c not in issued)
     return out
 
 
