@@ -42,8 +42,9 @@ class Training(Spec):
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]
-    (Megatron-LM's legacy model with ``--use-flash-attn``), or read in place (Transformer
-    Engine, cuDNN)."""
+    (Megatron-LM's legacy model with ``--use-flash-attn``; Transformer Engine of 2023,
+    whose FlashAttention wrapper fed flash-attn 1.x), or read in place (Transformer Engine
+    from 2024, cuDNN)."""
     bias_kernels: Literal["fused", "separate"] = "fused"
     """How linear-layer biases run (models with ``bias: true``): ``fused`` in the GEMM
     epilogues and the fused bias-GeLU / bias-dropout-add kernels, their gradients with
