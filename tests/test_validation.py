@@ -109,10 +109,11 @@ FAST_IDS = [
 # Megatron-Core's and DeepSpeed's zeroed gradient buffers) to 7.85 %, under the goal's 8 %,
 # and Megatron-Core's DDP as its code runs it, each bucket's NaN check and 1/dp scaling on
 # the compute stream before its reduction and, on the pipelined rows, each chunk's
-# reductions issued where its grad_sync_func issues them, to 7.81 %, with twelve rows
-# still worse than 20 % and 9 of the 12 schedule orders.
+# reductions issued where its grad_sync_func issues them, to 7.81 %; the MLPerf rows' q, k, v
+# layout copies of Transformer Engine's 2023 FlashAttention wrapper to 7.77 %, with twelve
+# rows still worse than 20 % and 9 of the 12 schedule orders.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 7.9
+TARGET_MAPE_CEILING_PCT = 7.8
 ZB24_ORDERS_REPRODUCED = 9
 
 
