@@ -31,7 +31,7 @@ def grad_bytes_per_param(precision: str, reduce_dtype: str | None = None) -> int
     """
     if reduce_dtype is not None:
         return DTYPE_BYTES[reduce_dtype]
-    return 2 if precision == "fp16" else 4
+    return DTYPE_BYTES["fp16"] if precision == "fp16" else FP32
 
 
 def grad_accumulation_bytes_per_param(mode: str, param_bytes: int, grad_bytes: int) -> int:
@@ -48,8 +48,7 @@ def grad_accumulation_bytes_per_param(mode: str, param_bytes: int, grad_bytes: i
     if mode == "autograd":
         return 3 * param_bytes
     if mode == "fp32_cast_add":
-        fp32 = DTYPE_BYTES["fp32"]
-        return param_bytes + fp32 + 3 * fp32
+        return param_bytes + FP32 + 3 * FP32
     return param_bytes + 2 * grad_bytes
 
 
