@@ -11,7 +11,7 @@ import pytest
 from helpers import LayerOnlyCosts, make_scenario
 
 from llmsim import simulate
-from llmsim.blocks import Block
+from llmsim.costs.collectives import posted_p2p_units
 from llmsim.errors import UserError
 from llmsim.params import layer_params_per_device
 from llmsim.simulation import build_engine
@@ -606,7 +606,7 @@ def _beside_collective(full_s: float, slowed_s: float, shares=()):
     from llmsim.engine import _Contention
 
     env = simpy.Environment()
-    held = _Contention(env)
+    held = _Contention(env, variable=True)
     done_at: dict[float, float] = {}
 
     def note(share: float) -> None:
@@ -616,14 +616,14 @@ def _beside_collective(full_s: float, slowed_s: float, shares=()):
     ends = []
 
     def compute():
-        yield from held.run(full_s, slowed_s, marks)
+        yield from held.run(lambda units: slowed_s if units else full_s, marks)
         ends.append(env.now)
 
     def collective():
         yield env.timeout(0.2)
-        held.hold(True)
+        held.hold(collective=8)
         yield env.timeout(0.4)
-        held.hold(False)
+        held.hold(collective=-8)
 
     env.process(compute())
     env.process(collective())
@@ -834,26 +834,28 @@ def _interleaved(**extra):
     return make_scenario(**{**layout, **extra})
 
 
-@pytest.mark.parametrize(("nodes", "tp", "held"), [
-    (4, 8, {0: 2, 1: 2, 2: 2, 3: 2}),  # every stage on its own node
-    (2, 4, {0: 0, 1: 2, 2: 0, 3: 2}),  # stages 0-1 and 2-3 share a node; 3 sends to 0
-    (1, 2, {0: 0, 1: 0, 2: 0, 3: 0}),  # one node: NVLink peers, not modelled
+@pytest.mark.parametrize(("nbytes", "within", "units"), [
+    (28.3e6, True, 16),         # 1 MiB .. 256 MiB: half the peer's 32 channels
+    (512 * 1024, True, 8),      # chunks of at least 64 KiB: 8 of them
+    (64 * 1024, True, 1),
+    (300 * 2**20, True, 32),    # 16 chunks would exceed 16 MiB each: doubled
+    (28.3e6, False, 2),         # another node: the network's channels per peer
 ])
-def test_posted_operations_hold_units_where_the_next_stage_is_on_another_node(nodes, tp, held):
-    engine = build_engine(_interleaved(nodes=nodes, parallelism__tp=tp))
-    assert engine.posted_p2p_units == held
-    for (stage, chunk), work in engine.work.chunks.items():
-        for kind, ops, units in (("F", work.forward, held[stage]),
-                                 ("B", work.backward, held[stage]),
-                                 ("W", work.weight + work.accumulate, 0)):  # weights run free
-            priced = Block.of(ops, engine.costs, engine.overlap_tp, units)
-            assert engine.blocks[(stage, chunk, kind)].duration_s == priced.duration_s
+def test_a_posted_operation_holds_the_blocks_nccl_splits_it_over(nbytes, within, units):
+    system = make_scenario(system__node__p2p_channels_per_peer=32).system
+    assert posted_p2p_units(system, nbytes, within) == units
 
 
-def test_channels_per_network_peer_set_the_units_held():
-    engine = build_engine(_interleaved(nodes=4, parallelism__tp=8,
-                                       system__network__p2p_channels_per_net_peer=4))
-    assert set(engine.posted_p2p_units.values()) == {4}
+def test_no_units_are_held_where_the_library_kernels_are_not_modelled_so():
+    system = make_scenario(system__node__p2p_kernels_hold_units=False).system
+    assert posted_p2p_units(system, 28.3e6, True) == posted_p2p_units(system, 28.3e6, False) == 0
+    system = make_scenario(system__node__p2p_channels_per_peer=0).system
+    assert posted_p2p_units(system, 28.3e6, True) == 0
+
+
+def test_channels_per_network_peer_are_rounded_up_to_a_power_of_two():
+    system = make_scenario(system__network__p2p_channels_per_net_peer=3).system
+    assert posted_p2p_units(system, 28.3e6, False) == 4
 
 
 @pytest.mark.parametrize("extra", [
@@ -862,28 +864,57 @@ def test_channels_per_network_peer_set_the_units_held():
     {"system__node__p2p_kernels_hold_units": False},  # a library whose kernels hold none
 ])
 def test_blocking_or_non_interleaved_pipelines_hold_nothing(extra):
-    assert build_engine(_interleaved(nodes=4, parallelism__tp=8, **extra)).posted_p2p_units == {}
+    engine = build_engine(_interleaved(nodes=4, parallelism__tp=8, **extra))
+    assert not engine.rendezvous and engine.p2p_units == (0, 0)
 
 
-def test_held_units_make_passes_slower_not_faster():
-    engine = build_engine(_interleaved(nodes=4, parallelism__tp=8))
-    for (stage, chunk, kind), block in engine.blocks.items():
-        if kind == "F":
-            free = Block.of(engine.work.chunks[(stage, chunk)].forward, engine.costs,
-                            engine.overlap_tp)
-            assert block.duration_s >= free.duration_s
-            assert block.compute_s > free.compute_s
+def test_the_first_backward_receive_is_posted_after_the_last_warmup_forward():
+    engine = build_engine(_interleaved(nodes=1, parallelism__tp=2))
+    for dev in engine.devices[:-1]:  # the last stage's first backward receives nothing
+        actions = engine.schedule[dev.stage]
+        posts = engine._recv_posts(dev, actions)
+        first_b = next(j for j, a in enumerate(actions) if a.kind == "B")
+        vs = engine.work.chunks[(dev.stage, actions[first_b].chunk)].virtual_stage
+        key = (dev.pipe, "B", vs, actions[first_b].microbatch)
+        after = next(i for i, keys in posts.items() if any(k == key for k, _ in keys))
+        assert after == first_b - 2  # the warmup's last forward, then the steady F
+        assert actions[after].kind == actions[after + 1].kind == "F"
+
+
+@pytest.mark.parametrize(("nodes", "tp", "pp", "v"), [
+    (1, 4, 2, 2), (1, 2, 4, 2), (1, 1, 8, 2), (2, 2, 8, 2), (4, 8, 4, 2), (1, 2, 4, 3),
+])
+def test_posted_pipelines_finish_and_their_held_units_cost_pipeline_time(nodes, tp, pp, v):
+    layout = {"nodes": nodes, "parallelism__tp": tp, "parallelism__pp": pp,
+              "parallelism__virtual_stages": v, "model__layers": 48,
+              "training__global_batch": 8 * pp}
+    held = simulate(_interleaved(**layout))
+    free = simulate(_interleaved(system__node__p2p_kernels_hold_units=False, **layout))
+    assert held.step_time_s >= free.step_time_s
+    assert held.breakdown_s["compute"] == pytest.approx(free.breakdown_s["compute"])
+    assert held.breakdown_s["pp_comm"] >= free.breakdown_s["pp_comm"] - 1e-12
+    assert sum(held.breakdown_s.values()) == pytest.approx(held.step_time_s)
+
+
+def test_peers_on_one_node_hold_more_units_than_peers_across_nodes():
+    engine = build_engine(_interleaved(nodes=1, parallelism__tp=2))
+    across, within = engine.p2p_units
+    assert within > across > 0
 
 
 def test_posted_operations_must_leave_the_compute_some():
-    with pytest.raises(UserError, match="p2p_channels_per_net_peer: 108 leaves none"):
-        _interleaved(system__network__p2p_channels_per_net_peer=108)
-    _interleaved(system__network__p2p_channels_per_net_peer=108,  # held by nothing: fine
-                 system__node__p2p_kernels_hold_units=False)
-    with pytest.raises(UserError, match="other kernels hold 102 more"):  # 100 + 2 posted
-        _interleaved(nodes=2, parallelism__tp=4, parallelism__sequence_parallel=True,
-                     parallelism__overlap_tp_comm=True, parallelism__tp_overlap_comm_units=6,
-                     system__node__collective_units=100)
+    with pytest.raises(UserError, match="two posted pipeline operations hold 256 of"):
+        build_engine(_interleaved(nodes=4, parallelism__tp=8,
+                                  system__network__p2p_channels_per_net_peer=108))
+    build_engine(_interleaved(nodes=4, parallelism__tp=8,  # held by nothing: fine
+                              system__network__p2p_channels_per_net_peer=108,
+                              system__node__p2p_kernels_hold_units=False))
+    with pytest.raises(UserError, match="and other kernels 106 more"):  # 100 + 6 for TP
+        build_engine(_interleaved(nodes=1, parallelism__tp=2,
+                                  parallelism__sequence_parallel=True,
+                                  parallelism__overlap_tp_comm=True,
+                                  parallelism__tp_overlap_comm_units=6,
+                                  system__node__collective_units=100))
 
 
 class _AmaxOnlyCosts(LayerOnlyCosts):

@@ -75,38 +75,46 @@ Pause = tuple[float, float, float]
 
 
 class _Contention:
-    """Compute on one device that runs slower while a collective holds compute units.
+    """Compute on one device that runs slower while other kernels hold compute units.
 
-    A pass of ``full_s`` (alone on the device) that takes ``slowed_s`` beside a collective
-    progresses at ``1/full_s`` of its work per second while the device's collectives are
-    idle and ``1/slowed_s`` while one runs; each start or end of a collective changes the
-    rate of the pass under way.
+    A data-parallel collective holds the node's ``collective_units`` while it runs; a
+    posted pipeline send or receive holds its channels until it completes. A pass priced
+    ``price(held)`` seconds with ``held`` units taken progresses at ``1/price(held)`` of its
+    work per second; each hold or release changes the rate of the pass under way. The
+    pass's time beyond ``price(0)`` is shared between the holders by their units;
+    :attr:`p2p_slowed_s` sums the pipeline operations' share.
     """
 
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: simpy.Environment, variable: bool) -> None:
         self.env = env
-        self.busy = False
+        self.variable = variable
+        """Whether anything ever holds units on this device (else passes run at once)."""
+        self.collective = 0
+        self.posted = 0
+        self.p2p_slowed_s = 0.0
         self.change: simpy.Event | None = None
 
-    def hold(self, busy: bool) -> None:
-        """A collective starts (``True``) or ends (``False``) on the device."""
-        self.busy = busy
+    def hold(self, collective: int = 0, posted: int = 0) -> None:
+        """A collective (``collective``) or a pipeline operation (``posted``) takes
+        (positive) or gives back (negative) that many compute units."""
+        self.collective += collective
+        self.posted += posted
         if self.change is not None:
             change, self.change = self.change, None
             change.succeed()
 
-    def run(self, full_s: float, slowed_s: float,
+    def run(self, price: Callable[[int], float],
             marks: Sequence[Mark] = ()) -> Generator[simpy.Event, object, list[Pause]]:
-        """Run a pass of ``full_s`` seconds alone, ``slowed_s`` beside a collective;
-        each ``(share, call)`` of ``marks`` is called when that share of the pass's work is
+        """Run a pass that takes ``price(held)`` seconds with ``held`` units taken; each
+        ``(share, call)`` of ``marks`` is called when that share of the pass's work is
         done, and the work a call returns runs before the pass goes on. Returns the
         pauses that work made."""
         env = self.env
-        contended = slowed_s > full_s
         pauses: list[Pause] = []
-        if not contended and not marks:
-            yield env.timeout(full_s)
+        if not self.variable and not marks:
+            yield env.timeout(price(0))
             return pauses
+        alone_s = price(0)
         pending = sorted(marks, key=lambda mark: mark[0])
         done = 0.0  # share of the pass's work done
         while True:
@@ -120,8 +128,9 @@ class _Contention:
             if done >= 1.0 - 1e-12:
                 return pauses
             target = pending[0][0] if pending else 1.0
-            rate_s = slowed_s if contended and self.busy else full_s
-            if not contended:
+            collective, posted = self.collective, self.posted
+            rate_s = price(collective + posted)
+            if not self.variable:
                 yield env.timeout((target - done) * rate_s)
                 done = target
                 continue
@@ -129,7 +138,11 @@ class _Contention:
                 self.change = env.event()
             start, reach = env.now, env.timeout((target - done) * rate_s)
             yield reach | self.change
-            done = target if reach.processed else done + (env.now - start) / rate_s
+            elapsed = env.now - start
+            done = target if reach.processed else done + elapsed / rate_s
+            if posted and rate_s > alone_s:
+                excess = elapsed * (1.0 - alone_s / rate_s)
+                self.p2p_slowed_s += excess * posted / (collective + posted)
 
 
 @dataclass(frozen=True)
@@ -165,7 +178,7 @@ class Engine:
                  overlap_tp: bool = False, prefetch_weights: bool = True,
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
-                 collective_units: int = 0, p2p_units: int = 0,
+                 collective_units: int = 0, p2p_units: tuple[int, int] = (0, 0),
                  aligned_grad_sync: bool = False) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
@@ -202,15 +215,27 @@ class Engine:
         # neighbour sits (None: every send priced as the pipeline group's path).
         self.node_of = node_of
         self._within: dict[tuple[object, int, int], bool] = {}
-        self.posted_p2p_units = self._posted_p2p_units(p2p_units)
-        """Stage → compute units its posted pipeline operations hold beside F and B passes."""
-        self.blocks = self._price_blocks(self.posted_p2p_units)
-        # Passes as they run beside a data-parallel collective, which holds
-        # ``collective_units`` compute units more (None: collectives cost the compute
-        # nothing, or there are none).
-        self.slowed = (self._price_blocks(self.posted_p2p_units, collective_units)
-                       if collective_units and workload.dp > 1 else None)
-        self.contention = {d.id: _Contention(self.env) for d in devices}
+        self.collective_units = collective_units if workload.dp > 1 else 0
+        """Compute units a data-parallel collective holds while it runs beside the compute."""
+        self.rendezvous = (overlap_pp and workload.chunks_per_stage > 1
+                           and workload.stages > 1 and node_of is not None and any(p2p_units))
+        """Whether pipeline sends and receives are posted ahead and hold compute units
+        until their peers post theirs (:meth:`_post_recvs`)."""
+        self.p2p_units = p2p_units if self.rendezvous else (0, 0)
+        """Compute units one posted send or receive holds: (peer on another node, on the
+        same node)."""
+        self.priced: dict[tuple[int, int, str, int], Block] = {}
+        """(stage, chunk, kind, units held by other kernels) → the pass, priced once."""
+        self.blocks = {(s, c, kind): self._priced(s, c, kind, 0)
+                       for s, c in workload.chunks for kind in ("F", "B", "w", "W")}
+        """(stage, chunk, kind) → the pass alone on its device."""
+        self.contention = {
+            d.id: _Contention(self.env, bool(self.collective_units) or self.rendezvous)
+            for d in devices}
+        self.p2p_stream: dict[tuple[int, int], _Fifo] = {}
+        """(device, peer stage) → the stream of the two-rank communicator PyTorch runs a
+        single isend or irecv on: one operation at a time, in the order posted."""
+        self.recv_posted: dict[object, simpy.Event] = {}
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
         self.pp_link = {d.id: _Fifo(self.env) for d in devices}
@@ -232,60 +257,28 @@ class Engine:
         self.stage_ready = self.env.event()
         self.ready_count = 0
 
-    def _posted_p2p_units(self, p2p_units: int) -> dict[int, int]:
-        """Per stage, the compute units its posted pipeline operations hold beside its passes.
+    def _priced(self, stage: int, chunk: int, kind: str, held: int) -> Block:
+        """A pass of ``kind`` ("F", "B"; "W" with its gradient accumulation, "w" without,
+        the micro-batches before :attr:`Workload.accumulate_from_microbatch`) on ``held``
+        compute units fewer, priced once."""
+        key = (stage, chunk, kind, held)
+        block = self.priced.get(key)
+        if block is None:
+            work = self.work.chunks[(stage, chunk)]
+            ops = {"F": work.forward, "B": work.backward, "w": work.weight,
+                   "W": work.weight + work.accumulate if work.accumulate else work.weight}
+            block = self.priced[key] = Block.of(ops[kind], self.costs, self.overlap_tp, held)
+        return block
 
-        Megatron-LM's interleaved schedule with overlapped communication
-        (``overlap_p2p_comm``) posts each iteration's sends together with the receives
-        for the next iteration and computes on (``send_forward_recv_forward(...,
-        overlap_p2p_comm=True)`` in ``forward_backward_pipelining_with_interleaving``),
-        and NCCL's kernel for a posted send or receive holds its thread blocks, one per
-        channel, until its peer has posted the other half and the data has moved. In a
-        balanced steady state stage s + 1 runs a backward pass ahead of stage s (its
-        input gradient is what s needs next), so s posts the receive for that gradient
-        as its forward pass starts and it completes only as the pass ends, and s's
-        activation send to s + 1 waits about a forward pass, during s's backward pass,
-        for s + 1 to post its receive. So one operation with the next stage is in
-        flight beside all of each of stage s's forward passes and about a forward pass's
-        time of each backward: priced beside the input-gradient part of the backward
-        (its "B" block), not its weight gradients ("W"), on ``p2p_units`` blocks when that
-        stage is on another node. With that stage on the same node NCCL gives the peer its
-        NVLink channel count, the blocks a message takes depend on its size, and the
-        case is not modelled (0). Other schedules send blocking or post their receives
-        where they consume them: nothing is held."""
-        if not (p2p_units and self.overlap_pp and self.work.chunks_per_stage > 1
-                and self.work.stages > 1 and self.node_of is not None):
-            return {}
-        p = self.work.stages
-        first = {}
-        for d in self.devices:
-            first.setdefault(d.stage, d)
-        return {s: p2p_units * (not self._within_node(dev, (s + 1) % p))
-                for s, dev in first.items()}
+    def _price(self, dev: Device, act: Action) -> Callable[[int], float]:
+        """Seconds ``act``'s pass takes on ``dev`` with a given number of units held."""
+        kind = block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+        return lambda held: self._priced(dev.stage, act.chunk, kind, held).duration_s
 
-    def _price_blocks(self, stage_units: dict[int, int],
-                      reserved_units: int = 0) -> dict[tuple[int, int, str], Block]:
-        """Each chunk's passes; "W" with its gradient accumulation, "w" without (the
-        micro-batches before :attr:`Workload.accumulate_from_microbatch`), with
-        ``stage_units`` (per stage) and ``reserved_units`` compute units held by other
-        kernels."""
-        out = {}
-        for (s, c), chunk in self.work.chunks.items():
-            passes = {"F": chunk.forward, "B": chunk.backward, "w": chunk.weight}
-            if chunk.accumulate:
-                passes["W"] = chunk.weight + chunk.accumulate
-            posted = stage_units.get(s, 0)  # beside the forward and input-gradient passes
-            for kind, ops in passes.items():
-                held = reserved_units + (posted if kind in "FB" else 0)
-                out[(s, c, kind)] = Block.of(ops, self.costs, self.overlap_tp, held)
-            out.setdefault((s, c, "W"), out[(s, c, "w")])
-        return out
-
-    def _block(self, dev: Device, act: Action, slowed: bool = False) -> Block:
-        """The block ``act`` runs on ``dev``; beside a collective if ``slowed``."""
-        blocks = self.slowed if slowed and self.slowed is not None else self.blocks
-        return blocks[(dev.stage, act.chunk,
-                       block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch))]
+    def _block(self, dev: Device, act: Action) -> Block:
+        """The block ``act`` runs on ``dev``, alone on the device."""
+        kind = block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+        return self.blocks[(dev.stage, act.chunk, kind)]
 
     # -- messages between pipeline stages ---------------------------------------------
     def _message(self, key: object) -> simpy.Event:
@@ -296,16 +289,82 @@ class Engine:
     def _send(self, dev: Device, key: object, mb: int, chunk: int,
               to_stage: int) -> Iterator[simpy.Event]:
         within = self._within_node(dev, to_stage)
-        before, sent = self.pp_link[dev.id].queue()
+        if self.rendezvous:  # on the pair's stream, once the receiver has posted
+            before, sent = self._p2p_stream(dev, to_stage).queue()
+        else:
+            before, sent = self.pp_link[dev.id].queue()
         if before is not None:
             yield before
+        units = self.p2p_units[within]
+        if self.rendezvous:
+            self.contention[dev.id].hold(posted=units)
+            yield self._recv_posted(key)
         start = self.env.now
         self.message_start[key] = start
         yield self.env.timeout(self.pp_send_s[within])
         self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
                                    start, self.env.now))
+        if self.rendezvous:
+            self.contention[dev.id].hold(posted=-units)
         sent.succeed()
         self._message(key).succeed()
+
+    def _recv(self, dev: Device, key: object, from_stage: int) -> Iterator[simpy.Event]:
+        """A posted receive: it runs on the pair's stream after what was posted there
+        before it, holds its channels' compute units, and ends when the message is in."""
+        before, received = self._p2p_stream(dev, from_stage).queue()
+        if before is not None:
+            yield before
+        units = self.p2p_units[self._within_node(dev, from_stage)]
+        self.contention[dev.id].hold(posted=units)
+        self._recv_posted(key).succeed()
+        yield self._message(key)
+        self.contention[dev.id].hold(posted=-units)
+        received.succeed()
+
+    def _recv_posted(self, key: object) -> simpy.Event:
+        if key not in self.recv_posted:
+            self.recv_posted[key] = self.env.event()
+        return self.recv_posted[key]
+
+    def _p2p_stream(self, dev: Device, peer_stage: int) -> _Fifo:
+        key = (dev.id, peer_stage)
+        if key not in self.p2p_stream:
+            self.p2p_stream[key] = _Fifo(self.env)
+        return self.p2p_stream[key]
+
+    def _recv_posts(self, dev: Device,
+                    actions: list[Action]) -> dict[int, list[tuple[object, int]]]:
+        """Where ``dev`` posts the receive for each message its passes consume, as
+        Megatron-LM's interleaved schedule with ``overlap_p2p_comm`` does: action index
+        → [(message, peer stage)] posted after that action (−1: before the first).
+
+        Each step posts the receive for the next step's input with its own send: after a
+        forward pass, the next forward's activations (``send_forward_recv_forward``); after
+        a backward step, the next backward's gradient (``send_backward_recv_backward``).
+        The first forward's receive comes before any pass; the first backward's after the
+        last warmup forward, the one before the first steady-state step's forward (or,
+        when every forward is a warmup one, right before the backward)."""
+        p, last_vs = self.work.stages, self.work.stages * self.work.chunks_per_stage - 1
+        backward_step = "B" if self.split_backward else "W"
+        posts: dict[int, list[tuple[object, int]]] = defaultdict(list)
+        last = {"F": -1, "B": -1}
+        forwards = sum(act.kind == "F" for act in actions)
+        for j, act in enumerate(actions):
+            vs = self.work.chunks[(dev.stage, act.chunk)].virtual_stage
+            if act.kind == "F" and vs > 0:
+                posts[last["F"]].append(((dev.pipe, "F", vs, act.microbatch), (vs - 1) % p))
+            elif act.kind == "B" and vs < last_vs:
+                after = last["B"]
+                if after < 0:
+                    warmup_only = sum(a.kind == "F" for a in actions[:j]) == forwards
+                    after = j - 1 if warmup_only else j - 2
+                posts[after].append(((dev.pipe, "B", vs, act.microbatch), (vs + 1) % p))
+            if act.kind == "F":
+                last["F"] = j
+            elif act.kind == backward_step:
+                last["B"] = j
+        return posts
 
     def _gather_messages(self, dev: Device, act: Action, count: int) -> Iterator[simpy.Event]:
         """All-gather ``count`` sliced messages over the TP group before ``act`` runs
@@ -339,9 +398,9 @@ class Engine:
         if members > 1:  # fidelity "full": wait for the group's other members
             yield self.barrier.arrive((key, op.name, tag), members)
         start = self.env.now
-        self.contention[dev.id].hold(True)
+        self.contention[dev.id].hold(collective=self.collective_units)
         yield self.env.timeout(self.costs.comm_s(op))
-        self.contention[dev.id].hold(False)
+        self.contention[dev.id].hold(collective=-self.collective_units)
         self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
                                    start, self.env.now))
         ended.succeed()
@@ -362,6 +421,9 @@ class Engine:
         syncs = self.grad_syncs.get(dev.stage)
         if self.prefetch_weights:
             self._prefetch(dev, actions, 0, 0, gathers)
+        posts = self._recv_posts(dev, actions) if self.rendezvous else {}
+        for key, peer in posts.get(-1, ()):
+            env.process(self._recv(dev, key, peer))
         for i, act in enumerate(actions):
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
@@ -395,11 +457,18 @@ class Engine:
                         and w_seen[act.chunk] + 1 == work.microbatches:
                     marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
-                pauses = yield from self.contention[dev.id].run(
-                    block.duration_s, self._block(dev, act, slowed=True).duration_s, marks)
+                pauses = yield from self.contention[dev.id].run(self._price(dev, act), marks)
                 self._record_pass(dev, act, block, start, pauses)
             for c in syncs.get(i, ()) if syncs else ():  # before the step's send
                 yield from self._issue(dev, work.chunks[(dev.stage, c)], grad_ops)
+            # Megatron-LM posts a step's receive for the same direction before its send
+            # on odd pipeline ranks, after it on even ones (``_p2p_ops``), so that the
+            # two ranks of a pair post in matching order; a warmup's last backward
+            # receive comes after both.
+            recvs = posts.get(i, [])
+            first = [r for r in recvs if dev.stage % 2 and r[0][1] == act.kind.replace("W", "B")]
+            for key, peer in first:
+                env.process(self._recv(dev, key, peer))
             send: simpy.Process | None = None
             if act.kind == "F" and vs < last_vs:
                 send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
@@ -407,6 +476,9 @@ class Engine:
             if vs > 0 and (act.kind == "B") == self.split_backward and act.kind in "BW":
                 send = env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
                                               act.microbatch, act.chunk, (vs - 1) % p))
+            for key, peer in recvs:
+                if (key, peer) not in first:
+                    env.process(self._recv(dev, key, peer))
             if send is not None and not self.overlap_pp:
                 blocked = env.now
                 yield send  # a blocking send: the stage waits for its transfer
@@ -571,8 +643,11 @@ class Engine:
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
-        slowed = (units if self.slowed is None
-                  else self._gathered_units(dev, act, self._block(dev, act, slowed=True)))
+        kind = block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+
+        def part_s(held: int, j: int) -> float:  # part j with ``held`` units taken
+            held_block = self._priced(dev.stage, act.chunk, kind, held)
+            return self._gathered_units(dev, act, held_block)[j]
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
@@ -587,7 +662,7 @@ class Engine:
             if self.prefetch_weights:
                 nxt = (i, j + 1) if j + 1 < len(units) else (i + 1, 0)
                 self._prefetch(dev, actions, *nxt, gathers)
-            yield from self.contention[dev.id].run(unit_s, slowed[j])
+            yield from self.contention[dev.id].run(lambda held, j=j: part_s(held, j))
             offset += unit_s
         self._record_part(dev, act, seg_start, seg_from, math.inf)
 
@@ -673,6 +748,8 @@ class Engine:
             step_end_s=self.env.now,
             pp_waits=self.pp_waits,
             dp_waits=self.dp_waits,
+            pp_slowed_s={d: c.p2p_slowed_s for d, c in self.contention.items()
+                         if c.p2p_slowed_s},
         )
 
 

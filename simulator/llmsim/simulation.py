@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmsim import schedules
+from llmsim.costs.collectives import posted_p2p_units
 from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
+from llmsim.errors import UserError
 from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
 from llmsim.result import Result, StageBreakdown, optimal_batch_tokens
@@ -24,15 +26,40 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
 
         costs = HardwareCosts.from_scenario(scenario, plan)
     devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
-    return Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
+    p2p_units = tuple(posted_p2p_units(scenario.system, workload.pp_message_bytes, within)
+                      for within in (False, True))
+    engine = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
                   split_backward=par.schedule in schedules.SPLIT_BACKWARD,
                   overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                   prefetch_weights=par.prefetch_weights,
                   regather_for_recompute=workload.regather_for_recompute,
                   node_of=_node_of(plan),
                   collective_units=scenario.system.node.collective_units,
-                  p2p_units=scenario.system.posted_p2p_units,
+                  p2p_units=p2p_units,
                   aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
+    if engine.rendezvous:
+        _check_posted_units(scenario, 2 * max(engine.p2p_units))
+    return engine
+
+
+def _check_posted_units(scenario: Scenario, posted: int) -> None:
+    """An overlapped interleaved pipeline can have a send or receive posted with each of
+    its two neighbours at once; the compute must keep some units beside them and the
+    other kernels that hold units."""
+    par, node = scenario.parallelism, scenario.system.node
+    units = node.accelerator.gemm.compute_units
+    tp_units = 0
+    if par.overlap_tp_comm and par.tp > 1:
+        tp_units = max([par.tp_overlap_comm_units,
+                        *(g.num_sm for g in par.tp_overlap_gemms.values())])
+    held = node.collective_units + tp_units
+    if posted + held >= units:
+        raise UserError(
+            f"system.node.p2p_channels_per_peer / system.network.p2p_channels_per_net_peer: "
+            f"two posted pipeline operations hold {posted} of {node.accelerator.name}'s "
+            f"{units} compute units and other kernels {held} more, which leaves none to "
+            f"the compute of an overlapped interleaved pipeline; use fewer channels"
+        )
 
 
 def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
@@ -104,7 +131,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             share = r.block_share(block)
             compute += block.compute_s * share
             tp += block.tp_s * share
-            dp += r.slowed_s(block)  # the compute units a collective held meanwhile
+            dp += r.slowed_s(block)  # the compute units other kernels held meanwhile
         elif r.kind == "D":  # a gradient bucket's kernels before its reduction
             if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
                 dp += r.end_s - r.start_s
@@ -117,6 +144,9 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                 dp += r.end_s - r.start_s
     dp += trace.stage_dp_done_s[stage] - trace.stage_last_compute_s[stage]
     pp += sum(end - max(start, sent) for _, start, end, sent in waits)
+    # Of the passes' slowed time, what posted sends and receives held is pipeline time.
+    held_by_pp = min(trace.pp_slowed_s.get(records[0].device, 0.0) if records else 0.0, dp)
+    pp, dp = pp + held_by_pp, dp - held_by_pp
     bubble = step_s - compute - tp - optimizer - dp - pp
     return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer)
 

@@ -41,8 +41,8 @@ class Record:
 
     def slowed_s(self, block: Block) -> float:
         """Time this record ran beyond its share of ``block``: its compute slowed by the
-        compute units a data-parallel collective held meanwhile (rounding noise of the
-        clock counts as none)."""
+        compute units a data-parallel collective or a posted pipeline send or receive
+        held meanwhile (rounding noise of the clock counts as none)."""
         share_s = block.duration_s * self.block_share(block)
         excess = self.end_s - self.start_s - share_s
         return excess if excess > 1e-9 * share_s else 0.0
@@ -69,6 +69,9 @@ class Trace:
     dp_waits: list[tuple[int, float, float]] = field(default_factory=list)
     """(device, wait start, wait end) for every wait on a weight gather (ZeRO-3, or
     ZeRO-1/2 with ``overlap_param_gather``)."""
+    pp_slowed_s: dict[int, float] = field(default_factory=dict)
+    """Device → the time its passes ran slower while its posted pipeline sends and
+    receives held compute units (part of the records' :meth:`Record.slowed_s`)."""
 
     accumulate_from_microbatch: int = 0
 

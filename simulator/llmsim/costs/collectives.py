@@ -135,6 +135,44 @@ def pair_fabric_bytes_per_s(system: System, tier: FabricTier, spans_nodes: bool)
     return channels / 2 * tier.link_gbps * 1e9
 
 
+NCCL_P2P_NVL_CHUNK_BYTES = 512 * 1024
+"""NCCL's step of a send/recv between two GPUs on NVLink (``NCCL_P2P_NVL_CHUNKSIZE``; a
+debug log of a two-rank communicator on two A100-SXM4-80GB, NCCL 2.20.5, reads "P2P
+Chunksize set to 524288")."""
+
+
+def posted_p2p_units(system: System, nbytes: float, within_node: bool) -> int:
+    """Thread blocks (compute units) NCCL runs one send or receive of ``nbytes`` on, on
+    the two-rank communicator PyTorch uses for a single ``isend``/``irecv``; 0 where the
+    node's library kernels are not modelled as holding units
+    (``node.p2p_kernels_hold_units``).
+
+    A peer on another node gets the network's ``p2p_channels_per_net_peer`` (rounded up to
+    a power of two). A peer on the node gets the node's ``p2p_channels_per_peer``
+    (NCCL's ``p2pnChannelsPerPeer``), split as ``scheduleP2pTasksToPlan`` in
+    ``src/enqueue.cc`` splits it (NCCL 2.18–2.20): an operation starts on as many channels
+    as each rank of the communicator can have at once, ``p2pnChannelsPerPeer / 2`` for
+    two ranks, in chunks of at least ``NCCL_P2P_NVL_CHUNK_BYTES / 8``, and doubles them
+    while a chunk would exceed 32 steps of ``NCCL_P2P_NVL_CHUNK_BYTES``
+    (``calcP2pChunkSize``); one block per chunk.
+    """
+    if not system.node.p2p_kernels_hold_units:
+        return 0
+    if not within_node:
+        return 1 << (system.network.p2p_channels_per_net_peer - 1).bit_length()
+    per_peer = system.node.p2p_channels_per_peer
+    if per_peer == 0 or nbytes <= 0:
+        return 0
+    step = NCCL_P2P_NVL_CHUNK_BYTES
+    channels = max(1, per_peer // 2)
+    chunk = max(step // 8, math.ceil(nbytes / channels))
+    while chunk > 32 * step and channels <= per_peer // 2:
+        channels *= 2
+        chunk = math.ceil(nbytes / channels)
+    chunk = math.ceil(chunk / (step // 8)) * (step // 8)
+    return min(channels, math.ceil(nbytes / chunk))
+
+
 def group_path(system: System, placement: GroupPlacement) -> GroupPath:
     """The links and latencies of one group on ``system`` (see the module docstring).
 

@@ -60,10 +60,17 @@ class Node(Spec):
     p2p_kernels_hold_units: bool = False
     """Whether the communication library runs a send or receive as a kernel of one thread
     block per channel that holds its compute unit while the operation is posted (NCCL):
-    an overlapped interleaved pipeline's forward and input-gradient passes then run beside
-    one such operation with the next stage, on the network's ``p2p_channels_per_net_peer``
-    units fewer where that stage is on another node (``docs/engine.md``). False: not
-    modelled (MPI progressed on assistant cores, copy-engine transfers, or not known)."""
+    an overlapped interleaved pipeline posts its receives a pass ahead, and each holds
+    its units until the peer's send has come (``docs/engine.md``): the network's
+    ``p2p_channels_per_net_peer`` with a peer on another node, a share of
+    ``p2p_channels_per_peer`` with one on this node. False: not modelled (MPI progressed
+    on assistant cores, copy-engine transfers, or not known)."""
+    p2p_channels_per_peer: int = Field(default=0, ge=0, le=64)
+    """Channels NCCL gives a send/recv peer on this node (``p2pnChannelsPerPeer`` of a
+    two-rank communicator: two per NVLink of the path, rounded up to a power of two, at
+    most the communicator's p2p channels); one operation runs on half of them for a
+    message of 1 MiB to 256 MiB (:func:`llmsim.costs.collectives.posted_p2p_units`).
+    0: not modelled (a posted operation with a peer on the node holds nothing)."""
 
     @model_validator(mode="after")
     def _tiers_cover_the_node(self) -> Node:

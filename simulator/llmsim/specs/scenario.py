@@ -93,16 +93,6 @@ class Scenario(Spec):
             )
         units = accel.gemm.compute_units
         held = sysm.node.collective_units  # beside a data-parallel collective as well
-        posted = sysm.posted_p2p_units  # beside an overlapped interleaved pipeline's passes
-        if posted and par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1:
-            if posted + held >= units:
-                raise ValueError(
-                    f"system.network.p2p_channels_per_net_peer: {posted} leaves none of "
-                    f"{accel.name}'s {units} compute units to the compute of an overlapped "
-                    f"interleaved pipeline (system.node.collective_units holds {held} "
-                    f"more); use fewer than {units - held}"
-                )
-            held += posted
         held_by_tp = {"tp_overlap_comm_units": par.tp_overlap_comm_units} | {
             f"tp_overlap_gemms.{name}.num_sm": gemm.num_sm
             for name, gemm in par.tp_overlap_gemms.items()}

@@ -56,10 +56,3 @@ class System(Spec):
     def devices(self) -> int:
         """Accelerators in the whole system."""
         return self.nodes * self.node.devices_per_node
-
-    @property
-    def posted_p2p_units(self) -> int:
-        """Compute units one posted send or receive holds with a peer on another node:
-        the network's channels per peer where the node's library kernels hold them
-        (``node.p2p_kernels_hold_units``), else 0 (not modelled)."""
-        return self.network.p2p_channels_per_net_peer if self.node.p2p_kernels_hold_units else 0
