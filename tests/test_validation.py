@@ -111,10 +111,15 @@ FAST_IDS = [
 # the compute stream before its reduction and, on the pipelined rows, each chunk's
 # reductions issued where its grad_sync_func issues them, to 7.81 %; the MLPerf rows' q, k, v
 # layout copies of Transformer Engine's 2023 FlashAttention wrapper to 7.77 %, with twelve
-# rows still worse than 20 % and 9 of the 12 schedule orders.
+# rows still worse than 20 % and 9 of the 12 schedule orders. The overlapped interleaved
+# pipeline's sends and receives as PyTorch and NCCL run them (each posted on the pair's own
+# communicator, holding its channels' SMs until the peer posts; a send between neighbours
+# on one node no longer limited to the 2 channels of a group that spans nodes) left the
+# MAPE at 7.76 % and took the order to 8 of 12: the limit had stood in for time the
+# 14.6B interleaved rows spend elsewhere.
 # See docs/validation.md for the per-source discussion.
 TARGET_MAPE_CEILING_PCT = 7.8
-ZB24_ORDERS_REPRODUCED = 9
+ZB24_ORDERS_REPRODUCED = 8
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +330,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 7.77 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
+    reason="target-set MAPE 7.76 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -217,10 +217,14 @@ class Engine:
         self._within: dict[tuple[object, int, int], bool] = {}
         self.collective_units = collective_units if workload.dp > 1 else 0
         """Compute units a data-parallel collective holds while it runs beside the compute."""
-        self.rendezvous = (overlap_pp and workload.chunks_per_stage > 1
-                           and workload.stages > 1 and node_of is not None and any(p2p_units))
-        """Whether pipeline sends and receives are posted ahead and hold compute units
-        until their peers post theirs (:meth:`_post_recvs`)."""
+        self.posted_singly = (overlap_pp and workload.chunks_per_stage > 1
+                              and workload.stages > 1)
+        """Whether pipeline sends and receives are posted one by one, each on the pair's
+        own communicator (Megatron-LM's overlapped interleaved schedule), not batched on
+        the pipeline group's."""
+        self.rendezvous = self.posted_singly and node_of is not None and any(p2p_units)
+        """Whether the posted sends and receives hold compute units until their peers
+        post theirs (:meth:`_recv_posts`)."""
         self.p2p_units = p2p_units if self.rendezvous else (0, 0)
         """Compute units one posted send or receive holds: (peer on another node, on the
         same node)."""
@@ -240,9 +244,10 @@ class Engine:
         self.message_start: dict[object, float] = {}
         self.pp_link = {d.id: _Fifo(self.env) for d in devices}
         self.dp_stream = {d.id: _Fifo(self.env) for d in devices}
-        self.pp_send_s = {
+        self.pp_send_s = {  # posted one by one: on the pair's own communicator
             within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
-                                        workload.pp_message_bytes, within_node=within))
+                                        workload.pp_message_bytes, within_node=within,
+                                        two_rank=self.posted_singly))
             for within in (False, True)
         }
         # Sliced pipeline messages (Megatron's scatter/gather, DeepSpeed's partitioned

@@ -96,6 +96,10 @@ class CommOp:
     within_node: bool = False
     """A send/recv between two members on one node (pipeline neighbours that share a node):
     it crosses the node's fabric, not the network, even when the group spans nodes."""
+    two_rank: bool = False
+    """A send/recv on a communicator of the pair alone (PyTorch's single ``isend`` or
+    ``irecv``), not of the whole group (``batch_isend_irecv``): its channels are the pair's
+    own, not the fewest any pair of the group has."""
     fill_passes: int = 0
     """Kernels that write the whole message once before the collective: DeepSpeed ZeRO-3 of
     2021 zero-fills each gathered buffer (``torch.zeros``) before its all-gather."""

@@ -142,10 +142,18 @@ Chunksize set to 524288")."""
 
 
 def posted_p2p_units(system: System, nbytes: float, within_node: bool) -> int:
-    """Thread blocks (compute units) NCCL runs one send or receive of ``nbytes`` on, on
-    the two-rank communicator PyTorch uses for a single ``isend``/``irecv``; 0 where the
-    node's library kernels are not modelled as holding units
-    (``node.p2p_kernels_hold_units``).
+    """Compute units one posted send or receive of ``nbytes`` holds: its thread blocks
+    (:func:`pair_p2p_channels`) where the node's library kernels hold their units while
+    posted (``node.p2p_kernels_hold_units``), else 0."""
+    if not system.node.p2p_kernels_hold_units:
+        return 0
+    return pair_p2p_channels(system, nbytes, within_node)
+
+
+def pair_p2p_channels(system: System, nbytes: float, within_node: bool) -> int:
+    """Thread blocks (channels) NCCL runs one send or receive of ``nbytes`` on, on the
+    two-rank communicator PyTorch uses for a single ``isend``/``irecv``; 0 where the
+    node's channels per peer are not known.
 
     A peer on another node gets the network's ``p2p_channels_per_net_peer`` (rounded up to
     a power of two). A peer on the node gets the node's ``p2p_channels_per_peer``
@@ -156,8 +164,6 @@ def posted_p2p_units(system: System, nbytes: float, within_node: bool) -> int:
     while a chunk would exceed 32 steps of ``NCCL_P2P_NVL_CHUNK_BYTES``
     (``calcP2pChunkSize``); one block per chunk.
     """
-    if not system.node.p2p_kernels_hold_units:
-        return 0
     if not within_node:
         return 1 << (system.network.p2p_channels_per_net_peer - 1).bit_length()
     per_peer = system.node.p2p_channels_per_peer
@@ -507,20 +513,31 @@ class CollectiveModel:
 
     def comm_s(self, op: CommOp) -> float:
         """Duration of ``op`` in seconds (0 for a one-rank group or an empty message)."""
-        key = (op.collective, op.axis, op.bytes, op.within_node)
+        key = (op.collective, op.axis, op.bytes, op.within_node, op.two_rank)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = self._price(op.collective, op.axis, op.bytes,
-                                                    op.within_node)
+                                                    op.within_node, op.two_rank)
         return cached
 
+    def _pair_bytes_per_s(self, nbytes: float) -> float:
+        """What a two-rank communicator's channels carry between two devices of a node."""
+        node = self.system.node
+        tier = node.tier_for(2) if node.fabric else None
+        channels = pair_p2p_channels(self.system, nbytes, within_node=True)
+        if tier is None or tier.link_gbps is None or channels == 0:
+            return INF
+        return channels / 2 * tier.link_gbps * 1e9
+
     def _price(self, collective: Collective, axis: str, nbytes: float,
-               within_node: bool = False) -> float:
+               within_node: bool = False, two_rank: bool = False) -> float:
         path = self.path(axis)
         if path is None or nbytes <= 0:
             return 0.0
         if within_node and collective == "send_recv" and path.per_node > 1:
             path = replace(path, ranks=2, nodes=1)
+            if two_rank:  # the pair's own channels, c/2 links of the fabric
+                path = replace(path, pair_intra_bytes_per_s=self._pair_bytes_per_s(nbytes))
         if self.table is not None and self.table.covers(collective):
             if collective == "send_recv":  # a pair of neighbours, on one node or two
                 return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
