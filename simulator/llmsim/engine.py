@@ -275,15 +275,18 @@ class Engine:
             block = self.priced[key] = Block.of(ops[kind], self.costs, self.overlap_tp, held)
         return block
 
+    def _kind(self, act: Action) -> str:
+        """Which of its chunk's passes ``act`` runs (:func:`block_kind`)."""
+        return block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+
     def _price(self, dev: Device, act: Action) -> Callable[[int], float]:
         """Seconds ``act``'s pass takes on ``dev`` with a given number of units held."""
-        kind = block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+        kind = self._kind(act)
         return lambda held: self._priced(dev.stage, act.chunk, kind, held).duration_s
 
     def _block(self, dev: Device, act: Action) -> Block:
         """The block ``act`` runs on ``dev``, alone on the device."""
-        kind = block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
-        return self.blocks[(dev.stage, act.chunk, kind)]
+        return self.blocks[(dev.stage, act.chunk, self._kind(act))]
 
     # -- messages between pipeline stages ---------------------------------------------
     def _message(self, key: object) -> simpy.Event:
@@ -471,7 +474,8 @@ class Engine:
             # two ranks of a pair post in matching order; a warmup's last backward
             # receive comes after both.
             recvs = posts.get(i, [])
-            first = [r for r in recvs if dev.stage % 2 and r[0][1] == act.kind.replace("W", "B")]
+            direction = "F" if act.kind == "F" else "B"  # of this step's send
+            first = [r for r in recvs if dev.stage % 2 and r[0][1] == direction]
             for key, peer in first:
                 env.process(self._recv(dev, key, peer))
             send: simpy.Process | None = None
@@ -648,7 +652,7 @@ class Engine:
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
-        kind = block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+        kind = self._kind(act)
 
         def part_s(held: int, j: int) -> float:  # part j with ``held`` units taken
             held_block = self._priced(dev.stage, act.chunk, kind, held)
