@@ -865,7 +865,9 @@ def test_channels_per_network_peer_are_rounded_up_to_a_power_of_two():
 ])
 def test_blocking_or_non_interleaved_pipelines_hold_nothing(extra):
     engine = build_engine(_interleaved(nodes=4, parallelism__tp=8, **extra))
-    assert not engine.rendezvous and engine.p2p_units == (0, 0)
+    assert engine.p2p_units == (0, 0)
+    # posted one by one only in the overlapped interleaved schedule
+    assert engine.rendezvous == ("system__node__p2p_kernels_hold_units" in extra)
 
 
 def test_the_first_backward_receive_is_posted_after_the_last_warmup_forward():
@@ -894,6 +896,30 @@ def test_posted_pipelines_finish_and_their_held_units_cost_pipeline_time(nodes, 
     assert held.breakdown_s["compute"] == pytest.approx(free.breakdown_s["compute"])
     assert held.breakdown_s["pp_comm"] >= free.breakdown_s["pp_comm"] - 1e-12
     assert sum(held.breakdown_s.values()) == pytest.approx(held.step_time_s)
+
+
+def test_a_step_waits_for_the_previous_step_s_send_of_its_direction():
+    """Megatron-LM's overlapped interleaved schedule waits on all of a step's requests,
+    its send's too, before the next step of that direction (the fused backward sends
+    after its W pass)."""
+    result = simulate(_interleaved(nodes=2, parallelism__tp=4))
+    checked = 0
+    for device in {r.device for r in result.trace.records}:
+        records = [r for r in result.trace.records if r.device == device]
+        sends = [r for r in records if r.name == "pp_send"]
+        passes = sorted((r for r in records if r.stream == "compute" and r.kind in "FBW"
+                         and r.block_from_s == 0.0), key=lambda r: r.start_s)
+        for kind, sending in (("F", "F"), ("B", "W")):
+            steps = [r for r in passes if r.kind == sending]
+            nexts = [r for r in passes if r.kind == kind]
+            for step in steps:
+                sent = [x for x in sends if (x.microbatch, x.chunk, x.kind)
+                        == (step.microbatch, step.chunk, kind)]
+                later = [r for r in nexts if r.start_s >= step.end_s - 1e-12]
+                if sent and later:
+                    assert later[0].start_s >= sent[0].end_s - 1e-12
+                    checked += 1
+    assert checked > 0
 
 
 def test_peers_on_one_node_hold_more_units_than_peers_across_nodes():

@@ -116,9 +116,10 @@ FAST_IDS = [
 # communicator, holding its channels' SMs until the peer posts; a send between neighbours
 # on one node no longer limited to the 2 channels of a group that spans nodes) left the
 # MAPE at 7.76 % and took the order to 8 of 12: the limit had stood in for time the
-# 14.6B interleaved rows spend elsewhere.
+# 14.6B interleaved rows spend elsewhere. Each step waiting for the previous step's send
+# of its direction, as Megatron-LM's schedule waits on all of a step's requests, to 7.65 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 7.8
+TARGET_MAPE_CEILING_PCT = 7.7
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -330,7 +331,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 7.76 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
+    reason="target-set MAPE 7.65 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
     "(NAR21-T2-06, ZeRO-3); see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

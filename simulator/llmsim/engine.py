@@ -222,9 +222,10 @@ class Engine:
         """Whether pipeline sends and receives are posted one by one, each on the pair's
         own communicator (Megatron-LM's overlapped interleaved schedule), not batched on
         the pipeline group's."""
-        self.rendezvous = self.posted_singly and node_of is not None and any(p2p_units)
-        """Whether the posted sends and receives hold compute units until their peers
-        post theirs (:meth:`_recv_posts`)."""
+        self.rendezvous = self.posted_singly and node_of is not None
+        """Whether the sends and receives are posted where Megatron-LM posts them, each
+        completing when its peer has posted the other half (:meth:`_recv_posts`), and each
+        step waits for the previous step's send and receive of its direction."""
         self.p2p_units = p2p_units if self.rendezvous else (0, 0)
         """Compute units one posted send or receive holds: (peer on another node, on the
         same node)."""
@@ -234,7 +235,7 @@ class Engine:
                        for s, c in workload.chunks for kind in ("F", "B", "w", "W")}
         """(stage, chunk, kind) → the pass alone on its device."""
         self.contention = {
-            d.id: _Contention(self.env, bool(self.collective_units) or self.rendezvous)
+            d.id: _Contention(self.env, bool(self.collective_units) or any(self.p2p_units))
             for d in devices}
         self.p2p_stream: dict[tuple[int, int], _Fifo] = {}
         """(device, peer stage) → the stream of the two-rank communicator PyTorch runs a
@@ -294,7 +295,7 @@ class Engine:
             self.messages[key] = self.env.event()
         return self.messages[key]
 
-    def _send(self, dev: Device, key: object, mb: int, chunk: int,
+    def _send(self, dev: Device, key: tuple[object, str, int, int], mb: int, chunk: int,
               to_stage: int) -> Iterator[simpy.Event]:
         within = self._within_node(dev, to_stage)
         if self.rendezvous:  # on the pair's stream, once the receiver has posted
@@ -310,7 +311,7 @@ class Engine:
         start = self.env.now
         self.message_start[key] = start
         yield self.env.timeout(self.pp_send_s[within])
-        self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", "send", mb, chunk,
+        self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", key[1], mb, chunk,
                                    start, self.env.now))
         if self.rendezvous:
             self.contention[dev.id].hold(posted=-units)
@@ -432,9 +433,19 @@ class Engine:
         posts = self._recv_posts(dev, actions) if self.rendezvous else {}
         for key, peer in posts.get(-1, ()):
             env.process(self._recv(dev, key, peer))
+        # The send each direction's last step posted: Megatron-LM's schedule waits on all
+        # of a step's requests, its send's too, before the next step of that direction
+        # (``fwd_wait_handles``, ``bwd_wait_handles``; blocking in the cooldown).
+        posted_sends: dict[str, simpy.Process | None] = {"F": None, "B": None}
+        backward_step = "B" if self.split_backward else "W"
         for i, act in enumerate(actions):
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
+            earlier = posted_sends.get(act.kind) if self.rendezvous else None
+            if earlier is not None and not earlier.triggered:
+                wait_start = env.now
+                yield earlier
+                self.pp_waits.append((dev.id, wait_start, env.now, wait_start))
             need: simpy.Event | None = None
             if act.kind == "F" and vs > 0:
                 need = self._message((dev.pipe, "F", vs, act.microbatch))
@@ -488,6 +499,10 @@ class Engine:
             for key, peer in recvs:
                 if (key, peer) not in first:
                     env.process(self._recv(dev, key, peer))
+            if act.kind == "F":
+                posted_sends["F"] = send
+            elif act.kind == backward_step:
+                posted_sends["B"] = send
             if send is not None and not self.overlap_pp:
                 blocked = env.now
                 yield send  # a blocking send: the stage waits for its transfer

@@ -15,7 +15,7 @@ class Record:
 
     ``kind`` is the pass (``F``, ``B``, ``W``), ``O`` for the optimizer step and what runs
     around it, ``D`` for a gradient bucket's own kernels on the compute stream, or a
-    collective's phase."""
+    collective's phase (a pipeline send's: ``F`` for activations, ``B`` for gradients)."""
 
     device: int
     stage: int
