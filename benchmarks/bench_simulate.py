@@ -5,7 +5,9 @@ Run: python benchmarks/bench_simulate.py
 Prints, for GPT-3 175B on A100s (TP 8, PP 8, 1F1B, global batch 1,536 — Narayanan et
 al.'s layout) at growing data-parallel degree, the wall time of `llmsim run` (load,
 simulate, memory, result), the records per second and the peak Python memory, and how
-the cost grows from 1,024 to ~25,000 GPUs. Each case runs in a fresh process so peak
+the cost grows from 1,024 to ~25,000 GPUs; a last case runs the interleaved schedule with
+its sends and receives posted ahead (each holding SMs until its peer posts, re-pricing the
+passes under way: the engine's costliest mode per pass). Each case runs in a fresh process so peak
 memory is that of the run alone, and :data:`REPEATS` times: the wall time printed is the
 fastest run (noise from other work on the machine only ever adds time).
 """
@@ -22,12 +24,16 @@ t0 = time.perf_counter()
 import llmsim
 t_import = time.perf_counter() - t0
 nodes, dp, batch = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+schedule = ["parallelism.schedule=1f1b", "parallelism.virtual_stages=1"]
+if sys.argv[4] == "interleaved":
+    schedule = ["parallelism.schedule=interleaved-1f1b", "parallelism.virtual_stages=2",
+                "parallelism.overlap_pp_comm=true"]
 tracemalloc.start()
 t1 = time.perf_counter()
 s = llmsim.load_scenario("selene-gpt3" if nodes <= 560 else "openai-a100", [
     f"nodes={nodes}", "model=gpt3-175b", "parallelism.tp=8", "parallelism.pp=8",
-    f"parallelism.dp={dp}", "parallelism.schedule=1f1b", "parallelism.virtual_stages=1",
-    "parallelism.micro_batch=1", f"training.global_batch={batch}", "training.seq_len=2048",
+    f"parallelism.dp={dp}", *schedule, "parallelism.micro_batch=1",
+    f"training.global_batch={batch}", "training.seq_len=2048",
     "training.precision=bf16"])
 r = llmsim.simulate(s)
 r.to_json()
@@ -44,11 +50,12 @@ print(json.dumps({"devices": s.devices, "dp": s.dp, "microbatches": s.micro_batc
 REPEATS = 3
 
 
-def run_case(nodes: int, dp: int, batch: int) -> dict:
+def run_case(nodes: int, dp: int, batch: int, schedule: str = "1f1b") -> dict:
     """The fastest of :data:`REPEATS` runs of one case, each in a fresh process."""
     runs = []
     for _ in range(REPEATS):
-        out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch)],
+        out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch),
+                              schedule],
                              check=True, capture_output=True, text=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return min(runs, key=lambda r: r["wall_s"])
@@ -61,10 +68,12 @@ def main() -> None:
     cases = [(128, 16, 1536), (512, 64, 6144), (1024, 128, 12288), (3120, 390, 37440),
              (3120, 390, 1560)]
     rows = [run_case(*c) for c in cases]
-    print(f"{'devices':>8} {'dp':>5} {'m':>4} {'records':>8} {'wall s':>8} {'rec/s':>9} "
-          f"{'traced MB':>10} {'RSS MB':>8} {'import s':>9} {'step s':>8}")
-    for r in rows:
-        print(f"{r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} {r['records']:>8,} "
+    interleaved = run_case(128, 16, 1536, "interleaved")
+    print(f"{'schedule':>12} {'devices':>8} {'dp':>5} {'m':>4} {'records':>8} {'wall s':>8} "
+          f"{'rec/s':>9} {'traced MB':>10} {'RSS MB':>8} {'import s':>9} {'step s':>8}")
+    for r, name in [(r, "1f1b") for r in rows] + [(interleaved, "interleaved")]:
+        print(f"{name:>12} {r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} "
+              f"{r['records']:>8,} "
               f"{r['wall_s']:>8.3f} {r['records'] / r['wall_s']:>9,.0f} "
               f"{r['peak_traced_mb']:>10.1f} {r['max_rss_mb']:>8.0f} {r['import_s']:>9.2f} "
               f"{r['step_time_s']:>8.2f}")
