@@ -119,6 +119,8 @@ def test_dp_traffic_when_replicated():
     {"parallelism__zero": 1},
     {"parallelism__zero": 3, "parallelism__pp": 1, "parallelism__tp": 4},
     {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2},
+    {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
+     "parallelism__overlap_pp_comm": True},  # posted sends and receives holding units
     {"parallelism__schedule": "zb-h1", "parallelism__overlap_dp_comm": False},
     {"model__tied_embeddings": True},
     {"parallelism__zero": 3, "system__node__collective_units": 32},
