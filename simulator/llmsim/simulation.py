@@ -29,14 +29,14 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
     p2p_units = tuple(posted_p2p_units(scenario.system, workload.pp_message_bytes, within)
                       for within in (False, True))
     engine = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
-                  split_backward=par.schedule in schedules.SPLIT_BACKWARD,
-                  overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
-                  prefetch_weights=par.prefetch_weights,
-                  regather_for_recompute=workload.regather_for_recompute,
-                  node_of=_node_of(plan),
-                  collective_units=scenario.system.node.collective_units,
-                  p2p_units=p2p_units,
-                  aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
+                    split_backward=par.schedule in schedules.SPLIT_BACKWARD,
+                    overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
+                    prefetch_weights=par.prefetch_weights,
+                    regather_for_recompute=workload.regather_for_recompute,
+                    node_of=_node_of(plan),
+                    collective_units=scenario.system.node.collective_units,
+                    p2p_units=p2p_units,
+                    aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
     if engine.rendezvous:
         _check_posted_units(scenario, 2 * max(engine.p2p_units))
     return engine

@@ -131,8 +131,13 @@ def pair_fabric_bytes_per_s(system: System, tier: FabricTier, spans_nodes: bool)
     """
     if not spans_nodes or tier.link_gbps is None:
         return INF
-    channels = 1 << (system.network.p2p_channels_per_net_peer - 1).bit_length()
-    return channels / 2 * tier.link_gbps * 1e9
+    return net_peer_channels(system) / 2 * tier.link_gbps * 1e9
+
+
+def net_peer_channels(system: System) -> int:
+    """NCCL's send/recv channels for a peer on another node: ``p2p_channels_per_net_peer``
+    rounded up to a power of two (``ncclTopoComputeP2pChannels``)."""
+    return 1 << (system.network.p2p_channels_per_net_peer - 1).bit_length()
 
 
 NCCL_P2P_NVL_CHUNK_BYTES = 512 * 1024
@@ -165,7 +170,7 @@ def pair_p2p_channels(system: System, nbytes: float, within_node: bool) -> int:
     (``calcP2pChunkSize``); one block per chunk.
     """
     if not within_node:
-        return 1 << (system.network.p2p_channels_per_net_peer - 1).bit_length()
+        return net_peer_channels(system)
     per_peer = system.node.p2p_channels_per_peer
     if per_peer == 0 or nbytes <= 0:
         return 0
