@@ -267,14 +267,23 @@ class Engine:
         """A pass of ``kind`` ("F", "B"; "W" with its gradient accumulation, "w" without,
         the micro-batches before :attr:`Workload.accumulate_from_microbatch`) on ``held``
         compute units fewer, priced once."""
+        work = self.work.chunks[(stage, chunk)]
+        if kind == "W" and not work.accumulate:
+            kind = "w"  # nothing to accumulate: the same pass
         key = (stage, chunk, kind, held)
         block = self.priced.get(key)
         if block is None:
-            work = self.work.chunks[(stage, chunk)]
             ops = {"F": work.forward, "B": work.backward, "w": work.weight,
-                   "W": work.weight + work.accumulate if work.accumulate else work.weight}
+                   "W": work.weight + work.accumulate}
             block = self.priced[key] = Block.of(ops[kind], self.costs, self.overlap_tp, held)
         return block
+
+    @property
+    def backward_step(self) -> str:
+        """The pass after which a backward step sends its input gradient and posts its
+        next receive: "B" where the backward is split (Zero Bubble), else the fused
+        backward's last pass, "W"."""
+        return "B" if self.split_backward else "W"
 
     def _kind(self, act: Action) -> str:
         """Which of its chunk's passes ``act`` runs (:func:`block_kind`)."""
@@ -304,7 +313,7 @@ class Engine:
             before, sent = self.pp_link[dev.id].queue()
         if before is not None:
             yield before
-        units = self.p2p_units[within]
+        units = self.p2p_units[within]  # (0, 0) unless sends rendezvous
         if self.rendezvous:
             self.contention[dev.id].hold(posted=units)
             yield self._recv_posted(key)
@@ -355,7 +364,6 @@ class Engine:
         last warmup forward, the one before the first steady-state step's forward (or,
         when every forward is a warmup one, right before the backward)."""
         p, last_vs = self.work.stages, self.work.stages * self.work.chunks_per_stage - 1
-        backward_step = "B" if self.split_backward else "W"
         posts: dict[int, list[tuple[object, int]]] = defaultdict(list)
         last = {"F": -1, "B": -1}
         forwards = sum(act.kind == "F" for act in actions)
@@ -371,7 +379,7 @@ class Engine:
                 posts[after].append(((dev.pipe, "B", vs, act.microbatch), (vs + 1) % p))
             if act.kind == "F":
                 last["F"] = j
-            elif act.kind == backward_step:
+            elif act.kind == self.backward_step:
                 last["B"] = j
         return posts
 
@@ -437,7 +445,6 @@ class Engine:
         # of a step's requests, its send's too, before the next step of that direction
         # (``fwd_wait_handles``, ``bwd_wait_handles``; blocking in the cooldown).
         posted_sends: dict[str, simpy.Process | None] = {"F": None, "B": None}
-        backward_step = "B" if self.split_backward else "W"
         for i, act in enumerate(actions):
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
@@ -493,7 +500,7 @@ class Engine:
             if act.kind == "F" and vs < last_vs:
                 send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
                                               act.microbatch, act.chunk, (vs + 1) % p))
-            if vs > 0 and (act.kind == "B") == self.split_backward and act.kind in "BW":
+            if vs > 0 and act.kind == self.backward_step:
                 send = env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
                                               act.microbatch, act.chunk, (vs - 1) % p))
             for key, peer in recvs:
@@ -501,7 +508,7 @@ class Engine:
                     env.process(self._recv(dev, key, peer))
             if act.kind == "F":
                 posted_sends["F"] = send
-            elif act.kind == backward_step:
+            elif act.kind == self.backward_step:
                 posted_sends["B"] = send
             if send is not None and not self.overlap_pp:
                 blocked = env.now
@@ -669,9 +676,14 @@ class Engine:
         units = self._gathered_units(dev, act, block)
         kind = self._kind(act)
 
+        parts = {0: units}  # units held → the parts' durations, split once
+
         def part_s(held: int, j: int) -> float:  # part j with ``held`` units taken
-            held_block = self._priced(dev.stage, act.chunk, kind, held)
-            return self._gathered_units(dev, act, held_block)[j]
+            if held not in parts:
+                held_block = self._priced(dev.stage, act.chunk, kind, held)
+                parts[held] = self._gathered_units(dev, act, held_block)
+            return parts[held][j]
+
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
