@@ -245,11 +245,11 @@ def validate_cmd(
                       f"{r.predicted:.4g}", error)
     out.print(table)
     stats = Table(
-        title="summary, % (MAPE, median |error|, mean error, worst row)",
+        title="summary per source (MAPE, median |error|, mean error, worst row)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
     )
-    for name in ("source", "rows", "MAPE", "median", "mean", "worst row", "worst"):
+    for name in ("source", "rows", "MAPE %", "median %", "mean %", "worst row", "worst %"):
         stats.add_column(name, justify="left" if name in ("source", "worst row") else "right")
     for s in validation.summary(df).itertuples():
         stats.add_row(
@@ -259,7 +259,7 @@ def validate_cmd(
             f"{s.median_abs_pct:.1f}",
             f"{s.bias_pct:+.1f}",
             s.worst_id,
-            f"{s.worst_error_pct:+.0f}",
+            f"{s.worst_error_pct:+.1f}",
         )
     out.print(stats)
     ranking = validation.schedule_ranking(df)
@@ -277,6 +277,17 @@ def validate_cmd(
             same = "yes" if r.same else "[red]no[/red]"
             orders.add_row(r.config, r.measured_order + tie, r.predicted_order, same)
         out.print(orders)
+    goal = validation.accuracy_goal(df)
+    if goal is not None:
+        scope = "" if subset is None else f" on the {goal.rows} target rows of this subset"
+        verdict = "[green]met[/green]" if goal.met else "[red]not met[/red]"
+        judged = Table(title=f"accuracy goal{scope}: {verdict}", title_justify="left",
+                       box=box.SIMPLE_HEAD)
+        for name in ("part of the goal", "result", "met"):
+            judged.add_column(name)
+        for part, result, met in goal.parts():
+            judged.add_row(part, result, "[red]no[/red]" if met == "no" else met)
+        out.print(judged)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         df.to_csv(out_dir / "validation.csv", index=False)
