@@ -320,6 +320,9 @@ def test_markdown_tables_hold_every_row_and_the_schedule_order(target):
     assert {line.split(" | ")[0][2:] for line in rows} >= set(df["id"])
     ranking = v.schedule_ranking(df)
     assert f"## ZB24 schedule order: {int(ranking['same'].sum())} of 12 reproduced" in md
+    assert "## ZB24: cost of one more micro-batch" in md
+    assert "| GPT-like 14.6B | interleaved-1f1b | 64 → 128 |" in md  # 4 models × 3 schedules
+    assert len(v.marginal_costs(df)) == 12
     mape = df["error_pct"].abs().mean()
     assert f"| **target set** | {len(df)} | {mape:.1f} |" in md
 
@@ -335,6 +338,20 @@ def _judged(rows: list[tuple[str, str, float, bool, str]]) -> pd.DataFrame:
          "predicted": (1.0 + i / 10) * (1 + err / 100), "error_pct": err, "target": tgt,
          "config": "GPT 1.5B B=24" if src == "ZB24" else "", "schedule": schedule}
         for i, (rid, src, err, tgt, schedule) in enumerate(rows)])
+
+
+def test_marginal_cost_is_the_slope_between_the_two_largest_batches():
+    frame = _judged([("a", "ZB24", 0.0, True, "1f1b"), ("b", "ZB24", 0.0, True, "1f1b"),
+                     ("c", "ZB24", 0.0, True, "1f1b"), ("d", "ZB24", 0.0, True, "zb-h1")])
+    frame["model"] = "GPT 1.5B"
+    frame["microbatches"] = [8, 16, 48, 16]
+    frame["measured"] = [0.9, 1.0, 2.6, 1.0]     # 50 ms per micro-batch from 16 to 48
+    frame["predicted"] = [9.0, 1.0, 1.64, 1.0]   # 20 ms; the row at 8 is not used
+    costs = v.marginal_costs(frame)
+    assert list(costs["schedule"]) == ["1f1b"]   # zb-h1 has one batch only
+    row = costs.iloc[0]
+    assert row["microbatches"] == "16 → 48"
+    assert row["measured_ms"] == pytest.approx(50.0) and row["predicted_ms"] == pytest.approx(20.0)
 
 
 def test_accuracy_goal_judges_mape_worst_row_and_schedule_order():

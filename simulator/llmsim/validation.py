@@ -350,6 +350,8 @@ def _record(p: Prediction) -> dict[str, Any]:
         "mfu": r.mfu,
         "fits": r.fits,
         "config": f"{p.run.row['model_name']} B={s.training.global_batch}",
+        "model": p.run.row["model_name"],
+        "microbatches": s.micro_batches,
         "schedule": s.parallelism.schedule,
         **{f"{k}_s": v for k, v in r.breakdown_s.items()},
     }
@@ -358,8 +360,9 @@ def _record(p: Prediction) -> dict[str, Any]:
 def validate(runs: Iterable[Run], progress: bool = True) -> pd.DataFrame:
     """Predict every run; one row each: id, source, metric, measured, predicted, error_pct …
 
-    Extra columns: ``target``, the predicted step time, MFU and memory fit, the ZB24
-    ``config``/``schedule`` keys and the critical stage's breakdown (``compute_s`` …).
+    Extra columns: ``target``, the predicted step time, MFU and memory fit, the
+    ``config`` (model and batch), ``model``, ``microbatches`` (per pipeline) and
+    ``schedule`` keys and the critical stage's breakdown (``compute_s`` …).
     """
     runs = list(runs)
     if not progress:
@@ -429,6 +432,32 @@ def schedule_ranking(df: pd.DataFrame, source: str = "ZB24", tie_pct: float = 1.
                 "same": same,
             }
         )
+    return pd.DataFrame(rows)
+
+
+def marginal_costs(df: pd.DataFrame, source: str = "ZB24") -> pd.DataFrame:
+    """Cost of one more micro-batch per (model, schedule), measured and predicted, ms.
+
+    Of each model and schedule's two rows with the most micro-batches per pipeline, the
+    difference of the step times over the difference of the micro-batch counts: the
+    steady-state period of the slowest stage, free of the warmup and cooldown that both
+    steps share.
+    """
+    part = df[(df["source"] == source) & (df["metric"] == "iteration_time_s")]
+    rows = []
+    for (model, schedule), g in part.groupby(["model", "schedule"], sort=False):
+        if g["microbatches"].nunique() < 2:
+            continue
+        lo, hi = (r for _, r in g.nlargest(2, "microbatches").sort_values("microbatches")
+                  .iterrows())
+        extra = hi["microbatches"] - lo["microbatches"]
+        rows.append({
+            "model": model,
+            "schedule": schedule,
+            "microbatches": f"{lo['microbatches']} → {hi['microbatches']}",
+            "measured_ms": (hi["measured"] - lo["measured"]) / extra * 1e3,
+            "predicted_ms": (hi["predicted"] - lo["predicted"]) / extra * 1e3,
+        })
     return pd.DataFrame(rows)
 
 
@@ -516,8 +545,8 @@ def _sig(x: float, digits: int = 4) -> str:
 
 
 def markdown_tables(df: pd.DataFrame) -> str:
-    """The accuracy goal, the summary per source, the ZB24 schedule order and every row
-    as Markdown tables (``docs/validation.md`` shows these, as ``llmsim validate --out DIR``
+    """The accuracy goal, the summary per source, the ZB24 schedule order and cost of one
+    more micro-batch, and every row as Markdown tables (``docs/validation.md`` shows these, as ``llmsim validate --out DIR``
     writes them)."""
     parts: list[str] = []
     goal = accuracy_goal(df)
@@ -545,6 +574,13 @@ def markdown_tables(df: pd.DataFrame) -> str:
             same = "**no**" if not r.same else (
                 "yes (tie)" if r.measured_order != r.predicted_order else "yes")
             parts.append(f"| {r.config} | {measured} | {r.predicted_order} | {same} |")
+    costs = marginal_costs(df)
+    if not costs.empty:
+        parts += ["", "## ZB24: cost of one more micro-batch", "",
+                  "| model | schedule | micro-batches | measured ms | llmsim ms |",
+                  "|---|---|---|---:|---:|"]
+        parts += [f"| {c.model} | {c.schedule} | {c.microbatches} | {c.measured_ms:.2f} | "
+                  f"{c.predicted_ms:.2f} |" for c in costs.itertuples()]
     parts += ["", "## Every row", "",
               "| id | target | quantity | measured | llmsim | error % | llmsim step s | "
               "critical-stage breakdown s (compute / TP / PP / DP / bubble / optimizer) |",
