@@ -546,8 +546,8 @@ def _sig(x: float, digits: int = 4) -> str:
 
 def markdown_tables(df: pd.DataFrame) -> str:
     """The accuracy goal, the summary per source, the ZB24 schedule order and cost of one
-    more micro-batch, and every row as Markdown tables (``docs/validation.md`` shows these, as ``llmsim validate --out DIR``
-    writes them)."""
+    more micro-batch, and every row as Markdown tables (``docs/validation.md`` shows
+    these, as ``llmsim validate --out DIR`` writes them)."""
     parts: list[str] = []
     goal = accuracy_goal(df)
     if goal is not None:
