@@ -48,11 +48,7 @@ def _check_posted_units(scenario: Scenario, posted: int) -> None:
     other kernels that hold units."""
     par, node = scenario.parallelism, scenario.system.node
     units = node.accelerator.gemm.compute_units
-    tp_units = 0
-    if par.overlap_tp_comm and par.tp > 1:
-        tp_units = max([par.tp_overlap_comm_units,
-                        *(g.num_sm for g in par.tp_overlap_gemms.values())])
-    held = node.collective_units + tp_units
+    held = node.collective_units + max(par.tp_overlap_units.values(), default=0)
     if posted + held >= units:
         raise UserError(
             f"system.node.p2p_channels_per_peer / system.network.p2p_channels_per_net_peer: "

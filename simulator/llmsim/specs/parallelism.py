@@ -195,6 +195,17 @@ class Parallelism(Spec):
     rank_order: list[Axis] = Field(default_factory=lambda: ["tp", "cp", "ep", "dp", "pp"])
     """Axes from innermost (adjacent ranks) to outermost."""
 
+    @property
+    def tp_overlap_units(self) -> dict[str, int]:
+        """Field → compute units its overlapped TP transfers' kernels hold beside the GEMMs
+        (``tp_overlap_comm_units`` and each ``tp_overlap_gemms`` entry's ``num_sm``); empty
+        when TP communication is not overlapped."""
+        if not (self.overlap_tp_comm and self.tp > 1):
+            return {}
+        return {"tp_overlap_comm_units": self.tp_overlap_comm_units} | {
+            f"tp_overlap_gemms.{name}.num_sm": gemm.num_sm
+            for name, gemm in self.tp_overlap_gemms.items()}
+
     @field_validator("dp", mode="before")
     @classmethod
     def _dp_positive_or_auto(cls, value: object) -> object:

@@ -93,11 +93,8 @@ class Scenario(Spec):
             )
         units = accel.gemm.compute_units
         held = sysm.node.collective_units  # beside a data-parallel collective as well
-        held_by_tp = {"tp_overlap_comm_units": par.tp_overlap_comm_units} | {
-            f"tp_overlap_gemms.{name}.num_sm": gemm.num_sm
-            for name, gemm in par.tp_overlap_gemms.items()}
-        for field, sms in held_by_tp.items():
-            if par.overlap_tp_comm and par.tp > 1 and sms + held >= units:
+        for field, sms in par.tp_overlap_units.items():
+            if sms + held >= units:
                 raise ValueError(
                     f"parallelism.{field}: {sms} leaves none of {accel.name}'s {units} "
                     f"compute units to the GEMMs (other kernels hold {held} more); "
