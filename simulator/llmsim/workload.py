@@ -658,32 +658,46 @@ def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
     return params
 
 
-def build_workload(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
-    """The workload graph of one step for a validated layout."""
-    p, v = par.pp, par.virtual_stages
+@dataclass(frozen=True)
+class PassOps:
+    """The op lists every chunk's passes are assembled from, for one micro-batch: one
+    transformer block's forward (F), recompute (R), input-gradient (B) and weight-gradient
+    (W) ops, and the embedding's and the LM head's F, B and W ops."""
+
+    layer_f: tuple[Op, ...]
+    layer_r: tuple[Op, ...]
+    layer_b: tuple[Op, ...]
+    layer_w: tuple[Op, ...]
+    embedding_f: tuple[Op, ...]
+    embedding_b: tuple[Op, ...]
+    embedding_w: tuple[Op, ...]
+    head_f: tuple[Op, ...]
+    head_b: tuple[Op, ...]
+    head_w: tuple[Op, ...]
+
+
+def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
+    """The per-block and first/last-stage op lists of a layout (:class:`PassOps`)."""
     builder = _LayerBuilder(model, par, training)
-    layer_f, layer_r, layer_b, layer_w = builder.layer()
-    emb_f, emb_b, emb_w = builder.embedding()
-    head_f, head_b, head_w = builder.head()
-    split = chunk_layers(model.layers, par)
-    chunks: dict[tuple[int, int], Chunk] = {}
-    for stage in range(p):
-        for c in range(v):
-            vs, n = c * p + stage, split[stage][c]
-            first, last = vs == 0, vs == p * v - 1
-            amax_f, amax_b = _amax_reductions(training, n)
-            fwd = (emb_f if first else []) + layer_f * n + amax_f + (head_f if last else [])
-            bwd: list[Op] = list(head_b if last else [])
-            for _ in range(n):
-                bwd += layer_r + layer_b
-            bwd += amax_b + (emb_b if first else [])
-            wgt = (head_w if last else []) + layer_w * n + (emb_w if first else [])
-            chunks[(stage, c)] = Chunk(
-                stage, c, vs, n, first, last,
-                chunk_params(model, par.tp, n, first, last, p),
-                tuple(fwd), tuple(bwd), tuple(wgt),
-                _accumulation(model, par, training, n, first, last),
-            )
+    lf, lr, lb, lw = builder.layer()
+    ef, eb, ew = builder.embedding()
+    hf, hb, hw = builder.head()
+    return PassOps(*(tuple(ops) for ops in (lf, lr, lb, lw, ef, eb, ew, hf, hb, hw)))
+
+
+def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
+                 first: bool, last: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """A chunk's ops besides its blocks, embedding and head: the FP8 amax reductions of its
+    forward and backward, and its gradient accumulation (:attr:`Chunk.accumulate`)."""
+    amax_f, amax_b = _amax_reductions(training, layers)
+    return (tuple(amax_f), tuple(amax_b),
+            _accumulation(model, par, training, layers, first, last))
+
+
+def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
+    """The step's settings and traffic without its chunks: micro-batches, the pipeline
+    message, the gradient and ZeRO settings (a :class:`Workload` with no chunks, whose
+    :meth:`Workload.dp_grad_ops` and :meth:`Workload.weight_gathers` price any chunk)."""
     e = DTYPE_BYTES[training.precision]
     tokens = par.micro_batch * training.seq_len
     activation = tokens * model.hidden * e
@@ -693,8 +707,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     gathered = sliced and not par.sequence_parallel  # rebuilt from the slices on receipt
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
     tensor_list = par.tensor_list_gathers and par.zero == 3
-    work = Workload(
-        chunks=chunks,
+    return Workload(
+        chunks={},
         microbatches=training.global_batch // (par.micro_batch * dp),
         pp_message_bytes=float(message),
         pp_gather_bytes=float(activation) if gathered else 0.0,
@@ -721,6 +735,31 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",
     )
+
+
+def build_workload(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
+    """The workload graph of one step for a validated layout."""
+    p, v = par.pp, par.virtual_stages
+    ops = pass_ops(model, par, training)
+    split = chunk_layers(model.layers, par)
+    chunks: dict[tuple[int, int], Chunk] = {}
+    for stage in range(p):
+        for c in range(v):
+            vs, n = c * p + stage, split[stage][c]
+            first, last = vs == 0, vs == p * v - 1
+            amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last)
+            fwd = ((ops.embedding_f if first else ()) + ops.layer_f * n + amax_f
+                   + (ops.head_f if last else ()))
+            bwd = (ops.head_b if last else ()) + (ops.layer_r + ops.layer_b) * n + amax_b \
+                + (ops.embedding_b if first else ())
+            wgt = (ops.head_w if last else ()) + ops.layer_w * n \
+                + (ops.embedding_w if first else ())
+            chunks[(stage, c)] = Chunk(
+                stage, c, vs, n, first, last,
+                chunk_params(model, par.tp, n, first, last, p),
+                fwd, bwd, wgt, accumulate,
+            )
+    work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={})
     for stage in range(p):
         tensors = sum(param_tensors(model, c.layers, c.first, c.last, p)
                       for (s, _), c in chunks.items() if s == stage)
