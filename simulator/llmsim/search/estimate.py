@@ -1,0 +1,289 @@
+"""The estimator: a step time in microseconds of work, from the engine's own cost models.
+
+The layout search prices tens of thousands of layouts; the SimPy engine takes 0.2–9 s a
+step. The estimator prices the same passes the engine replays — each chunk's forward,
+backward and weight-gradient passes are the engine's :class:`~llmsim.blocks.Block` of
+the same ops (:func:`llmsim.workload.pass_ops`) on the same
+:class:`~llmsim.costs.HardwareCosts`, the gradient buckets and weight gathers are
+:class:`~llmsim.workload.Workload`'s own, the optimizer is :func:`optimizer_step` — and
+replaces only the replay: the schedule's timing is a closed form over the stages'
+per-micro-batch times (:mod:`llmsim.search.pipeline`), the gradient reduction's tail a
+closed form of a FIFO of equal buckets. One block per distinct layer shape is priced
+once and reused by every layout that shares it (the pass of a chunk of n layers is n
+blocks back to back, as the engine lays them out).
+
+What it leaves out, and the engine keeps: compute units held by concurrent collectives
+and posted sends (contention), Megatron-Core's aligned gradient launch, and the exact
+interleaving of warm-up and cool-down; the search confirms its best layouts with the
+engine, and ``docs/search.md`` states how far apart the two are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.blocks import Block
+from llmsim.costs import HardwareCosts
+from llmsim.memory import StageMemory, memory_per_stage
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.optimizer import optimizer_step
+from llmsim.params import param_tensors
+from llmsim.partition import chunk_layers
+from llmsim.plan import Plan
+from llmsim.result import SECONDS_PER_DAY
+from llmsim.schedules import SPLIT_BACKWARD
+from llmsim.search.pipeline import StageTimes, dp_done_s, pipeline_s
+from llmsim.specs import Scenario
+from llmsim.workload import (
+    Chunk,
+    Workload,
+    chunk_extras,
+    chunk_params,
+    pass_ops,
+    step_traffic,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The estimator's prediction for one layout."""
+
+    step_time_s: float
+    pipeline_s: float
+    """Forward and backward passes of every micro-batch, to the last stage's last pass."""
+    dp_tail_s: float
+    """Gradient reduction (and ZeRO traffic) after the last pass, on the slowest stage."""
+    optimizer_s: float
+    """Optimizer step and the ZeRO-1/2 weight gather after it."""
+    model_flops_per_step: float
+    tokens_per_step: int
+    devices: int
+    peak_flops_per_device: float
+    run_flops: float | None
+    run_tokens: float | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Training tokens per second, whole job."""
+        return self.tokens_per_step / self.step_time_s
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation, 0–1."""
+        return self.model_flops_per_step / self.step_time_s / self.devices \
+            / self.peak_flops_per_device
+
+    @property
+    def days_to_train(self) -> float | None:
+        """Days for the run's tokens or FLOP budget (as :attr:`Result.days_to_train`)."""
+        if self.run_tokens is not None:
+            return self.run_tokens / self.tokens_per_s / SECONDS_PER_DAY
+        if self.run_flops is not None:
+            return self.run_flops / (self.model_flops_per_step / self.step_time_s) \
+                / SECONDS_PER_DAY
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parts:
+    """The priced blocks one layer shape's chunks are made of: seconds and model FLOPs
+    (per device) of each part's pass."""
+
+    layer: tuple[float, float, float, float]
+    """Forward, recompute, input-gradient and weight-gradient seconds of one block."""
+    embedding: tuple[float, float, float]
+    head: tuple[float, float, float]
+    model_flops: tuple[float, float, float]
+    """Per-device model FLOPs of one block, the embedding, the head (F + B + W)."""
+
+
+def _seconds(ops: tuple, costs: HardwareCosts, overlap_tp: bool) -> float:
+    return Block.of(ops, costs, overlap_tp).duration_s if ops else 0.0
+
+
+def _model_flops(*ops_lists: tuple) -> float:
+    return sum(op.flops for ops in ops_lists for op in ops
+               if isinstance(op, ComputeOp) and op.phase != "R")
+
+
+class Estimator:
+    """Prices layouts of one base scenario (its system, model and training fixed),
+    memoising every part that layouts share."""
+
+    def __init__(self) -> None:
+        self._costs: dict[tuple, tuple[Plan, HardwareCosts]] = {}
+        self._parts: dict[tuple, _Parts] = {}
+        self._memory: dict[tuple, list[StageMemory]] = {}
+        self._extras: dict[tuple, tuple[float, float, float]] = {}
+        self._grads: dict[tuple, list[float]] = {}
+
+    # -- shared parts -------------------------------------------------------------------
+    def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:
+        """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
+        par = sc.parallelism
+        key = (sc.nodes_used, par.tp, par.pp, sc.dp, tuple(par.rank_order))
+        hit = self._costs.get(key)
+        if hit is None:
+            plan = Plan.from_scenario(sc)
+            hit = self._costs[key] = (plan, HardwareCosts.from_scenario(sc, plan))
+        return hit
+
+    def memory(self, sc: Scenario) -> list[StageMemory]:
+        """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
+        par = sc.parallelism
+        key = (par.tp, par.pp, par.virtual_stages, par.schedule, par.micro_batch, par.zero,
+               par.sequence_parallel, par.recompute, par.prefetch_weights, par.dp_bucket_mb,
+               par.first_stage_layers, par.last_stage_layers, sc.dp,
+               sc.training.global_batch)
+        hit = self._memory.get(key)
+        if hit is None:
+            hit = self._memory[key] = memory_per_stage(
+                sc.model, par, sc.training, sc.dp, sc.system.node.accelerator)
+        return hit
+
+    def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:
+        par = sc.parallelism
+        key = (plan.placements["tp"], par.tp, par.micro_batch, par.sequence_parallel,
+               par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
+               par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
+               tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
+        hit = self._parts.get(key)
+        if hit is None:
+            ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
+            hit = self._parts[key] = _Parts(
+                layer=tuple(_seconds(o, costs, otp)
+                            for o in (ops.layer_f, ops.layer_r, ops.layer_b, ops.layer_w)),
+                embedding=tuple(_seconds(o, costs, otp) for o in
+                                (ops.embedding_f, ops.embedding_b, ops.embedding_w)),
+                head=tuple(_seconds(o, costs, otp) for o in (ops.head_f, ops.head_b, ops.head_w)),
+                model_flops=(_model_flops(ops.layer_f, ops.layer_b, ops.layer_w),
+                             _model_flops(ops.embedding_f, ops.embedding_b, ops.embedding_w),
+                             _model_flops(ops.head_f, ops.head_b, ops.head_w)))
+        return hit
+
+    def _chunk_extras(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, n: int,
+                      first: bool, last: bool) -> tuple[float, float, float]:
+        par = sc.parallelism
+        key = (plan_key, par.tp, par.pp, par.grad_reduce_dtype, n, first, last)
+        hit = self._extras.get(key)
+        if hit is None:
+            amax_f, amax_b, accumulate = chunk_extras(sc.model, par, sc.training, n, first, last)
+            hit = self._extras[key] = (_seconds(amax_f, costs, False),
+                                       _seconds(amax_b, costs, False),
+                                       _seconds(accumulate, costs, False))
+        return hit
+
+    def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
+                 chunk: Chunk) -> list[float]:
+        """Seconds of each gradient bucket of ``chunk`` (its compute-stream kernels and its
+        reduction), memoised."""
+        key = (plan_key, chunk.params, traffic.zero, traffic.grad_all_reduce,
+               traffic.bucket_bytes, traffic.grad_bytes_per_param,
+               traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
+        hit = self._grads.get(key)
+        if hit is None:
+            hit = self._grads[key] = [
+                costs.comm_s(op) + sum(costs.compute_s(k) for k in traffic.grad_sync_prep(op))
+                for op in traffic.dp_grad_ops(chunk)]
+        return hit
+
+    # -- one layout ---------------------------------------------------------------------
+    def estimate(self, sc: Scenario) -> Estimate:
+        """The estimated step of a validated scenario (any fidelity: it is the reduced one)."""
+        par, trn, model = sc.parallelism, sc.training, sc.model
+        p, v, dp = par.pp, par.virtual_stages, sc.dp
+        plan, costs = self.plan_costs(sc)
+        plan_key = (sc.nodes_used, par.tp, p, dp)
+        parts = self._layer_parts(sc, plan, costs)
+        traffic = step_traffic(model, par, trn, dp)
+        m = traffic.microbatches
+        lf, lr, lb, lw = parts.layer
+        ef, eb, ew = parts.embedding
+        hf, hb, hw = parts.head
+        split = chunk_layers(model.layers, par)
+        split_backward = par.schedule in SPLIT_BACKWARD
+        posted_singly = par.overlap_pp_comm and v > 1 and p > 1
+        send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
+                                              traffic.pp_message_bytes, within_node=within,
+                                              two_rank=posted_singly))
+                  for within in (False, True)}
+        gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
+                                       traffic.pp_gather_bytes, copies=par.tp)) \
+            if traffic.pp_gather_bytes else 0.0
+        node_of = [plan.location(plan.rank(pp=s))[0] for s in range(p)]
+        stages: list[StageTimes] = []
+        flops_per_replica = 0.0
+        opt_s = 0.0
+        a = min(traffic.accumulate_from_microbatch, m)
+        overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
+        for s in range(p):
+            f = b = w = w_first = waited = 0.0
+            grads: list[list[float]] = []
+            backward: list[tuple[float, float]] = []
+            gathers_f = gathers_b = 0.0
+            params_s = tensors_s = 0
+            for c in range(v):
+                vs, n = c * p + s, split[s][c]
+                first, last = vs == 0, vs == p * v - 1
+                amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first, last)
+                cf = first * ef + n * lf + amax_f + last * hf
+                cb = last * hb + n * (lr + lb) + amax_b + first * eb
+                cw = last * hw + n * lw + first * ew
+                f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
+                backward.append((cb, cw + acc))
+                flops_per_replica += (n * parts.model_flops[0] + first * parts.model_flops[1]
+                                      + last * parts.model_flops[2]) * par.tp
+                params = chunk_params(model, par.tp, n, first, last, p)
+                params_s += params
+                tensors_s += param_tensors(model, n, first, last, p)
+                chunk = Chunk(s, c, vs, n, first, last, params, (), (), ())
+                grads.append(self._buckets(plan_key, costs, traffic, chunk))
+                gathers = traffic.weight_gathers(chunk)
+                layer_gather = (costs.comm_s(gathers[0]) * traffic.gather_messages
+                                if gathers else 0.0)
+                units = chunk.units
+                if traffic.gathers_before("F", 1):
+                    gathers_f += units * layer_gather
+                if traffic.gathers_before("B", 1):
+                    gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
+                if overlapped_gather:  # the first forward's layers wait for their weights
+                    waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
+            # Pipeline sends of one micro-batch (forward out of every virtual stage but the
+            # last, backward out of every one but the first) and the gathers of sliced ones.
+            nxt, prv = (s + 1) % p, (s - 1) % p
+            to_next = send_s[node_of[s] == node_of[nxt]]
+            to_prev = send_s[node_of[s] == node_of[prv]]
+            received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
+            stages.append(StageTimes(
+                f=f, b=b, w=(w * (m - a) + w_first * a) / m,
+                sends_f=(v - (s == p - 1)) * to_next if p > 1 else 0.0,
+                sends_b=(v - (s == 0)) * to_prev if p > 1 else 0.0,
+                gathers=received * gather_s if p > 1 else 0.0,
+                hop_f=to_next if s < p - 1 else 0.0,
+                hop_b=to_prev if s > 0 else 0.0,
+                zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
+                grad_buckets=grads, chunk_backward=backward, first_forward_gather=waited,
+            ))
+            opt = costs.compute_s(optimizer_step(par, trn, params_s, tensors_s, dp))
+            if dp > 1 and par.zero in (1, 2) and not par.overlap_param_gather:
+                opt += costs.comm_s(CommOp("dp_ag_params", "all_gather", "dp", "O",
+                                           params_s * traffic.param_bytes_per_param))
+            opt_s = max(opt_s, opt)
+        zero3 = traffic.zero == 3 and dp > 1
+        pipe, ends = pipeline_s(par.schedule, stages, m, v, blocking=not par.overlap_pp_comm,
+                                posted_singly=posted_singly, zero3=zero3,
+                                prefetch=par.prefetch_weights)
+        done = dp_done_s(stages, ends, overlap=par.overlap_dp_comm,
+                         split_backward=split_backward, zero3=zero3)
+        ready = max(done)
+        tied = traffic.embedding_grad_allreduce
+        if tied is not None:
+            ready = max(ready, max(done[0], done[-1]) + costs.comm_s(tied))
+        tail = ready - pipe
+        step = ready + opt_s + trn.step_overhead_s
+        accel = sc.system.node.accelerator
+        return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=tail, optimizer_s=opt_s,
+                        model_flops_per_step=flops_per_replica * m * dp,
+                        tokens_per_step=trn.tokens_per_step, devices=sc.devices,
+                        peak_flops_per_device=accel.peak_flops(trn.precision),
+                        run_flops=trn.flops, run_tokens=trn.tokens)

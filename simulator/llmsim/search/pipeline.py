@@ -1,0 +1,161 @@
+"""Closed forms of a pipelined step, for the estimator (:mod:`llmsim.search.estimate`).
+
+Each stage s is described by its per-micro-batch pass times (:class:`StageTimes`). With
+``F_s``, ``B_s`` a stage's forward and backward per micro-batch (blocking sends, gathers
+and ZeRO-3 waits included) and ``C_s = F_s + B_s`` its cycle, the step of ``m``
+micro-batches over ``p`` stages takes
+
+- 1F1B (PipeDream-Flush): ``(m−1)·max C + Σ_s C_s`` — the slowest stage's steady state,
+  plus one micro-batch through every stage for the fill and drain (Narayanan et al.
+  2021 §2.2, with unequal stages);
+- GPipe: ``(m−1)·max F + Σ F_s + (m−1)·max B + Σ B_s``;
+- interleaved 1F1B with ``v`` chunks: ``m·max C + (Σ C_s − max C)/v`` — the fill and
+  drain shrink by v (Narayanan et al. 2021 §2.2: bubble (p−1)/(v·m));
+- ZB-H1: ``(m−1)·max C + Σ_s (F_s + B_s − W_s) − (p−2)·min W`` — with equal stages
+  ``m·(F+B+W) + (p−1)(F+B−W)``, Qi et al. 2024 Table 2;
+
+plus the pipeline hops where sends do not block (a blocking send is in its stage's pass
+time already). With equal stages and free communication each equals the bubble closed
+forms the schedules' tests check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """One stage's work per micro-batch, seconds."""
+
+    f: float
+    """Forward passes of every chunk."""
+    b: float
+    """Input-gradient passes (recompute included)."""
+    w: float
+    """Weight-gradient passes (gradient accumulation included, averaged over the step)."""
+    sends_f: float = 0.0
+    """Forward pipeline sends of every chunk."""
+    sends_b: float = 0.0
+    """Backward pipeline sends."""
+    gathers: float = 0.0
+    """All-gathers of sliced pipeline messages (``pp_scatter_gather``)."""
+    hop_f: float = 0.0
+    """One send to the next stage (0 on the last)."""
+    hop_b: float = 0.0
+    """One send to the previous stage (0 on the first)."""
+    zero_gathers_f: float = 0.0
+    """ZeRO-3 weight gathers before the forward passes (data-parallel stream)."""
+    zero_gathers_b: float = 0.0
+    """ZeRO-3 weight gathers before the backward passes."""
+    grad_buckets: list[list[float]] = field(default_factory=list)
+    """Per chunk, the seconds of each of its gradient buckets' reductions (with the
+    compute-stream kernels before each)."""
+    chunk_backward: list[tuple[float, float]] = field(default_factory=list)
+    """Per chunk, (input-gradient, weight-gradient) seconds of one micro-batch."""
+    first_forward_gather: float = 0.0
+    """Time the first forwards wait for the weights the optimizer updated
+    (``overlap_param_gather``)."""
+
+    @property
+    def reduction_s(self) -> float:
+        """Every gradient bucket's reduction of one step, back to back."""
+        return sum(sum(chunk) for chunk in self.grad_buckets)
+
+
+def _passes(st: StageTimes, blocking: bool, posted_singly: bool, zero3: bool,
+            prefetch: bool) -> tuple[float, float, float]:
+    """(forward, backward, weight-gradient) time of one micro-batch on a stage's compute
+    stream, with what it waits for."""
+    f, b, w = st.f, st.b, st.w
+    if zero3:
+        if prefetch:  # each layer's gather one layer ahead: the slower of the two streams
+            f, b = max(f, st.zero_gathers_f), max(b, st.zero_gathers_b)
+        else:         # each layer waits for its own gather
+            f, b = f + st.zero_gathers_f, b + st.zero_gathers_b
+    if posted_singly:  # each step waits for the previous step's send of its direction
+        f, b = max(f, st.sends_f), max(b + w, st.sends_b) - w
+    elif blocking:
+        f, b = f + st.sends_f, b + st.sends_b
+    return f + st.gathers, b, w
+
+
+def pipeline_s(schedule: str, stages: list[StageTimes], m: int, v: int, *, blocking: bool,
+               posted_singly: bool, zero3: bool, prefetch: bool) -> tuple[float, list[float]]:
+    """The pipeline phase of one step: (its length, when each stage's last pass ends)."""
+    p = len(stages)
+    passes = [_passes(st, blocking, posted_singly, zero3, prefetch) for st in stages]
+    cycle = []
+    for st, (f, b, w) in zip(stages, passes, strict=True):
+        c = f + b + w
+        if not blocking and not posted_singly:  # non-blocking sends queue on one link
+            c = max(c, st.sends_f + st.sends_b)
+        if zero3:  # the data-parallel stream's own work per micro-batch
+            per_mb = st.zero_gathers_f + st.zero_gathers_b + st.reduction_s
+            c = max(c, per_mb)
+        cycle.append(c)
+    hops = 0.0 if blocking else sum(st.hop_f + st.hop_b for st in stages)
+    top = max(cycle)
+    if schedule == "gpipe":
+        fwd = [f for f, _, _ in passes]
+        bwd = [b + w for _, b, w in passes]
+        total = (m - 1) * max(fwd) + sum(fwd) + (m - 1) * max(bwd) + sum(bwd)
+    elif schedule == "interleaved-1f1b":
+        total = m * top + (sum(cycle) - top) / v
+    elif schedule == "zb-h1":
+        ws = [w for _, _, w in passes]
+        total = (m - 1) * top + sum(f + b for f, b, _ in passes) - (p - 2) * min(ws)
+        total = max(total, m * top)
+    else:  # 1f1b, and one stage of anything
+        total = (m - 1) * top + sum(cycle)
+    total += hops + max(st.first_forward_gather for st in stages)
+    # The drain: stage s ends its last pass once the stages before it have run their
+    # last backward (the gradient flows from the last stage to the first).
+    ends, behind = [], 0.0
+    for s, (st, (_, b, w)) in enumerate(zip(stages, passes, strict=True)):
+        lag = behind
+        if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
+            lag = max(0.0, behind - s * w)
+        ends.append(total - lag)
+        behind += (b + w) / v + (0.0 if blocking else st.hop_b)
+    return total, ends
+
+
+def dp_done_s(stages: list[StageTimes], ends: list[float], *, overlap: bool,
+              split_backward: bool, zero3: bool) -> list[float]:
+    """When each stage's gradient reduction ends.
+
+    The buckets of a chunk go out on the stage's data-parallel stream one after another.
+    With ``overlap`` they become ready evenly over the chunk's last backward (its weight
+    pass with a split backward; ZeRO-3: after each micro-batch's weight pass); without
+    it, all of them after the stage's last pass. A FIFO of ``n`` buckets of ``d`` seconds
+    ready at ``t0 + k·T/n`` (k = 1..n) ends at ``max(t0 + T/n + n·d, t0 + T + d)``, or
+    ``free + n·d`` when the stream is busy until ``free``.
+    """
+    done = []
+    for st, end in zip(stages, ends, strict=True):
+        if not overlap:
+            done.append(end + st.reduction_s)
+            continue
+        # Chunk c's last backward (of the last micro-batch) comes c·p backward steps
+        # before the stage's last one: the interleaved cool-down visits the chunks in
+        # reverse, p micro-batches each (Narayanan et al. 2021 §2.2); chunk 0 ends it.
+        p = len(stages)
+        windows, starts = [], {}
+        for c in range(len(st.grad_buckets)):
+            b, w = st.chunk_backward[c] if c < len(st.chunk_backward) else (0.0, 0.0)
+            window = 0.0 if zero3 else (w if split_backward else b + w)
+            windows.append((c, window, b + w))
+            starts[c] = end - (c * p + 1) * (b + w)
+        free = -1.0
+        last_finish = end
+        for c, window, length in reversed(windows):
+            buckets = st.grad_buckets[c]
+            if not buckets:
+                continue
+            n, total = len(buckets), sum(buckets)
+            t0 = starts[c] + length - window
+            finish = max(free + total, t0 + window / n + total, t0 + window + buckets[-1])
+            free = last_finish = finish
+        done.append(max(end, last_finish))
+    return done

@@ -1,0 +1,280 @@
+"""The layout space: every valid parallel layout of a scenario's model on its machine.
+
+A :class:`Layout` is the part of a scenario the search varies — the degrees (tp, pp, dp,
+virtual stages), the schedule, the micro-batch, the ZeRO stage, recompute, sequence
+parallelism, the overlap switches, the nodes used and the global batch. Everything else
+(the framework's behaviour: bucket size, rank order, gather style, …) is the scenario's.
+
+:func:`layouts` enumerates the space cheaply from integer rules (divisibility, the
+schedule's rules); the estimator validates each candidate as a real
+:class:`~llmsim.specs.Scenario` before pricing it, so a rule missed here only costs time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from llmsim.errors import UserError
+from llmsim.specs import Scenario
+
+SWITCHES = ("overlap_dp_comm", "overlap_tp_comm", "overlap_pp_comm", "overlap_param_gather")
+"""The overlap switches the search varies."""
+
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")
+"""The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
+the same as any other)."""
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Layout:
+    """One point of the layout space."""
+
+    nodes: int
+    tp: int
+    pp: int
+    dp: int
+    virtual_stages: int
+    schedule: str
+    micro_batch: int
+    zero: int
+    sequence_parallel: bool
+    recompute: str
+    overlap_dp_comm: bool
+    overlap_tp_comm: bool
+    overlap_pp_comm: bool
+    overlap_param_gather: bool
+    global_batch: int
+
+    @property
+    def key(self) -> str:
+        """A stable text key (the store's primary key): ``tp8.pp8.dp16.v1.1f1b.mb1…``."""
+        flags = "".join("1" if getattr(self, s) else "0" for s in SWITCHES)
+        return (f"n{self.nodes}.tp{self.tp}.pp{self.pp}.dp{self.dp}.v{self.virtual_stages}."
+                f"{self.schedule}.mb{self.micro_batch}.z{self.zero}."
+                f"sp{int(self.sequence_parallel)}.{self.recompute}.o{flags}.gb{self.global_batch}")
+
+    @property
+    def devices(self) -> int:
+        """Devices the layout uses."""
+        return self.tp * self.pp * self.dp
+
+    def parallelism_updates(self) -> dict[str, Any]:
+        """The ``parallelism`` fields this layout sets."""
+        out = asdict(self)
+        for name in ("nodes", "global_batch"):
+            del out[name]
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values, for a table row."""
+        return asdict(self)
+
+
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What narrows the space."""
+
+    fixed: Mapping[str, Any]
+    """Layout field → the one value it may take (``--fix parallelism.tp=8``)."""
+    batch_range: tuple[int, int] | None = None
+    """Global batches (sequences) allowed, inclusive; None keeps the scenario's."""
+    max_tp: int | None = None
+    """Largest tensor-parallel degree (default: the larger of 8 and a node's devices)."""
+    max_micro_batch: int = 16
+    """Largest micro-batch tried (sequences)."""
+    min_nodes: int = 1
+    """Fewest nodes a layout may use."""
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def parse_fix(items: list[str]) -> dict[str, Any]:
+    """``["parallelism.tp=8", "nodes=64"]`` → ``{"tp": 8, "nodes": 64}``, checked against
+    the layout's fields."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        name = key.strip().removeprefix("parallelism.").removeprefix("training.")
+        if not sep or name not in LAYOUT_FIELDS:
+            raise UserError(
+                f"--fix: {item!r} is not FIELD=VALUE with FIELD one of "
+                f"{', '.join(LAYOUT_FIELDS)}; e.g. --fix parallelism.tp=8")
+        out[name] = _parse_value(name, raw.strip())
+    return out
+
+
+def _parse_value(name: str, raw: str) -> Any:
+    kind = {f.name: f.type for f in fields(Layout)}[name]
+    if kind == "bool":
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise UserError(f"--fix: {name}={raw!r} must be true or false")
+        return raw.lower() in ("true", "1")
+    if kind == "int":
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UserError(f"--fix: {name}={raw!r} must be a whole number") from None
+        if value < (0 if name == "zero" else 1):
+            raise UserError(f"--fix: {name}={value} must be positive")
+        return value
+    allowed = SCHEDULES if name == "schedule" else RECOMPUTE
+    if raw not in allowed:
+        raise UserError(f"--fix: {name}={raw!r} must be one of {', '.join(allowed)}")
+    return raw
+
+
+def _choices(name: str, candidates: list[Any], fixed: Mapping[str, Any]) -> list[Any]:
+    if name in fixed:
+        return [fixed[name]]
+    return candidates
+
+
+def tp_candidates(scenario: Scenario, max_tp: int | None) -> list[int]:
+    """Tensor-parallel degrees the model allows: divisors of the heads that divide the FFN
+    width and divide or are divided by the KV heads, up to ``max_tp``."""
+    m = scenario.model
+    limit = max_tp or max(8, scenario.system.node.devices_per_node)
+    return [t for t in divisors(m.heads) if t <= limit and m.ffn_hidden % t == 0
+            and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
+
+
+StateFilter = Callable[[int, int, int, int], bool]
+"""(tp, pp, dp, zero) → whether the model state can fit at all (a lower bound)."""
+
+
+def cores(scenario: Scenario, options: SpaceOptions,
+          state_fits: StateFilter | None = None) -> Iterator[Layout]:
+    """Every layout of ``scenario``'s model on at most its nodes, by the integer rules,
+    with the overlap switches at their defaults (:func:`switch_variants` adds the others).
+
+    Degrees: tp from :func:`tp_candidates`; pp and virtual stages dividing the layers;
+    dp such that tp·pp·dp fills whole nodes, at most the scenario's; the micro-batch
+    dividing the global batch's share of a replica, micro-batches a multiple of pp for
+    the interleaved schedule (Megatron-LM's rule). ZeRO stages above 0 only with dp > 1;
+    sequence parallelism only with tp > 1. ``state_fits(tp, pp, dp, zero)`` prunes whole
+    branches whose model state cannot fit.
+    """
+    fx = options.fixed
+    model, node = scenario.model, scenario.system.node
+    per_node, max_nodes = node.devices_per_node, scenario.nodes_used
+    if options.batch_range is None:
+        batches = [scenario.training.global_batch]
+    else:
+        low, high = options.batch_range
+        batches = list(range(low, high + 1))
+    for gb in _choices("global_batch", batches, fx):
+        for tp in _choices("tp", tp_candidates(scenario, options.max_tp), fx):
+            for pp in _choices("pp", divisors(model.layers), fx):
+                for dp in _choices("dp", divisors(gb), fx):
+                    devices = tp * pp * dp
+                    if devices % per_node:
+                        continue
+                    nodes = devices // per_node
+                    if not options.min_nodes <= nodes <= max_nodes:
+                        continue
+                    if "nodes" in fx and fx["nodes"] != nodes:
+                        continue
+                    for zero in _choices("zero", [0, 1, 2, 3] if dp > 1 else [0], fx):
+                        if state_fits is None or state_fits(tp, pp, dp, zero):
+                            yield from _per_replica(gb, nodes, tp, pp, dp, zero,
+                                                    model.layers, options)
+
+
+def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, layers: int,
+                 options: SpaceOptions) -> Iterator[Layout]:
+    fx = options.fixed
+    per_replica = gb // dp
+    micro = [b for b in divisors(per_replica) if b <= options.max_micro_batch]
+    schedules = list(SCHEDULES) if pp > 1 else ["1f1b"]
+    for schedule in _choices("schedule", schedules, fx):
+        if schedule == "interleaved-1f1b":
+            chunks = [v for v in divisors(layers // pp) if v >= 2]
+        else:
+            chunks = [1]
+        for v in _choices("virtual_stages", chunks, fx):
+            if layers % (pp * v):
+                continue
+            for mb in _choices("micro_batch", micro, fx):
+                if per_replica % mb:
+                    continue
+                if schedule == "interleaved-1f1b" and (per_replica // mb) % pp:
+                    continue
+                for sp in _choices("sequence_parallel", [False, True] if tp > 1 else [False],
+                                   fx):
+                    for rc in _choices("recompute", list(RECOMPUTE), fx):
+                        yield Layout(nodes, tp, pp, dp, v, schedule, mb, zero, sp, rc,
+                                     fx.get("overlap_dp_comm", True),
+                                     fx.get("overlap_tp_comm", False),
+                                     fx.get("overlap_pp_comm", False),
+                                     fx.get("overlap_param_gather", False), gb)
+
+
+def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
+    """``core`` with every allowed combination of the overlap switches.
+
+    The data-parallel overlap stays on (no framework runs a large job without it; fix
+    ``overlap_dp_comm=false`` to see it off); the TP overlap is tried with sequence
+    parallelism (Transformer Engine's userbuffers need it); the pipeline overlap with the
+    interleaved schedule, the only one whose sends Megatron-LM can overlap
+    (``--overlap-p2p-communication``); the parameter-gather overlap at ZeRO 1 and 2.
+    """
+    tp_overlap = [False, True] if core.sequence_parallel else [False]
+    pp_overlap = [False, True] if core.schedule == "interleaved-1f1b" else [False]
+    gather = [False, True] if core.zero in (1, 2) and core.dp > 1 else [False]
+    for otp in _choices("overlap_tp_comm", tp_overlap, fixed):
+        for opp in _choices("overlap_pp_comm", pp_overlap, fixed):
+            for opg in _choices("overlap_param_gather", gather, fixed):
+                yield replace(core, overlap_tp_comm=otp, overlap_pp_comm=opp,
+                              overlap_param_gather=opg)
+
+
+def layout_of(scenario: Scenario) -> Layout:
+    """The layout a scenario already has (its point in the space)."""
+    par = scenario.parallelism
+    return Layout(scenario.nodes_used, par.tp, par.pp, scenario.dp, par.virtual_stages,
+                  par.schedule, par.micro_batch, par.zero, par.sequence_parallel,
+                  par.recompute, par.overlap_dp_comm, par.overlap_tp_comm,
+                  par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch)
+
+
+def apply(scenario: Scenario, layout: Layout) -> Scenario:
+    """``scenario`` with ``layout``, validated (raises ValueError when it cannot run).
+
+    Framework settings of the scenario that a layout rules out are dropped, as the
+    frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
+    run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, and uneven first/last stage
+    splits when pp differs from the scenario's.
+    """
+    par = scenario.parallelism
+    updates = layout.parallelism_updates()
+    if par.grad_reduce_launch == "pp_aligned" and (
+            layout.schedule not in ("1f1b", "interleaved-1f1b") or layout.zero == 3):
+        updates["grad_reduce_launch"] = "bucket_ready"
+    if layout.zero == 3:
+        updates["grad_bucket_nan_check"] = False
+        updates["grad_bucket_prescale"] = False
+    if layout.pp != par.pp or layout.virtual_stages != par.virtual_stages:
+        updates["first_stage_layers"] = None
+        updates["last_stage_layers"] = None
+    new_par = type(par).model_validate({**par.model_dump(), **updates, "dp": layout.dp})
+    training = scenario.training
+    if layout.global_batch != training.global_batch:
+        training = type(training).model_validate(
+            {**training.model_dump(exclude_unset=True), "global_batch": layout.global_batch})
+    return type(scenario).model_validate({
+        "name": scenario.name, "description": scenario.description,
+        "system": scenario.system, "nodes": layout.nodes, "model": scenario.model,
+        "parallelism": new_par, "training": training, "seed": scenario.seed,
+        "fidelity": "reduced", "calibration": scenario.calibration})
