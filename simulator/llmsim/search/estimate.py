@@ -32,7 +32,7 @@ from llmsim.partition import chunk_layers
 from llmsim.plan import Plan
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
-from llmsim.search.pipeline import StageTimes, dp_done_s, pipeline_s
+from llmsim.search.pipeline import StageTimes, pipeline_s, reduction_tail_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
     Chunk,
@@ -97,6 +97,18 @@ class _Parts:
     """Per-device model FLOPs of one block, the embedding, the head (F + B + W)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """What a stage costs apart from its pipeline sends (shared by equal stages)."""
+
+    times: StageTimes
+    optimizer_s: float
+    flops: float
+    """Model FLOPs of one micro-batch on the stage's devices (all its TP ranks)."""
+    tail_s: float
+    """Gradient reduction after the stage's last pass (:func:`reduction_tail_s`)."""
+
+
 def _seconds(ops: tuple, costs: HardwareCosts, overlap_tp: bool) -> float:
     return Block.of(ops, costs, overlap_tp).duration_s if ops else 0.0
 
@@ -116,12 +128,27 @@ class Estimator:
         self._memory: dict[tuple, list[StageMemory]] = {}
         self._extras: dict[tuple, tuple[float, float, float]] = {}
         self._grads: dict[tuple, list[float]] = {}
+        self._params: dict[tuple, tuple[int, int]] = {}
+        self._nodes: dict[tuple, list[int]] = {}
+        self._splits: dict[tuple, list[list[int]]] = {}
+        self._families: dict[tuple[int, int, int], int] = {}
+        self._held: list[tuple] = []
 
     # -- shared parts -------------------------------------------------------------------
+    def _family(self, sc: Scenario) -> int:
+        """An index of the scenario's system, model and training objects: every memo key
+        starts with it, so one estimator can serve scenarios of several machines."""
+        key = (id(sc.system), id(sc.model), id(sc.training))
+        index = self._families.get(key)
+        if index is None:
+            index = self._families[key] = len(self._families)
+            self._held.append((sc.system, sc.model, sc.training))  # keeps the ids unique
+        return index
+
     def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:
         """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
         par = sc.parallelism
-        key = (sc.nodes_used, par.tp, par.pp, sc.dp, tuple(par.rank_order))
+        key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, tuple(par.rank_order))
         hit = self._costs.get(key)
         if hit is None:
             plan = Plan.from_scenario(sc)
@@ -131,7 +158,8 @@ class Estimator:
     def memory(self, sc: Scenario) -> list[StageMemory]:
         """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
         par = sc.parallelism
-        key = (par.tp, par.pp, par.virtual_stages, par.schedule, par.micro_batch, par.zero,
+        key = (self._family(sc), par.tp, par.pp, par.virtual_stages, par.schedule,
+               par.micro_batch, par.zero,
                par.sequence_parallel, par.recompute, par.prefetch_weights, par.dp_bucket_mb,
                par.first_stage_layers, par.last_stage_layers, sc.dp,
                sc.training.global_batch)
@@ -143,7 +171,8 @@ class Estimator:
 
     def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:
         par = sc.parallelism
-        key = (plan.placements["tp"], par.tp, par.micro_batch, par.sequence_parallel,
+        key = (self._family(sc), plan.placements["tp"], par.tp, par.micro_batch,
+               par.sequence_parallel,
                par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
                tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
@@ -173,6 +202,35 @@ class Estimator:
                                        _seconds(accumulate, costs, False))
         return hit
 
+    def _nodes_of_stages(self, plan_key: tuple, plan: Plan) -> list[int]:
+        """The node of each stage of the first pipeline (the engine's representative)."""
+        hit = self._nodes.get(plan_key)
+        if hit is None:
+            hit = self._nodes[plan_key] = [plan.location(plan.rank(pp=s))[0]
+                                           for s in range(plan.parallelism.pp)]
+        return hit
+
+    def _split(self, sc: Scenario) -> list[list[int]]:
+        """:func:`chunk_layers` of ``sc``, memoised."""
+        par = sc.parallelism
+        key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
+               par.last_stage_layers)
+        hit = self._splits.get(key)
+        if hit is None:
+            hit = self._splits[key] = chunk_layers(sc.model.layers, par)
+        return hit
+
+    def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool) -> tuple[int, int]:
+        """Parameters and parameter tensors of a chunk on one device, memoised."""
+        key = (self._family(sc), sc.parallelism.tp, sc.parallelism.pp, n, first, last)
+        hit = self._params.get(key)
+        if hit is None:
+            p = sc.parallelism.pp
+            hit = self._params[key] = (
+                chunk_params(sc.model, sc.parallelism.tp, n, first, last, p),
+                param_tensors(sc.model, n, first, last, p))
+        return hit
+
     def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
                  chunk: Chunk) -> list[float]:
         """Seconds of each gradient bucket of ``chunk`` (its compute-stream kernels and its
@@ -193,14 +251,14 @@ class Estimator:
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
-        plan_key = (sc.nodes_used, par.tp, p, dp)
+        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp)
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches
         lf, lr, lb, lw = parts.layer
         ef, eb, ew = parts.embedding
         hf, hb, hw = parts.head
-        split = chunk_layers(model.layers, par)
+        split = self._split(sc)
         split_backward = par.schedule in SPLIT_BACKWARD
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
         send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
@@ -210,79 +268,92 @@ class Estimator:
         gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
                                        traffic.pp_gather_bytes, copies=par.tp)) \
             if traffic.pp_gather_bytes else 0.0
-        node_of = [plan.location(plan.rank(pp=s))[0] for s in range(p)]
-        stages: list[StageTimes] = []
-        flops_per_replica = 0.0
-        opt_s = 0.0
+        node_of = self._nodes_of_stages(plan_key, plan)
+        zero3 = traffic.zero == 3 and dp > 1
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
+        kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
+        stages: list[StageTimes] = []
+        tails: list[float] = []
+        flops_per_replica = opt_s = 0.0
         for s in range(p):
-            f = b = w = w_first = waited = 0.0
-            grads: list[list[float]] = []
-            backward: list[tuple[float, float]] = []
-            gathers_f = gathers_b = 0.0
-            params_s = tensors_s = 0
-            for c in range(v):
-                vs, n = c * p + s, split[s][c]
-                first, last = vs == 0, vs == p * v - 1
-                amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first, last)
-                cf = first * ef + n * lf + amax_f + last * hf
-                cb = last * hb + n * (lr + lb) + amax_b + first * eb
-                cw = last * hw + n * lw + first * ew
-                f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
-                backward.append((cb, cw + acc))
-                flops_per_replica += (n * parts.model_flops[0] + first * parts.model_flops[1]
-                                      + last * parts.model_flops[2]) * par.tp
-                params = chunk_params(model, par.tp, n, first, last, p)
-                params_s += params
-                tensors_s += param_tensors(model, n, first, last, p)
-                chunk = Chunk(s, c, vs, n, first, last, params, (), (), ())
-                grads.append(self._buckets(plan_key, costs, traffic, chunk))
-                gathers = traffic.weight_gathers(chunk)
-                layer_gather = (costs.comm_s(gathers[0]) * traffic.gather_messages
-                                if gathers else 0.0)
-                units = chunk.units
-                if traffic.gathers_before("F", 1):
-                    gathers_f += units * layer_gather
-                if traffic.gathers_before("B", 1):
-                    gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
-                if overlapped_gather:  # the first forward's layers wait for their weights
-                    waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
+            kind_key = (tuple(split[s]), s == 0, s == p - 1)
+            kind = kinds.get(kind_key)
+            if kind is None:
+                own = StageTimes(f=0.0, b=0.0, w=0.0)
+                f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
+                grads: list[list[float]] = []
+                backward: list[tuple[float, float]] = []
+                params_s = tensors_s = 0
+                for c in range(v):
+                    vs, n = c * p + s, split[s][c]
+                    first, last = vs == 0, vs == p * v - 1
+                    amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
+                                                             last)
+                    cf = first * ef + n * lf + amax_f + last * hf
+                    cb = last * hb + n * (lr + lb) + amax_b + first * eb
+                    cw = last * hw + n * lw + first * ew
+                    f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
+                    backward.append((cb, cw + acc))
+                    flops += (n * parts.model_flops[0] + first * parts.model_flops[1]
+                              + last * parts.model_flops[2]) * par.tp
+                    params, tensors = self._chunk_params(sc, n, first, last)
+                    params_s += params
+                    tensors_s += tensors
+                    chunk = Chunk(s, c, vs, n, first, last, params, (), (), ())
+                    grads.append(self._buckets(plan_key, costs, traffic, chunk))
+                    gathers = traffic.weight_gathers(chunk)
+                    layer_gather = (costs.comm_s(gathers[0]) * traffic.gather_messages
+                                    if gathers else 0.0)
+                    units = chunk.units
+                    if traffic.gathers_before("F", 1):
+                        gathers_f += units * layer_gather
+                    if traffic.gathers_before("B", 1):
+                        gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
+                    if overlapped_gather:  # the first forward's layers wait for their weights
+                        waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
+                own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m,
+                                 zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
+                                 grad_buckets=grads, chunk_backward=backward,
+                                 first_forward_gather=waited)
+                opt = costs.compute_s(optimizer_step(par, trn, params_s, tensors_s, dp))
+                if dp > 1 and par.zero in (1, 2) and not par.overlap_param_gather:
+                    opt += costs.comm_s(CommOp("dp_ag_params", "all_gather", "dp", "O",
+                                               params_s * traffic.param_bytes_per_param))
+                tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
+                                        split_backward=split_backward, zero3=zero3)
+                kind = kinds[kind_key] = _Stage(own, opt, flops, tail)
             # Pipeline sends of one micro-batch (forward out of every virtual stage but the
             # last, backward out of every one but the first) and the gathers of sliced ones.
             nxt, prv = (s + 1) % p, (s - 1) % p
             to_next = send_s[node_of[s] == node_of[nxt]]
             to_prev = send_s[node_of[s] == node_of[prv]]
             received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
+            own = kind.times
             stages.append(StageTimes(
-                f=f, b=b, w=(w * (m - a) + w_first * a) / m,
-                sends_f=(v - (s == p - 1)) * to_next if p > 1 else 0.0,
-                sends_b=(v - (s == 0)) * to_prev if p > 1 else 0.0,
-                gathers=received * gather_s if p > 1 else 0.0,
-                hop_f=to_next if s < p - 1 else 0.0,
-                hop_b=to_prev if s > 0 else 0.0,
-                zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
-                grad_buckets=grads, chunk_backward=backward, first_forward_gather=waited,
-            ))
-            opt = costs.compute_s(optimizer_step(par, trn, params_s, tensors_s, dp))
-            if dp > 1 and par.zero in (1, 2) and not par.overlap_param_gather:
-                opt += costs.comm_s(CommOp("dp_ag_params", "all_gather", "dp", "O",
-                                           params_s * traffic.param_bytes_per_param))
-            opt_s = max(opt_s, opt)
-        zero3 = traffic.zero == 3 and dp > 1
+                own.f, own.b, own.w,
+                (v - (s == p - 1)) * to_next if p > 1 else 0.0,
+                (v - (s == 0)) * to_prev if p > 1 else 0.0,
+                received * gather_s if p > 1 else 0.0,
+                to_next if s < p - 1 else 0.0,
+                to_prev if s > 0 else 0.0,
+                own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
+                own.chunk_backward, own.first_forward_gather))
+            tails.append(kind.tail_s)
+            flops_per_replica += kind.flops
+            opt_s = max(opt_s, kind.optimizer_s)
         pipe, ends = pipeline_s(par.schedule, stages, m, v, blocking=not par.overlap_pp_comm,
                                 posted_singly=posted_singly, zero3=zero3,
                                 prefetch=par.prefetch_weights)
-        done = dp_done_s(stages, ends, overlap=par.overlap_dp_comm,
-                         split_backward=split_backward, zero3=zero3)
+        done = [end + tail for end, tail in zip(ends, tails, strict=True)]
         ready = max(done)
         tied = traffic.embedding_grad_allreduce
         if tied is not None:
             ready = max(ready, max(done[0], done[-1]) + costs.comm_s(tied))
-        tail = ready - pipe
         step = ready + opt_s + trn.step_overhead_s
         accel = sc.system.node.accelerator
-        return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=tail, optimizer_s=opt_s,
+        return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
+                        optimizer_s=opt_s,
                         model_flops_per_step=flops_per_replica * m * dp,
                         tokens_per_step=trn.tokens_per_step, devices=sc.devices,
                         peak_flops_per_device=accel.peak_flops(trn.precision),

@@ -121,41 +121,30 @@ def pipeline_s(schedule: str, stages: list[StageTimes], m: int, v: int, *, block
     return total, ends
 
 
-def dp_done_s(stages: list[StageTimes], ends: list[float], *, overlap: bool,
-              split_backward: bool, zero3: bool) -> list[float]:
-    """When each stage's gradient reduction ends.
+def reduction_tail_s(st: StageTimes, p: int, *, overlap: bool, split_backward: bool,
+                     zero3: bool) -> float:
+    """How long after a stage's last pass its gradient reduction ends, seconds.
 
     The buckets of a chunk go out on the stage's data-parallel stream one after another.
     With ``overlap`` they become ready evenly over the chunk's last backward (its weight
     pass with a split backward; ZeRO-3: after each micro-batch's weight pass); without
     it, all of them after the stage's last pass. A FIFO of ``n`` buckets of ``d`` seconds
     ready at ``t0 + k·T/n`` (k = 1..n) ends at ``max(t0 + T/n + n·d, t0 + T + d)``, or
-    ``free + n·d`` when the stream is busy until ``free``.
+    ``free + n·d`` when the stream is busy until ``free``. Chunk c's last backward comes
+    c·p backward steps before the stage's last one: the interleaved cool-down visits the
+    chunks in reverse, p micro-batches each (Narayanan et al. 2021 §2.2).
     """
-    done = []
-    for st, end in zip(stages, ends, strict=True):
-        if not overlap:
-            done.append(end + st.reduction_s)
+    if not overlap:
+        return st.reduction_s
+    free, finish = -float("inf"), 0.0
+    for c in reversed(range(len(st.grad_buckets))):  # chunk v−1's go out first
+        buckets = st.grad_buckets[c]
+        if not buckets:
             continue
-        # Chunk c's last backward (of the last micro-batch) comes c·p backward steps
-        # before the stage's last one: the interleaved cool-down visits the chunks in
-        # reverse, p micro-batches each (Narayanan et al. 2021 §2.2); chunk 0 ends it.
-        p = len(stages)
-        windows, starts = [], {}
-        for c in range(len(st.grad_buckets)):
-            b, w = st.chunk_backward[c] if c < len(st.chunk_backward) else (0.0, 0.0)
-            window = 0.0 if zero3 else (w if split_backward else b + w)
-            windows.append((c, window, b + w))
-            starts[c] = end - (c * p + 1) * (b + w)
-        free = -1.0
-        last_finish = end
-        for c, window, length in reversed(windows):
-            buckets = st.grad_buckets[c]
-            if not buckets:
-                continue
-            n, total = len(buckets), sum(buckets)
-            t0 = starts[c] + length - window
-            finish = max(free + total, t0 + window / n + total, t0 + window + buckets[-1])
-            free = last_finish = finish
-        done.append(max(end, last_finish))
-    return done
+        b, w = st.chunk_backward[c]
+        window = 0.0 if zero3 else (w if split_backward else b + w)
+        t0 = -c * p * (b + w) - window  # relative to the end of the stage's last pass
+        total = sum(buckets)
+        finish = free = max(free + total, t0 + window / len(buckets) + total,
+                            t0 + window + buckets[-1])
+    return max(finish, 0.0)
