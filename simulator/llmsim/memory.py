@@ -12,6 +12,7 @@ memory, §4 and Table 2), Narayanan et al. 2021 (pipeline schedules, §2.2) and 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -237,6 +238,19 @@ def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int
             yield from [chunk] * group
 
 
+@functools.lru_cache(maxsize=4096)
+def _in_flight_chunks(schedule: str, stages: int, microbatches: int,
+                      chunks: int) -> tuple[tuple[int, ...], ...]:
+    out = []
+    for i in range(stages):
+        peak = _PEAK_FORWARDS[schedule](stages, i, microbatches, chunks)
+        counts = [0] * chunks
+        for chunk in islice(_forward_chunks(stages, microbatches, chunks), peak):
+            counts[chunk] += 1
+        out.append(tuple(counts))
+    return tuple(out)
+
+
 def in_flight_chunks(
     schedule: str, stages: int, microbatches: int, chunks: int = 1
 ) -> list[list[int]]:
@@ -252,14 +266,7 @@ def in_flight_chunks(
             f"parallelism.schedule: {schedule!r} has no memory model; use one of "
             f"{', '.join(_PEAK_FORWARDS)}"
         )
-    out = []
-    for i in range(stages):
-        peak = _PEAK_FORWARDS[schedule](stages, i, microbatches, chunks)
-        counts = [0] * chunks
-        for chunk in islice(_forward_chunks(stages, microbatches, chunks), peak):
-            counts[chunk] += 1
-        out.append(counts)
-    return out
+    return [list(counts) for counts in _in_flight_chunks(schedule, stages, microbatches, chunks)]
 
 
 def in_flight_microbatches(

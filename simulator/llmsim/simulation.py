@@ -12,7 +12,7 @@ from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
 from llmsim.result import Result, StageBreakdown, optimal_batch_tokens
 from llmsim.specs import Scenario
-from llmsim.workload import build_workload
+from llmsim.workload import build_workload, step_traffic
 
 
 def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
@@ -38,15 +38,20 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                     p2p_units=p2p_units,
                     aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
     if engine.rendezvous:
-        _check_posted_units(scenario, 2 * max(engine.p2p_units))
+        check_posted_units(scenario)
     return engine
 
 
-def _check_posted_units(scenario: Scenario, posted: int) -> None:
+def check_posted_units(scenario: Scenario) -> None:
     """An overlapped interleaved pipeline can have a send or receive posted with each of
     its two neighbours at once; the compute must keep some units beside them and the
-    other kernels that hold units."""
+    other kernels that hold units (raises :class:`UserError` when it cannot)."""
     par, node = scenario.parallelism, scenario.system.node
+    if not (par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1):
+        return  # sends are batched on the pipeline group: nothing is posted singly
+    message = step_traffic(scenario.model, par, scenario.training, scenario.dp).pp_message_bytes
+    posted = 2 * max(posted_p2p_units(scenario.system, message, within)
+                     for within in (False, True))
     units = node.accelerator.gemm.compute_units
     held = node.collective_units + max(par.tp_overlap_units.values(), default=0)
     if posted + held >= units:

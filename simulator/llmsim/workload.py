@@ -155,10 +155,11 @@ class Workload:
         """Parameters on one device of ``stage``."""
         return sum(c.params for (s, _), c in self.chunks.items() if s == stage)
 
-    def dp_grad_ops(self, chunk: Chunk) -> list[CommOp]:
-        """The bucketed gradient reduction of one chunk, last layer's bucket first."""
+    def dp_grad_buckets(self, chunk: Chunk) -> tuple[int, CommOp | None]:
+        """How many equal gradient buckets one chunk reduces, and the first of them
+        (None when dp = 1): the ops of :meth:`dp_grad_ops` differ only in their names."""
         if self.dp == 1:
-            return []
+            return 0, None
         total = chunk.params * self.grad_bytes_per_param
         all_reduce = self.zero == 0 or self.grad_all_reduce
         kind = "all_reduce" if all_reduce else "reduce_scatter"
@@ -166,9 +167,16 @@ class Workload:
         # DeepSpeed's allreduce_and_copy, Megatron's local DDP without contiguous buffers:
         # flatten the bucket, scale it, copy it back.
         staging = 3 if self.grad_all_reduce else 0
-        return [CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b{i}",
-                       kind, "dp", "W", total / buckets, staging_passes=staging)
-                for i in range(buckets)]
+        return buckets, CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b0",
+                               kind, "dp", "W", total / buckets, staging_passes=staging)
+
+    def dp_grad_ops(self, chunk: Chunk) -> list[CommOp]:
+        """The bucketed gradient reduction of one chunk, last layer's bucket first."""
+        count, first = self.dp_grad_buckets(chunk)
+        if first is None:
+            return []
+        stem = first.name.removesuffix("_b0")
+        return [replace(first, name=f"{stem}_b{i}") for i in range(count)]
 
     def grad_sync_prep(self, bucket: CommOp) -> tuple[ComputeOp, ...]:
         """Kernels the compute stream runs on a gradient bucket before its reduction.
@@ -222,14 +230,21 @@ class Workload:
         chunk) are split evenly over its layers; each op is one of the layer's
         :attr:`gather_messages` equal all-gathers.
         """
-        if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
+        first = self.weight_gather(chunk)
+        if first is None:
             return []
+        stem = first.name.removesuffix("_l0")
+        return [replace(first, name=f"{stem}_l{i}") for i in range(chunk.units)]
+
+    def weight_gather(self, chunk: Chunk) -> CommOp | None:
+        """The first of :meth:`weight_gathers` (they differ only in their names), or None."""
+        if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
+            return None
         prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
         nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
-        return [CommOp(f"{prefix}_c{chunk.virtual_stage}_l{i}", "all_gather", "dp", "F",
-                       nbytes, copies=self.gather_copies,
-                       fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
-                for i in range(chunk.units)]
+        return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", "dp", "F",
+                      nbytes, copies=self.gather_copies,
+                      fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""

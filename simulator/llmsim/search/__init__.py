@@ -1,0 +1,161 @@
+"""The layout search: the best parallel layout of a scenario's model on its machine.
+
+``enumerate → prune → estimate → confirm`` (design §13): :mod:`.space` lists every valid
+layout, the memory model prunes those that do not fit with the headroom asked, the
+estimator (:mod:`.estimate`, the engine's own cost models with a closed-form schedule)
+prices the rest, and the SimPy engine re-runs the best ``top`` of them, which are then
+ranked by the engine's numbers (:mod:`.confirm`). Results are stored as they are made
+(:mod:`.store`), so a killed search resumes without pricing a layout twice; batches run
+on a local process pool or a Dask cluster (:mod:`.runner`).
+
+>>> import llmsim
+>>> table = llmsim.search(llmsim.load_scenario("selene-gpt3"), top=5)  # doctest: +SKIP
+>>> table.head()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmsim.errors import UserError
+from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
+from llmsim.search.price import state_fits
+from llmsim.search.runner import run_dask, run_pool, run_serial
+from llmsim.search.space import Layout, SpaceOptions, apply, cores, layout_of, parse_fix
+from llmsim.search.store import Store
+from llmsim.specs import Scenario
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["OBJECTIVES", "Layout", "Progress", "SearchSummary", "apply", "layout_of",
+           "search"]
+
+BATCH_CORES = 48
+"""Core layouts (before the overlap switches) per pricing batch."""
+
+Progress = Callable[[int, int, int], None]
+"""``progress(batches_done, batches_total, layouts_priced)``."""
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    """What a search looked at (``DataFrame.attrs["summary"]`` of its result)."""
+
+    scenario: str
+    objective: str
+    machine_devices: int
+    core_layouts: int
+    """Layouts before the overlap switches, after the model-state bound."""
+    sampled: bool
+    """Whether ``max_layouts`` made the search price a random sample of them."""
+    priced: int
+    invalid: int
+    out_of_memory: int
+    confirmed: int
+    memory_headroom: float
+    wall_s: float
+    estimate_wall_s: float
+    layouts_per_s: float
+    """Layouts priced per second by the estimator (the pricing phase's wall time)."""
+
+
+def search(
+    scenario: Scenario,
+    *,
+    objective: str = "days",
+    fix: Mapping[str, Any] | list[str] | None = None,
+    batch_range: tuple[int, int] | None = None,
+    max_layouts: int | None = None,
+    memory_headroom: float = 0.10,
+    top: int = 20,
+    workers: int | None = None,
+    client: Any = None,
+    out: str | Path | None = None,
+    resume: bool = False,
+    max_tp: int | None = None,
+    max_micro_batch: int = 16,
+    progress: Progress | None = None,
+) -> pd.DataFrame:
+    """Search every valid layout of ``scenario`` and return them, best first.
+
+    The table has one row per priced layout: its fields, memory and the estimator's
+    numbers (``est_*``); the ``top`` best by the estimator also carry the engine's
+    (``step_time_s``, ``mfu``, ``days``, ``bubble_fraction``, ``est_over_engine``) and
+    come first, ranked by them. ``attrs["summary"]`` is a :class:`SearchSummary`,
+    ``attrs["best"]`` the best layout's scenario. ``workers`` local processes price the
+    layouts (default: every core), or ``client``'s Dask cluster when given.
+    """
+    import pandas as pd
+
+    started = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise UserError(f"--objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if objective == "days" and scenario.training.tokens is None \
+            and scenario.training.flops is None:
+        raise UserError("--objective: days needs training.tokens or training.flops in the "
+                        "scenario; set one, or use --objective step_time")
+    if not 0 <= memory_headroom < 1:
+        raise UserError(f"--memory-headroom: {memory_headroom} must be at least 0 and below 1 "
+                        "(a share of device memory, e.g. 0.1)")
+    if top < 0:
+        raise UserError(f"--top: {top} must be 0 or more")
+    fixed = parse_fix(fix) if isinstance(fix, list) else dict(fix or {})
+    if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
+        raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
+                        "positive numbers, the first not above the second (e.g. 512..2048)")
+    options = SpaceOptions(fixed=fixed, batch_range=batch_range, max_tp=max_tp,
+                           max_micro_batch=max_micro_batch)
+    base = scenario.model_copy(update={"fidelity": "reduced"})
+    all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
+    sampled = False
+    if max_layouts is not None and len(all_cores) > max_layouts:
+        all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
+        sampled = True
+    batches = [(i, all_cores[i:i + BATCH_CORES])
+               for i in range(0, len(all_cores), BATCH_CORES)]
+    manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
+                "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
+                "max_layouts": max_layouts, "memory_headroom": memory_headroom,
+                "max_tp": max_tp, "max_micro_batch": max_micro_batch}
+    store = Store(Path(out) if out is not None else None, manifest, resume)
+    todo = [(i, c) for i, c in batches if i not in store.done_batches]
+    estimate_started = time.perf_counter()
+    priced_before = len(store.rows)
+    workers = workers or os.cpu_count() or 1
+    if client is not None:
+        results = run_dask(base, todo, fixed, memory_headroom, client)
+    elif workers > 1 and len(todo) > 1:
+        results = run_pool(base, todo, fixed, memory_headroom, workers)
+    else:
+        results = run_serial(base, todo, fixed, memory_headroom)
+    try:
+        for index, batch in results:
+            store.add(index, batch.rows, batch.invalid, batch.out_of_memory)
+            if progress is not None:
+                progress(len(store.done_batches), len(batches), len(store.rows))
+    finally:
+        store.close()
+    estimate_wall = time.perf_counter() - estimate_started
+    table = pd.DataFrame(list(store.rows.values()))
+    if table.empty:
+        table = pd.DataFrame(columns=["key"])
+    table, best = confirm(base, table, objective, top, workers if client is None else 1)
+    summary = SearchSummary(
+        scenario=scenario.name, objective=objective,
+        machine_devices=scenario.devices, core_layouts=len(all_cores), sampled=sampled,
+        priced=len(table), invalid=store.invalid, out_of_memory=store.out_of_memory,
+        confirmed=int(table["step_time_s"].notna().sum()) if "step_time_s" in table else 0,
+        memory_headroom=memory_headroom, wall_s=time.perf_counter() - started,
+        estimate_wall_s=estimate_wall,
+        layouts_per_s=(len(store.rows) - priced_before) / estimate_wall if estimate_wall else 0.0)
+    table.attrs["summary"] = summary
+    table.attrs["best"] = best
+    table.attrs["objective_column"] = objective_column(objective)
+    return table

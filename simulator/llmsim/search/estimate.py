@@ -127,7 +127,8 @@ class Estimator:
         self._parts: dict[tuple, _Parts] = {}
         self._memory: dict[tuple, list[StageMemory]] = {}
         self._extras: dict[tuple, tuple[float, float, float]] = {}
-        self._grads: dict[tuple, list[float]] = {}
+        self._grads: dict[tuple, float] = {}
+        self._blocks: dict[tuple, float] = {}
         self._params: dict[tuple, tuple[int, int]] = {}
         self._nodes: dict[tuple, list[int]] = {}
         self._splits: dict[tuple, list[list[int]]] = {}
@@ -171,20 +172,28 @@ class Estimator:
 
     def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:
         par = sc.parallelism
-        key = (self._family(sc), plan.placements["tp"], par.tp, par.micro_batch,
-               par.sequence_parallel,
+        tp_path = plan.placements["tp"]
+        key = (self._family(sc), tp_path, par.tp, par.micro_batch, par.sequence_parallel,
                par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
                tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
         hit = self._parts.get(key)
         if hit is None:
             ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
+
+            def priced(o: tuple) -> float:  # recompute variants share F, B and W
+                block_key = (self._family(sc), tp_path, otp, o)
+                seconds = self._blocks.get(block_key)
+                if seconds is None:
+                    seconds = self._blocks[block_key] = _seconds(o, costs, otp)
+                return seconds
+
             hit = self._parts[key] = _Parts(
-                layer=tuple(_seconds(o, costs, otp)
+                layer=tuple(priced(o)
                             for o in (ops.layer_f, ops.layer_r, ops.layer_b, ops.layer_w)),
-                embedding=tuple(_seconds(o, costs, otp) for o in
+                embedding=tuple(priced(o) for o in
                                 (ops.embedding_f, ops.embedding_b, ops.embedding_w)),
-                head=tuple(_seconds(o, costs, otp) for o in (ops.head_f, ops.head_b, ops.head_w)),
+                head=tuple(priced(o) for o in (ops.head_f, ops.head_b, ops.head_w)),
                 model_flops=(_model_flops(ops.layer_f, ops.layer_b, ops.layer_w),
                              _model_flops(ops.embedding_f, ops.embedding_b, ops.embedding_w),
                              _model_flops(ops.head_f, ops.head_b, ops.head_w)))
@@ -232,18 +241,19 @@ class Estimator:
         return hit
 
     def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
-                 chunk: Chunk) -> list[float]:
-        """Seconds of each gradient bucket of ``chunk`` (its compute-stream kernels and its
-        reduction), memoised."""
-        key = (plan_key, chunk.params, traffic.zero, traffic.grad_all_reduce,
-               traffic.bucket_bytes, traffic.grad_bytes_per_param,
+                 chunk: Chunk) -> tuple[int, float]:
+        """(count, seconds each) of ``chunk``'s gradient buckets: each bucket's
+        compute-stream kernels and its reduction, memoised."""
+        count, op = traffic.dp_grad_buckets(chunk)
+        if op is None:
+            return 0, 0.0
+        key = (plan_key, op.collective, op.bytes, op.staging_passes,
                traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
-        hit = self._grads.get(key)
-        if hit is None:
-            hit = self._grads[key] = [
-                costs.comm_s(op) + sum(costs.compute_s(k) for k in traffic.grad_sync_prep(op))
-                for op in traffic.dp_grad_ops(chunk)]
-        return hit
+        seconds = self._grads.get(key)
+        if seconds is None:
+            seconds = self._grads[key] = costs.comm_s(op) + sum(
+                costs.compute_s(k) for k in traffic.grad_sync_prep(op))
+        return count, seconds
 
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
@@ -282,7 +292,7 @@ class Estimator:
             if kind is None:
                 own = StageTimes(f=0.0, b=0.0, w=0.0)
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
-                grads: list[list[float]] = []
+                grads: list[tuple[int, float]] = []
                 backward: list[tuple[float, float]] = []
                 params_s = tensors_s = 0
                 for c in range(v):
@@ -302,9 +312,9 @@ class Estimator:
                     tensors_s += tensors
                     chunk = Chunk(s, c, vs, n, first, last, params, (), (), ())
                     grads.append(self._buckets(plan_key, costs, traffic, chunk))
-                    gathers = traffic.weight_gathers(chunk)
-                    layer_gather = (costs.comm_s(gathers[0]) * traffic.gather_messages
-                                    if gathers else 0.0)
+                    gather = traffic.weight_gather(chunk)
+                    layer_gather = (costs.comm_s(gather) * traffic.gather_messages
+                                    if gather is not None else 0.0)
                     units = chunk.units
                     if traffic.gathers_before("F", 1):
                         gathers_f += units * layer_gather

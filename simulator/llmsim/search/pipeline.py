@@ -48,9 +48,9 @@ class StageTimes:
     """ZeRO-3 weight gathers before the forward passes (data-parallel stream)."""
     zero_gathers_b: float = 0.0
     """ZeRO-3 weight gathers before the backward passes."""
-    grad_buckets: list[list[float]] = field(default_factory=list)
-    """Per chunk, the seconds of each of its gradient buckets' reductions (with the
-    compute-stream kernels before each)."""
+    grad_buckets: list[tuple[int, float]] = field(default_factory=list)
+    """Per chunk, its gradient buckets: (count, seconds of each one's reduction with the
+    compute-stream kernels before it)."""
     chunk_backward: list[tuple[float, float]] = field(default_factory=list)
     """Per chunk, (input-gradient, weight-gradient) seconds of one micro-batch."""
     first_forward_gather: float = 0.0
@@ -60,7 +60,7 @@ class StageTimes:
     @property
     def reduction_s(self) -> float:
         """Every gradient bucket's reduction of one step, back to back."""
-        return sum(sum(chunk) for chunk in self.grad_buckets)
+        return sum(count * seconds for count, seconds in self.grad_buckets)
 
 
 def _passes(st: StageTimes, blocking: bool, posted_singly: bool, zero3: bool,
@@ -138,13 +138,13 @@ def reduction_tail_s(st: StageTimes, p: int, *, overlap: bool, split_backward: b
         return st.reduction_s
     free, finish = -float("inf"), 0.0
     for c in reversed(range(len(st.grad_buckets))):  # chunk v−1's go out first
-        buckets = st.grad_buckets[c]
-        if not buckets:
+        count, seconds = st.grad_buckets[c]
+        if not count:
             continue
         b, w = st.chunk_backward[c]
         window = 0.0 if zero3 else (w if split_backward else b + w)
         t0 = -c * p * (b + w) - window  # relative to the end of the stage's last pass
-        total = sum(buckets)
-        finish = free = max(free + total, t0 + window / len(buckets) + total,
-                            t0 + window + buckets[-1])
+        total = count * seconds
+        finish = free = max(free + total, t0 + window / count + total,
+                            t0 + window + seconds)
     return max(finish, 0.0)

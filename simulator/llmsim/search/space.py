@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from llmsim.errors import UserError
@@ -65,14 +65,19 @@ class Layout:
 
     def parallelism_updates(self) -> dict[str, Any]:
         """The ``parallelism`` fields this layout sets."""
-        out = asdict(self)
-        for name in ("nodes", "global_batch"):
-            del out[name]
-        return out
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp,
+                "virtual_stages": self.virtual_stages, "schedule": self.schedule,
+                "micro_batch": self.micro_batch, "zero": self.zero,
+                "sequence_parallel": self.sequence_parallel, "recompute": self.recompute,
+                "overlap_dp_comm": self.overlap_dp_comm,
+                "overlap_tp_comm": self.overlap_tp_comm,
+                "overlap_pp_comm": self.overlap_pp_comm,
+                "overlap_param_gather": self.overlap_param_gather}
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for a table row."""
-        return asdict(self)
+        return {"nodes": self.nodes, **self.parallelism_updates(),
+                "global_batch": self.global_batch}
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
@@ -268,7 +273,7 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
     if layout.pp != par.pp or layout.virtual_stages != par.virtual_stages:
         updates["first_stage_layers"] = None
         updates["last_stage_layers"] = None
-    new_par = type(par).model_validate({**par.model_dump(), **updates, "dp": layout.dp})
+    new_par = type(par).model_validate({**_dump(par), **updates})
     training = scenario.training
     if layout.global_batch != training.global_batch:
         training = type(training).model_validate(
@@ -278,3 +283,15 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
         "system": scenario.system, "nodes": layout.nodes, "model": scenario.model,
         "parallelism": new_par, "training": training, "seed": scenario.seed,
         "fidelity": "reduced", "calibration": scenario.calibration})
+
+
+_DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _dump(par: Any) -> dict[str, Any]:
+    """``par.model_dump()``, memoised per object (a search applies thousands of layouts to
+    one base)."""
+    hit = _DUMPS.get(id(par))
+    if hit is None or hit[0] is not par:
+        hit = _DUMPS[id(par)] = (par, par.model_dump())
+    return hit[1]
