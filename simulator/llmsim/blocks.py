@@ -42,6 +42,9 @@ class Block:
     duration_s: float
     compute_s: float
     tp_s: float
+    """The pass's collectives other than all-to-alls (TP, and the context-parallel ring)."""
+    a2a_s: float = 0.0
+    """The pass's expert-parallel all-to-alls (MoE token dispatch and combine)."""
 
     @classmethod
     def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
@@ -65,17 +68,20 @@ class Block:
                     gemm = ops[j]
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
-        spans, t, compute, tp = [], 0.0, 0.0, 0.0
+        spans, t, compute, tp, a2a = [], 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):
                 stream = "compute"
                 compute += d
+            elif op.collective == "all_to_all":
+                stream = op.axis
+                a2a += d
             else:
                 stream = op.axis
                 tp += d
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
-        return cls(tuple(spans), t, compute, tp)
+        return cls(tuple(spans), t, compute, tp, a2a)
 
 
 def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:

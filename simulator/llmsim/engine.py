@@ -552,8 +552,7 @@ class Engine:
         yield env.timeout(self.costs.compute_s(work.optimizer[dev.stage]))
         self.records.append(Record(dev.id, dev.stage, "compute", "optimizer", "O", -1, -1,
                                    start, env.now))
-        gather = work.dp_param_gather(dev.stage)
-        if gather is not None:
+        for gather in work.dp_param_gathers(dev.stage):  # dense weights', then experts'
             yield env.process(self._collective(dev, gather))
 
     def _bucket_marks(self, dev: Device, actions: list[Action], i: int, chunk: Chunk,

@@ -105,6 +105,7 @@ class StageMemory:
         """The parts, total and capacity in GB (10^9 bytes), and ``fits``."""
         parts = ("weights", "grads", "optimizer", "activations", "buffers", "reserve", "total")
         out: dict[str, float | bool] = {f"{p}_gb": getattr(self, f"{p}_bytes") / _GB for p in parts}
+        out["expert_state_gb"] = self.expert_state_bytes / _GB
         out["capacity_gb"] = self.capacity_bytes / _GB
         out["fits"] = self.fits
         return out

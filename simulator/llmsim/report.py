@@ -77,11 +77,14 @@ def render(result: Result, console: Console) -> None:
     par = s.parallelism
     accel = s.system.node.accelerator
     console.print(
-        f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params) on "
+        f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params"
+        + (f", {s.model.active_params_per_token / 1e9:,.1f} B active per token"
+           if s.model.moe is not None else "") + ") on "
         f"{s.devices:,} × {accel.name} ({s.nodes_used:,} nodes of {s.system.name})"
     )
     console.print(
         f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
+        + "".join(f" · {a} {d}" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
         + _stage_split(stage_layers(s.model.layers, par))
         + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
@@ -114,7 +117,8 @@ def render(result: Result, console: Console) -> None:
     parts.add_column("time", justify="right")
     parts.add_column("share", justify="right")
     names = {"compute": "compute", "tp_comm": "exposed TP comm", "pp_comm": "exposed PP comm",
-             "dp_comm": "exposed DP comm", "bubble": "pipeline bubble / wait",
+             "dp_comm": "exposed DP comm", "ep_all_to_all": "EP all-to-all (MoE)",
+             "bubble": "pipeline bubble / wait",
              "optimizer": "optimizer"}
     for key, value in result.breakdown_s.items():
         parts.add_row(names[key], fmt_seconds(value), f"{100 * value / result.step_time_s:.1f} %")
@@ -133,5 +137,10 @@ def render(result: Result, console: Console) -> None:
                     f"{other:.1f}", f"{gb['total_gb']:.1f}", f"{gb['capacity_gb']:.0f}",
                     "yes" if m.fits else "[red]NO[/red]")
     console.print(mem)
+    expert = result.memory[0]
+    if s.model.moe is not None:
+        console.print(f"routed experts: {s.model.moe.experts // par.ep} of "
+                      f"{s.model.moe.experts} per device (ep {par.ep}), "
+                      f"{expert.expert_state_bytes / 1e9:.1f} GB of stage 0's model state")
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
