@@ -135,6 +135,12 @@ class Scenario(Spec):
                 f"parallelism.zero: 3 with ep {par.ep} and cp {par.cp} is not modelled (its "
                 "weight gathers would span two groups); use zero 1 or 2, or ep = cp = 1"
             )
+        if par.overlap_param_gather and (par.ep > 1 or par.cp > 1):
+            raise ValueError(
+                f"parallelism.overlap_param_gather: true with ep {par.ep} and cp {par.cp} is "
+                "not modelled (its per-layer gathers would span two groups); turn it off, or "
+                "use ep = cp = 1"
+            )
         if trn.seq_len % (2 * par.cp) and par.cp > 1:
             raise ValueError(
                 f"parallelism.cp: {par.cp} does not split training.seq_len={trn.seq_len} "
