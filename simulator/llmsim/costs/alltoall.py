@@ -111,18 +111,21 @@ class AllToAllModel:
 
     def _shape_of(self, placement: GroupPlacement) -> tuple[GroupPath, float, float]:
         system, network = self.system, self.system.network
-        flat = group_path(system, replace(placement, domains_spanned=1))
+        path = group_path(system, placement)
         if isinstance(network, Torus) and placement.nodes_spanned > 1:
             node_bw = torus_all_to_all_node_bytes_per_s(
                 network, placement.nodes_spanned, system.node.injection_bytes_per_s)
             share = min(1.0, placement.members_per_node / system.node.devices_per_node)
-            flat = replace(flat, inter_bytes_per_s=node_bw * network.efficiency * share)
-            return flat, 0.0, INF
+            return replace(path, inter_bytes_per_s=node_bw * network.efficiency * share), \
+                0.0, INF
         domains = placement.domains_spanned
         if domains <= 1:
-            return flat, 0.0, INF
-        tapered = group_path(system, placement)
-        return flat, (domains - 1) / domains, tapered.inter_bytes_per_s
+            return path, 0.0, INF
+        # group_path tapers the whole group; only the crossing share pays the taper here.
+        fraction = network.bandwidth_fraction(system.nodes, system.nodes)
+        flat = replace(path, inter_bytes_per_s=path.inter_bytes_per_s / fraction,
+                       link_bytes_per_s=path.link_bytes_per_s / fraction)
+        return flat, (domains - 1) / domains, path.inter_bytes_per_s
 
     def comm_s(self, axis: str, nbytes: float) -> float:
         """Duration of an all-to-all of ``nbytes`` per rank over ``axis``'s group,
