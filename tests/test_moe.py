@@ -221,3 +221,27 @@ def test_all_to_all_is_its_own_part_of_the_breakdown():
     assert parts["ep_all_to_all"] > 0
     assert sum(parts.values()) == pytest.approx(result.step_time_s, rel=1e-9)
     assert "moe_dispatch" in set(result.to_dataframe()["name"])
+
+
+@pytest.mark.parametrize("name, ep", [("mixtral-8x7b", 8), ("deepseek-v3", 64)])
+def test_model_flops_per_token_follow_the_active_parameters(name, ep):
+    """6 FLOPs per active matrix weight and token — not the embedding lookup, the RMSNorm
+    scales (2 per layer, the final one, MLA's two latent norms) or the sigmoid router's
+    selection biases — plus the attention core's 6·L·s·heads·(d_qk + d_v) (forward
+    2·s·heads·(d_qk + d_v) per token, backward twice that): Mixtral's d_qk = d_v = 128,
+    DeepSeek-V3's MLA 192 and 128."""
+    m = catalog_model(name)
+    seq = 4096
+    work = build_workload(m, Parallelism(ep=ep), Training(global_batch=ep, seq_len=seq), 1)
+    per_token = work.model_flops() / (ep * seq)
+    if m.mla is None:
+        d_qk = d_v = m.head_dim
+    else:
+        d_qk, d_v = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim
+    attention = 6 * m.layers * seq * m.heads * (d_qk + d_v)
+    norms = (2 * m.layers + 1) * m.hidden
+    if m.mla is not None:
+        norms += m.layers * (m.mla.q_lora_rank + m.mla.kv_lora_rank)
+    biases = m.moe_layer_count * m.moe.experts if m.moe.router == "sigmoid" else 0
+    weights = 6 * (m.active_params_per_token - m.vocab * m.hidden - norms - biases)
+    assert per_token == pytest.approx(weights + attention, rel=1e-9)

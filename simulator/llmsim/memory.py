@@ -19,6 +19,7 @@ from itertools import islice
 
 from llmsim.errors import UserError
 from llmsim.experts import moe_activation_bytes_delta
+from llmsim.mla import mla_activation_bytes_delta
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
@@ -363,9 +364,12 @@ def memory_per_stage(
     m, split = _check(model, parallelism, training, dp)
     p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
     chunks = in_flight_chunks(parallelism.schedule, p, m, v)
-    per_layer = activation_bytes_per_layer(model, parallelism, training)
+    per_layer = activation_bytes_per_layer(model, parallelism, training) + \
+        mla_activation_bytes_delta(model, parallelism, training, _activation_bytes(training))
     no_recompute = parallelism.model_copy(update={"recompute": "none"})
-    rematerialised = activation_bytes_per_layer(model, no_recompute, training) - per_layer
+    rematerialised = (activation_bytes_per_layer(model, no_recompute, training)
+                      + mla_activation_bytes_delta(model, no_recompute, training,
+                                                   _activation_bytes(training)) - per_layer)
     w_b, g_b, o_b = state_bytes_per_param(training.precision)
 
     ep, cp = parallelism.ep, parallelism.cp

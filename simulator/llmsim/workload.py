@@ -16,6 +16,7 @@ from typing import Literal
 import pandas as pd
 
 from llmsim.memory import DROPOUT_MASK_BYTES
+from llmsim.mla import apply_mla
 from llmsim.moe import replace_mlp
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
@@ -721,6 +722,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     p, v = par.pp, par.virtual_stages
     builder = _LayerBuilder(model, par, training)
     layer_f, layer_r, layer_b, layer_w = builder.layer()
+    if model.mla is not None:
+        layer_f, layer_r, layer_b, layer_w = apply_mla(
+            (layer_f, layer_r, layer_b, layer_w), builder)
     # Layer index → (forward, recompute, input-gradient, weight-gradient) ops.
     kinds = {False: (layer_f, layer_r, layer_b, layer_w)}
     if model.moe is not None:
