@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from llmsim.context import ring_exposed_s
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
 
@@ -42,9 +43,11 @@ class Block:
     duration_s: float
     compute_s: float
     tp_s: float
-    """The pass's collectives other than all-to-alls (TP, and the context-parallel ring)."""
+    """The pass's collectives other than all-to-alls and ring exchanges (TP)."""
     a2a_s: float = 0.0
     """The pass's expert-parallel all-to-alls (MoE token dispatch and combine)."""
+    cp_s: float = 0.0
+    """What the pass's context-parallel ring exchanges add beside attention."""
 
     @classmethod
     def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
@@ -61,6 +64,9 @@ class Block:
                         if isinstance(op, ComputeOp) else op for op in ops)
         durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
                      for op in ops]
+        for i, op in enumerate(ops):  # a context-parallel ring beside the next op
+            if isinstance(op, CommOp) and op.ring_steps > 1 and i + 1 < len(ops):
+                durations[i] = ring_exposed_s(durations[i], durations[i + 1], op.ring_steps)
         if overlap_tp:
             for i in range(len(ops)):
                 j = _paired_gemm(ops, i)
@@ -68,7 +74,7 @@ class Block:
                     gemm = ops[j]
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
-        spans, t, compute, tp, a2a = [], 0.0, 0.0, 0.0, 0.0
+        spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):
                 stream = "compute"
@@ -76,12 +82,15 @@ class Block:
             elif op.collective == "all_to_all":
                 stream = op.axis
                 a2a += d
+            elif op.ring_steps:
+                stream = op.axis
+                cp += d
             else:
                 stream = op.axis
                 tp += d
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
-        return cls(tuple(spans), t, compute, tp, a2a)
+        return cls(tuple(spans), t, compute, tp, a2a, cp)
 
 
 def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:

@@ -51,7 +51,7 @@ def expert_rows(model: Model, par: Parallelism, training: Training) -> tuple[int
     """
     moe = model.moe
     assert moe is not None
-    tokens = par.micro_batch * training.seq_len
+    tokens = par.micro_batch * training.seq_len // par.cp  # on this rank
     local = moe.experts // par.ep
     assignments = par.ep * tokens * moe.top_k
     if moe.capacity_factor is not None:
@@ -71,7 +71,7 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
                                element_bytes: int) -> float:
     """What one MoE block stores for its backward beyond the dense block it replaces,
     bytes on one device for one micro-batch (no recompute; full recompute keeps only
-    the block input, the same as a dense block).
+    the block input, the same as a dense block), of the ``s/cp`` tokens the rank holds.
 
     The dense MLP's TP-sharded tensors, ``e·sb·(g + 1)·f/t`` (``g`` = 2 activation
     inputs for SwiGLU, else 1; see :func:`llmsim.memory.activation_bytes_per_layer`),
@@ -85,7 +85,7 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     """
     moe = model.moe
     assert moe is not None
-    t, sb = par.tp, par.micro_batch * training.seq_len
+    t, sb = par.tp, par.micro_batch * training.seq_len // par.cp
     g = 2 if model.activation == "swiglu" else 1
     dense = element_bytes * sb * (g + 1) * model.ffn_hidden / t
     rows = routed_rows(model, par, training)

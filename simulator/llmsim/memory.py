@@ -395,12 +395,12 @@ def memory_per_stage(
         weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
                                                           strict=True))
         held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
-        activations = held * per_layer + moe_held * moe_delta + (rematerialised if held else 0.0)
+        activations = held * per_layer + (rematerialised if held else 0.0)
         if i == 0:
             activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
         if i == p - 1:
             activations += chunks[i][-1] * output_activation_bytes(model, parallelism, training)
-        activations /= cp
+        activations = activations / cp + moe_held * moe_delta  # the delta is per rank
         buffers = _buffer_bytes(model, parallelism, training, dp, i, sum(split[i]))
         tensors = weights + grads + optimizer + activations + buffers
         stages.append(

@@ -110,3 +110,7 @@ class CommOp:
     """Host CPU time spent before the collective can be issued, seconds, while nothing is
     queued on the device (DeepSpeed ZeRO-3 of 2021 builds its tensor list in a Python loop
     over the ranks after a ``torch.cuda.synchronize()``): it adds to the op's duration."""
+    ring_steps: int = 0
+    """A context-parallel ring exchange (:mod:`llmsim.context`): ``bytes`` is one step's
+    block, sent beside the attention kernel that follows, in this many steps; the block
+    keeps only the part the kernel does not hide."""

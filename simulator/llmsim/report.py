@@ -118,6 +118,7 @@ def render(result: Result, console: Console) -> None:
     parts.add_column("share", justify="right")
     names = {"compute": "compute", "tp_comm": "exposed TP comm", "pp_comm": "exposed PP comm",
              "dp_comm": "exposed DP comm", "ep_all_to_all": "EP all-to-all (MoE)",
+             "cp_comm": "exposed CP ring exchange",
              "bubble": "pipeline bubble / wait",
              "optimizer": "optimizer"}
     for key, value in result.breakdown_s.items():

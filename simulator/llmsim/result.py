@@ -6,8 +6,8 @@ Definitions (design §9):
 - Bubble fraction of a stage = idle time of its compute stream during the pipeline phase
   (from the step start to the end of the last pass on any stage) over that phase.
 - The breakdown of a stage splits the whole step into compute, exposed TP / PP / DP
-  communication, the expert-parallel all-to-alls, bubble (idle with nothing in flight)
-  and optimizer; it sums to the step.
+  communication, the expert-parallel all-to-alls, the context-parallel ring, bubble
+  (idle with nothing in flight) and optimizer; it sums to the step.
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ class StageBreakdown:
     optimizer_s: float
     a2a_s: float = 0.0
     """Expert-parallel all-to-alls (MoE token dispatch and combine), blocking the passes."""
+    cp_s: float = 0.0
+    """Context-parallel ring exchanges, the part attention does not hide."""
 
     def as_dict(self) -> dict[str, float]:
         """The parts keyed like ``breakdown_s`` in the JSON result."""
         return {"compute": self.compute_s, "tp_comm": self.tp_s, "pp_comm": self.pp_s,
-                "dp_comm": self.dp_s, "ep_all_to_all": self.a2a_s, "bubble": self.bubble_s,
-                "optimizer": self.optimizer_s}
+                "dp_comm": self.dp_s, "ep_all_to_all": self.a2a_s, "cp_comm": self.cp_s,
+                "bubble": self.bubble_s, "optimizer": self.optimizer_s}
 
 
 def optimal_batch_tokens(compute_flops: float) -> float:
@@ -126,7 +128,8 @@ class Result:
     def critical_stage(self) -> StageBreakdown:
         """The stage with the most work (compute, TP and all-to-all): the pipeline's
         bottleneck."""
-        return max(self.stages, key=lambda b: (b.compute_s + b.tp_s + b.a2a_s, -b.stage))
+        return max(self.stages,
+                   key=lambda b: (b.compute_s + b.tp_s + b.a2a_s + b.cp_s, -b.stage))
 
     @property
     def breakdown_s(self) -> dict[str, float]:

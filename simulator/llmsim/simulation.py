@@ -119,7 +119,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> StageBreakdown:
     """Split ``step_s`` of one stage's representative device into its parts."""
     records, waits, dp_waits = rep
-    compute = tp = a2a = pp = optimizer = 0.0
+    compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     for r in records:
         block = trace.block_of(r)
@@ -128,6 +128,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             compute += block.compute_s * share
             tp += block.tp_s * share
             a2a += block.a2a_s * share
+            cp += block.cp_s * share
             dp += r.slowed_s(block)  # the compute units other kernels held meanwhile
         elif r.kind == "D":  # a gradient bucket's kernels before its reduction
             if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
@@ -144,8 +145,8 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     # Of the passes' slowed time, what posted sends and receives held is pipeline time.
     held_by_pp = min(trace.pp_slowed_s.get(records[0].device, 0.0) if records else 0.0, dp)
     pp, dp = pp + held_by_pp, dp - held_by_pp
-    bubble = step_s - compute - tp - a2a - optimizer - dp - pp
-    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a)
+    bubble = step_s - compute - tp - a2a - cp - optimizer - dp - pp
+    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a, cp)
 
 
 def _bubble_fraction(trace: Trace, rep: _Representative) -> float:

@@ -15,6 +15,7 @@ from typing import Literal
 
 import pandas as pd
 
+from llmsim.context import apply_context_parallel
 from llmsim.memory import DROPOUT_MASK_BYTES
 from llmsim.mla import apply_mla
 from llmsim.moe import replace_mlp
@@ -319,7 +320,8 @@ class _LayerBuilder:
     def __init__(self, model: Model, par: Parallelism, training: Training) -> None:
         self.m, self.par, self.trn = model, par, training
         self.t = par.tp
-        self.T = par.micro_batch * training.seq_len  # tokens per micro-batch
+        # Tokens per micro-batch on this rank (context parallelism holds 1/cp of each).
+        self.T = par.micro_batch * training.seq_len // par.cp
         self.e = DTYPE_BYTES[training.precision]
         self.sp = par.sequence_parallel and par.tp > 1
         # Elements of the residual stream (norms, residual adds, dropout) on this device.
@@ -725,6 +727,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     if model.mla is not None:
         layer_f, layer_r, layer_b, layer_w = apply_mla(
             (layer_f, layer_r, layer_b, layer_w), builder)
+    layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
+        (layer_f, layer_r, layer_b, layer_w), builder)
     # Layer index → (forward, recompute, input-gradient, weight-gradient) ops.
     kinds = {False: (layer_f, layer_r, layer_b, layer_w)}
     if model.moe is not None:
@@ -764,7 +768,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
                 expert_params=experts,
             )
     e = DTYPE_BYTES[training.precision]
-    tokens = par.micro_batch * training.seq_len
+    tokens = par.micro_batch * training.seq_len // par.cp
     activation = tokens * model.hidden * e
     # Sequence parallelism, or a framework's scatter/gather: each rank sends 1/tp of it.
     sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")

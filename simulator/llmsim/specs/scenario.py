@@ -141,6 +141,12 @@ class Scenario(Spec):
                 "not modelled (its per-layer gathers would span two groups); turn it off, or "
                 "use ep = cp = 1"
             )
+        if par.cp > 1 and not trn.fused_attention:
+            raise ValueError(
+                f"parallelism.cp: {par.cp} needs a fused attention kernel (ring attention "
+                "is Transformer Engine's flash/cuDNN path); set training.attention_kernel "
+                "to flash or cudnn, or cp to 1"
+            )
         if trn.seq_len % (2 * par.cp) and par.cp > 1:
             raise ValueError(
                 f"parallelism.cp: {par.cp} does not split training.seq_len={trn.seq_len} "
