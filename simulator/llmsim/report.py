@@ -122,6 +122,8 @@ def render(result: Result, console: Console) -> None:
              "bubble": "pipeline bubble / wait",
              "optimizer": "optimizer"}
     for key, value in result.breakdown_s.items():
+        if key in ("ep_all_to_all", "cp_comm") and value == 0.0:
+            continue  # no expert or context parallelism: nothing to show
         parts.add_row(names[key], fmt_seconds(value), f"{100 * value / result.step_time_s:.1f} %")
     console.print(parts)
 
