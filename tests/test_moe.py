@@ -245,3 +245,22 @@ def test_model_flops_per_token_follow_the_active_parameters(name, ep):
     biases = m.moe_layer_count * m.moe.experts if m.moe.router == "sigmoid" else 0
     weights = 6 * (m.active_params_per_token - m.vocab * m.hidden - norms - biases)
     assert per_token == pytest.approx(weights + attention, rel=1e-9)
+
+
+@given(ep=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2]),
+       experts=st.sampled_from([4, 8]), top_k=st.integers(1, 2),
+       shared=st.integers(0, 1), freq=st.integers(1, 2),
+       capacity=st.sampled_from([None, 1.25]), zero=st.integers(0, 2))
+@settings(max_examples=12, deadline=None)
+def test_any_moe_layout_splits_its_step_into_parts(ep, pp, experts, top_k, shared, freq,
+                                                     capacity, zero):
+    """The breakdown sums to the step; all-to-all time appears exactly when ep > 1."""
+    moe = {"experts": experts, "top_k": top_k, "ffn_hidden": 512, "shared_experts": shared,
+           "layer_freq": freq, "capacity_factor": capacity}
+    s = make_scenario(nodes=2, model__moe=moe, parallelism__pp=pp, parallelism__ep=ep,
+                      parallelism__sequence_parallel=True, parallelism__zero=zero)
+    result = llmsim.simulate(s)
+    parts = result.breakdown_s
+    assert sum(parts.values()) == pytest.approx(result.step_time_s, rel=1e-9)
+    assert (parts["ep_all_to_all"] > 0) == (ep > 1)
+    assert all(m.expert_params > 0 for m in result.memory)
