@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from llmsim.partition import chunk_first_layer
 from llmsim.specs import Model, Parallelism, Training
 
 FP32_BYTES = 4
@@ -71,7 +72,8 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
                                element_bytes: int) -> float:
     """What one MoE block stores for its backward beyond the dense block it replaces,
     bytes on one device for one micro-batch (no recompute; full recompute keeps only
-    the block input, the same as a dense block), of the ``s/cp`` tokens the rank holds.
+    the block input, the same as a dense block), of the ``s/cp`` tokens the rank holds;
+    0 for a dense model.
 
     The dense MLP's TP-sharded tensors, ``e·sb·(g + 1)·f/t`` (``g`` = 2 activation
     inputs for SwiGLU, else 1; see :func:`llmsim.memory.activation_bytes_per_layer`),
@@ -84,7 +86,8 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     is 0 when its width is the dense one.
     """
     moe = model.moe
-    assert moe is not None
+    if moe is None or par.recompute == "full":
+        return 0.0
     t, sb = par.tp, par.micro_batch * training.seq_len // par.cp
     g = 2 if model.activation == "swiglu" else 1
     dense = element_bytes * sb * (g + 1) * model.ffn_hidden / t
@@ -96,3 +99,17 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
         routing = (element_bytes * rows * model.hidden
                    + FP32_BYTES * sb * moe.experts / (t if par.sequence_parallel else 1))
     return routed + shared + routing - dense
+
+
+def moe_layers_in_flight(model: Model, split: list[list[int]], in_flight: list[int],
+                         stage: int) -> int:
+    """MoE layers' activations a stage holds at its peak: Σ over its chunks of the
+    chunk's MoE layers × its micro-batches in flight (``in_flight[chunk]``)."""
+    if model.moe is None:
+        return 0
+    total = 0
+    for chunk, layers in enumerate(split[stage]):
+        start = chunk_first_layer(split, stage, chunk)
+        total += in_flight[chunk] * (model.moe.moe_layers(start + layers)
+                                     - model.moe.moe_layers(start))
+    return total

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from itertools import islice
 
 from llmsim.errors import UserError
-from llmsim.experts import moe_activation_bytes_delta
+from llmsim.experts import moe_activation_bytes_delta, moe_layers_in_flight
 from llmsim.mla import mla_activation_bytes_delta
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
     kv_dim_per_rank,
     layer_params_per_device,
-    layers_params_per_device,
+    stage_layers_params,
 )
-from llmsim.partition import chunk_first_layer, chunk_layers
+from llmsim.partition import chunk_layers
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 RUNTIME_CONTEXT_BYTES = 1.0e9
@@ -374,22 +374,13 @@ def memory_per_stage(
 
     ep, cp = parallelism.ep, parallelism.cp
     groups = (dp * ep * cp, dp * cp)  # dense, expert: ZeRO shards over these ranks
-    moe_delta = (moe_activation_bytes_delta(model, parallelism, training,
-                                            _activation_bytes(training))
-                 if model.moe is not None and parallelism.recompute != "full" else 0.0)
+    moe_delta = moe_activation_bytes_delta(model, parallelism, training,
+                                           _activation_bytes(training))
     stages = []
     for i in range(p):
-        params = stage_params(model, t, p, i, sum(split[i]))
-        dense = expert = 0
-        moe_held = 0.0
-        for c, n in enumerate(split[i]):
-            start = chunk_first_layer(split, i, c)
-            d_c, e_c = layers_params_per_device(model, t, ep, start, n)
-            dense, expert = dense + d_c, expert + e_c
-            if model.moe is not None:
-                moe_held += chunks[i][c] * model.moe.moe_layers(start + n) \
-                    - chunks[i][c] * model.moe.moe_layers(start)
-        params += dense + expert - sum(split[i]) * layer_params_per_device(model, t)
+        dense, expert = stage_layers_params(model, t, ep, split, i)
+        params = (stage_params(model, t, p, i, sum(split[i])) + dense + expert
+                  - sum(split[i]) * layer_params_per_device(model, t))
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))
         expert_state = _state_bytes(expert, groups[1], zero, (w_b, g_b, o_b))
         weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
@@ -400,7 +391,9 @@ def memory_per_stage(
             activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
         if i == p - 1:
             activations += chunks[i][-1] * output_activation_bytes(model, parallelism, training)
-        activations = activations / cp + moe_held * moe_delta  # the delta is per rank
+        # the MoE delta is per rank already (of its s/cp tokens)
+        activations = activations / cp + moe_layers_in_flight(model, split, chunks[i], i) \
+            * moe_delta
         buffers = _buffer_bytes(model, parallelism, training, dp, i, sum(split[i]))
         tensors = weights + grads + optimizer + activations + buffers
         stages.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from llmsim.partition import chunk_first_layer
 from llmsim.specs import Model
 
 
@@ -125,3 +126,15 @@ def layers_params_per_device(model: Model, tp: int, ep: int, first_layer: int,
         return dense, 0
     moe_dense, moe_expert = moe_layer_params_per_device(model, tp, ep)
     return dense + moe_layers * moe_dense, moe_layers * moe_expert
+
+
+def stage_layers_params(model: Model, tp: int, ep: int, split: list[list[int]],
+                        stage: int) -> tuple[int, int]:
+    """(dense, expert) parameters of the transformer layers of pipeline ``stage`` on one
+    device, over its model chunks (``split`` from :func:`llmsim.partition.chunk_layers`)."""
+    dense = expert = 0
+    for chunk, layers in enumerate(split[stage]):
+        d, e = layers_params_per_device(model, tp, ep, chunk_first_layer(split, stage, chunk),
+                                        layers)
+        dense, expert = dense + d, expert + e
+    return dense, expert
