@@ -12,9 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import llmsim
+from llmsim.blocks import Block
 from llmsim.catalog import folder
+from llmsim.costs import HardwareCosts
+from llmsim.errors import UserError
 from llmsim.experts import busiest_rank_factor, expert_rows
 from llmsim.memory import memory_per_stage
+from llmsim.plan import Plan
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.workload import build_workload
 
@@ -264,3 +268,34 @@ def test_any_moe_layout_splits_its_step_into_parts(ep, pp, experts, top_k, share
     assert sum(parts.values()) == pytest.approx(result.step_time_s, rel=1e-9)
     assert (parts["ep_all_to_all"] > 0) == (ep > 1)
     assert all(m.expert_params > 0 for m in result.memory)
+
+
+def test_shared_expert_overlap_hides_the_all_to_alls_behind_its_gemms():
+    """Megatron-Core --moe-shared-expert-overlap: the dispatch beside the shared expert's
+    first projection, the combine beside its second; each costs max(c, g) − g."""
+    moe = MOE | {"shared_experts": 1}
+    base = {"nodes": 2, "model__moe": moe, "parallelism__pp": 1, "parallelism__ep": 8,
+            "parallelism__sequence_parallel": True}
+    plain = make_scenario(**base)
+    hidden = make_scenario(**base, parallelism__moe_shared_expert_overlap=True)
+    work = build_workload(hidden.model, hidden.parallelism, hidden.training, hidden.dp)
+    names = [op.name for op in work.chunks[(0, 0)].forward]
+    i = names.index("moe_dispatch")
+    assert names[i + 1] == "shared_up" and names[names.index("moe_combine") + 1] == "shared_down"
+    costs = HardwareCosts.from_scenario(hidden, Plan.from_scenario(hidden))
+    ops = work.chunks[(0, 0)].forward
+    c, g = costs.comm_s(ops[i]), costs.compute_s(ops[i + 1])
+    block = Block.of(ops[:i + 2], costs)
+    assert block.spans[i].duration_s == pytest.approx(max(c, g) - g, rel=1e-12)
+    a, b = llmsim.simulate(plain), llmsim.simulate(hidden)
+    assert b.breakdown_s["ep_all_to_all"] < a.breakdown_s["ep_all_to_all"]
+    assert b.step_time_s < a.step_time_s
+    assert b.model_flops_per_step == a.model_flops_per_step
+
+
+def test_shared_expert_overlap_needs_shared_experts():
+    with pytest.raises(UserError,
+                       match=r"moe_shared_expert_overlap: true needs a MoE model with shared"):
+        make_scenario(model__moe=MOE, parallelism__pp=1, parallelism__ep=2,
+                      parallelism__sequence_parallel=True,
+                      parallelism__moe_shared_expert_overlap=True)

@@ -56,8 +56,11 @@ class Block:
 
         With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
         keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
-        ``splits`` chunks. ``reserved_units`` more compute units are held by other kernels
-        (a data-parallel collective's) while every compute op runs.
+        ``splits`` chunks; an all-to-all that pairs with one (the MoE shared expert's
+        overlap) does so without it. A context-parallel ring keeps what the attention
+        kernel after it does not hide (:func:`llmsim.context.ring_exposed_s`).
+        ``reserved_units`` more compute units are held by other kernels (a data-parallel
+        collective's) while every compute op runs.
         """
         if reserved_units:
             ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
@@ -67,8 +70,11 @@ class Block:
         for i, op in enumerate(ops):  # a context-parallel ring beside the next op
             if isinstance(op, CommOp) and op.ring_steps > 1 and i + 1 < len(ops):
                 durations[i] = ring_exposed_s(durations[i], durations[i + 1], op.ring_steps)
-        if overlap_tp:
-            for i in range(len(ops)):
+        for i, op in enumerate(ops):
+            # TP collectives pair with their GEMM under TP overlap; an all-to-all that
+            # pairs with a GEMM (the MoE shared expert's overlap) always does.
+            a2a = isinstance(op, CommOp) and op.collective == "all_to_all"
+            if overlap_tp or a2a:
                 j = _paired_gemm(ops, i)
                 if j is not None:
                     gemm = ops[j]

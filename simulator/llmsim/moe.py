@@ -13,7 +13,10 @@ forward
     for the busiest rank's excess, :func:`llmsim.experts.expert_rows`); the activation;
     the TP reduce-scatter (all-reduce without sequence parallelism); the **combine
     all-to-all**; the un-permutation that weights and sums each token's ``top_k``
-    outputs; the shared experts as a dense MLP of ``shared_experts·ffn_hidden`` width.
+    outputs; the shared experts as a dense MLP of ``shared_experts·ffn_hidden`` width —
+    with ``parallelism.moe_shared_expert_overlap`` its input all-gather first, its first
+    projection beside the dispatch and its second beside the combine, each all-to-all
+    then costing only what exceeds its GEMM (:func:`llmsim.blocks.exposed_overlap_s`).
 backward
     the same in reverse, each all-to-all and TP collective once more; weight gradients
     of the grouped GEMMs, router and shared experts in the W pass.
@@ -26,6 +29,7 @@ routes), ``R`` the routed rows of the busiest rank's experts.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from llmsim.experts import FP32_BYTES, expert_rows
@@ -114,12 +118,14 @@ class MoeBlock:
         return [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0,
                           4.0 * self.rows * width)]
 
-    def _shared(self) -> tuple[list[Op], list[Op], list[Op]]:
+    def _shared(self) -> tuple[list[list[Op]], list[Op], list[Op]]:
         """Shared experts: a dense MLP of ``shared_experts·ffn_hidden`` width on every
-        token, with its own TP collectives (Megatron-Core ``SharedExpertMLP``)."""
+        token, with its own TP collectives (Megatron-Core ``SharedExpertMLP``). The
+        forward in four pieces: the input all-gather, the first projection and
+        activation, the second projection, and the reduce-scatter and add."""
         s = self.moe.shared_experts
         if not s:
-            return [], [], []
+            return [[], [], [], []], [], []
         b = self.b
         g = 2 if b.m.activation == "swiglu" else 1
         width = s * self.moe.ffn_hidden // b.t
@@ -128,10 +134,10 @@ class MoeBlock:
         act_passes = 3 if b.m.activation == "swiglu" else 2
         up_dx, up_dw = b._gemm_grads(up)
         down_dx, down_dw = b._gemm_grads(down)
-        fwd: list[Op] = [*b._entry("tp_ag_shared", "F"), up,
-                         b._mem("shared_act", "F", b.T * width, act_passes), down,
-                         *b._exit("tp_shared", "F"),
-                         b._mem("shared_add", "F", b.stream, 3)]
+        fwd: list[list[Op]] = [[*b._entry("tp_ag_shared", "F")],
+                               [up, b._mem("shared_act", "F", b.T * width, act_passes)],
+                               [down],
+                               [*b._exit("tp_shared", "F"), b._mem("shared_add", "F", b.stream, 3)]]
         bwd: list[Op] = [*b._entry("tp_ag_shared_bwd", "B"), down_dx,
                          b._mem("shared_act_bwd", "B", b.T * width, act_passes + 1), up_dx,
                          *b._exit("tp_shared_bwd", "B")]
@@ -148,16 +154,25 @@ class MoeBlock:
         down = self._grouped("expert_down", "F", mean, h, self.down_k)
         gather = self._tp("tp_ag_moe", "all_gather", "F") if b.sp else []
         act_elements = self.rows * self.down_k
-        shared_f, shared_b, shared_w = self._shared()
+        (shared_in, shared_up, shared_down, shared_out), shared_b, shared_w = self._shared()
+        overlap = b.par.moe_shared_expert_overlap and bool(shared_up) and self.ep > 1
+        dispatch, combine = self._a2a("moe_dispatch", "F"), self._a2a("moe_combine", "F")
+        if overlap:  # each all-to-all beside the shared expert's next GEMM
+            dispatch = [replace(op, pairs_with="next") for op in dispatch]
+            combine = [replace(op, pairs_with="next") for op in combine]
+            beside_dispatch, beside_combine, after = shared_up, shared_down, []
+        else:
+            beside_dispatch, beside_combine, after = [], [], shared_up + shared_down
         fwd: list[Op] = [
+            *(shared_in if overlap else []),
             *self._router("F"), *self._permute("moe_permute", "F"),
-            *self._a2a("moe_dispatch", "F"), *gather,
+            *dispatch, *beside_dispatch, *gather,
             *self._fp8("expert_up", "F", h), up,
             b._mem("expert_act", "F", act_elements, act_passes),
             *self._fp8("expert_down", "F", self.down_k), down,
             *self._tp_exit("tp_moe", "F"),
-            *self._a2a("moe_combine", "F"), *self._permute("moe_unpermute", "F", True),
-            *shared_f,
+            *combine, *beside_combine, *self._permute("moe_unpermute", "F", True),
+            *([] if overlap else shared_in), *after, *shared_out,
         ]
         gather_b = self._tp("tp_ag_moe_bwd", "all_gather", "B") if b.sp else []
         bwd: list[Op] = [

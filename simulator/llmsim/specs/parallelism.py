@@ -49,6 +49,10 @@ class Parallelism(Spec):
     which hold different sequences (and so add to data parallelism for the dense weights);
     tokens reach their experts by all-to-all (Megatron-Core
     ``--expert-model-parallel-size``)."""
+    moe_shared_expert_overlap: bool = False
+    """Run the MoE shared experts' forward beside the token all-to-alls: the first
+    projection during the dispatch, the second during the combine (Megatron-Core
+    ``--moe-shared-expert-overlap``; forward only). Needs shared experts and ep > 1."""
     schedule: ScheduleName = "1f1b"
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1

@@ -130,6 +130,13 @@ class Scenario(Spec):
                 f"parallelism.tp: {par.tp} does not divide model.moe.ffn_hidden="
                 f"{mdl.moe.ffn_hidden}; choose a tp that divides it"
             )
+        if par.moe_shared_expert_overlap and (
+                par.ep == 1 or mdl.moe is None or not mdl.moe.shared_experts):
+            raise ValueError(
+                "parallelism.moe_shared_expert_overlap: true needs a MoE model with "
+                "shared experts and ep > 1 (it hides the shared experts behind the token "
+                "all-to-alls); turn it off, or set model.moe.shared_experts and ep"
+            )
         if par.zero == 3 and (par.ep > 1 or par.cp > 1):
             raise ValueError(
                 f"parallelism.zero: 3 with ep {par.ep} and cp {par.cp} is not modelled (its "
