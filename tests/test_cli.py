@@ -224,7 +224,7 @@ def test_moe_run_reports_the_all_to_all_and_expert_memory(tmp_path, capsys):
     assert code == 0, err
     text = " ".join(out.split())
     assert "EP all-to-all (MoE)" in text
-    assert "routed experts: 4 of 8 per device (ep 2)" in text
+    assert "routed experts: 4 of 8 per device and MoE layer (ep 2)" in text
 
 
 def test_missing_file_and_bad_set_syntax(tmp_path, capsys):

@@ -140,10 +140,11 @@ def render(result: Result, console: Console) -> None:
                     f"{other:.1f}", f"{gb['total_gb']:.1f}", f"{gb['capacity_gb']:.0f}",
                     "yes" if m.fits else "[red]NO[/red]")
     console.print(mem)
-    expert = result.memory[0]
     if s.model.moe is not None:
+        most = max(result.memory, key=lambda m: m.expert_state_bytes)
         console.print(f"routed experts: {s.model.moe.experts // par.ep} of "
-                      f"{s.model.moe.experts} per device (ep {par.ep}), "
-                      f"{expert.expert_state_bytes / 1e9:.1f} GB of stage 0's model state")
+                      f"{s.model.moe.experts} per device and MoE layer (ep {par.ep}); "
+                      f"{most.expert_state_bytes / 1e9:.1f} GB of stage {most.stage}'s "
+                      f"{most.model_state_bytes / 1e9:.1f} GB of model state")
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
