@@ -162,6 +162,12 @@ class Workload:
         return ("cp+ep+dp", self.dp * self.ep * self.cp), ("cp+dp", self.dp * self.cp)
 
     @property
+    def grad_ranks(self) -> int:
+        """Ranks of the widest gradient group (dp when ep = cp = 1): above 1, the step
+        reduces gradients over the network."""
+        return self.grad_groups[0][1]
+
+    @property
     def stages(self) -> int:
         """Pipeline stages."""
         return 1 + max(s for s, _ in self.chunks)
