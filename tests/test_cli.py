@@ -184,9 +184,47 @@ def test_batch_not_divisible_by_micro_batch_times_dp(tmp_path, capsys):
     assert "training.global_batch: 7 is not divisible by micro_batch·dp" in msg
 
 
-def test_moe_is_rejected_as_not_supported(tmp_path, capsys):
-    msg = _error(["run", str(tiny_file(tmp_path, model__moe_experts=8))], capsys)
-    assert "not supported yet" in msg
+MOE = {"experts": 6, "top_k": 2, "ffn_hidden": 1024}
+
+
+def test_ep_that_does_not_divide_the_experts(tmp_path, capsys):
+    path = tiny_file(tmp_path, model__moe=MOE, parallelism__pp=1, parallelism__ep=4)
+    msg = _error(["run", str(path)], capsys)
+    assert "parallelism.ep: 4 does not divide model.moe.experts=6" in msg
+
+
+def test_ep_on_a_dense_model(tmp_path, capsys):
+    msg = _error(["run", str(tiny_file(tmp_path, parallelism__pp=2, parallelism__ep=2))],
+                 capsys)
+    assert "parallelism.ep: 2 needs a mixture-of-experts model" in msg
+
+
+def test_ep_with_tp_needs_sequence_parallelism(tmp_path, capsys):
+    path = tiny_file(tmp_path, model__moe=MOE, parallelism__pp=1, parallelism__ep=2)
+    msg = _error(["run", str(path)], capsys)
+    assert "parallelism.sequence_parallel: false with ep 2 and tp 2" in msg
+
+
+def test_cp_that_does_not_split_the_sequence(tmp_path, capsys):
+    path = tiny_file(tmp_path, parallelism__pp=1, parallelism__cp=4,
+                     training__seq_len=500)
+    msg = _error(["run", str(path)], capsys)
+    assert "parallelism.cp: 4 does not split training.seq_len=500" in msg
+
+
+def test_top_k_above_the_experts(tmp_path, capsys):
+    path = tiny_file(tmp_path, model__moe=MOE | {"top_k": 7})
+    assert "model.moe.top_k: 7 is more than the 6 experts" in _error(["run", str(path)], capsys)
+
+
+def test_moe_run_reports_the_all_to_all_and_expert_memory(tmp_path, capsys):
+    path = tiny_file(tmp_path, model__moe=MOE | {"experts": 8}, parallelism__pp=1,
+                     parallelism__ep=2, parallelism__sequence_parallel=True)
+    code, out, err = run_cli(["run", str(path)], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "EP all-to-all (MoE)" in text
+    assert "routed experts: 4 of 8 per device and MoE layer (ep 2)" in text
 
 
 def test_missing_file_and_bad_set_syntax(tmp_path, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from llmsim.context import ring_exposed_s
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
 
@@ -42,6 +43,11 @@ class Block:
     duration_s: float
     compute_s: float
     tp_s: float
+    """The pass's collectives other than all-to-alls and ring exchanges (TP)."""
+    a2a_s: float = 0.0
+    """The pass's expert-parallel all-to-alls (MoE token dispatch and combine)."""
+    cp_s: float = 0.0
+    """What the pass's context-parallel ring exchanges add beside attention."""
 
     @classmethod
     def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
@@ -50,32 +56,47 @@ class Block:
 
         With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
         keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
-        ``splits`` chunks. ``reserved_units`` more compute units are held by other kernels
-        (a data-parallel collective's) while every compute op runs.
+        ``splits`` chunks; an all-to-all that pairs with one (the MoE shared expert's
+        overlap) does so without it. A context-parallel ring keeps what the attention
+        kernel after it does not hide (:func:`llmsim.context.ring_exposed_s`).
+        ``reserved_units`` more compute units are held by other kernels (a data-parallel
+        collective's) while every compute op runs.
         """
         if reserved_units:
             ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
                         if isinstance(op, ComputeOp) else op for op in ops)
         durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
                      for op in ops]
-        if overlap_tp:
-            for i in range(len(ops)):
+        for i, op in enumerate(ops):  # a context-parallel ring beside the next op
+            if isinstance(op, CommOp) and op.ring_steps > 1 and i + 1 < len(ops):
+                durations[i] = ring_exposed_s(durations[i], durations[i + 1], op.ring_steps)
+        for i, op in enumerate(ops):
+            # TP collectives pair with their GEMM under TP overlap; an all-to-all that
+            # pairs with a GEMM (the MoE shared expert's overlap) always does.
+            a2a = isinstance(op, CommOp) and op.collective == "all_to_all"
+            if overlap_tp or a2a:
                 j = _paired_gemm(ops, i)
                 if j is not None:
                     gemm = ops[j]
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
-        spans, t, compute, tp = [], 0.0, 0.0, 0.0
+        spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):
                 stream = "compute"
                 compute += d
+            elif op.collective == "all_to_all":
+                stream = op.axis
+                a2a += d
+            elif op.ring_steps:
+                stream = op.axis
+                cp += d
             else:
                 stream = op.axis
                 tp += d
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
-        return cls(tuple(spans), t, compute, tp)
+        return cls(tuple(spans), t, compute, tp, a2a, cp)
 
 
 def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:

@@ -206,7 +206,7 @@ class Engine:
         self.grad_syncs: dict[int, dict[int, list[int]] | None] = {}
         """Stage → where it issues whole chunks' reductions (action index → chunks), or
         None where each bucket is issued as the backward makes it final."""
-        if aligned_grad_sync and overlap_dp and workload.dp > 1 and workload.zero != 3:
+        if aligned_grad_sync and overlap_dp and workload.grad_ranks > 1 and workload.zero != 3:
             p, v, m = workload.stages, workload.chunks_per_stage, workload.microbatches
             self.grad_syncs = {s: aligned_grad_syncs(actions, s, p, v, m)
                                for s, actions in enumerate(schedule)}
@@ -215,7 +215,7 @@ class Engine:
         # neighbour sits (None: every send priced as the pipeline group's path).
         self.node_of = node_of
         self._within: dict[tuple[object, int, int], bool] = {}
-        self.collective_units = collective_units if workload.dp > 1 else 0
+        self.collective_units = collective_units if workload.grad_ranks > 1 else 0
         """Compute units a data-parallel collective holds while it runs beside the compute."""
         self.posted_singly = (overlap_pp and workload.chunks_per_stage > 1
                               and workload.stages > 1)
@@ -552,8 +552,7 @@ class Engine:
         yield env.timeout(self.costs.compute_s(work.optimizer[dev.stage]))
         self.records.append(Record(dev.id, dev.stage, "compute", "optimizer", "O", -1, -1,
                                    start, env.now))
-        gather = work.dp_param_gather(dev.stage)
-        if gather is not None:
+        for gather in work.dp_param_gathers(dev.stage):  # dense weights', then experts'
             yield env.process(self._collective(dev, gather))
 
     def _bucket_marks(self, dev: Device, actions: list[Action], i: int, chunk: Chunk,

@@ -10,7 +10,9 @@ from llmsim.errors import UserError
 from llmsim.result import Result
 from llmsim.trace import Record
 
-STREAMS = ("compute", "tp", "pp", "dp")
+STREAMS = ("compute", "tp", "pp", "dp", "ep", "cp")
+"""Thread of each stream in the trace: ``ep`` holds the MoE all-to-alls, ``cp`` the
+context-parallel ring exchanges (both inside the passes)."""
 MAX_OP_EVENTS = 200_000
 """Above this many per-op events the trace keeps one event per pipeline pass."""
 

@@ -19,11 +19,14 @@ from dataclasses import dataclass
 from itertools import islice
 
 from llmsim.errors import UserError
+from llmsim.experts import moe_activation_bytes_delta, moe_layers_in_flight
+from llmsim.mla import mla_activation_bytes_delta
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
     kv_dim_per_rank,
     layer_params_per_device,
+    stage_layers_params,
 )
 from llmsim.partition import chunk_layers
 from llmsim.specs import Accelerator, Model, Parallelism, Training
@@ -57,7 +60,7 @@ class StageMemory:
     layers: int
     """Transformer blocks on this stage (all of its chunks together)."""
     params: int
-    """Parameters of this device's model shard (after TP, before ZeRO sharding)."""
+    """Parameters of this device's model shard (after TP and EP, before ZeRO sharding)."""
     weights_bytes: float
     """Weights held (compute copy; ZeRO-3 shards them over DP), bytes."""
     grads_bytes: float
@@ -75,6 +78,10 @@ class StageMemory:
     chunk-micro-batches divided by the chunks per stage, so it can be fractional)."""
     capacity_bytes: float
     """Device memory capacity, bytes."""
+    expert_params: int = 0
+    """Of ``params``, the routed experts' (this expert-parallel rank's share)."""
+    expert_state_bytes: float = 0.0
+    """Of the weights, gradients and optimizer state, the routed experts' bytes."""
 
     @property
     def model_state_bytes(self) -> float:
@@ -100,6 +107,7 @@ class StageMemory:
         """The parts, total and capacity in GB (10^9 bytes), and ``fits``."""
         parts = ("weights", "grads", "optimizer", "activations", "buffers", "reserve", "total")
         out: dict[str, float | bool] = {f"{p}_gb": getattr(self, f"{p}_bytes") / _GB for p in parts}
+        out["expert_state_gb"] = self.expert_state_bytes / _GB
         out["capacity_gb"] = self.capacity_bytes / _GB
         out["fits"] = self.fits
         return out
@@ -294,11 +302,12 @@ def _check(
             f"parallelism.tp: {parallelism.tp} must divide model.heads={model.heads} and "
             f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor"
         )
-    per_step = parallelism.micro_batch * dp
+    per_step = parallelism.micro_batch * dp * parallelism.ep
     if dp < 1 or training.global_batch % per_step:
         raise UserError(
             f"training.global_batch: {training.global_batch} is not a multiple of "
-            f"micro_batch·dp = {parallelism.micro_batch}·{dp}; use a multiple of {per_step}"
+            f"micro_batch·dp·ep = {parallelism.micro_batch}·{dp}·{parallelism.ep}; use a "
+            f"multiple of {per_step}"
         )
     return training.global_batch // per_step, split
 
@@ -346,7 +355,11 @@ def memory_per_stage(
 
     Model state: ``stage_params`` × :func:`state_bytes_per_param`, with ZeRO stage 1
     dividing the optimizer state by dp, 2 also the gradients, 3 also the weights
-    (Rajbhandari et al. 2020 §5: 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N). Activations:
+    (Rajbhandari et al. 2020 §5: 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N). ``dp`` is the ``dp``
+    axis; the dense weights are replicated, and sharded, over dp·ep·cp ranks, a routed
+    expert's over dp·cp (Megatron-Core's expert-data-parallel group), each expert-parallel
+    rank holding ``experts/ep`` experts. Activations (÷cp: context parallelism splits the
+    sequence, Megatron-Core):
     :func:`activation_bytes_per_layer` × Σ over the stage's chunks of its layers × its
     micro-batches in flight (:func:`in_flight_chunks`), plus, when recomputing and the
     stage has layers, one block's re-materialised activations for the micro-batch being
@@ -358,23 +371,36 @@ def memory_per_stage(
     m, split = _check(model, parallelism, training, dp)
     p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
     chunks = in_flight_chunks(parallelism.schedule, p, m, v)
-    per_layer = activation_bytes_per_layer(model, parallelism, training)
+    per_layer = activation_bytes_per_layer(model, parallelism, training) + \
+        mla_activation_bytes_delta(model, parallelism, training, _activation_bytes(training))
     no_recompute = parallelism.model_copy(update={"recompute": "none"})
-    rematerialised = activation_bytes_per_layer(model, no_recompute, training) - per_layer
+    rematerialised = (activation_bytes_per_layer(model, no_recompute, training)
+                      + mla_activation_bytes_delta(model, no_recompute, training,
+                                                   _activation_bytes(training)) - per_layer)
     w_b, g_b, o_b = state_bytes_per_param(training.precision)
 
+    ep, cp = parallelism.ep, parallelism.cp
+    groups = (dp * ep * cp, dp * cp)  # dense, expert: ZeRO shards over these ranks
+    moe_delta = moe_activation_bytes_delta(model, parallelism, training,
+                                           _activation_bytes(training))
     stages = []
     for i in range(p):
-        params = stage_params(model, t, p, i, sum(split[i]))
-        weights = params * w_b / (dp if zero >= 3 else 1)
-        grads = params * g_b / (dp if zero >= 2 else 1)
-        optimizer = params * o_b / (dp if zero >= 1 else 1)
+        dense, expert = stage_layers_params(model, t, ep, split, i)
+        params = (stage_params(model, t, p, i, sum(split[i])) + dense + expert
+                  - sum(split[i]) * layer_params_per_device(model, t))
+        dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))
+        expert_state = _state_bytes(expert, groups[1], zero, (w_b, g_b, o_b))
+        weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
+                                                          strict=True))
         held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
         activations = held * per_layer + (rematerialised if held else 0.0)
         if i == 0:
             activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
         if i == p - 1:
             activations += chunks[i][-1] * output_activation_bytes(model, parallelism, training)
+        # the MoE delta is per rank already (of its s/cp tokens)
+        activations = activations / cp + moe_layers_in_flight(model, split, chunks[i], i) \
+            * moe_delta
         buffers = _buffer_bytes(model, parallelism, training, dp, i, sum(split[i]))
         tensors = weights + grads + optimizer + activations + buffers
         stages.append(
@@ -390,9 +416,22 @@ def memory_per_stage(
                 reserve_bytes=RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors,
                 in_flight_microbatches=sum(chunks[i]) / v,
                 capacity_bytes=accelerator.hbm_bytes,
+                expert_params=expert,
+                expert_state_bytes=sum(expert_state),
             )
         )
     return stages
+
+
+def _state_bytes(params: int, ranks: int, zero: int,
+                 per_param: tuple[int, int, int]) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes of ``params`` parameters whose ZeRO
+    stage ``zero`` shards them over ``ranks`` ranks (optimizer state from stage 1,
+    gradients from 2, weights at 3)."""
+    w_b, g_b, o_b = per_param
+    return (params * w_b / (ranks if zero >= 3 else 1),
+            params * g_b / (ranks if zero >= 2 else 1),
+            params * o_b / (ranks if zero >= 1 else 1))
 
 
 def peak_stage(stages: list[StageMemory]) -> StageMemory:

@@ -12,9 +12,12 @@ from typing import Literal
 ComputeKind = Literal["gemm", "attention", "memory"]
 Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
-Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv"]
-Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage"]
-"""A parallel axis, or ``stage``: every rank of one pipeline stage (all axes but pp)."""
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
+Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp"]
+"""A parallel axis; ``stage``: every rank of one pipeline stage (all axes but pp); or a
+group spanning several axes, named by them: ``cp+ep+dp`` the ranks that hold the same
+dense weights (their gradient and ZeRO group), ``cp+dp`` those that hold the same
+routed experts (Megatron-Core's expert-data-parallel group)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,3 +110,7 @@ class CommOp:
     """Host CPU time spent before the collective can be issued, seconds, while nothing is
     queued on the device (DeepSpeed ZeRO-3 of 2021 builds its tensor list in a Python loop
     over the ranks after a ``torch.cuda.synchronize()``): it adds to the op's duration."""
+    ring_steps: int = 0
+    """A context-parallel ring exchange (:mod:`llmsim.context`): ``bytes`` is one step's
+    block, sent beside the attention kernel that follows, in this many steps; the block
+    keeps only the part the kernel does not hide."""

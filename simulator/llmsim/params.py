@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from llmsim.partition import chunk_first_layer
 from llmsim.specs import Model
 
 
@@ -23,7 +24,8 @@ def layer_params_per_device(model: Model, tp: int) -> int:
     """
     h, f = model.hidden, model.ffn_hidden
     q, kv, f_rank = h // tp, kv_dim_per_rank(model, tp), f // tp
-    matrices = h * (q + 2 * kv) + q * h + model.mlp_matrices * h * f_rank
+    attention = h * (q + 2 * kv) + q * h if model.mla is None else mla_params_per_device(model, tp)
+    matrices = attention + model.mlp_matrices * h * f_rank
     biases = (q + 2 * kv) + (model.mlp_matrices - 1) * f_rank + 2 * h if model.bias else 0
     norms = 2 * h * (2 if model.norm == "layernorm" else 1)
     return matrices + biases + norms
@@ -63,3 +65,76 @@ def param_tensors(model: Model, layers: int, first: bool, last: bool, stages: in
     if last:
         tensors += norm + (not model.tied_embeddings or stages > 1)
     return tensors
+
+
+def mla_params_per_device(model: Model, tp: int) -> int:
+    """Weights of one multi-head latent attention block on one TP rank (0 without MLA).
+
+    Megatron-Core's ``MLASelfAttention``: the query and key/value down projections and
+    the latents' norms are replicated on every rank, the up projections
+    (column-parallel) and the output projection (row-parallel) split by heads over
+    ``tp``. With ``tp = 1`` this is ``Model.mla_params``.
+    """
+    a = model.mla
+    if a is None:
+        return 0
+    h, n = model.hidden, model.heads // tp
+    return (h * a.q_lora_rank + a.q_lora_rank
+            + a.q_lora_rank * n * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+            + h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
+            + a.kv_lora_rank * n * (a.qk_nope_head_dim + a.v_head_dim) + n * a.v_head_dim * h)
+
+
+def expert_params_per_device(model: Model, tp: int) -> int:
+    """One expert MLP on one TP rank: its matrices split like the dense MLP's
+    (Megatron-Core's expert tensor parallelism, here equal to ``tp``); a bias of the
+    down projection replicated."""
+    if model.moe is None:
+        return 0
+    h, f = model.hidden, model.moe.ffn_hidden // tp
+    return model.mlp_matrices * h * f + (((model.mlp_matrices - 1) * f + h) if model.bias else 0)
+
+
+def moe_layer_params_per_device(model: Model, tp: int, ep: int) -> tuple[int, int]:
+    """(dense, expert) parameters of one MoE block on one device.
+
+    Dense: the block without its MLP (attention and norms, split as in
+    :func:`layer_params_per_device`), the router (replicated: Megatron-Core's
+    ``TopKRouter`` weight) and the shared experts; expert: the ``experts / ep`` routed
+    experts this expert-parallel rank holds. Their gradients are reduced over different
+    groups (:mod:`llmsim.experts`).
+    """
+    assert model.moe is not None
+    dense_mlp = (model.mlp_matrices * model.hidden * (model.ffn_hidden // tp)
+                 + (((model.mlp_matrices - 1) * (model.ffn_hidden // tp) + model.hidden)
+                    if model.bias else 0))
+    expert = expert_params_per_device(model, tp)
+    dense = (layer_params_per_device(model, tp) - dense_mlp + model.router_params
+             + model.moe.shared_experts * expert)
+    return dense, model.moe.experts // ep * expert
+
+
+def layers_params_per_device(model: Model, tp: int, ep: int, first_layer: int,
+                             layers: int) -> tuple[int, int]:
+    """(dense, expert) parameters of layers ``first_layer`` … ``first_layer + layers − 1``
+    on one device; a dense model has no expert part."""
+    moe = model.moe
+    moe_layers = 0 if moe is None else sum(
+        moe.is_moe_layer(i) for i in range(first_layer, first_layer + layers))
+    dense = (layers - moe_layers) * layer_params_per_device(model, tp)
+    if not moe_layers:
+        return dense, 0
+    moe_dense, moe_expert = moe_layer_params_per_device(model, tp, ep)
+    return dense + moe_layers * moe_dense, moe_layers * moe_expert
+
+
+def stage_layers_params(model: Model, tp: int, ep: int, split: list[list[int]],
+                        stage: int) -> tuple[int, int]:
+    """(dense, expert) parameters of the transformer layers of pipeline ``stage`` on one
+    device, over its model chunks (``split`` from :func:`llmsim.partition.chunk_layers`)."""
+    dense = expert = 0
+    for chunk, layers in enumerate(split[stage]):
+        d, e = layers_params_per_device(model, tp, ep, chunk_first_layer(split, stage, chunk),
+                                        layers)
+        dense, expert = dense + d, expert + e
+    return dense, expert

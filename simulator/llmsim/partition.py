@@ -89,3 +89,12 @@ def chunk_layers(layers: int, par: Parallelism) -> list[list[int]]:
                 )
         out.append(sizes)
     return out
+
+
+def chunk_first_layer(split: list[list[int]], stage: int, chunk: int) -> int:
+    """Index of the first transformer layer of model chunk ``chunk`` of ``stage``, given
+    :func:`chunk_layers`' split: the virtual stages ``chunk·pp + stage`` hold the layers
+    in order (Narayanan et al. 2021 §2.2.2)."""
+    p = len(split)
+    vs = chunk * p + stage
+    return sum(split[v % p][v // p] for v in range(vs))

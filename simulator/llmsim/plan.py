@@ -95,9 +95,16 @@ class Plan:
         """(node, device index inside the node) of a rank."""
         return divmod(rank, self.system.node.devices_per_node)
 
+    def axes_of(self, axis: str) -> tuple[str, ...]:
+        """The axes a group spans: ``stage`` all but pp, ``cp+dp`` cp and dp, ``tp`` tp."""
+        if axis == "stage":
+            return tuple(a for a in AXES if a != "pp")
+        return tuple(axis.split("+"))
+
     def members(self, axis: str, rank: int = 0) -> list[int]:
         """Ranks of the ``axis`` group that contains ``rank`` (for ``stage``: every rank
-        with its pipeline coordinate)."""
+        with its pipeline coordinate; for axes joined by ``+``: every rank that differs
+        from ``rank`` only along them)."""
         if axis == "stage":
             base = self.rank(pp=self.coords(rank)["pp"])
             ranks = [base]
@@ -105,6 +112,14 @@ class Plan:
                 if a != "pp":
                     ranks = [r + j * self.strides[a] for r in ranks
                              for j in range(self.degrees[a])]
+            return sorted(ranks)
+        axes = self.axes_of(axis)
+        if len(axes) > 1:
+            coords = self.coords(rank)
+            ranks = [rank - sum(coords[a] * self.strides[a] for a in axes)]
+            for a in axes:
+                ranks = [r + j * self.strides[a] for r in ranks
+                         for j in range(self.degrees[a])]
             return sorted(ranks)
         stride, size = self.strides[axis], self.degrees[axis]
         base = rank - self.coords(rank)[axis] * stride
@@ -136,6 +151,16 @@ class Plan:
         """First rank of up to ``limit`` distinct groups of ``axis``."""
         if axis == "stage":
             return [self.rank(pp=s) for s in range(min(self.degrees["pp"], limit))]
+        if "+" in axis:
+            spanned = self.axes_of(axis)
+            others = [a for a in AXES if a not in spanned and self.degrees[a] > 1]
+            firsts = [0]
+            for a in others:
+                firsts = [r + j * self.strides[a] for r in firsts
+                          for j in range(self.degrees[a])]
+                if len(firsts) >= limit:
+                    break
+            return sorted(firsts)[:limit]
         stride, size = self.strides[axis], self.degrees[axis]
         out, rank = [], 0
         while rank < self.devices and len(out) < limit:
@@ -162,7 +187,8 @@ class Plan:
             placement = GroupPlacement(
                 axis=axis,
                 size=len(members),
-                stride=self.strides.get(axis, 1),
+                stride=min(self.strides[a] for a in self.axes_of(axis)) if "+" in axis
+                else self.strides.get(axis, 1),
                 members_per_node=local,
                 nodes_spanned=nodes,
                 domains_spanned=domains,

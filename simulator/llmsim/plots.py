@@ -10,15 +10,23 @@ if TYPE_CHECKING:
 COLOURS = {
     "F": "#4c72b0", "R": "#8172b3", "B": "#dd8452", "W": "#55a868", "O": "#937860",
     "D": "#ccb974", "tp": "#c44e52", "pp": "#da8bc3", "dp": "#8c8c8c",
+    "ep": "#64b5cd", "cp": "#e5ae38",
 }
 LABELS = {"F": "forward", "R": "recompute", "B": "backward (input grad)",
           "W": "backward (weight grad)", "O": "optimizer",
           "D": "gradient bucket checks", "tp": "TP comm",
-          "pp": "PP send/recv", "dp": "DP / ZeRO comm"}
+          "pp": "PP send/recv", "dp": "DP / ZeRO comm", "ep": "MoE all-to-all",
+          "cp": "CP ring exchange"}
 
 
 def _colour_key(stream: str, kind: str) -> str:
     return kind if stream == "compute" else stream
+
+
+def _blocking_comm(result: Result) -> bool:
+    """Whether the passes hold collectives (TP, MoE all-to-alls, the CP ring): a row."""
+    par = result.scenario.parallelism
+    return par.tp > 1 or par.ep > 1 or par.cp > 1
 
 
 def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
@@ -34,7 +42,7 @@ def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
     devices = sorted({r.device for r in result.trace.records})[:max_devices]
     streams = ("compute", "tp", "pp", "dp")
     used = sorted({(r.device, r.stream) for r in result.trace.records if r.device in devices}
-                  | {(d, "tp") for d in devices if result.scenario.parallelism.tp > 1},
+                  | {(d, "tp") for d in devices if _blocking_comm(result)},
                   key=lambda k: (k[0], streams.index(k[1])))
     row = {key: i for i, key in enumerate(used)}
     bars: dict[str, list[tuple[float, float, int]]] = {}
@@ -42,7 +50,8 @@ def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
         key = (r.device, "tp" if r.stream not in streams else r.stream)
         if key not in row:
             continue
-        colour = _colour_key(key[1], r.kind)
+        # all-to-alls and ring exchanges share the TP row, in their own colours
+        colour = _colour_key(r.stream if r.stream in ("ep", "cp") else key[1], r.kind)
         bars.setdefault(colour, []).append((r.start_s, r.end_s - r.start_s, row[key]))
     for colour, items in bars.items():
         by_row: dict[int, list[tuple[float, float]]] = {}

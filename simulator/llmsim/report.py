@@ -77,11 +77,14 @@ def render(result: Result, console: Console) -> None:
     par = s.parallelism
     accel = s.system.node.accelerator
     console.print(
-        f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params) on "
+        f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params"
+        + (f", {s.model.active_params_per_token / 1e9:,.1f} B active per token"
+           if s.model.moe is not None else "") + ") on "
         f"{s.devices:,} × {accel.name} ({s.nodes_used:,} nodes of {s.system.name})"
     )
     console.print(
         f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
+        + "".join(f" · {a} {d}" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
         + _stage_split(stage_layers(s.model.layers, par))
         + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
@@ -114,9 +117,13 @@ def render(result: Result, console: Console) -> None:
     parts.add_column("time", justify="right")
     parts.add_column("share", justify="right")
     names = {"compute": "compute", "tp_comm": "exposed TP comm", "pp_comm": "exposed PP comm",
-             "dp_comm": "exposed DP comm", "bubble": "pipeline bubble / wait",
+             "dp_comm": "exposed DP comm", "ep_all_to_all": "EP all-to-all (MoE)",
+             "cp_comm": "exposed CP ring exchange",
+             "bubble": "pipeline bubble / wait",
              "optimizer": "optimizer"}
     for key, value in result.breakdown_s.items():
+        if key in ("ep_all_to_all", "cp_comm") and value == 0.0:
+            continue  # no expert or context parallelism: nothing to show
         parts.add_row(names[key], fmt_seconds(value), f"{100 * value / result.step_time_s:.1f} %")
     console.print(parts)
 
@@ -133,5 +140,11 @@ def render(result: Result, console: Console) -> None:
                     f"{other:.1f}", f"{gb['total_gb']:.1f}", f"{gb['capacity_gb']:.0f}",
                     "yes" if m.fits else "[red]NO[/red]")
     console.print(mem)
+    if s.model.moe is not None:
+        most = max(result.memory, key=lambda m: m.expert_state_bytes)
+        console.print(f"routed experts: {s.model.moe.experts // par.ep} of "
+                      f"{s.model.moe.experts} per device and MoE layer (ep {par.ep}); "
+                      f"{most.expert_state_bytes / 1e9:.1f} GB of stage {most.stage}'s "
+                      f"{most.model_state_bytes / 1e9:.1f} GB of model state")
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")

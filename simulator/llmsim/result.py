@@ -6,7 +6,8 @@ Definitions (design §9):
 - Bubble fraction of a stage = idle time of its compute stream during the pipeline phase
   (from the step start to the end of the last pass on any stage) over that phase.
 - The breakdown of a stage splits the whole step into compute, exposed TP / PP / DP
-  communication, bubble (idle with nothing in flight) and optimizer; it sums to the step.
+  communication, the expert-parallel all-to-alls, the context-parallel ring, bubble
+  (idle with nothing in flight) and optimizer; it sums to the step.
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ class StageBreakdown:
     dp_s: float
     bubble_s: float
     optimizer_s: float
+    a2a_s: float = 0.0
+    """Expert-parallel all-to-alls (MoE token dispatch and combine), blocking the passes."""
+    cp_s: float = 0.0
+    """Context-parallel ring exchanges, the part attention does not hide."""
 
     def as_dict(self) -> dict[str, float]:
         """The parts keyed like ``breakdown_s`` in the JSON result."""
         return {"compute": self.compute_s, "tp_comm": self.tp_s, "pp_comm": self.pp_s,
-                "dp_comm": self.dp_s, "bubble": self.bubble_s, "optimizer": self.optimizer_s}
+                "dp_comm": self.dp_s, "ep_all_to_all": self.a2a_s, "cp_comm": self.cp_s,
+                "bubble": self.bubble_s, "optimizer": self.optimizer_s}
 
 
 def optimal_batch_tokens(compute_flops: float) -> float:
@@ -120,8 +126,10 @@ class Result:
 
     @property
     def critical_stage(self) -> StageBreakdown:
-        """The stage with the most work (compute + TP): the pipeline's bottleneck."""
-        return max(self.stages, key=lambda b: (b.compute_s + b.tp_s, -b.stage))
+        """The stage with the most work (compute, TP and all-to-all): the pipeline's
+        bottleneck."""
+        return max(self.stages,
+                   key=lambda b: (b.compute_s + b.tp_s + b.a2a_s + b.cp_s, -b.stage))
 
     @property
     def breakdown_s(self) -> dict[str, float]:
@@ -154,11 +162,13 @@ class Result:
             "devices": self.devices,
             "nodes": s.nodes_used,
             "layout": {"tp": s.parallelism.tp, "pp": s.parallelism.pp, "dp": s.dp,
+                       "cp": s.parallelism.cp, "ep": s.parallelism.ep,
                        "virtual_stages": s.parallelism.virtual_stages,
                        "micro_batch": s.parallelism.micro_batch,
                        "microbatches": s.micro_batches, "schedule": s.parallelism.schedule,
                        "zero": s.parallelism.zero, "recompute": s.parallelism.recompute},
             "params": s.model.params,
+            "active_params_per_token": s.model.active_params_per_token,
             "step_time_s": self.step_time_s,
             "tokens_per_s": self.tokens_per_s,
             "model_flops_per_step": self.model_flops_per_step,

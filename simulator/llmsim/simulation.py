@@ -124,7 +124,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> StageBreakdown:
     """Split ``step_s`` of one stage's representative device into its parts."""
     records, waits, dp_waits = rep
-    compute = tp = pp = optimizer = 0.0
+    compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     for r in records:
         block = trace.block_of(r)
@@ -132,6 +132,8 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             share = r.block_share(block)
             compute += block.compute_s * share
             tp += block.tp_s * share
+            a2a += block.a2a_s * share
+            cp += block.cp_s * share
             dp += r.slowed_s(block)  # the compute units other kernels held meanwhile
         elif r.kind == "D":  # a gradient bucket's kernels before its reduction
             if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
@@ -148,8 +150,8 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     # Of the passes' slowed time, what posted sends and receives held is pipeline time.
     held_by_pp = min(trace.pp_slowed_s.get(records[0].device, 0.0) if records else 0.0, dp)
     pp, dp = pp + held_by_pp, dp - held_by_pp
-    bubble = step_s - compute - tp - optimizer - dp - pp
-    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer)
+    bubble = step_s - compute - tp - a2a - cp - optimizer - dp - pp
+    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a, cp)
 
 
 def _bubble_fraction(trace: Trace, rep: _Representative) -> float:
@@ -169,7 +171,7 @@ def _warnings(scenario: Scenario, memory: list) -> list[str]:
                    "recompute")
     trn = scenario.training
     budget = trn.flops if trn.flops is not None else (
-        6 * scenario.model.params * trn.tokens if trn.tokens is not None else None)
+        6 * scenario.model.active_params_per_token * trn.tokens if trn.tokens is not None else None)
     if budget is not None:
         b_opt = optimal_batch_tokens(budget)
         if trn.tokens_per_step > 2 * b_opt:

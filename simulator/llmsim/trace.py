@@ -94,6 +94,9 @@ class Trace:
                 if not r.block_from_s <= s.offset_s < r.block_to_s:
                     continue
                 start = r.start_s + (s.offset_s - r.block_from_s) * stretch
-                yield Record(r.device, r.stage, s.stream if s.stream == "compute" else "tp",
+                # The blocking collectives inside a pass run on the TP stream; the MoE
+                # all-to-alls (ep) and the context-parallel ring (cp) keep their names.
+                stream = s.stream if s.stream in ("compute", "ep", "cp") else "tp"
+                yield Record(r.device, r.stage, stream,
                              s.name, s.phase, r.microbatch, r.chunk, start,
                              start + s.duration_s * stretch)

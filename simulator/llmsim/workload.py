@@ -15,7 +15,10 @@ from typing import Literal
 
 import pandas as pd
 
+from llmsim.context import apply_context_parallel
 from llmsim.memory import DROPOUT_MASK_BYTES
+from llmsim.mla import apply_mla
+from llmsim.moe import replace_mlp
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
     DTYPE_BYTES,
@@ -26,10 +29,10 @@ from llmsim.optimizer import (
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
-    layer_params_per_device,
+    layers_params_per_device,
     param_tensors,
 )
-from llmsim.partition import chunk_layers
+from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 
@@ -69,6 +72,8 @@ class Chunk:
     """After ``weight``: the kernels that add this micro-batch's weight gradients to the
     gradient buffer (``training.grad_accumulation``), on the micro-batches from
     :attr:`Workload.accumulate_from_microbatch` on."""
+    expert_params: int = 0
+    """Of ``params``, the routed experts' (reduced over their own group)."""
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -140,6 +145,27 @@ class Workload:
     embedding_grad_allreduce: CommOp | None = None
     """Tied embeddings with ``pp > 1``: the first and the last stage each hold a copy of
     the word embedding and all-reduce its gradient before the optimizer step."""
+    ep: int = 1
+    """Expert-parallel degree: the ep ranks hold different sequences (more replicas of the
+    dense weights) and different routed experts."""
+    cp: int = 1
+    """Context-parallel degree: the cp ranks hold parts of the same sequences."""
+
+    @property
+    def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """((axis, ranks) of the dense weights' gradient and ZeRO group, the same for the
+        routed experts'): dp·ep·cp and dp·cp ranks (Megatron-Core's data-parallel group
+        with context parallelism, and its expert-data-parallel group); plain ``dp`` when
+        ep = cp = 1."""
+        if self.ep == 1 and self.cp == 1:
+            return ("dp", self.dp), ("dp", self.dp)
+        return ("cp+ep+dp", self.dp * self.ep * self.cp), ("cp+dp", self.dp * self.cp)
+
+    @property
+    def grad_ranks(self) -> int:
+        """Ranks of the widest gradient group (dp when ep = cp = 1): above 1, the step
+        reduces gradients over the network."""
+        return self.grad_groups[0][1]
 
     @property
     def stages(self) -> int:
@@ -155,28 +181,41 @@ class Workload:
         """Parameters on one device of ``stage``."""
         return sum(c.params for (s, _), c in self.chunks.items() if s == stage)
 
-    def dp_grad_buckets(self, chunk: Chunk) -> tuple[int, CommOp | None]:
-        """How many equal gradient buckets one chunk reduces, and the first of them
-        (None when dp = 1): the ops of :meth:`dp_grad_ops` differ only in their names."""
-        if self.dp == 1:
-            return 0, None
-        total = chunk.params * self.grad_bytes_per_param
+    def dp_grad_buckets(self, chunk: Chunk) -> list[tuple[int, CommOp]]:
+        """The gradient reduction of one chunk as groups of equal buckets: (count, the
+        first bucket) for the dense weights (over their group, :attr:`grad_groups`), then,
+        with expert parallelism, the routed experts' (over theirs); the ops of
+        :meth:`dp_grad_ops` differ within a group only in their names."""
+        (dense_axis, dense_ranks), (expert_axis, expert_ranks) = self.grad_groups
+        if dense_axis == expert_axis:
+            parts = [(dense_axis, dense_ranks, chunk.params, "")]
+        else:
+            parts = [(dense_axis, dense_ranks, chunk.params - chunk.expert_params, ""),
+                     (expert_axis, expert_ranks, chunk.expert_params, "_experts")]
         all_reduce = self.zero == 0 or self.grad_all_reduce
         kind = "all_reduce" if all_reduce else "reduce_scatter"
-        buckets = max(1, math.ceil(total / self.bucket_bytes))
         # DeepSpeed's allreduce_and_copy, Megatron's local DDP without contiguous buffers:
         # flatten the bucket, scale it, copy it back.
         staging = 3 if self.grad_all_reduce else 0
-        return buckets, CommOp(f"dp_{'ar' if all_reduce else 'rs'}_c{chunk.virtual_stage}_b0",
-                               kind, "dp", "W", total / buckets, staging_passes=staging)
+        groups = []
+        for axis, ranks, params, tag in parts:
+            if ranks == 1 or params == 0:
+                continue
+            total = params * self.grad_bytes_per_param
+            buckets = max(1, math.ceil(total / self.bucket_bytes))
+            groups.append((buckets, CommOp(
+                f"dp_{'ar' if all_reduce else 'rs'}{tag}_c{chunk.virtual_stage}_b0", kind,
+                axis, "W", total / buckets, staging_passes=staging)))
+        return groups
 
     def dp_grad_ops(self, chunk: Chunk) -> list[CommOp]:
-        """The bucketed gradient reduction of one chunk, last layer's bucket first."""
-        count, first = self.dp_grad_buckets(chunk)
-        if first is None:
-            return []
-        stem = first.name.removesuffix("_b0")
-        return [replace(first, name=f"{stem}_b{i}") for i in range(count)]
+        """The bucketed gradient reduction of one chunk, last layer's bucket first; with
+        expert parallelism the dense weights' buckets, then the routed experts'."""
+        ops = []
+        for count, first in self.dp_grad_buckets(chunk):
+            stem = first.name.removesuffix("_b0")
+            ops += [replace(first, name=f"{stem}_b{i}") for i in range(count)]
+        return ops
 
     def grad_sync_prep(self, bucket: CommOp) -> tuple[ComputeOp, ...]:
         """Kernels the compute stream runs on a gradient bucket before its reduction.
@@ -199,11 +238,25 @@ class Workload:
 
     def dp_param_gather(self, stage: int) -> CommOp | None:
         """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step
-        (None when that gather overlaps the next step's forward instead)."""
-        if self.dp == 1 or self.zero not in (1, 2) or self.overlap_param_gather:
-            return None
-        return CommOp("dp_ag_params", "all_gather", "dp", "O",
-                      self.stage_params(stage) * self.param_bytes_per_param)
+        (None when that gather overlaps the next step's forward instead); with expert
+        parallelism the dense weights' (see :meth:`dp_param_gathers`)."""
+        gathers = self.dp_param_gathers(stage)
+        return gathers[0] if gathers else None
+
+    def dp_param_gathers(self, stage: int) -> list[CommOp]:
+        """ZeRO-1/2's weight all-gathers after the step: one over each group whose ranks
+        shard weights of this stage (:attr:`grad_groups`), the dense weights' first."""
+        if self.zero not in (1, 2) or self.overlap_param_gather:
+            return []
+        expert = sum(c.expert_params for (s, _), c in self.chunks.items() if s == stage)
+        total = self.stage_params(stage)
+        (dense_axis, dense_ranks), (expert_axis, expert_ranks) = self.grad_groups
+        parts = ([("dp_ag_params", dense_axis, dense_ranks, total)]
+                 if dense_axis == expert_axis else
+                 [("dp_ag_params", dense_axis, dense_ranks, total - expert),
+                  ("dp_ag_params_experts", expert_axis, expert_ranks, expert)])
+        return [CommOp(name, "all_gather", axis, "O", params * self.param_bytes_per_param)
+                for name, axis, ranks, params in parts if ranks > 1 and params]
 
     def gathers_before(self, kind: str, microbatch: int) -> bool:
         """Whether a pass of this kind and micro-batch waits, layer by layer, for
@@ -260,7 +313,7 @@ class Workload:
             for op in c.ops:
                 if isinstance(op, ComputeOp) and (include_recompute or op.phase != "R"):
                     per_replica += op.flops * self.tp
-        return per_replica * self.microbatches * self.dp
+        return per_replica * self.microbatches * self.dp * self.ep * self.cp
 
     def to_dataframe(self) -> pd.DataFrame:
         """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
@@ -290,7 +343,8 @@ class _LayerBuilder:
     def __init__(self, model: Model, par: Parallelism, training: Training) -> None:
         self.m, self.par, self.trn = model, par, training
         self.t = par.tp
-        self.T = par.micro_batch * training.seq_len  # tokens per micro-batch
+        # Tokens per micro-batch on this rank (context parallelism holds 1/cp of each).
+        self.T = par.micro_batch * training.seq_len // par.cp
         self.e = DTYPE_BYTES[training.precision]
         self.sp = par.sequence_parallel and par.tp > 1
         # Elements of the residual stream (norms, residual adds, dropout) on this device.
@@ -581,7 +635,7 @@ class _LayerBuilder:
 
 
 def _accumulation(model: Model, par: Parallelism, training: Training, layers: int,
-                  first: bool, last: bool) -> tuple[Op, ...]:
+                  first: bool, last: bool, first_layer: int = 0) -> tuple[Op, ...]:
     """:attr:`Chunk.accumulate`: the embeddings' gradients, and unless the GEMMs accumulate
     them (``fused``) those of the chunk's layers and LM head."""
     mode, t = training.grad_accumulation, par.tp
@@ -590,7 +644,8 @@ def _accumulation(model: Model, par: Parallelism, training: Training, layers: in
         grad_bytes_per_param(training.precision, par.grad_reduce_dtype))
     parts = [("embed_grad_accum", embedding_params_per_device(model, t) if first else 0)]
     if mode != "fused":
-        parts += [("grad_accum", layers * layer_params_per_device(model, t)),
+        parts += [("grad_accum",
+                    sum(layers_params_per_device(model, t, par.ep, first_layer, layers))),
                   ("head_grad_accum", head_params_per_device(model, t, par.pp) if last else 0)]
     return tuple(ComputeOp(name, "memory", "W", 0.0, float(params * per_param))
                  for name, params in parts if params)
@@ -663,9 +718,10 @@ def _in_phase(ops: list[ComputeOp], phase: str) -> list[ComputeOp]:
 
 
 def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
-                 stages: int) -> int:
-    """Parameters of one chunk on one device (see :mod:`llmsim.params`)."""
-    params = layers * layer_params_per_device(model, tp)
+                 stages: int, ep: int = 1, first_layer: int = 0) -> int:
+    """Parameters of one chunk on one device, its layers ``first_layer`` on (see
+    :mod:`llmsim.params`)."""
+    params = sum(layers_params_per_device(model, tp, ep, first_layer, layers))
     if first:
         params += embedding_params_per_device(model, tp)
     if last:
@@ -673,48 +729,78 @@ def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
     return params
 
 
+Passes = tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+"""One block's forward (F), recompute (R), input-gradient (B) and weight-gradient (W) ops."""
+
+
 @dataclass(frozen=True)
 class PassOps:
-    """The op lists every chunk's passes are assembled from, for one micro-batch: one
-    transformer block's forward (F), recompute (R), input-gradient (B) and weight-gradient
-    (W) ops, and the embedding's and the LM head's F, B and W ops."""
+    """The op lists every chunk's passes are assembled from, for one micro-batch: a dense
+    transformer block's and (MoE models) an expert block's F, R, B and W ops, and the
+    embedding's and the LM head's F, B and W ops."""
 
-    layer_f: tuple[Op, ...]
-    layer_r: tuple[Op, ...]
-    layer_b: tuple[Op, ...]
-    layer_w: tuple[Op, ...]
-    embedding_f: tuple[Op, ...]
-    embedding_b: tuple[Op, ...]
-    embedding_w: tuple[Op, ...]
-    head_f: tuple[Op, ...]
-    head_b: tuple[Op, ...]
-    head_w: tuple[Op, ...]
+    dense: Passes
+    moe: Passes | None
+    embedding: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+    head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+
+    def block(self, model: Model, layer: int) -> Passes:
+        """The passes of transformer layer ``layer`` (0-based)."""
+        if self.moe is not None and model.moe is not None and model.moe.is_moe_layer(layer):
+            return self.moe
+        return self.dense
 
 
 def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     """The per-block and first/last-stage op lists of a layout (:class:`PassOps`)."""
     builder = _LayerBuilder(model, par, training)
-    lf, lr, lb, lw = builder.layer()
-    ef, eb, ew = builder.embedding()
-    hf, hb, hw = builder.head()
-    return PassOps(*(tuple(ops) for ops in (lf, lr, lb, lw, ef, eb, ew, hf, hb, hw)))
+    layer_f, layer_r, layer_b, layer_w = builder.layer()
+    if model.mla is not None:
+        layer_f, layer_r, layer_b, layer_w = apply_mla(
+            (layer_f, layer_r, layer_b, layer_w), builder)
+    layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
+        (layer_f, layer_r, layer_b, layer_w), builder)
+    moe = None
+    if model.moe is not None:
+        moe_f, moe_b, moe_w = replace_mlp(layer_f, layer_b, layer_w, builder)
+        moe_r = [_as_phase(op, "R") for op in moe_f] if par.recompute == "full" else layer_r
+        moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
+    emb_f, emb_b, emb_w = builder.embedding()
+    head_f, head_b, head_w = builder.head()
+    return PassOps((tuple(layer_f), tuple(layer_r), tuple(layer_b), tuple(layer_w)), moe,
+                   (tuple(emb_f), tuple(emb_b), tuple(emb_w)),
+                   (tuple(head_f), tuple(head_b), tuple(head_w)))
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
-                 first: bool, last: bool) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+                 first: bool, last: bool, first_layer: int = 0,
+                 ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
     """A chunk's ops besides its blocks, embedding and head: the FP8 amax reductions of its
     forward and backward, and its gradient accumulation (:attr:`Chunk.accumulate`)."""
     amax_f, amax_b = _amax_reductions(training, layers)
     return (tuple(amax_f), tuple(amax_b),
-            _accumulation(model, par, training, layers, first, last))
+            _accumulation(model, par, training, layers, first, last, first_layer))
+
+
+def shard_ranks(work: Workload, stage: int) -> float:
+    """Ranks a stage's parameters are sharded over by ZeRO, on average: dp, or with
+    expert or context parallelism the dense and expert groups' (:attr:`Workload.
+    grad_groups`) weighted so that ``params / ranks`` is the local shard."""
+    (dense_axis, dense_ranks), (expert_axis, expert_ranks) = work.grad_groups
+    if dense_axis == expert_axis:
+        return dense_ranks
+    params = work.stage_params(stage)
+    expert = sum(c.expert_params for (s, _), c in work.chunks.items() if s == stage)
+    shard = (params - expert) / dense_ranks + expert / expert_ranks
+    return params / shard if shard else 1.0
 
 
 def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
     """The step's settings and traffic without its chunks: micro-batches, the pipeline
     message, the gradient and ZeRO settings (a :class:`Workload` with no chunks, whose
-    :meth:`Workload.dp_grad_ops` and :meth:`Workload.weight_gathers` price any chunk)."""
+    :meth:`Workload.dp_grad_buckets` and :meth:`Workload.weight_gather` price any chunk)."""
     e = DTYPE_BYTES[training.precision]
-    tokens = par.micro_batch * training.seq_len
+    tokens = par.micro_batch * training.seq_len // par.cp
     activation = tokens * model.hidden * e
     # Sequence parallelism, or a framework's scatter/gather: each rank sends 1/tp of it.
     sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
@@ -724,7 +810,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
     tensor_list = par.tensor_list_gathers and par.zero == 3
     return Workload(
         chunks={},
-        microbatches=training.global_batch // (par.micro_batch * dp),
+        microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
         pp_message_bytes=float(message),
         pp_gather_bytes=float(activation) if gathered else 0.0,
         pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",
@@ -749,6 +835,8 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         grad_bucket_prescale=par.grad_bucket_prescale,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",
+        ep=par.ep,
+        cp=par.cp,
     )
 
 
@@ -756,28 +844,38 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     """The workload graph of one step for a validated layout."""
     p, v = par.pp, par.virtual_stages
     ops = pass_ops(model, par, training)
+    (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
     split = chunk_layers(model.layers, par)
     chunks: dict[tuple[int, int], Chunk] = {}
     for stage in range(p):
         for c in range(v):
             vs, n = c * p + stage, split[stage][c]
             first, last = vs == 0, vs == p * v - 1
-            amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last)
-            fwd = ((ops.embedding_f if first else ()) + ops.layer_f * n + amax_f
-                   + (ops.head_f if last else ()))
-            bwd = (ops.head_b if last else ()) + (ops.layer_r + ops.layer_b) * n + amax_b \
-                + (ops.embedding_b if first else ())
-            wgt = (ops.head_w if last else ()) + ops.layer_w * n \
-                + (ops.embedding_w if first else ())
+            start = chunk_first_layer(split, stage, c)
+            amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
+                                                      start)
+            fwd: tuple[Op, ...] = emb_f if first else ()
+            bwd: tuple[Op, ...] = head_b if last else ()
+            wgt: tuple[Op, ...] = head_w if last else ()
+            for i in range(start, start + n):
+                fwd += ops.block(model, i)[0]
+            for i in reversed(range(start, start + n)):
+                block = ops.block(model, i)
+                bwd += block[1] + block[2]
+                wgt += block[3]
+            fwd += amax_f + (head_f if last else ())
+            bwd += amax_b + (emb_b if first else ())
+            wgt += emb_w if first else ()
+            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
-                chunk_params(model, par.tp, n, first, last, p),
-                fwd, bwd, wgt, accumulate,
+                chunk_params(model, par.tp, n, first, last, p, par.ep, start),
+                fwd, bwd, wgt, accumulate, expert_params=experts,
             )
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={})
     for stage in range(p):
         tensors = sum(param_tensors(model, c.layers, c.first, c.last, p)
                       for (s, _), c in chunks.items() if s == stage)
         work.optimizer[stage] = optimizer_step(par, training, work.stage_params(stage),
-                                               tensors, dp)
+                                               tensors, shard_ranks(work, stage))
     return work

@@ -4,8 +4,9 @@
 :mod:`llmsim.costs.compute` and communication ops with the α–β collective models of
 :mod:`llmsim.costs.collectives`, on the path each group uses in the Plan. A
 :class:`~llmsim.calibration.Calibration` profile replaces the GEMM efficiency model and
-the collectives it has measurements for. Any object with ``compute_s`` and ``comm_s``
-(:class:`CostModel`) can stand in for it.
+the collectives it has measurements for. All-to-alls (mixture-of-experts token dispatch)
+are priced by :mod:`llmsim.costs.alltoall` on the same group paths. Any object with
+``compute_s`` and ``comm_s`` (:class:`CostModel`) can stand in for it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from llmsim.calibration import Calibration, load_calibration
+from llmsim.costs.alltoall import AllToAllModel
 from llmsim.costs.collectives import (
     ALGORITHMS,
     CollectiveModel,
@@ -90,6 +92,7 @@ class HardwareCosts:
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
+        self.all_to_all = AllToAllModel(system, plan, launch_s=accelerator.kernel_launch_us * 1e-6)
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, plan: Plan) -> HardwareCosts:
@@ -116,4 +119,6 @@ class HardwareCosts:
         message_passes = 2 * (op.staging_passes + (1 if op.copies else 0)) + op.fill_passes
         staging_s = (launches * self.compute.launch_s
                      + message_passes * op.bytes / self.compute.memory_bytes_per_s)
+        if op.collective == "all_to_all":  # costs/alltoall.py: not a ring or a tree
+            return self.all_to_all.comm_s(op.axis, op.bytes) + staging_s + op.host_s
         return self.collectives.comm_s(op) + staging_s + op.host_s

@@ -20,15 +20,15 @@ engine, and ``docs/search.md`` states how far apart the two are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmsim.blocks import Block
 from llmsim.costs import HardwareCosts
 from llmsim.memory import StageMemory, memory_per_stage
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import optimizer_step
-from llmsim.params import param_tensors
-from llmsim.partition import chunk_layers
+from llmsim.params import layers_params_per_device, param_tensors
+from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
@@ -40,6 +40,7 @@ from llmsim.workload import (
     chunk_extras,
     chunk_params,
     pass_ops,
+    shard_ranks,
     step_traffic,
 )
 
@@ -89,12 +90,15 @@ class _Parts:
     """The priced blocks one layer shape's chunks are made of: seconds and model FLOPs
     (per device) of each part's pass."""
 
-    layer: tuple[float, float, float, float]
-    """Forward, recompute, input-gradient and weight-gradient seconds of one block."""
+    dense: tuple[float, float, float, float]
+    """Forward, recompute, input-gradient and weight-gradient seconds of a dense block."""
+    moe: tuple[float, float, float, float]
+    """The same of an expert (MoE) block (the dense block's when the model has none)."""
     embedding: tuple[float, float, float]
     head: tuple[float, float, float]
-    model_flops: tuple[float, float, float]
-    """Per-device model FLOPs of one block, the embedding, the head (F + B + W)."""
+    model_flops: tuple[float, float, float, float]
+    """Per-device model FLOPs (F + B + W) of a dense block, an MoE block, the embedding
+    and the head."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +153,8 @@ class Estimator:
     def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:
         """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
         par = sc.parallelism
-        key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, tuple(par.rank_order))
+        key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
+               tuple(par.rank_order))
         hit = self._costs.get(key)
         if hit is None:
             plan = Plan.from_scenario(sc)
@@ -159,8 +164,8 @@ class Estimator:
     def memory(self, sc: Scenario) -> list[StageMemory]:
         """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
         par = sc.parallelism
-        key = (self._family(sc), par.tp, par.pp, par.virtual_stages, par.schedule,
-               par.micro_batch, par.zero,
+        key = (self._family(sc), par.tp, par.pp, par.ep, par.cp, par.virtual_stages,
+               par.schedule, par.micro_batch, par.zero,
                par.sequence_parallel, par.recompute, par.prefetch_weights, par.dp_bucket_mb,
                par.first_stage_layers, par.last_stage_layers, sc.dp,
                sc.training.global_batch)
@@ -173,8 +178,9 @@ class Estimator:
     def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:
         par = sc.parallelism
         tp_path = plan.placements["tp"]
-        key = (self._family(sc), tp_path, par.tp, par.micro_batch, par.sequence_parallel,
-               par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
+        key = (self._family(sc), tp_path, plan.placements.get("ep"),
+               plan.placements.get("cp"), par.tp, par.ep, par.cp, par.micro_batch,
+               par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
                tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
         hit = self._parts.get(key)
@@ -182,30 +188,32 @@ class Estimator:
             ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
 
             def priced(o: tuple) -> float:  # recompute variants share F, B and W
-                block_key = (self._family(sc), tp_path, otp, o)
+                block_key = (self._family(sc), tp_path, plan.placements.get("ep"),
+                             plan.placements.get("cp"), otp, o)
                 seconds = self._blocks.get(block_key)
                 if seconds is None:
                     seconds = self._blocks[block_key] = _seconds(o, costs, otp)
                 return seconds
 
+            moe = ops.moe or ops.dense
             hit = self._parts[key] = _Parts(
-                layer=tuple(priced(o)
-                            for o in (ops.layer_f, ops.layer_r, ops.layer_b, ops.layer_w)),
-                embedding=tuple(priced(o) for o in
-                                (ops.embedding_f, ops.embedding_b, ops.embedding_w)),
-                head=tuple(priced(o) for o in (ops.head_f, ops.head_b, ops.head_w)),
-                model_flops=(_model_flops(ops.layer_f, ops.layer_b, ops.layer_w),
-                             _model_flops(ops.embedding_f, ops.embedding_b, ops.embedding_w),
-                             _model_flops(ops.head_f, ops.head_b, ops.head_w)))
+                dense=tuple(priced(o) for o in ops.dense),
+                moe=tuple(priced(o) for o in moe),
+                embedding=tuple(priced(o) for o in ops.embedding),
+                head=tuple(priced(o) for o in ops.head),
+                model_flops=(_model_flops(*ops.dense), _model_flops(*moe),
+                             _model_flops(*ops.embedding), _model_flops(*ops.head)))
         return hit
 
     def _chunk_extras(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, n: int,
-                      first: bool, last: bool) -> tuple[float, float, float]:
+                      first: bool, last: bool, start: int) -> tuple[float, float, float]:
         par = sc.parallelism
-        key = (plan_key, par.tp, par.pp, par.grad_reduce_dtype, n, first, last)
+        key = (plan_key, par.grad_reduce_dtype, n, first, last,
+               start if sc.model.moe is not None else 0)
         hit = self._extras.get(key)
         if hit is None:
-            amax_f, amax_b, accumulate = chunk_extras(sc.model, par, sc.training, n, first, last)
+            amax_f, amax_b, accumulate = chunk_extras(sc.model, par, sc.training, n, first,
+                                                      last, start)
             hit = self._extras[key] = (_seconds(amax_f, costs, False),
                                        _seconds(amax_b, costs, False),
                                        _seconds(accumulate, costs, False))
@@ -229,31 +237,37 @@ class Estimator:
             hit = self._splits[key] = chunk_layers(sc.model.layers, par)
         return hit
 
-    def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool) -> tuple[int, int]:
-        """Parameters and parameter tensors of a chunk on one device, memoised."""
-        key = (self._family(sc), sc.parallelism.tp, sc.parallelism.pp, n, first, last)
+    def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool,
+                      start: int) -> tuple[int, int, int, int]:
+        """Parameters, expert parameters and parameter tensors of a chunk on one device,
+        and its MoE blocks, memoised."""
+        par, model = sc.parallelism, sc.model
+        moe_start = start if model.moe is not None else 0
+        key = (self._family(sc), par.tp, par.pp, par.ep, n, first, last, moe_start)
         hit = self._params.get(key)
         if hit is None:
-            p = sc.parallelism.pp
+            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
+            moe_blocks = sum(model.moe.is_moe_layer(i) for i in range(start, start + n)) \
+                if model.moe is not None else 0
             hit = self._params[key] = (
-                chunk_params(sc.model, sc.parallelism.tp, n, first, last, p),
-                param_tensors(sc.model, n, first, last, p))
+                chunk_params(model, par.tp, n, first, last, par.pp, par.ep, start), experts,
+                param_tensors(model, n, first, last, par.pp), moe_blocks)
         return hit
 
     def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
                  chunk: Chunk) -> tuple[int, float]:
-        """(count, seconds each) of ``chunk``'s gradient buckets: each bucket's
+        """(count, mean seconds) of ``chunk``'s gradient buckets: each bucket's
         compute-stream kernels and its reduction, memoised."""
-        count, op = traffic.dp_grad_buckets(chunk)
-        if op is None:
-            return 0, 0.0
-        key = (plan_key, op.collective, op.bytes, op.staging_passes,
-               traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
-        seconds = self._grads.get(key)
-        if seconds is None:
-            seconds = self._grads[key] = costs.comm_s(op) + sum(
-                costs.compute_s(k) for k in traffic.grad_sync_prep(op))
-        return count, seconds
+        count, total = 0, 0.0
+        for n, op in traffic.dp_grad_buckets(chunk):
+            key = (plan_key, op.axis, op.collective, op.bytes, op.staging_passes,
+                   traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
+            seconds = self._grads.get(key)
+            if seconds is None:
+                seconds = self._grads[key] = costs.comm_s(op) + sum(
+                    costs.compute_s(k) for k in traffic.grad_sync_prep(op))
+            count, total = count + n, total + n * seconds
+        return count, (total / count if count else 0.0)
 
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
@@ -261,13 +275,15 @@ class Estimator:
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
-        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp)
+        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp)
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches
-        lf, lr, lb, lw = parts.layer
         ef, eb, ew = parts.embedding
         hf, hb, hw = parts.head
+        df_, dr, db, dw = parts.dense
+        mf, mr, mb, mw = parts.moe
+        fl_dense, fl_moe, fl_emb, fl_head = parts.model_flops
         split = self._split(sc)
         split_backward = par.schedule in SPLIT_BACKWARD
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
@@ -279,7 +295,8 @@ class Estimator:
                                        traffic.pp_gather_bytes, copies=par.tp)) \
             if traffic.pp_gather_bytes else 0.0
         node_of = self._nodes_of_stages(plan_key, plan)
-        zero3 = traffic.zero == 3 and dp > 1
+        sharded = traffic.grad_ranks > 1
+        zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
@@ -290,27 +307,28 @@ class Estimator:
             kind_key = (tuple(split[s]), s == 0, s == p - 1)
             kind = kinds.get(kind_key)
             if kind is None:
-                own = StageTimes(f=0.0, b=0.0, w=0.0)
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
                 grads: list[tuple[int, float]] = []
                 backward: list[tuple[float, float]] = []
-                params_s = tensors_s = 0
+                chunks: dict[tuple[int, int], Chunk] = {}
+                tensors_s = 0
                 for c in range(v):
                     vs, n = c * p + s, split[s][c]
                     first, last = vs == 0, vs == p * v - 1
+                    start = chunk_first_layer(split, s, c)
+                    params, experts, tensors, k = self._chunk_params(sc, n, first, last, start)
                     amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
-                                                             last)
-                    cf = first * ef + n * lf + amax_f + last * hf
-                    cb = last * hb + n * (lr + lb) + amax_b + first * eb
-                    cw = last * hw + n * lw + first * ew
+                                                             last, start)
+                    cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
+                    cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b + first * eb
+                    cw = last * hw + (n - k) * dw + k * mw + first * ew
                     f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
                     backward.append((cb, cw + acc))
-                    flops += (n * parts.model_flops[0] + first * parts.model_flops[1]
-                              + last * parts.model_flops[2]) * par.tp
-                    params, tensors = self._chunk_params(sc, n, first, last)
-                    params_s += params
+                    flops += ((n - k) * fl_dense + k * fl_moe + first * fl_emb
+                              + last * fl_head) * par.tp
                     tensors_s += tensors
-                    chunk = Chunk(s, c, vs, n, first, last, params, (), (), ())
+                    chunk = chunks[(s, c)] = Chunk(s, c, vs, n, first, last, params, (), (), (),
+                                                   expert_params=experts)
                     grads.append(self._buckets(plan_key, costs, traffic, chunk))
                     gather = traffic.weight_gather(chunk)
                     layer_gather = (costs.comm_s(gather) * traffic.gather_messages
@@ -326,10 +344,11 @@ class Estimator:
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited)
-                opt = costs.compute_s(optimizer_step(par, trn, params_s, tensors_s, dp))
-                if dp > 1 and par.zero in (1, 2) and not par.overlap_param_gather:
-                    opt += costs.comm_s(CommOp("dp_ag_params", "all_gather", "dp", "O",
-                                               params_s * traffic.param_bytes_per_param))
+                work = replace(traffic, chunks=chunks)
+                opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(s), tensors_s,
+                                                     shard_ranks(work, s)))
+                opt += sum(costs.comm_s(op) for op in work.dp_param_gathers(s)) \
+                    if sharded else 0.0
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
                 kind = kinds[kind_key] = _Stage(own, opt, flops, tail)
@@ -364,7 +383,7 @@ class Estimator:
         accel = sc.system.node.accelerator
         return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
                         optimizer_s=opt_s,
-                        model_flops_per_step=flops_per_replica * m * dp,
+                        model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
                         tokens_per_step=trn.tokens_per_step, devices=sc.devices,
                         peak_flops_per_device=accel.peak_flops(trn.precision),
                         run_flops=trn.flops, run_tokens=trn.tokens)

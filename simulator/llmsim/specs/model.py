@@ -1,12 +1,76 @@
-"""Model spec: a dense decoder-only transformer and the sizes derived from it."""
+"""Model spec: a decoder-only transformer (dense, or mixture-of-experts) and the sizes
+derived from it."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
+
+
+class MoE(Spec):
+    """Mixture-of-experts MLP: which layers route their tokens to experts, and how.
+
+    A MoE layer replaces the dense MLP by ``experts`` routed expert MLPs (each of the
+    model's ``activation``, width ``ffn_hidden``), of which a learned router picks
+    ``top_k`` per token, plus ``shared_experts`` MLPs every token passes through
+    (Shazeer et al. 2017; Lepikhin et al. 2021, GShard; Fedus et al. 2022, Switch;
+    DeepSeek-AI 2024, DeepSeekMoE). Field names follow Megatron-Core's ``--num-experts``,
+    ``--moe-router-topk``, ``--moe-ffn-hidden-size``, ``--moe-layer-freq`` and
+    ``--moe-expert-capacity-factor``.
+    """
+
+    experts: PositiveInt
+    """Routed experts per MoE layer."""
+    top_k: PositiveInt
+    """Routed experts each token is sent to."""
+    ffn_hidden: PositiveInt
+    """Inner width of one routed expert's MLP (per projection for SwiGLU)."""
+    shared_experts: NonNegativeInt = 0
+    """Experts every token passes through, each of ``ffn_hidden`` width (DeepSeekMoE)."""
+    layer_freq: PositiveInt = 1
+    """Every ``layer_freq``-th layer (after ``first_dense_layers``), from the first, is a
+    MoE layer; 1: all of them (Megatron-Core ``--moe-layer-freq``)."""
+    first_dense_layers: NonNegativeInt = 0
+    """Leading layers that keep the dense MLP of ``model.ffn_hidden`` (DeepSeek-V3: 3)."""
+    capacity_factor: PositiveFloat | None = None
+    """Tokens an expert takes at most, as a multiple of its mean load; the excess is
+    dropped and every expert's input padded to that capacity (Megatron-Core
+    ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``). None:
+    dropless, every expert takes what it is routed, the busiest setting the pace."""
+    router: Literal["softmax", "sigmoid"] = "softmax"
+    """Router score function: softmax over the experts then top-k (Mixtral), or a sigmoid
+    per expert with a per-expert selection bias (DeepSeek-V3's auxiliary-loss-free
+    balancing, which adds ``experts`` bias parameters)."""
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether transformer layer ``layer`` (0-based) has a MoE MLP."""
+        after = layer - self.first_dense_layers
+        return after >= 0 and after % self.layer_freq == 0
+
+    def moe_layers(self, layers: int) -> int:
+        """MoE layers among the first ``layers`` layers."""
+        return sum(self.is_moe_layer(i) for i in range(layers))
+
+
+class MLA(Spec):
+    """Multi-head latent attention (DeepSeek-AI 2024, DeepSeek-V2 §2.1): queries and
+    keys/values pass through low-rank latents, and part of each query/key head carries
+    the rotary position (decoupled RoPE). Names follow the Hugging Face configuration."""
+
+    q_lora_rank: PositiveInt
+    """Width of the query latent."""
+    kv_lora_rank: PositiveInt
+    """Width of the joint key/value latent."""
+    qk_nope_head_dim: PositiveInt
+    """Per-head query/key width without position."""
+    qk_rope_head_dim: PositiveInt
+    """Per-head query/key width with the rotary position (the key's part shared by all
+    heads)."""
+    v_head_dim: PositiveInt
+    """Per-head value width."""
 
 
 class Model(Spec):
@@ -40,12 +104,10 @@ class Model(Spec):
     """Whether linear layers carry biases (GPT-3 yes, Llama no)."""
     max_seq_len: PositiveInt = 2048
     """Longest trained context, tokens."""
-    moe_experts: PositiveInt | None = None
-    """Experts per MoE layer (not supported yet)."""
-    moe_top_k: PositiveInt | None = None
-    """Experts per token (not supported yet)."""
-    moe_ffn_hidden: PositiveInt | None = None
-    """Expert MLP width (not supported yet)."""
+    moe: MoE | None = None
+    """Mixture-of-experts MLP (None: every layer dense)."""
+    mla: MLA | None = None
+    """Multi-head latent attention instead of (grouped-query) multi-head attention."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where the architecture comes from."""
     notes: str = ""
@@ -53,13 +115,15 @@ class Model(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Model:
-        moe = {"moe_experts": self.moe_experts, "moe_top_k": self.moe_top_k,
-               "moe_ffn_hidden": self.moe_ffn_hidden}
-        given = [k for k, v in moe.items() if v is not None]
-        if given:
+        if self.moe is not None and self.moe.top_k > self.moe.experts:
             raise ValueError(
-                f"model.{given[0]}: mixture-of-experts models are not supported yet; "
-                "remove the moe_* fields to simulate the dense model"
+                f"model.moe.top_k: {self.moe.top_k} is more than the {self.moe.experts} "
+                "experts; choose at most moe.experts"
+            )
+        if self.moe is not None and self.moe.moe_layers(self.layers) == 0:
+            raise ValueError(
+                f"model.moe.first_dense_layers: {self.moe.first_dense_layers} leaves no MoE "
+                f"layer among the {self.layers}; lower it or remove model.moe"
             )
         if self.hidden % self.heads:
             raise ValueError(
@@ -95,13 +159,74 @@ class Model(Spec):
 
     @property
     def params_per_layer(self) -> int:
-        """Parameters of one block: attention, MLP, norms (and biases)."""
+        """Parameters of one dense block: attention, MLP, norms (and biases)."""
         h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h
+        attn = h * (h + 2 * kv) + h * h if self.mla is None else self.mla_params
         mlp = self.mlp_matrices * h * f
         norms = 2 * h * (2 if self.norm == "layernorm" else 1)
         biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
         return attn + mlp + norms + biases
+
+    @property
+    def mla_params(self) -> int:
+        """Weights of one MLA block (0 without MLA): query down and up projections, the
+        joint key/value down projection with the shared rotary key, the key/value up
+        projection, the two latents' RMSNorms and the output projection (DeepSeek-V2
+        §2.1.2–2.1.3, eqs. 9–14; ``modeling_deepseek.py`` ``DeepseekV3Attention``)."""
+        a = self.mla
+        if a is None:
+            return 0
+        h, n = self.hidden, self.heads
+        q_head = a.qk_nope_head_dim + a.qk_rope_head_dim
+        return (h * a.q_lora_rank + a.q_lora_rank + a.q_lora_rank * n * q_head
+                + h * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank
+                + a.kv_lora_rank * n * (a.qk_nope_head_dim + a.v_head_dim)
+                + n * a.v_head_dim * h)
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one expert MLP (routed or shared; 0 for a dense model)."""
+        if self.moe is None:
+            return 0
+        f = self.moe.ffn_hidden
+        return self.mlp_matrices * self.hidden * f + (
+            ((self.mlp_matrices - 1) * f + self.hidden) if self.bias else 0)
+
+    @property
+    def router_params(self) -> int:
+        """Router of one MoE layer: an h × experts matrix, and with the sigmoid router the
+        experts' selection biases (0 for a dense model, and for one expert, which every
+        token takes with weight 1: there is nothing to route)."""
+        if self.moe is None or self.moe.experts == 1:
+            return 0
+        e = self.moe.experts
+        return self.hidden * e + (e if self.moe.router == "sigmoid" else 0)
+
+    @property
+    def params_per_moe_layer(self) -> int:
+        """Parameters of one MoE block: the dense block's attention and norms, the router,
+        every routed expert and the shared ones (0 for a dense model)."""
+        if self.moe is None:
+            return 0
+        dense_mlp = self.mlp_matrices * self.hidden * self.ffn_hidden + (
+            ((self.mlp_matrices - 1) * self.ffn_hidden + self.hidden) if self.bias else 0)
+        experts = self.moe.experts + self.moe.shared_experts
+        return self.params_per_layer - dense_mlp + self.router_params + experts * self.expert_params
+
+    @property
+    def moe_layer_count(self) -> int:
+        """MoE layers (0 for a dense model)."""
+        return self.moe.moe_layers(self.layers) if self.moe is not None else 0
+
+    @property
+    def active_params_per_token(self) -> int:
+        """Parameters one token's forward pass uses: every weight except the routed
+        experts it is not sent to (``top_k`` of ``experts``), embedding and head included.
+        Equals :attr:`params` for a dense model."""
+        if self.moe is None:
+            return self.params
+        idle = (self.moe.experts - self.moe.top_k) * self.expert_params
+        return self.params - self.moe_layer_count * idle
 
     @property
     def embedding_params(self) -> int:
@@ -118,4 +243,6 @@ class Model(Spec):
     @property
     def params(self) -> int:
         """Total parameters."""
-        return self.layers * self.params_per_layer + self.embedding_params + self.head_params
+        moe = self.moe_layer_count
+        return ((self.layers - moe) * self.params_per_layer + moe * self.params_per_moe_layer
+                + self.embedding_params + self.head_params)

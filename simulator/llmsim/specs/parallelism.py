@@ -42,9 +42,17 @@ class Parallelism(Spec):
     dp: int | Literal["auto"] = "auto"
     """Data-parallel degree, or ``auto`` for whatever the devices leave."""
     cp: PositiveInt = 1
-    """Context-parallel degree (only 1 is supported yet)."""
+    """Context-parallel degree: each sequence split over ``cp`` ranks, attention by ring
+    exchange of the key/value blocks (Megatron-Core ``--context-parallel-size``)."""
     ep: PositiveInt = 1
-    """Expert-parallel degree (only 1 is supported yet)."""
+    """Expert-parallel degree: the routed experts of a MoE layer split over ``ep`` ranks,
+    which hold different sequences (and so add to data parallelism for the dense weights);
+    tokens reach their experts by all-to-all (Megatron-Core
+    ``--expert-model-parallel-size``)."""
+    moe_shared_expert_overlap: bool = False
+    """Run the MoE shared experts' forward beside the token all-to-alls: the first
+    projection during the dispatch, the second during the combine (Megatron-Core
+    ``--moe-shared-expert-overlap``; forward only). Needs shared experts and ep > 1."""
     schedule: ScheduleName = "1f1b"
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1
@@ -217,11 +225,6 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
-        for axis, degree in (("cp", self.cp), ("ep", self.ep)):
-            if degree != 1:
-                raise ValueError(
-                    f"parallelism.{axis}: {degree} — {axis} > 1 is not supported yet; set it to 1"
-                )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(
                 "parallelism.virtual_stages: 1 with schedule interleaved-1f1b; "

@@ -1,0 +1,75 @@
+"""Context parallelism: each sequence split over ``cp`` ranks, attention by ring exchange.
+
+Megatron-Core with Transformer Engine (``--context-parallel-size``,
+``cp_comm_type p2p``; Liu et al. 2023, "Ring Attention with Blockwise Transformers"):
+every rank holds ``s/cp`` tokens of each sequence — two chunks of ``s/(2·cp)``, the
+``i``-th and the ``(2·cp − 1 − i)``-th, so that every rank does the same share of the
+causal attention — and runs every op but attention on them alone. Attention runs in
+``cp`` steps: at each, the rank computes its queries against one rank's keys and values
+while it sends the block it holds to the next rank of the ring and receives the next
+one; the backward passes the key/value blocks round again with their gradients. Each
+rank does ``1/cp`` of the sequence's attention FLOPs.
+
+The ring's time beside the attention kernel of FLOP time ``g`` (all ``cp`` steps) and a
+transfer of ``c`` per step: the first step computes on the local block, each of the
+``cp − 1`` others waits for the slower of its compute and its transfer,
+``g/cp + (cp − 1)·max(g/cp, c)``; it exposes what exceeds ``g``
+(:func:`ring_exposed_s`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from llmsim.ops import CommOp, ComputeOp
+
+if TYPE_CHECKING:
+    from llmsim.workload import Op, _LayerBuilder
+
+
+def ring_exposed_s(step_comm_s: float, attention_s: float, steps: int) -> float:
+    """Time a ring exchange of ``steps`` blocks adds to the attention kernel it runs
+    beside: ``g/cp + (cp − 1)·max(g/cp, c) − g`` (module docstring)."""
+    if steps <= 1:
+        return 0.0
+    block = attention_s / steps
+    return block + (steps - 1) * max(block, step_comm_s) - attention_s
+
+
+def kv_block_bytes(builder: _LayerBuilder) -> float:
+    """Bytes of one rank's key and value block: its ``s/cp`` tokens' K and V for the
+    heads of its TP rank (MLA: keys of ``d_qk``, values of ``d_v`` per head)."""
+    b, m = builder, builder.m
+    if m.mla is not None:
+        per_token = m.heads // b.t * (m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim
+                                      + m.mla.v_head_dim)
+    else:
+        per_token = 2 * max(m.n_kv_heads // b.t, 1) * m.head_dim
+    return float(b.e * b.T * per_token)
+
+
+def apply_context_parallel(lists: tuple[list[Op], ...],
+                           builder: _LayerBuilder) -> tuple[list[Op], ...]:
+    """A block's op lists with each fused attention kernel doing ``1/cp`` of the
+    sequence's attention FLOPs (at the efficiency of ``s/cp``-token blocks) and, before
+    it, the ring exchange it runs beside: the key/value block forward, the key/value
+    block and its gradient backward (``ring_steps`` = cp). The builder's token count is
+    already the rank's ``s/cp``."""
+    cp = builder.par.cp
+    if cp == 1:
+        return lists
+    kv = kv_block_bytes(builder)
+
+    def convert(op: Op) -> list[Op]:
+        if not (isinstance(op, ComputeOp) and op.kind == "attention"):
+            return [op]
+        seq = builder.trn.seq_len // cp
+        shape = (seq, op.attention_shape[1]) if op.attention_shape else None
+        attention = replace(op, flops=op.flops / cp, attention_shape=shape)
+        backward = op.phase == "B"
+        ring = CommOp("cp_kv_ring_bwd" if backward else "cp_kv_ring", "send_recv", "cp",
+                      op.phase, 2 * kv if backward else kv, ring_steps=cp)
+        return [ring, attention]
+
+    return tuple([new for op in ops for new in convert(op)] for ops in lists)

@@ -1,0 +1,141 @@
+"""All-to-all cost model: each rank sends a different block to every other rank.
+
+Mixture-of-experts layers dispatch their tokens to the experts and combine the results
+with two all-to-alls over the expert-parallel group (Lepikhin et al. 2021, GShard §2.2;
+Megatron-Core ``MoEAlltoAllTokenDispatcher``). Unlike a ring, an all-to-all cannot
+keep its traffic on neighbour links: of a rank's buffer ``S`` (nccl-tests' size
+convention for ``alltoall_perf``: ``S/n`` to each of the ``n`` ranks, itself included),
+``S·(k−1)/n`` goes to the ``k − 1`` other members on its node over the fabric and
+``S·(n−k)/n`` leaves the node. NCCL runs it as ``n`` concurrent send/recv pairs
+(``ncclGroupStart``/``ncclSend``/``ncclRecv``, nccl-tests ``alltoall.cu``), so the two
+parts move at once and the slower sets the time:
+
+    t = max(α_intra + S·(k−1)/n / B_intra,  α_inter + k·S·(n−k)/n / B_node)
+
+where ``B_intra`` is the fabric bandwidth per device and ``B_node`` what the group's
+``k`` members on a node get of its network (the :class:`GroupPath`). What the topology
+gives decides ``B_node``:
+
+* fat-tree and dragonfly: full injection for peers in the same leaf switch / group, the
+  tapered share (``1/oversubscription``, ``1/global_taper``) for the traffic that
+  crosses to other leaves / groups — for a group spread evenly over ``D`` such domains
+  that is ``(D − 1)/D`` of it; both parts share the NICs, so
+  ``t_network = max(all / B_node, crossing / (B_node·fraction))``;
+* torus: no switch, the traffic crosses the mesh. Uniform all-to-all among ``N`` nodes
+  is bounded by the bisection (Dally & Towles 2004, *Principles and Practices of
+  Interconnection Networks* §3.3): ``N²/4`` node pairs' messages each way over
+  ``L`` links, so a node sends at most ``4·L·B_link/N``; a compact sub-block whose
+  longest side ``d`` is shorter than the torus's dimension is a mesh there,
+  ``L = N/d`` (``2N/d`` when it wraps around), giving ``4·B_link/d`` (``8·B_link/d``).
+
+A launch (kernel) cost is added as for every collective.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from llmsim.costs.collectives import INF, GroupPath, group_path
+from llmsim.plan import GroupPlacement, Plan
+from llmsim.specs import System, Torus
+
+
+def all_to_all_s(nbytes: float, path: GroupPath, crossing_share: float = 0.0,
+                 crossing_bytes_per_s: float = INF) -> float:
+    """Time of one all-to-all of ``nbytes`` per rank on ``path``, seconds (no launch).
+
+    ``crossing_share`` of the traffic that leaves a node crosses a tapered level at
+    ``crossing_bytes_per_s`` for the group's members on one node (see the module
+    docstring); the rest moves at ``path.inter_bytes_per_s``.
+    """
+    n, k, nodes = path.ranks, path.per_node, path.nodes
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    fabric_s = 0.0
+    if k > 1:
+        fabric_s = path.intra_latency_s + nbytes * (k - 1) / n / path.intra_bytes_per_s
+    network_s = 0.0
+    if nodes > 1:
+        leaving = k * nbytes * (n - k) / n
+        network_s = path.inter_latency_s + max(
+            leaving / path.inter_bytes_per_s,
+            leaving * crossing_share / crossing_bytes_per_s if crossing_share else 0.0)
+    return max(fabric_s, network_s)
+
+
+def torus_sub_block(torus: Torus, nodes: int) -> list[int]:
+    """Sides of the most compact sub-block of ``torus`` holding ``nodes`` nodes: the
+    shortest side grows first, each at most its dimension."""
+    sides = [1] * len(torus.dims)
+    while math.prod(sides) < nodes:
+        growable = [i for i, d in enumerate(torus.dims) if sides[i] < d]
+        if not growable:
+            break
+        i = min(growable, key=lambda j: sides[j])
+        sides[i] += 1
+    return sides
+
+
+def torus_all_to_all_node_bytes_per_s(torus: Torus, nodes: int, injection_bytes_per_s: float,
+                                      ) -> float:
+    """Line rate at which one node of an all-to-all among ``nodes`` nodes of a torus can
+    send: its injection, at most the bisection's share ``4·L·B_link/N`` of the
+    sub-block (module docstring)."""
+    if nodes <= 1:
+        return injection_bytes_per_s
+    sides = torus_sub_block(torus, nodes)
+    longest = max(sides)
+    dim = max(d for d, s in zip(torus.dims, sides, strict=True) if s == longest)
+    links = (2 if longest == dim else 1) * nodes / longest
+    bisection = 4.0 * links * torus.link_gbps_per_direction * 1e9 / nodes
+    return min(injection_bytes_per_s, bisection)
+
+
+class AllToAllModel:
+    """Prices the all-to-alls of a plan on a system (memoised per axis and size)."""
+
+    def __init__(self, system: System, plan: Plan, launch_s: float = 0.0) -> None:
+        self.system, self.plan, self.launch_s = system, plan, launch_s
+        self._shapes: dict[str, tuple[GroupPath, float, float] | None] = {}
+        self._cache: dict[tuple[str, float], float] = {}
+
+    def _shape(self, axis: str) -> tuple[GroupPath, float, float] | None:
+        """(path without taper, share of the network traffic that crosses a tapered
+        level, bandwidth of the group's members on one node there)."""
+        if axis not in self._shapes:
+            placement = self.plan.placement(axis)
+            self._shapes[axis] = (None if placement.size <= 1
+                                  else self._shape_of(placement))
+        return self._shapes[axis]
+
+    def _shape_of(self, placement: GroupPlacement) -> tuple[GroupPath, float, float]:
+        system, network = self.system, self.system.network
+        path = group_path(system, placement)
+        if isinstance(network, Torus) and placement.nodes_spanned > 1:
+            node_bw = torus_all_to_all_node_bytes_per_s(
+                network, placement.nodes_spanned, system.node.injection_bytes_per_s)
+            share = min(1.0, placement.members_per_node / system.node.devices_per_node)
+            return replace(path, inter_bytes_per_s=node_bw * network.efficiency * share), \
+                0.0, INF
+        domains = placement.domains_spanned
+        if domains <= 1:
+            return path, 0.0, INF
+        # group_path tapers the whole group; only the crossing share pays the taper here.
+        fraction = network.bandwidth_fraction(system.nodes, system.nodes)
+        flat = replace(path, inter_bytes_per_s=path.inter_bytes_per_s / fraction,
+                       link_bytes_per_s=path.link_bytes_per_s / fraction)
+        return flat, (domains - 1) / domains, path.inter_bytes_per_s
+
+    def comm_s(self, axis: str, nbytes: float) -> float:
+        """Duration of an all-to-all of ``nbytes`` per rank over ``axis``'s group,
+        seconds (0 for a one-rank group or an empty buffer)."""
+        key = (axis, nbytes)
+        if key not in self._cache:
+            shape = self._shape(axis)
+            if shape is None or nbytes <= 0:
+                self._cache[key] = 0.0
+            else:
+                path, share, crossing = shape
+                self._cache[key] = all_to_all_s(nbytes, path, share, crossing) + self.launch_s
+        return self._cache[key]

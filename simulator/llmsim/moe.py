@@ -1,0 +1,228 @@
+"""The ops of a mixture-of-experts MLP, for one micro-batch on one device.
+
+A MoE layer is the dense block (:mod:`llmsim.workload`) with its MLP replaced by
+(Megatron-Core ``MoELayer`` with the ``alltoall`` token dispatcher and expert tensor
+parallelism equal to ``tp``; Lepikhin et al. 2021, GShard §2.2):
+
+forward
+    router GEMM (tokens × experts) and its top-k selection; permutation of the token rows
+    into expert order (``moe_permute``); the **dispatch all-to-all** over the
+    expert-parallel group; with sequence parallelism the all-gather of the received rows
+    over the TP group; the **grouped expert GEMMs** (one batched GEMM per projection, as
+    many GEMMs as local experts, each of the mean rows per expert, run ``λ`` times as long
+    for the busiest rank's excess, :func:`llmsim.experts.expert_rows`); the activation;
+    the TP reduce-scatter (all-reduce without sequence parallelism); the **combine
+    all-to-all**; the un-permutation that weights and sums each token's ``top_k``
+    outputs; the shared experts as a dense MLP of ``shared_experts·ffn_hidden`` width —
+    with ``parallelism.moe_shared_expert_overlap`` its input all-gather first, its first
+    projection beside the dispatch and its second beside the combine, each all-to-all
+    then costing only what exceeds its GEMM (:func:`llmsim.blocks.exposed_overlap_s`).
+backward
+    the same in reverse, each all-to-all and TP collective once more; weight gradients
+    of the grouped GEMMs, router and shared experts in the W pass.
+
+One expert (top-1) is the dense MLP: no router, no permutation, and no all-to-all
+without expert parallelism, so its ops price exactly as the dense block's. Sizes:
+``T`` tokens per micro-batch, ``T_s = T/t`` with sequence parallelism (the rows a rank
+routes), ``R`` the routed rows of the busiest rank's experts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from llmsim.experts import FP32_BYTES, expert_rows
+from llmsim.ops import CommOp, ComputeOp
+
+if TYPE_CHECKING:
+    from llmsim.workload import Op, _LayerBuilder
+
+ROUTER_PASSES = 3
+"""FP32 passes over the router logits: the score function (softmax or sigmoid) reads
+and writes them, top-k reads them (Megatron-Core ``TopKRouter.routing``)."""
+
+
+class MoeBlock:
+    """The MoE MLP's forward, input-gradient and weight-gradient ops (module docstring)."""
+
+    def __init__(self, builder: _LayerBuilder) -> None:
+        b = self.b = builder
+        m, par = b.m, b.par
+        assert m.moe is not None
+        self.moe = m.moe
+        self.ep = par.ep
+        self.routing = self.moe.experts > 1
+        self.tokens_routed = b.T / b.t if b.sp else float(b.T)  # T_s
+        local, rows = expert_rows(m, par, b.trn)
+        self.local = local
+        # Mean rows per expert (the model FLOPs) and the busiest rank's excess over it.
+        mean = par.ep * b.T * self.moe.top_k / self.moe.experts
+        self.mean_rows = mean
+        self.excess = rows / mean
+        self.rows = local * rows  # R
+        g = 2 if m.activation == "swiglu" else 1
+        self.up_n = self.moe.ffn_hidden * g // b.t
+        self.down_k = self.moe.ffn_hidden // b.t
+
+    # -- pieces -------------------------------------------------------------------
+    def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:
+        """A grouped GEMM of ``local`` experts, each ``m × n × k`` on average (rows in
+        ``m`` when the rows are the output dimension), run for the busiest rank."""
+        e, batch = self.b.e, self.local
+        shape = tuple(max(1, round(x)) for x in (m, n, k))
+        return ComputeOp(name, "gemm", phase, 2.0 * m * n * k * batch,
+                         float(e * batch * (m * k + k * n + m * n)), shape, batch,
+                         executed_fraction=self.excess)
+
+    def _a2a(self, name: str, phase: str) -> list[CommOp]:
+        """One all-to-all over the expert-parallel group of this rank's share of the
+        routed rows, ``R·h·e`` (÷t with sequence parallelism)."""
+        if self.ep == 1:
+            return []
+        nbytes = self.rows / (self.b.t if self.b.sp else 1) * self.b.m.hidden * self.b.e
+        return [CommOp(name, "all_to_all", "ep", phase, nbytes)]
+
+    def _tp(self, name: str, kind: str, phase: str) -> list[CommOp]:
+        """A TP collective of the routed rows, ``R·h·e`` bytes."""
+        return self.b._tp_comm(name, kind, phase, self.rows * self.b.m.hidden * self.b.e)
+
+    def _tp_exit(self, name: str, phase: str) -> list[CommOp]:
+        return self._tp(name, "reduce_scatter" if self.b.sp else "all_reduce", phase)
+
+    def _router(self, phase: str) -> list[ComputeOp]:
+        if not self.routing:
+            return []
+        b = self.b
+        ts = int(self.tokens_routed)
+        logits = float(ts * self.moe.experts * FP32_BYTES * ROUTER_PASSES)
+        gemm = b._gemm("router", "F", ts, self.moe.experts, b.m.hidden)
+        if phase == "F":
+            return [gemm, ComputeOp("router_topk", "memory", "F", 0.0, logits)]
+        dx, _ = b._gemm_grads(gemm)
+        return [ComputeOp("router_topk_bwd", "memory", "B", 0.0, logits), dx]
+
+    def _permute(self, name: str, phase: str, unpermute: bool = False) -> list[ComputeOp]:
+        """Gather the token rows into expert order (read and write ``T_s·k`` rows); the
+        un-permutation reads the ``k`` outputs of each token and writes their weighted sum."""
+        if not self.routing:
+            return []
+        b, rows = self.b, self.tokens_routed * self.moe.top_k
+        elements = (rows + self.tokens_routed) if unpermute else 2 * rows
+        return [b._mem(name, phase, elements * b.m.hidden, 1)]
+
+    def _fp8(self, name: str, phase: str, width: int) -> list[ComputeOp]:
+        """FP8 cast-transpose of a grouped GEMM's input (2 + 1 + 1 bytes per element)."""
+        if not self.b.fp8:
+            return []
+        return [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0,
+                          4.0 * self.rows * width)]
+
+    def _shared(self) -> tuple[list[list[Op]], list[Op], list[Op]]:
+        """Shared experts: a dense MLP of ``shared_experts·ffn_hidden`` width on every
+        token, with its own TP collectives (Megatron-Core ``SharedExpertMLP``). The
+        forward in four pieces: the input all-gather, the first projection and
+        activation, the second projection, and the reduce-scatter and add."""
+        s = self.moe.shared_experts
+        if not s:
+            return [[], [], [], []], [], []
+        b = self.b
+        g = 2 if b.m.activation == "swiglu" else 1
+        width = s * self.moe.ffn_hidden // b.t
+        up = b._gemm("shared_up", "F", b.T, width * g, b.m.hidden)
+        down = b._gemm("shared_down", "F", b.T, b.m.hidden, width)
+        act_passes = 3 if b.m.activation == "swiglu" else 2
+        up_dx, up_dw = b._gemm_grads(up)
+        down_dx, down_dw = b._gemm_grads(down)
+        fwd: list[list[Op]] = [[*b._entry("tp_ag_shared", "F")],
+                               [up, b._mem("shared_act", "F", b.T * width, act_passes)],
+                               [down],
+                               [*b._exit("tp_shared", "F"), b._mem("shared_add", "F", b.stream, 3)]]
+        bwd: list[Op] = [*b._entry("tp_ag_shared_bwd", "B"), down_dx,
+                         b._mem("shared_act_bwd", "B", b.T * width, act_passes + 1), up_dx,
+                         *b._exit("tp_shared_bwd", "B")]
+        return fwd, bwd, [down_dw, up_dw]
+
+    # -- the block -----------------------------------------------------------------
+    def ops(self) -> tuple[list[Op], list[Op], list[Op]]:
+        """Forward, input-gradient and weight-gradient ops of the MoE MLP (between the
+        second norm and the second residual add)."""
+        b, h = self.b, self.b.m.hidden
+        act_passes = 3 if b.m.activation == "swiglu" else 2
+        mean = self.mean_rows
+        up = self._grouped("expert_up", "F", mean, self.up_n, h)
+        down = self._grouped("expert_down", "F", mean, h, self.down_k)
+        gather = self._tp("tp_ag_moe", "all_gather", "F") if b.sp else []
+        act_elements = self.rows * self.down_k
+        (shared_in, shared_up, shared_down, shared_out), shared_b, shared_w = self._shared()
+        overlap = b.par.moe_shared_expert_overlap and bool(shared_up) and self.ep > 1
+        dispatch, combine = self._a2a("moe_dispatch", "F"), self._a2a("moe_combine", "F")
+        if overlap:  # each all-to-all beside the shared expert's next GEMM
+            dispatch = [replace(op, pairs_with="next") for op in dispatch]
+            combine = [replace(op, pairs_with="next") for op in combine]
+            beside_dispatch, beside_combine, after = shared_up, shared_down, []
+        else:
+            beside_dispatch, beside_combine, after = [], [], shared_up + shared_down
+        fwd: list[Op] = [
+            *(shared_in if overlap else []),
+            *self._router("F"), *self._permute("moe_permute", "F"),
+            *dispatch, *beside_dispatch, *gather,
+            *self._fp8("expert_up", "F", h), up,
+            b._mem("expert_act", "F", act_elements, act_passes),
+            *self._fp8("expert_down", "F", self.down_k), down,
+            *self._tp_exit("tp_moe", "F"),
+            *combine, *beside_combine, *self._permute("moe_unpermute", "F", True),
+            *([] if overlap else shared_in), *after, *shared_out,
+        ]
+        gather_b = self._tp("tp_ag_moe_bwd", "all_gather", "B") if b.sp else []
+        bwd: list[Op] = [
+            *shared_b,
+            *self._permute("moe_unpermute_bwd", "B", True), *self._a2a("moe_combine_bwd", "B"),
+            *gather_b, *self._fp8("expert_down_grad", "B", h),
+            self._grouped("expert_down_dx", "B", mean, self.down_k, h),
+            b._mem("expert_act_bwd", "B", act_elements, act_passes + 1),
+            *self._fp8("expert_up_grad", "B", self.up_n),
+            self._grouped("expert_up_dx", "B", mean, h, self.up_n),
+            *self._tp_exit("tp_moe_bwd", "B"),
+            *self._a2a("moe_dispatch_bwd", "B"), *self._permute("moe_permute_bwd", "B"),
+            *self._router("B"),
+        ]
+        # dW = Xᵀ·dY per expert: (k × n), reducing over its rows.
+        wgt: list[Op] = [
+            self._grouped_wgrad("expert_down_dw", self.down_k, h),
+            self._grouped_wgrad("expert_up_dw", h, self.up_n),
+            *([b._gemm_grads(b._gemm("router", "F", int(self.tokens_routed),
+                                     self.moe.experts, h))[1]] if self.routing else []),
+            *shared_w,
+        ]
+        return fwd, bwd, wgt
+
+    def _grouped_wgrad(self, name: str, k: int, n: int) -> ComputeOp:
+        """Weight gradient of a grouped GEMM: per expert ``k × n`` over its mean rows."""
+        e, batch, m = self.b.e, self.local, self.mean_rows
+        shape = (k, n, max(1, round(m)))
+        return ComputeOp(name, "gemm", "W", 2.0 * m * n * k * batch,
+                         float(e * batch * (m * k + m * n + k * n)), shape, batch,
+                         executed_fraction=self.excess)
+
+
+def replace_mlp(fwd: list[Op], bwd: list[Op], wgt: list[Op],
+                builder: _LayerBuilder) -> tuple[list[Op], list[Op], list[Op]]:
+    """A dense block's forward, input-gradient and weight-gradient ops with its MLP (from
+    after ``ln2`` to before ``residual2``; in the backward from after ``residual2_bwd``
+    to before ``ln2_bwd``; the MLP's weight gradients) replaced by the MoE MLP's."""
+    moe_f, moe_b, moe_w = MoeBlock(builder).ops()
+    f0 = _index(fwd, "ln2") + 1
+    f1 = _index(fwd, "residual2")
+    b0 = _index(bwd, "residual2_bwd") + 1 if any(o.name == "residual2_bwd" for o in bwd) else 0
+    b1 = _index(bwd, "ln2_bwd")
+    dense_w = {"mlp_down_dw", "mlp_up_dw"}
+    return (fwd[:f0] + moe_f + fwd[f1:], bwd[:b0] + moe_b + bwd[b1:],
+            moe_w + [op for op in wgt if op.name not in dense_w])
+
+
+def _index(ops: list[Op], name: str) -> int:
+    for i, op in enumerate(ops):
+        if op.name == name:
+            return i
+    raise AssertionError(f"no op {name!r} in the dense block")  # a workload.py rename

@@ -1,0 +1,93 @@
+"""Context parallelism (llmsim.context): ring attention's exposed time, the split of the
+sequence, its memory and its gradient group."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import llmsim
+from llmsim.context import ring_exposed_s
+from llmsim.errors import UserError
+from llmsim.memory import memory_per_stage
+from llmsim.plan import Plan
+from llmsim.workload import build_workload
+
+
+def test_ring_exposed_closed_form():
+    """g/cp + (cp − 1)·max(g/cp, c) − g: hidden while a step's transfer is shorter than
+    its block of attention, (cp − 1)·(c − g/cp) beyond."""
+    assert ring_exposed_s(1.0, 8.0, 4) == 0.0
+    assert ring_exposed_s(3.0, 8.0, 4) == pytest.approx(3 * (3.0 - 2.0))
+    assert ring_exposed_s(5.0, 8.0, 1) == 0.0
+
+
+@given(c=st.floats(0, 10), g=st.floats(0, 10), steps=st.integers(1, 64))
+@settings(max_examples=60)
+def test_ring_exposed_is_between_nothing_and_the_whole_transfer(c, g, steps):
+    exposed = ring_exposed_s(c, g, steps)
+    assert -1e-12 <= exposed <= (steps - 1) * c + 1e-12
+
+
+def workload(cp: int, **extra):
+    s = make_scenario(nodes=2, parallelism__cp=cp, parallelism__pp=2,
+                      training__seq_len=4096, **extra)
+    return s, build_workload(s.model, s.parallelism, s.training, s.dp)
+
+
+def test_each_rank_holds_one_cp_th_of_the_sequence():
+    _, one = workload(1)
+    _, four = workload(4)
+    ops1 = {op.name: op for op in one.chunks[(0, 0)].forward}
+    ops4 = {op.name: op for op in four.chunks[(0, 0)].forward}
+    assert ops4["qkv"].mnk[0] == ops1["qkv"].mnk[0] // 4 == 1024
+    assert ops4["attn"].flops == pytest.approx(ops1["attn"].flops / 4, rel=1e-12)
+    assert ops4["attn"].attention_shape == (1024, 64)
+    ring = ops4["cp_kv_ring"]
+    # K and V of 1024 tokens, 8 heads / tp 2 of 64, in bf16.
+    assert (ring.axis, ring.ring_steps, ring.bytes) == ("cp", 4, 2 * 1024 * 2 * 4 * 64)
+    bwd = next(op for op in four.chunks[(0, 0)].backward if op.name == "cp_kv_ring_bwd")
+    assert bwd.bytes == 2 * ring.bytes
+    assert four.pp_message_bytes == one.pp_message_bytes / 4
+    assert "cp_kv_ring" not in ops1
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_model_flops_per_step_do_not_depend_on_cp(cp):
+    _, one = workload(1)
+    _, split = workload(cp)
+    assert split.model_flops() == pytest.approx(one.model_flops(), rel=1e-12)
+
+
+def test_activations_divide_by_cp():
+    s1 = make_scenario(parallelism__pp=1, parallelism__tp=1, training__seq_len=4096)
+    s4 = make_scenario(parallelism__pp=1, parallelism__tp=1, parallelism__cp=4,
+                       training__seq_len=4096)
+    accel = s1.system.node.accelerator
+    (one,) = memory_per_stage(s1.model, s1.parallelism, s1.training, 2, accel)
+    (four,) = memory_per_stage(s4.model, s4.parallelism, s4.training, 2, accel)
+    assert four.activations_bytes == pytest.approx(one.activations_bytes / 4, rel=1e-12)
+
+
+def test_the_gradient_group_grows_by_cp():
+    s, work = workload(2)
+    (axis, ranks), _ = work.grad_groups
+    assert (axis, ranks) == ("cp+ep+dp", 2 * s.dp)
+    assert {op.axis for op in work.dp_grad_ops(work.chunks[(0, 0)])} == {"cp+ep+dp"}
+    assert Plan.from_scenario(s).placement("cp+ep+dp").size == 2 * s.dp
+
+
+def test_the_ring_is_its_own_part_of_the_breakdown():
+    s, _ = workload(4)
+    result = llmsim.simulate(s)
+    assert sum(result.breakdown_s.values()) == pytest.approx(result.step_time_s, rel=1e-9)
+    assert result.breakdown_s["cp_comm"] >= 0.0
+    assert {"cp_kv_ring", "cp_kv_ring_bwd"} <= set(result.to_dataframe()["name"])
+
+
+def test_cp_needs_a_fused_attention_kernel():
+    with pytest.raises(UserError, match=r"parallelism\.cp: 2 needs a fused attention kernel"):
+        make_scenario(parallelism__pp=2, parallelism__cp=2,
+                      training__attention_kernel="unfused")
