@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator
 
 from llmsim.specs._base import Spec
 
@@ -23,7 +21,7 @@ pinned, ``shared/measurements/h100-sxm5-2026-11``)."""
 class Calendar(Spec):
     """How the whole run is checkpointed and simulated, and what its energy costs."""
 
-    checkpoint_interval_s: PositiveFloat | Literal["auto"] = "auto"
+    checkpoint_interval_s: float | str = "auto"
     """Compute time between checkpoints, seconds, or ``auto``: the interval that
     minimises the expected run time (Young 1974 / Daly 2006)."""
     async_checkpoint: bool = False
@@ -38,3 +36,14 @@ class Calendar(Spec):
     """Carbon intensity of the electricity, gCO₂ per kWh (480: world average 2023)."""
     price_per_kwh: float = Field(default=PRICE_PER_KWH, ge=0)
     """Electricity price, USD per kWh (0.08: US industrial average 2023)."""
+
+    @field_validator("checkpoint_interval_s")
+    @classmethod
+    def _seconds_or_auto(cls, value: float | str) -> float | str:
+        bad = value != "auto" if isinstance(value, str) else value <= 0
+        if bad:
+            raise ValueError(
+                "neither a positive number of seconds nor 'auto'; give the training time "
+                "between checkpoints in seconds, e.g. 3600, or 'auto'"
+            )
+        return value
