@@ -183,3 +183,7 @@ def render_calendar(cal: CalendarSummary, console: Console) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
+    if cal.plan.rate_per_s > 0 and c.storage.startswith("not in the catalog"):
+        console.print("[yellow]warning:[/yellow] the system has no storage in the catalog, so "
+                      "checkpoint times are bounded only by each node's network injection "
+                      "(optimistic); give system.storage (write_gbps, read_gbps)")
