@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmsim.calendar import CalendarSummary
+from llmsim.calendar.energy import JOULES_PER_KWH
 from llmsim.partition import stage_layers
 from llmsim.result import Result
 from llmsim.specs import Parallelism
@@ -173,7 +174,7 @@ def render_calendar(cal: CalendarSummary, console: Console) -> None:
     if cal.energy is not None and cal.step is not None:
         e = cal.energy
         rows += [
-            ("energy per step", f"{cal.step.total_j / 3.6e6:,.1f} kWh "
+            ("energy per step", f"{cal.step.total_j / JOULES_PER_KWH:,.1f} kWh "
              f"({cal.step.power_w / 1e6:,.2f} MW, PUE {cal.step.pue:.2f})"),
             ("energy of the run", f"{e.mwh:,.0f} MWh, {e.tonnes_co2:,.0f} t CO₂ at "
              f"{e.gco2_per_kwh:,.0f} g/kWh, ${e.cost:,.0f} at ${e.price_per_kwh:.3f}/kWh"),

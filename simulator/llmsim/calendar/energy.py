@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmsim.ops import ComputeOp
 from llmsim.result import Result
 from llmsim.specs import Accelerator, DevicePower
 
 JOULES_PER_MWH = 3.6e9
+"""Joules in a megawatt-hour."""
 JOULES_PER_KWH = 3.6e6
+"""Joules in a kilowatt-hour."""
 
 
 def device_power(accelerator: Accelerator) -> DevicePower | None:
@@ -68,8 +71,7 @@ def compute_memory_share(result: Result, stage: int) -> float:
     """Share of stage ``stage``'s pass time on the compute stream that its memory-bound
     kernels take (the rest: GEMMs and fused attention), from the step's trace."""
     kinds = {op.name: op.kind for (s, _), chunk in result.workload.chunks.items()
-             if s == stage for op in chunk.ops if hasattr(op, "kind") and op.kind in
-             ("gemm", "attention", "memory")}
+             if s == stage for op in chunk.ops if isinstance(op, ComputeOp)}
     trace, device = result.trace, None
     gemm_s = memory_s = 0.0
     for r in trace.records:

@@ -9,7 +9,14 @@ from typing import Any
 import numpy as np
 
 from llmsim.calendar.checkpoint import CheckpointCost, checkpoint_cost, daly_interval_s
-from llmsim.calendar.energy import RunEnergy, StepEnergy, run_energy, step_energy
+from llmsim.calendar.energy import (
+    JOULES_PER_KWH,
+    JOULES_PER_MWH,
+    RunEnergy,
+    StepEnergy,
+    run_energy,
+    step_energy,
+)
 from llmsim.calendar.failures import JobFailures, job_failures
 from llmsim.calendar.montecarlo import ExpectedRun, RunPlan, expected_run, sample_runs
 from llmsim.result import SECONDS_PER_DAY, Result
@@ -76,8 +83,10 @@ class CalendarSummary:
                 "step_j": s.total_j, "power_mw": s.power_w / 1e6, "pue": s.pue,
                 "step_split_j": {"gemm": s.gemm_j, "memory": s.memory_j, "comm": s.comm_j,
                                  "wait": s.wait_j, "nodes_network": s.nodes_j},
-                "run_mwh": e.mwh, "training_mwh": e.training_j / 3.6e9,
-                "redone_mwh": e.redone_j / 3.6e9, "stopped_mwh": e.stopped_j / 3.6e9,
+                "step_kwh": s.total_j / JOULES_PER_KWH,
+                "run_mwh": e.mwh, "training_mwh": e.training_j / JOULES_PER_MWH,
+                "redone_mwh": e.redone_j / JOULES_PER_MWH,
+                "stopped_mwh": e.stopped_j / JOULES_PER_MWH,
                 "co2_tonnes": e.tonnes_co2, "cost_usd": e.cost,
                 "grid_gco2_per_kwh": e.gco2_per_kwh, "price_per_kwh": e.price_per_kwh,
             }
