@@ -9,9 +9,15 @@ from helpers import make_scenario
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmsim.calendar.checkpoint import checkpoint_cost, daly_interval_s, young_interval_s
+from llmsim.calendar import checkpoint
+from llmsim.calendar.checkpoint import daly_interval_s, young_interval_s
 from llmsim.calendar.montecarlo import RunPlan, expected_run
-from llmsim.specs import Storage
+from llmsim.specs import Scenario, Storage
+
+
+def checkpoint_cost(s: Scenario) -> checkpoint.CheckpointCost:
+    return checkpoint.checkpoint_cost(s.model, s.parallelism, s.training, s.dp, s.system,
+                                      s.calendar.snapshot_gbps)
 
 
 def test_size_is_weights_and_adam_state_of_every_parameter_once():

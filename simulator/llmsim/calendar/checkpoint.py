@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from llmsim.memory import stage_params, state_bytes_per_param
 from llmsim.partition import stage_layers
-from llmsim.specs import Scenario
+from llmsim.specs import Model, Parallelism, System, Training
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,17 @@ class CheckpointCost:
     """The file system, or how the bandwidth was bounded without one."""
 
 
-def checkpoint_cost(scenario: Scenario) -> CheckpointCost:
-    """Size and time of one checkpoint of ``scenario``'s job (module docstring)."""
-    par, model, system = scenario.parallelism, scenario.model, scenario.system
-    weight_b, _, optim_b = state_bytes_per_param(scenario.training.precision)
+def checkpoint_cost(model: Model, parallelism: Parallelism, training: Training, dp: int,
+                    system: System, snapshot_gbps: float) -> CheckpointCost:
+    """Size and time of one checkpoint of a job with this layout on ``system``, whose
+    devices copy to host memory at ``snapshot_gbps`` GB/s (module docstring)."""
+    par = parallelism
+    weight_b, _, optim_b = state_bytes_per_param(training.precision)
     per_param = weight_b + optim_b
     layers = stage_layers(model.layers, par)
     shards = [stage_params(model, par.tp, par.pp, s, layers[s]) for s in range(par.pp)]
     total = per_param * par.tp * sum(shards)
-    per_device = per_param * max(shards) / scenario.dp
+    per_device = per_param * max(shards) / dp
     per_node = per_device * system.node.devices_per_node
     storage = system.storage
     client = (storage.client_gbps_per_node * 1e9 if storage and storage.client_gbps_per_node
@@ -67,7 +69,7 @@ def checkpoint_cost(scenario: Scenario) -> CheckpointCost:
         write_s = max(total / storage.write_bytes_per_s, node_s)
         read_s = max(total / storage.read_bytes_per_s, node_s)
         name = storage.name or "file system"
-    snapshot_s = per_device / (scenario.calendar.snapshot_gbps * 1e9)
+    snapshot_s = per_device / (snapshot_gbps * 1e9)
     return CheckpointCost(total, per_device, write_s, read_s, snapshot_s, name)
 
 

@@ -120,7 +120,8 @@ def summarize(result: Result, runs: int | None = None) -> CalendarSummary | None
         return None
     s = result.scenario
     failures = job_failures(s.system, s.nodes_used)
-    cost = checkpoint_cost(s)
+    cost = checkpoint_cost(s.model, s.parallelism, s.training, s.dp, s.system,
+                           s.calendar.snapshot_gbps)
     plan = run_plan(result, cost, failures)
     expected = expected_run(plan)
     runs = runs or s.calendar.monte_carlo_runs
