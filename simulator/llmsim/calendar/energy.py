@@ -67,30 +67,37 @@ class StepEnergy:
         return self.total_j / self.step_time_s
 
 
-def compute_memory_share(result: Result, stage: int) -> float:
-    """Share of stage ``stage``'s pass time on the compute stream that its memory-bound
-    kernels take (the rest: GEMMs and fused attention), from the step's trace."""
-    kinds = {op.name: op.kind for (s, _), chunk in result.workload.chunks.items()
-             if s == stage for op in chunk.ops if isinstance(op, ComputeOp)}
-    trace, device = result.trace, None
-    gemm_s = memory_s = 0.0
+def memory_shares(result: Result) -> list[float]:
+    """Per pipeline stage, the share of its pass time on the compute stream that
+    memory-bound kernels take (the rest: GEMMs and fused attention), read from the step's
+    trace on the first device of each stage."""
+    pp = result.scenario.parallelism.pp
+    kinds: list[dict[str, str]] = [{} for _ in range(pp)]
+    for (stage, _), chunk in result.workload.chunks.items():
+        kinds[stage].update({op.name: op.kind for op in chunk.ops if isinstance(op, ComputeOp)})
+    trace = result.trace
+    first: dict[int, int] = {}
+    gemm_s, memory_s = [0.0] * pp, [0.0] * pp
     for r in trace.records:
-        if r.stage != stage or r.stream != "compute":
+        if r.stream != "compute" or first.setdefault(r.stage, r.device) != r.device:
             continue
-        device = r.device if device is None else device
         block = trace.block_of(r)
-        if r.device != device or block is None or block.duration_s <= 0:
+        if block is None or block.duration_s <= 0:
             continue
         scale = (r.end_s - r.start_s) / block.duration_s
         for span in block.spans:
             if span.stream != "compute":
                 continue
-            if kinds.get(span.name, "memory") == "memory":
-                memory_s += span.duration_s * scale
+            if kinds[r.stage].get(span.name, "memory") == "memory":
+                memory_s[r.stage] += span.duration_s * scale
             else:
-                gemm_s += span.duration_s * scale
-    busy = gemm_s + memory_s
-    return memory_s / busy if busy > 0 else 0.0
+                gemm_s[r.stage] += span.duration_s * scale
+    return [m / (g + m) if g + m > 0 else 0.0 for g, m in zip(gemm_s, memory_s, strict=True)]
+
+
+def compute_memory_share(result: Result, stage: int) -> float:
+    """:func:`memory_shares` of one stage."""
+    return memory_shares(result)[stage]
 
 
 def step_energy(result: Result) -> StepEnergy | None:
@@ -102,8 +109,9 @@ def step_energy(result: Result) -> StepEnergy | None:
         return None
     per_stage = s.devices / s.parallelism.pp
     gemm = memory = comm = wait = 0.0
+    shares = memory_shares(result)
     for b in result.stages:
-        mem_share = compute_memory_share(result, b.stage)
+        mem_share = shares[b.stage]
         gemm += per_stage * power.gemm_w * b.compute_s * (1 - mem_share)
         memory += per_stage * power.memory_w * (b.compute_s * mem_share + b.optimizer_s)
         comm += per_stage * power.comm_w * (b.tp_s + b.pp_s + b.dp_s)
