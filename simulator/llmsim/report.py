@@ -175,7 +175,8 @@ def render_calendar(cal: CalendarSummary, console: Console) -> None:
         e = cal.energy
         rows += [
             ("energy per step", f"{cal.step.total_j / JOULES_PER_KWH:,.1f} kWh "
-             f"({cal.step.power_w / 1e6:,.2f} MW, PUE {cal.step.pue:.2f})"),
+             f"({cal.step.power_w / 1e6:,.2f} MW, PUE {cal.step.pue:.2f}"
+             + (", accelerators only)" if cal.step.nodes_j == 0 else ")")),
             ("energy of the run", f"{e.mwh:,.0f} MWh, {e.tonnes_co2:,.0f} t CO₂ at "
              f"{e.gco2_per_kwh:,.0f} g/kWh, ${e.cost:,.0f} at ${e.price_per_kwh:.3f}/kWh"),
         ]
@@ -184,7 +185,7 @@ def render_calendar(cal: CalendarSummary, console: Console) -> None:
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
-    if cal.plan.rate_per_s > 0 and c.storage.startswith("not in the catalog"):
+    if cal.plan.rate_per_s > 0 and not c.has_storage:
         console.print("[yellow]warning:[/yellow] the system has no storage in the catalog, so "
                       "checkpoint times are bounded only by each node's network injection "
                       "(optimistic); give system.storage (write_gbps, read_gbps)")

@@ -44,6 +44,9 @@ class CheckpointCost:
     """Time to copy each device's share to host memory (asynchronous checkpoint), s."""
     storage: str
     """The file system, or how the bandwidth was bounded without one."""
+    has_storage: bool
+    """Whether the system gives its file system (otherwise only node injection bounds the
+    times: optimistic)."""
 
 
 def checkpoint_cost(model: Model, parallelism: Parallelism, training: Training, dp: int,
@@ -70,7 +73,8 @@ def checkpoint_cost(model: Model, parallelism: Parallelism, training: Training, 
         read_s = max(total / storage.read_bytes_per_s, node_s)
         name = storage.name or "file system"
     snapshot_s = per_device / (snapshot_gbps * 1e9)
-    return CheckpointCost(total, per_device, write_s, read_s, snapshot_s, name)
+    return CheckpointCost(total, per_device, write_s, read_s, snapshot_s, name,
+                          storage is not None)
 
 
 def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:

@@ -70,7 +70,8 @@ class CalendarSummary:
             "checkpoint": {
                 "size_bytes": c.total_bytes, "per_device_bytes": c.per_device_bytes,
                 "write_s": c.write_s, "read_s": c.read_s, "snapshot_s": c.snapshot_s,
-                "storage": c.storage, "blocking_s": p.checkpoint_s,
+                "storage": c.storage, "has_storage": c.has_storage,
+                "blocking_s": p.checkpoint_s,
                 "interval_s": None if math.isinf(p.interval_s) else p.interval_s,
                 "async": p.write_s > 0, "restart_s": p.restart_s, "count": p.checkpoints(),
             },
