@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -46,16 +47,22 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Simulate one training step of SCENARIO and report where the time goes."""
+    from llmsim.calendar import summarize
     from llmsim.simulation import simulate
 
     spec = loader.load_scenario(scenario, set_ or [])
     result = simulate(spec)
+    calendar = summarize(result)
     if as_json:
-        sys.stdout.write(result.to_json() + "\n")
+        data = json.loads(result.to_json())
+        data["calendar"] = None if calendar is None else calendar.to_dict()
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        from llmsim.report import render
+        from llmsim.report import render, render_calendar
 
         render(result, out)
+        if calendar is not None:
+            render_calendar(calendar, out)
     if out_dir is not None:
         from llmsim.export import write_outputs
 

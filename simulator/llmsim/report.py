@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from llmsim.calendar import CalendarSummary
+from llmsim.calendar.energy import JOULES_PER_KWH
 from llmsim.partition import stage_layers
 from llmsim.result import Result
 from llmsim.specs import Parallelism
@@ -148,3 +150,55 @@ def render(result: Result, console: Console) -> None:
                       f"{most.model_state_bytes / 1e9:.1f} GB of model state")
     for warning in result.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _fmt_hours(seconds: float) -> str:
+    """A long duration: seconds below a minute, then minutes, then hours."""
+    if seconds == float("inf"):
+        return "never"
+    if seconds < 60:
+        return fmt_seconds(seconds)
+    return f"{seconds / 60:,.1f} min" if seconds < 3600 else f"{seconds / 3600:,.2f} h"
+
+
+def render_calendar(cal: CalendarSummary, console: Console) -> None:
+    """Print the whole run: calendar days with their spread, goodput, failures, the
+    checkpoint plan and the energy (llmsim.calendar)."""
+    table = Table(title="Whole run (failures, checkpoints, energy)", show_header=False,
+                  title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    c, p = cal.checkpoint, cal.plan
+    mode = "asynchronous" if p.write_s > 0 else "synchronous"
+    rows = [
+        ("days to train (no interruptions)", _fmt_days(cal.days_to_train)),
+        ("calendar days (expected)", _fmt_days(cal.calendar_days)),
+        ("calendar days (Monte Carlo)", f"median {cal.days_median:,.1f}, 10–90 % "
+         f"{cal.days_p10:,.1f}–{cal.days_p90:,.1f} ({cal.runs:,} runs, seed {cal.seed})"),
+        ("goodput", f"{100 * cal.goodput:.1f} % of wall time"),
+        ("interruptions", f"{cal.failures.per_day:,.2f} per day (MTBF "
+         f"{_fmt_hours(cal.failures.mtbf_s)}), {cal.expected.failures:,.0f} expected"),
+        ("checkpoint", f"{c.total_bytes / 1e12:,.2f} TB, write {fmt_seconds(c.write_s)}, "
+         f"read {fmt_seconds(c.read_s)} ({c.storage})"),
+        ("checkpoint plan", f"every {_fmt_hours(p.interval_s)}, {mode}, stops training "
+         f"{fmt_seconds(p.checkpoint_s)}, {p.checkpoints():,} checkpoints"),
+        ("restart", f"{fmt_seconds(p.restart_s)} (relaunch and read)"),
+    ]
+    if cal.energy is not None and cal.step is not None:
+        e = cal.energy
+        rows += [
+            ("energy per step", f"{cal.step.total_j / JOULES_PER_KWH:,.1f} kWh "
+             f"({cal.step.power_w / 1e6:,.2f} MW, PUE {cal.step.pue:.2f}"
+             + (", accelerators only)" if cal.step.nodes_j == 0 else ")")),
+            ("energy of the run", f"{e.mwh:,.0f} MWh, {e.tonnes_co2:,.0f} t CO₂ at "
+             f"{e.gco2_per_kwh:,.0f} g/kWh, ${e.cost:,.0f} at ${e.price_per_kwh:.3f}/kWh"),
+        ]
+    else:
+        rows.append(("energy", "— (the accelerator has no power figures)"))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if cal.plan.rate_per_s > 0 and not c.has_storage:
+        console.print("[yellow]warning:[/yellow] the system has no storage in the catalog, so "
+                      "checkpoint times are bounded only by each node's network injection "
+                      "(optimistic); give system.storage (write_gbps, read_gbps)")

@@ -1,31 +1,40 @@
 """Typed, validated specs: the inputs of every simulation."""
 
 from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel
+from llmsim.specs.calendar import Calendar
 from llmsim.specs.collectives import CollectiveLibrary
 from llmsim.specs.model import Model
 from llmsim.specs.network import Dragonfly, FatTree, Network, Torus
 from llmsim.specs.node import FabricTier, Node
 from llmsim.specs.parallelism import Parallelism, ScheduleName
+from llmsim.specs.power import DevicePower, Facility
+from llmsim.specs.reliability import Reliability
 from llmsim.specs.scenario import Scenario
+from llmsim.specs.storage import Storage
 from llmsim.specs.system import System
 from llmsim.specs.training import AttentionKernel, Training
 
 __all__ = [
     "Accelerator",
     "AttentionKernel",
+    "Calendar",
     "CollectiveLibrary",
     "DenseTflops",
+    "DevicePower",
     "Dragonfly",
     "Dtype",
     "FabricTier",
+    "Facility",
     "FatTree",
     "GemmModel",
     "Model",
     "Network",
     "Node",
     "Parallelism",
+    "Reliability",
     "Scenario",
     "ScheduleName",
+    "Storage",
     "System",
     "Torus",
     "Training",

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
+from llmsim.specs.power import DevicePower
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
 
@@ -104,6 +105,9 @@ class Accelerator(Spec):
     """Fixed cost per kernel (launch and tail), microseconds."""
     tdp_w: PositiveFloat | None = None
     """Thermal design power, W."""
+    power: DevicePower | None = None
+    """Measured board power by kind of work; None: derived from ``tdp_w``
+    (:meth:`DevicePower.from_tdp`)."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
     notes: str = ""

@@ -8,6 +8,7 @@ from pydantic import Field, PositiveInt, model_validator
 
 from llmsim.partition import chunk_layers
 from llmsim.specs._base import Spec
+from llmsim.specs.calendar import Calendar
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
 from llmsim.specs.system import System
@@ -32,12 +33,14 @@ class Scenario(Spec):
     training: Training
     """Batch, sequence, precision and run size."""
     seed: int = 0
-    """Seed for random draws. The simulation has none today (it is deterministic), so the
-    value changes nothing yet."""
+    """Seed for random draws: the Monte Carlo of the whole run (llmsim.calendar) draws its
+    failures from it; the step simulation itself is deterministic."""
     fidelity: Literal["reduced", "full"] = "reduced"
     """``reduced`` simulates one device per pipeline stage; ``full`` every device."""
     calibration: str | None = None
     """Path to a calibration profile (measured GEMM / collective tables)."""
+    calendar: Calendar = Field(default_factory=Calendar)
+    """Checkpointing, the Monte Carlo of the whole run, CO₂ and price (llmsim.calendar)."""
 
     @model_validator(mode="after")
     def _check_layout(self) -> Scenario:

@@ -9,6 +9,9 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 from llmsim.specs._base import Spec
 from llmsim.specs.network import Network, Torus
 from llmsim.specs.node import Node
+from llmsim.specs.power import Facility
+from llmsim.specs.reliability import Reliability
+from llmsim.specs.storage import Storage
 
 
 class System(Spec):
@@ -26,6 +29,13 @@ class System(Spec):
     """The inter-node network."""
     power_mw: PositiveFloat | None = None
     """System power, MW."""
+    reliability: Reliability = Field(default_factory=Reliability)
+    """Failure rates of its parts and the restart time (default: the Llama 3 log)."""
+    storage: Storage | None = None
+    """The file system checkpoints go to; None: not in the catalog (each node writes at
+    its injection bandwidth, nothing else limits it)."""
+    facility: Facility = Field(default_factory=Facility)
+    """Node and network power beside the accelerators, and the PUE (default: none)."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
     notes: str = ""

@@ -1,0 +1,165 @@
+"""Energy of a step and of a run, from the step's time split and power by kind of work.
+
+Each device of pipeline stage s spends the step as the result's breakdown of that stage
+says: compute (split into GEMM-like — GEMMs and fused attention — and memory-bound
+kernels in the proportion the stage's compute stream ran them), exposed TP / PP / DP
+communication, bubble (waiting) and optimizer (memory-bound). Each part draws the
+device's power for that kind of work (:class:`llmsim.specs.DevicePower`); nodes and
+network add their power for the whole step, and the facility multiplies it all by its
+PUE. A run adds, at idle power, the time it stops for checkpoints and restarts, and at
+step power the work it redoes after failures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.ops import ComputeOp
+from llmsim.result import Result
+from llmsim.specs import Accelerator, DevicePower
+
+JOULES_PER_MWH = 3.6e9
+"""Joules in a megawatt-hour."""
+JOULES_PER_KWH = 3.6e6
+"""Joules in a kilowatt-hour."""
+
+
+def device_power(accelerator: Accelerator) -> DevicePower | None:
+    """The accelerator's measured power, else one derived from its ``tdp_w``; None when
+    it has neither."""
+    if accelerator.power is not None:
+        return accelerator.power
+    if accelerator.tdp_w is None:
+        return None
+    return DevicePower.from_tdp(accelerator.tdp_w)
+
+
+@dataclass(frozen=True)
+class StepEnergy:
+    """Energy of one step of the whole job, joules, by where it goes."""
+
+    gemm_j: float
+    memory_j: float
+    comm_j: float
+    wait_j: float
+    nodes_j: float
+    """Node power beside the devices, and the network's."""
+    pue: float
+    """The facility's PUE, applied to the sum of the parts."""
+    step_time_s: float
+    idle_power_w: float
+    """The job's power while it holds its nodes and runs nothing (devices idle, nodes
+    and network on, PUE included), W."""
+
+    @property
+    def it_j(self) -> float:
+        """Devices, nodes and network, joules."""
+        return self.gemm_j + self.memory_j + self.comm_j + self.wait_j + self.nodes_j
+
+    @property
+    def total_j(self) -> float:
+        """With the facility's overhead, joules."""
+        return self.it_j * self.pue
+
+    @property
+    def power_w(self) -> float:
+        """Mean power of the job while it trains, facility included, W."""
+        return self.total_j / self.step_time_s
+
+
+def memory_shares(result: Result) -> list[float]:
+    """Per pipeline stage, the share of its pass time on the compute stream that
+    memory-bound kernels take (the rest: GEMMs and fused attention), read from the step's
+    trace on the first device of each stage."""
+    pp = result.scenario.parallelism.pp
+    kinds: list[dict[str, str]] = [{} for _ in range(pp)]
+    for (stage, _), chunk in result.workload.chunks.items():
+        kinds[stage].update({op.name: op.kind for op in chunk.ops if isinstance(op, ComputeOp)})
+    trace = result.trace
+    first: dict[int, int] = {}
+    gemm_s, memory_s = [0.0] * pp, [0.0] * pp
+    for r in trace.records:
+        if r.stream != "compute" or first.setdefault(r.stage, r.device) != r.device:
+            continue
+        block = trace.block_of(r)
+        if block is None or block.duration_s <= 0:
+            continue
+        scale = (r.end_s - r.start_s) / block.duration_s
+        for span in block.spans:
+            if span.stream != "compute":
+                continue
+            if kinds[r.stage].get(span.name, "memory") == "memory":
+                memory_s[r.stage] += span.duration_s * scale
+            else:
+                gemm_s[r.stage] += span.duration_s * scale
+    return [m / (g + m) if g + m > 0 else 0.0 for g, m in zip(gemm_s, memory_s, strict=True)]
+
+
+def compute_memory_share(result: Result, stage: int) -> float:
+    """:func:`memory_shares` of one stage."""
+    return memory_shares(result)[stage]
+
+
+def step_energy(result: Result) -> StepEnergy | None:
+    """Energy of one step of ``result``'s job; None when the accelerator has no power
+    figures."""
+    s = result.scenario
+    power = device_power(s.system.node.accelerator)
+    if power is None:
+        return None
+    per_stage = s.devices / s.parallelism.pp
+    gemm = memory = comm = wait = 0.0
+    shares = memory_shares(result)
+    for b in result.stages:
+        mem_share = shares[b.stage]
+        gemm += per_stage * power.gemm_w * b.compute_s * (1 - mem_share)
+        memory += per_stage * power.memory_w * (b.compute_s * mem_share + b.optimizer_s)
+        comm += per_stage * power.comm_w * (b.tp_s + b.pp_s + b.dp_s)
+        wait += per_stage * power.wait_w * b.bubble_s
+    facility = s.system.facility
+    node_w = s.nodes_used * (facility.node_overhead_w + facility.network_w_per_node)
+    idle_w = (s.devices * power.idle_w + node_w) * facility.pue
+    return StepEnergy(gemm, memory, comm, wait, node_w * result.step_time_s, facility.pue,
+                      result.step_time_s, idle_w)
+
+
+@dataclass(frozen=True)
+class RunEnergy:
+    """Energy of a whole run, joules, and its CO₂ and price."""
+
+    training_j: float
+    """The run's steps, once each."""
+    redone_j: float
+    """Work redone after failures, at step power."""
+    stopped_j: float
+    """Checkpoints and restarts, at idle power."""
+    gco2_per_kwh: float
+    price_per_kwh: float
+
+    @property
+    def total_j(self) -> float:
+        """Everything, joules."""
+        return self.training_j + self.redone_j + self.stopped_j
+
+    @property
+    def mwh(self) -> float:
+        """Everything, MWh."""
+        return self.total_j / JOULES_PER_MWH
+
+    @property
+    def tonnes_co2(self) -> float:
+        """CO₂ at the grid's intensity, tonnes."""
+        return self.total_j / JOULES_PER_KWH * self.gco2_per_kwh / 1e6
+
+    @property
+    def cost(self) -> float:
+        """Electricity cost at the price, USD."""
+        return self.total_j / JOULES_PER_KWH * self.price_per_kwh
+
+
+def run_energy(step: StepEnergy, work_s: float, redone_s: float, stopped_s: float,
+               gco2_per_kwh: float, price_per_kwh: float) -> RunEnergy:
+    """Energy of a run of ``work_s`` training seconds that redoes ``redone_s`` seconds of
+    work and stands still ``stopped_s`` seconds (checkpoints, restarts)."""
+    return RunEnergy(step.power_w * work_s, step.power_w * redone_s,
+                     step.idle_power_w * stopped_s, gco2_per_kwh, price_per_kwh)
