@@ -36,6 +36,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from llmsim.calibration import CollectivePoint, bus_factor
+from llmsim.costs.multidim import RingDimension, multidim_ring_s
+from llmsim.costs.topology import Route, topology_of
 from llmsim.ops import Collective, CommOp
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import CollectiveLibrary, FabricTier, System, Torus
@@ -75,6 +77,12 @@ class GroupPath:
     between nodes does not include)."""
     channels: int = 0
     """The library's channels for a collective (``node.collective_units``; 0: unknown)."""
+    dims: tuple[RingDimension, ...] = ()
+    """On a torus, the dimensions the group spans with each one's ring bandwidth and step
+    latency (:mod:`llmsim.costs.multidim`); empty elsewhere."""
+    multidim_bytes_per_s: float = INF
+    """On a torus, the bandwidth of one ring per dimension run at once: the links of
+    every dimension, at most the node's injection interfaces (:func:`multidim_ring_s`)."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
@@ -184,14 +192,18 @@ def pair_p2p_channels(system: System, nbytes: float, within_node: bool) -> int:
     return min(channels, math.ceil(nbytes / chunk))
 
 
-def group_path(system: System, placement: GroupPlacement) -> GroupPath:
+def group_path(system: System, placement: GroupPlacement,
+               plan: Plan | None = None) -> GroupPath:
     """The links and latencies of one group on ``system`` (see the module docstring).
 
-    A group whose nodes lie in more than one leaf switch / dragonfly group
-    (``domains_spanned > 1``) crosses the tapered level: its bandwidth is scaled by the
-    network's cross-domain ``bandwidth_fraction`` (1/oversubscription, 1/global_taper)
-    and its hops are the cross-domain hops. Both are evaluated at the whole system's
-    node count, where the taper applies whatever the group's own node count.
+    Between nodes the network's topology routes the group (:mod:`llmsim.costs.topology`,
+    given the ``plan``): its hops, and the share of line rate it keeps when every group of
+    its axis runs at once and their flows share links (a tapered spine, a dragonfly's
+    global links, a torus link several shifted rings cross). On a torus a node drives one
+    link per direction of each ring it runs (2 on a closed ring), and the dimensions the
+    group spans let it run one ring per dimension at once (:func:`multidim_ring_s`).
+    Without a plan the network spec's own taper applies to a group whose nodes lie in more
+    than one leaf switch / dragonfly group, evaluated at the whole system's node count.
     """
     node, network = system.node, system.network
     k, n_nodes = placement.members_per_node, placement.nodes_spanned
@@ -202,24 +214,44 @@ def group_path(system: System, placement: GroupPlacement) -> GroupPath:
         pair_bw = pair_fabric_bytes_per_s(system, tier, n_nodes > 1)
     else:
         intra_bw, intra_lat, pair_bw = INF, 0.0, INF
+    dims: tuple[RingDimension, ...] = ()
+    multidim_bw = INF
     if n_nodes > 1:
-        span = system.nodes if placement.domains_spanned > 1 else n_nodes
+        route = (topology_of(system, plan.nodes).route(plan, placement) if plan is not None
+                 else _spec_route(system, placement))
         share = min(1.0, k / node.devices_per_node)
-        inter_bw = (
-            node_network_bytes_per_s(system)
-            * network.efficiency
-            * network.bandwidth_fraction(span, system.nodes)
-            * share
-        )
-        hops = network.hops(span, system.nodes)
-        hop_lat = network.hop_latency_us * hops * 1e-6
+        node_bw = node_network_bytes_per_s(system)
+        if isinstance(network, Torus):
+            link = network.link_gbps_per_direction * 1e9
+            node_bw = min(route.ring_links * link, node.injection_bytes_per_s)
+            step_s = network.step_latency_us * 1e-6
+            dims = tuple(
+                RingDimension(d.size, min(d.links * link, node.injection_bytes_per_s)
+                              * network.efficiency * route.bandwidth_fraction * share,
+                              step_s + network.hop_latency_us * d.hops * 1e-6)
+                for d in route.dims)
+            if dims:
+                driven = min(sum(d.links for d in route.dims), node.nics_per_node)
+                multidim_bw = (min(driven * link, node.injection_bytes_per_s)
+                               * network.efficiency * route.bandwidth_fraction * share)
+        inter_bw = node_bw * network.efficiency * route.bandwidth_fraction * share
+        hop_lat = network.hop_latency_us * route.hops * 1e-6
         inter_lat = network.step_latency_us * 1e-6 + hop_lat
-        link_bw = (device_link_bytes_per_s(system) * network.efficiency
-                   * network.bandwidth_fraction(span, system.nodes))
+        link_bw = device_link_bytes_per_s(system) * network.efficiency * route.bandwidth_fraction
     else:
         inter_bw, inter_lat, link_bw, hop_lat = INF, 0.0, INF, 0.0
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
-                     link_bw, pair_bw, hop_lat, node.collective_units)
+                     link_bw, pair_bw, hop_lat, node.collective_units, dims, multidim_bw)
+
+
+def _spec_route(system: System, placement: GroupPlacement) -> Route:
+    """The route the network spec alone gives a group: its taper and hops once it spans
+    more than one leaf / dragonfly group, at the whole system's node count."""
+    network = system.network
+    span = system.nodes if placement.domains_spanned > 1 else placement.nodes_spanned
+    links = 2 if isinstance(network, Torus) else 1
+    return Route(placement.level, network.hops(span, system.nodes),
+                 network.bandwidth_fraction(span, system.nodes), ring_links=links)
 
 
 # -- algorithms ---------------------------------------------------------------------------
@@ -313,12 +345,22 @@ def point_to_point_s(collective: Collective, nbytes: float, path: GroupPath) -> 
     return path.intra_latency_s + nbytes / bandwidth
 
 
+def torus_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
+    """One ring per torus dimension, run at once (:func:`multidim_ring_s`); for a group of
+    one device per node spanning two or more dimensions of a torus."""
+    if collective == "send_recv" or len(path.dims) < 2 or path.per_node > 1:
+        return None
+    return multidim_ring_s(collective, nbytes, path.ranks, path.dims,
+                           path.multidim_bytes_per_s)
+
+
 Algorithm = Callable[[Collective, float, GroupPath], "float | None"]
 ALGORITHMS: dict[str, Algorithm] = {
     "ring": ring_s,
     "hierarchical": hierarchical_s,
     "tree": tree_s,
     "point_to_point": point_to_point_s,
+    "torus": torus_s,
 }
 """Registered algorithms; each returns None where it does not apply."""
 
@@ -512,7 +554,7 @@ class CollectiveModel:
         """The path of ``axis``'s groups, or None when the axis has one rank."""
         if axis not in self._paths:
             placement = self.plan.placements.get(axis) or self.plan.placement(axis)
-            self._paths[axis] = (group_path(self.system, placement)
+            self._paths[axis] = (group_path(self.system, placement, self.plan)
                                  if placement is not None and placement.size > 1 else None)
         return self._paths[axis]
 
