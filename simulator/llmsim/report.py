@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from llmsim.costs.topology import placement_rows
 from llmsim.partition import stage_layers
+from llmsim.plan import Plan
 from llmsim.result import Result
 from llmsim.specs import Parallelism
 
@@ -71,6 +73,23 @@ def _kernel_switches(result: Result) -> str:
     return "".join(f", {name}" for name, on in names if on)
 
 
+def _render_placement(result: Result, console: Console) -> None:
+    """Where each parallel group sits: ranks per node, nodes, the network level and hops
+    of its ring's steps, and its route (leaves / dragonfly groups / torus dimensions)."""
+    rows = placement_rows(Plan.from_scenario(result.scenario))
+    if not rows:
+        return
+    table = Table(title="Placement (the worst group of each axis)", title_justify="left")
+    for col in ("axis", "ranks", "per node", "nodes", "level", "hops", "route"):
+        table.add_column(col, justify="right" if col in ("ranks", "per node", "nodes", "hops")
+                         else "left")
+    for row in rows:
+        table.add_row(str(row["axis"]), f"{row['degree']:,}", str(row["per_node"]),
+                      f"{row['nodes']:,}", str(row["level"]), str(row["hops"]),
+                      str(row["route"]))
+    console.print(table)
+
+
 def render(result: Result, console: Console) -> None:
     """Print the summary, the step breakdown, the per-stage view and memory."""
     s = result.scenario
@@ -106,6 +125,7 @@ def render(result: Result, console: Console) -> None:
     for name, value in rows:
         summary.add_row(name, value)
     console.print(summary)
+    _render_placement(result, console)
 
     crit = result.critical_stage
     parts = Table(title=f"Where the time goes (stage {crit.stage}, the busiest)",
