@@ -15,7 +15,8 @@ a ring along one dimension drives 2 links per direction where it closes, 1 on a 
 The collective model runs either one ring through all members (a Hamiltonian cycle of
 the box, 1-hop steps: 2 links) or one ring per dimension, concurrently over slices of
 the data, which drives the links of every dimension at once up to the node's injection
-interfaces (Tofu-D: 6 TNIs) — ``torus_s`` in :mod:`llmsim.costs.collectives`.
+interfaces (Tofu-D: 6 TNIs) — ``torus_s`` in :mod:`llmsim.costs.collectives`,
+:mod:`llmsim.costs.multidim`.
 
 **Contention.** Groups of an axis that form boxes use disjoint lines of the torus. A group
 whose members do not form a box (a stride that cuts across dimensions) sends each step
