@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from llmsim import load_scenario
@@ -196,6 +196,49 @@ def test_dragonfly_minimal_routing_is_limited_by_the_links_between_two_groups() 
     flows = 4 * 8  # the 32 devices of a group, each at its NIC's 25 GB/s
     assert minimal.link_bytes_per_s == pytest.approx(2 * 25e9 * 0.9 / flows * 1)
     assert adaptive.link_bytes_per_s > minimal.link_bytes_per_s
+
+
+@settings(max_examples=30, deadline=None)
+@given(leaf=st.sampled_from([1, 2, 4, 8]), oversubscription=st.floats(1.0, 8.0),
+       tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2, 4]),
+       nodes=st.sampled_from([2, 4, 8, 16]), rails=st.booleans())
+def test_fat_tree_share_is_a_fraction_that_never_rises_with_the_taper(
+        leaf: int, oversubscription: float, tp: int, pp: int, nodes: int, rails: bool) -> None:
+    assume(nodes * 8 >= tp * pp)
+
+    def paths(taper: float) -> dict[str, Any]:
+        network = {"kind": "fat_tree", "nodes_per_leaf": leaf, "oversubscription": taper,
+                   "rail_optimized": rails, "hop_latency_us": 1.0, "efficiency": 0.9}
+        model = costs(system(network, 16, devices=8, nics=8, nic_gbit=200), nodes, tp=tp,
+                      pp=pp)
+        topology = topology_of(model.plan.system, nodes)
+        for placement in model.plan.placements.values():
+            if placement.crosses_nodes:
+                share = topology.route(model.plan, placement).bandwidth_fraction
+                assert 0 < share <= 1
+        return {a: model.collectives.path(a) for a in ("tp", "dp", "pp")}
+    base, steeper = paths(oversubscription), paths(2 * oversubscription)
+    for axis, path in base.items():
+        if path is not None and path.nodes > 1:
+            assert steeper[axis].inter_bytes_per_s <= path.inter_bytes_per_s * (1 + 1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(group=st.sampled_from([1, 2, 4, 8]), taper=st.floats(1.0, 4.0),
+       pair_links=st.integers(1, 8), pp=st.sampled_from([2, 4]))
+def test_dragonfly_adaptive_routing_never_loses_to_minimal(group: int, taper: float,
+                                                            pair_links: int, pp: int) -> None:
+    def pp_path(routing: str) -> Any:
+        network = {"kind": "dragonfly", "nodes_per_group": group, "global_taper": taper,
+                   "global_links_per_group_pair": pair_links, "routing": routing,
+                   "hop_latency_us": 1.0, "efficiency": 0.9}
+        path = costs(system(network, 16, devices=8, nics=8, nic_gbit=200), 16, tp=8,
+                     pp=pp).collectives.path("pp")
+        assert path is not None
+        return path
+    minimal, adaptive = pp_path("minimal"), pp_path("adaptive")
+    assert adaptive.link_bytes_per_s >= minimal.link_bytes_per_s * (1 - 1e-12)
+    assert adaptive.link_bytes_per_s <= 25e9 * 0.9 * (1 + 1e-12)  # never above its NIC
 
 
 # -- the catalog and the CLI ----------------------------------------------------------------
