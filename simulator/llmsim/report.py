@@ -80,13 +80,13 @@ def _render_placement(result: Result, console: Console) -> None:
     if not rows:
         return
     table = Table(title="Placement (the worst group of each axis)", title_justify="left")
-    for col in ("axis", "ranks", "per node", "nodes", "level", "hops", "route"):
-        table.add_column(col, justify="right" if col in ("ranks", "per node", "nodes", "hops")
+    for col in ("axis", "size", "ranks", "per node", "nodes", "level", "hops", "route"):
+        table.add_column(col, justify="right" if col in ("size", "per node", "nodes", "hops")
                          else "left")
     for row in rows:
-        table.add_row(str(row["axis"]), f"{row['degree']:,}", str(row["per_node"]),
-                      f"{row['nodes']:,}", str(row["level"]), str(row["hops"]),
-                      str(row["route"]))
+        table.add_row(str(row["axis"]), f"{row['degree']:,}", str(row["ranks"]),
+                      str(row["per_node"]), f"{row['nodes']:,}", str(row["level"]),
+                      str(row["hops"]), str(row["route"]))
     console.print(table)
 
 

@@ -46,9 +46,9 @@ def topology_of(system: System, nodes: int) -> Topology:
 
 
 def placement_rows(plan: Plan) -> list[dict[str, object]]:
-    """One row per parallel axis of ``plan`` with more than one rank: its degree, how its
-    worst group sits (members per node, nodes), the level and hops of its ring steps and
-    the route in words."""
+    """One row per parallel axis of ``plan`` with more than one rank: its degree, the ranks
+    of its worst group, how that group sits (members per node, nodes), the level and hops
+    of its ring's steps and the route in words."""
     topology = topology_of(plan.system, plan.nodes)
     rows = []
     for axis, placement in plan.placements.items():
@@ -60,7 +60,10 @@ def placement_rows(plan: Plan) -> list[dict[str, object]]:
         else:
             level, hops = placement.level, 0
             detail = f"all {placement.size} ranks on one node"
-        rows.append({"axis": axis, "degree": placement.size,
+        members = plan.members(axis, placement.first_rank)
+        shown = ", ".join(str(r) for r in members[:3])
+        ranks = shown + (f", …, {members[-1]}" if len(members) > 3 else "")
+        rows.append({"axis": axis, "degree": placement.size, "ranks": ranks,
                      "per_node": placement.members_per_node,
                      "nodes": placement.nodes_spanned, "level": level, "hops": hops,
                      "route": detail})
