@@ -116,3 +116,15 @@ def groups_touching(plan: Plan, axis: str, nodes: range) -> list[list[int]]:
                 seen.add(members[0])
                 out.append(members)
     return out
+
+
+def rank_steps(plan: Plan, group: list[int], chain: bool = False) -> list[tuple[int, int]]:
+    """The ring (or chain) steps of ``group`` between nodes, as (from rank, to rank)."""
+    dpn = plan.system.node.devices_per_node
+    first_on = {}
+    last_on = {}
+    for r in group:
+        first_on.setdefault(r // dpn, r)
+        last_on[r // dpn] = r
+    return [(last_on[a], first_on[b])
+            for a, b in ring_edges([r // dpn for r in group], closed=not chain)]

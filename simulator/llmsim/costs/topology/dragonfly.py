@@ -22,8 +22,13 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from llmsim.costs.topology.base import Route, groups_touching, is_chain, shared_share
-from llmsim.costs.topology.fat_tree import _rank_steps
+from llmsim.costs.topology.base import (
+    Route,
+    groups_touching,
+    is_chain,
+    rank_steps,
+    shared_share,
+)
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Dragonfly
 
@@ -43,7 +48,7 @@ class DragonflyTopology:
         home_nodes = range(home * size, min((home + 1) * size, plan.nodes))
         to_group: Counter[int] = Counter()
         for group in groups_touching(plan, placement.axis, home_nodes):
-            for a, b in _rank_steps(plan, group, is_chain(placement.axis)):
+            for a, b in rank_steps(plan, group, is_chain(placement.axis)):
                 node_a, node_b = plan.location(a)[0], plan.location(b)[0]
                 if node_a in home_nodes and node_b // size != home:
                     to_group[node_b // size] += 1

@@ -23,7 +23,7 @@ from llmsim.costs.topology.base import (
     Route,
     groups_touching,
     is_chain,
-    ring_edges,
+    rank_steps,
     shared_share,
 )
 from llmsim.plan import GroupPlacement, Plan
@@ -54,7 +54,7 @@ class FatTreeTopology:
                            min((leaf + 1) * net.nodes_per_leaf, plan.nodes))
         flows = 0
         for group in groups_touching(plan, placement.axis, leaf_nodes):
-            flows += sum(1 for a, b in _rank_steps(plan, group, is_chain(placement.axis))
+            flows += sum(1 for a, b in rank_steps(plan, group, is_chain(placement.axis))
                          if plan.location(a)[0] in leaf_nodes and self._crosses(plan, a, b, k))
         if flows == 0:
             return Route("leaf switch", 1, 1.0, detail=_leaf_detail(placement, net))
@@ -65,18 +65,6 @@ class FatTreeTopology:
                   f"on uplinks of 1/{net.oversubscription:g} its injection: "
                   f"{100 * share:.0f} % of line rate")
         return Route("fat-tree spine", 3, share, detail=detail)
-
-
-def _rank_steps(plan: Plan, group: list[int], chain: bool = False) -> list[tuple[int, int]]:
-    """The ring (or chain) steps of ``group`` between nodes, as (from rank, to rank)."""
-    dpn = plan.system.node.devices_per_node
-    first_on = {}
-    last_on = {}
-    for r in group:
-        first_on.setdefault(r // dpn, r)
-        last_on[r // dpn] = r
-    return [(last_on[a], first_on[b])
-            for a, b in ring_edges([r // dpn for r in group], closed=not chain)]
 
 
 def _leaf_detail(placement: GroupPlacement, net: FatTree) -> str:
