@@ -291,3 +291,15 @@ def test_llmsim_run_shows_the_placement(tmp_path: Any, capsys: pytest.CaptureFix
     assert "Placement" in out
     for words in ("box c:2 line", "box b:3 ring", "box a:2 line"):
         assert words in out
+
+
+def test_a_torus_of_multi_device_nodes_routes_only_groups_that_leave_a_node() -> None:
+    """Two devices per node, TP = 2 inside each node and DP across: the TP groups never
+    touch the torus; the DP rings of the two local slots share each node's links."""
+    sysm = system(torus([8]), 8, devices=2)
+    model = costs(sysm, 8, tp=2)
+    dp = model.collectives.path("dp")
+    assert model.collectives.path("tp") is not None
+    assert dp is not None and dp.nodes == 8 and dp.per_node == 1
+    link = LINK_GBPS * 1e9 * EFFICIENCY
+    assert dp.inter_bytes_per_s == pytest.approx(2 * link / 2)  # a closed ring, two slots

@@ -126,6 +126,8 @@ class TorusTopology:
         dpn = plan.system.node.devices_per_node
         nodes = [r // dpn for r in plan.members(axis, first_rank)]
         edges = ring_edges(nodes, closed=not is_chain(axis))
+        if not edges:  # a group inside one node: no torus link
+            return Route("one node", 0, 1.0, ring_links=2, detail="all on one node")
         dims = self.dimensions_of(nodes)
         shape = "×".join(str(s) for s in self.shape)
         if dims is not None:
