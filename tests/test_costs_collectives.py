@@ -210,16 +210,25 @@ def test_several_members_per_node_ring_or_hierarchical() -> None:
     assert fast["hierarchical"] < fast["ring"]  # it moves less over the network
 
 
-def test_fat_tree_taper_applies_only_across_leaves() -> None:
+def test_fat_tree_taper_applies_only_to_the_flows_that_leave_a_leaf() -> None:
+    """Eight DP rings (one per local slot) over 16 nodes. With one node per leaf each ring
+    leaves every leaf: 8 flows of a NIC's worth on uplinks of half the node's injection,
+    so each ring keeps half its rate. With 4 nodes per leaf each ring leaves a leaf once
+    per 4 nodes: the uplinks carry the flows at full rate."""
     s = 1e9
     within = costs(system(network={**FAT_TREE, "oversubscription": 2.0}), nodes=16, tp=8)
-    small_leaves = {**FAT_TREE, "nodes_per_leaf": 4, "oversubscription": 2.0}
-    across = costs(system(network=small_leaves), nodes=16, tp=8)
+    one_node_leaves = {**FAT_TREE, "nodes_per_leaf": 1, "oversubscription": 2.0}
+    across = costs(system(network=one_node_leaves), nodes=16, tp=8)
+    four_node_leaves = {**FAT_TREE, "nodes_per_leaf": 4, "oversubscription": 2.0}
+    runs = costs(system(network=four_node_leaves), nodes=16, tp=8)
     p_in, p_out = within.collectives.path("dp"), across.collectives.path("dp")
-    assert p_in is not None and p_out is not None
+    p_runs = runs.collectives.path("dp")
+    assert p_in is not None and p_out is not None and p_runs is not None
     assert p_out.inter_bytes_per_s == pytest.approx(p_in.inter_bytes_per_s / 2)
-    assert (p_in.inter_latency_s, p_out.inter_latency_s) == (
+    assert p_runs.inter_bytes_per_s == pytest.approx(p_in.inter_bytes_per_s)
+    assert (p_in.inter_latency_s, p_out.inter_latency_s, p_runs.inter_latency_s) == (
         pytest.approx(1e-6),
+        pytest.approx(3e-6),
         pytest.approx(3e-6),
     )
     assert price(across, "all_reduce", "dp", s) > price(within, "all_reduce", "dp", s)
@@ -239,17 +248,20 @@ def test_network_step_latency_is_paid_once_per_inter_node_step_beside_the_hops()
 
 
 def test_dragonfly_global_taper() -> None:
+    """Groups of one node: each of the 8 DP rings leaves every dragonfly group, so their
+    flows (a node's injection) share global links of 1/1.75 of it."""
     dragonfly = {
         "kind": "dragonfly",
-        "nodes_per_group": 8,
+        "nodes_per_group": 1,
         "global_taper": 1.75,
         "hop_latency_us": 1.0,
         "efficiency": 0.9,
     }
-    inside = costs(system(network=dragonfly), nodes=8, tp=8).collectives.path("dp")
-    across = costs(system(network=dragonfly), nodes=16, tp=8).collectives.path("dp")
-    assert inside is not None and across is not None
-    assert across.inter_bytes_per_s == pytest.approx(inside.inter_bytes_per_s / 1.75)
+    inside = costs(system(network={**dragonfly, "nodes_per_group": 16}), nodes=16, tp=8)
+    across = costs(system(network=dragonfly), nodes=16, tp=8)
+    p_in, p_out = inside.collectives.path("dp"), across.collectives.path("dp")
+    assert p_in is not None and p_out is not None
+    assert p_out.inter_bytes_per_s == pytest.approx(p_in.inter_bytes_per_s / 1.75)
 
 
 def test_torus_ring_uses_both_neighbour_links() -> None:

@@ -42,6 +42,9 @@ class GroupPlacement:
     """Consecutive device slots inside a node that the intra-node part covers."""
     level: str
     """Widest network level the group's traffic crosses, in words."""
+    first_rank: int = 0
+    """Lowest rank of the group described (the worst one): the topology routes its
+    members (:mod:`llmsim.costs.topology`)."""
 
     @property
     def crosses_nodes(self) -> bool:
@@ -170,6 +173,10 @@ class Plan:
                 rank += stride * (size - 1)
         return out
 
+    def group_first_ranks(self, axis: str, limit: int = 64) -> list[int]:
+        """Lowest rank of each of up to ``limit`` distinct groups of ``axis``."""
+        return self._first_rank_of_groups(axis, limit)
+
     def placement(self, axis: str) -> GroupPlacement:
         """Placement of the worst group of ``axis``."""
         dpn = self.system.node.devices_per_node
@@ -195,6 +202,7 @@ class Plan:
                 groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
                 span_devices=span,
                 level=self._level(nodes, domains, span),
+                first_rank=first,
             )
             if worst is None or (
                 placement.nodes_spanned,

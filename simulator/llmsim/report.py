@@ -7,7 +7,9 @@ from rich.table import Table
 
 from llmsim.calendar import CalendarSummary
 from llmsim.calendar.energy import JOULES_PER_KWH
+from llmsim.costs.topology import placement_rows
 from llmsim.partition import stage_layers
+from llmsim.plan import Plan
 from llmsim.result import Result
 from llmsim.specs import Parallelism
 
@@ -73,6 +75,23 @@ def _kernel_switches(result: Result) -> str:
     return "".join(f", {name}" for name, on in names if on)
 
 
+def _render_placement(result: Result, console: Console) -> None:
+    """Where each parallel group sits: ranks per node, nodes, the network level and hops
+    of its ring's steps, and its route (leaves / dragonfly groups / torus dimensions)."""
+    rows = placement_rows(Plan.from_scenario(result.scenario))
+    if not rows:
+        return
+    table = Table(title="Placement (the worst group of each axis)", title_justify="left")
+    for col in ("axis", "size", "ranks", "per node", "nodes", "level", "hops", "route"):
+        table.add_column(col, justify="right" if col in ("size", "per node", "nodes", "hops")
+                         else "left")
+    for row in rows:
+        table.add_row(str(row["axis"]), f"{row['degree']:,}", str(row["ranks"]),
+                      str(row["per_node"]), f"{row['nodes']:,}", str(row["level"]),
+                      str(row["hops"]), str(row["route"]))
+    console.print(table)
+
+
 def render(result: Result, console: Console) -> None:
     """Print the summary, the step breakdown, the per-stage view and memory."""
     s = result.scenario
@@ -111,6 +130,7 @@ def render(result: Result, console: Console) -> None:
     for name, value in rows:
         summary.add_row(name, value)
     console.print(summary)
+    _render_placement(result, console)
 
     crit = result.critical_stage
     parts = Table(title=f"Where the time goes (stage {crit.stage}, the busiest)",

@@ -67,6 +67,12 @@ class Dragonfly(_NetworkBase):
     """Nodes in one dragonfly group (a cabinet on Frontier, a rack on Aurora)."""
     global_taper: float = Field(default=1.0, ge=1)
     """Injection bandwidth of a group over its global bandwidth (1.75 on Frontier)."""
+    global_links_per_group_pair: PositiveInt | None = None
+    """Global links joining one pair of groups, each at ``node.nic_gbit`` (4 on Frontier);
+    unset: only the taper of all of a group's global links limits traffic between groups."""
+    routing: Literal["minimal", "adaptive"] = "adaptive"
+    """``minimal``: traffic to another group uses only the links joining the pair;
+    ``adaptive`` (UGAL, Slingshot's default): also through intermediate groups."""
 
     def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
         """Share of injection bandwidth across groups: the global links' taper."""

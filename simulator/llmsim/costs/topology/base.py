@@ -1,0 +1,130 @@
+"""The interface every network topology implements: the route of a group's traffic.
+
+A :class:`Route` says, for the worst group of one parallel axis (its
+:class:`~llmsim.plan.GroupPlacement`), what its traffic between nodes crosses: the widest
+level, the hops of one algorithm step, and the share of its line rate it keeps when every
+group of its axis runs at once and their ring flows share links (contention). On a torus
+it also lists the dimensions the group runs along, so a collective can build one ring per
+dimension (:mod:`llmsim.costs.topology.torus`). Collective algorithms price over this
+interface, whatever the network kind (design §13; the split of ASTRA-sim's network API
+from its collective algorithms).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmsim.plan import GroupPlacement, Plan
+
+
+@dataclass(frozen=True, slots=True)
+class TorusDimension:
+    """One dimension of a torus along which a group's members lie."""
+
+    name: str
+    """The dimension's label (X, Y, Z, a, b, c on Tofu-D, or its index)."""
+    size: int
+    """Members of the group along it."""
+    wraps: bool
+    """Whether the members close a ring over wrap-around links (the job holds the whole
+    dimension, of 3 or more nodes); otherwise they lie on a line (mesh)."""
+
+    @property
+    def links(self) -> int:
+        """Links per direction a node drives for a ring along this dimension: two on a
+        closed ring (one ring each way), one on a line, where a ring runs out and back and
+        each direction of each link carries it once."""
+        return 2 if self.wraps else 1
+
+    @property
+    def hops(self) -> int:
+        """Hops of the ring's longest step: one on a closed ring or a pair, two on a line
+        of three or more (the ring visits every other node out and the rest back)."""
+        return 1 if self.wraps or self.size <= 2 else 2
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What one group's traffic between nodes crosses on a topology."""
+
+    level: str
+    """Widest network level crossed, in words (``leaf switch``, ``fat-tree spine`` ...)."""
+    hops: int
+    """Switch or link traversals of one algorithm step between two nodes of the group."""
+    bandwidth_fraction: float
+    """Share (0, 1] of the group's line rate it keeps when every group of its axis runs
+    at once: the busiest shared link's capacity over the flows on it, at most 1."""
+    ring_links: int = 1
+    """Links per direction a node drives for the group's ring: 1 behind a NIC, 1 or 2 on
+    a torus (:attr:`TorusDimension.links`)."""
+    dims: tuple[TorusDimension, ...] = ()
+    """Torus dimensions the group spans, innermost first (empty off a torus, or where its
+    members do not form a box of the job's torus)."""
+    detail: str = ""
+    """The placement in words, for ``llmsim run`` (leaves or groups spanned, flows on the
+    busiest link, the ring's hops)."""
+
+
+class Topology(Protocol):
+    """A network kind's view of where groups' traffic goes."""
+
+    def route(self, plan: Plan, placement: GroupPlacement) -> Route:
+        """The route of the worst group of ``placement.axis`` in ``plan``."""
+        ...
+
+
+def shared_share(capacity_bytes_per_s: float, flows: float, flow_bytes_per_s: float) -> float:
+    """Share of its own rate each of ``flows`` equal flows keeps on a link of
+    ``capacity_bytes_per_s``: ``min(1, capacity / (flows · rate))``. Max-min fair sharing
+    of one bottleneck link (Bertsekas & Gallager, *Data Networks*, 2nd ed., §6.5.2):
+    two flows that each would fill the link get half of it each."""
+    demand = flows * flow_bytes_per_s
+    if demand <= 0:
+        return 1.0
+    return min(1.0, capacity_bytes_per_s / demand)
+
+
+def ring_edges(nodes: list[int], closed: bool = True) -> list[tuple[int, int]]:
+    """The node-to-node steps of a ring through ``nodes`` in order (members on one node
+    are consecutive and give no step; NCCL threads a node's members before leaving it);
+    ``closed=False`` for a chain (the pipeline's stages), without the step back."""
+    distinct = [n for i, n in enumerate(nodes) if i == 0 or n != nodes[i - 1]]
+    if len(distinct) > 1 and distinct[0] == distinct[-1]:
+        distinct.pop()
+    if len(distinct) < 2:
+        return []
+    steps = len(distinct) if closed else len(distinct) - 1
+    return [(distinct[i], distinct[(i + 1) % len(distinct)]) for i in range(steps)]
+
+
+def is_chain(axis: str) -> bool:
+    """Whether the groups of ``axis`` send along a chain, not a ring: the pipeline's
+    stages pass activations forward and gradients back, with no step from last to first."""
+    return axis == "pp"
+
+
+def groups_touching(plan: Plan, axis: str, nodes: range) -> list[list[int]]:
+    """Every group of ``axis`` with a member on one of ``nodes``, each as its ranks."""
+    dpn = plan.system.node.devices_per_node
+    seen: set[int] = set()
+    out = []
+    for node in nodes:
+        for rank in range(node * dpn, min((node + 1) * dpn, plan.devices)):
+            members = plan.members(axis, rank)
+            if members[0] not in seen:
+                seen.add(members[0])
+                out.append(members)
+    return out
+
+
+def rank_steps(plan: Plan, group: list[int], chain: bool = False) -> list[tuple[int, int]]:
+    """The ring (or chain) steps of ``group`` between nodes, as (from rank, to rank)."""
+    dpn = plan.system.node.devices_per_node
+    first_on = {}
+    last_on = {}
+    for r in group:
+        first_on.setdefault(r // dpn, r)
+        last_on[r // dpn] = r
+    return [(last_on[a], first_on[b])
+            for a, b in ring_edges([r // dpn for r in group], closed=not chain)]

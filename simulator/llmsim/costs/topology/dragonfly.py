@@ -1,0 +1,70 @@
+"""Dragonfly (Slingshot): all-to-all groups joined by global links.
+
+A job's nodes fill dragonfly groups of ``nodes_per_group`` in order (contiguous
+placement). Inside a group every switch reaches every other in one hop (2 switch hops
+node to node); a step to another group takes 3 (Kim, Dally, Scott & Abts, "Technology-
+Driven, Highly-Scalable Dragonfly Topology", ISCA 2008). Every group of an axis runs at
+once, and the ring flows leaving the worst group's dragonfly group share its global links:
+
+* all of them together carry ``nodes_per_group × injection / global_taper``;
+* between one pair of groups there are ``global_links_per_group_pair`` links
+  (Frontier: 4, hardware.md §2.2). Minimal routing sends a flow to the next group on
+  those direct links only; adaptive routing (UGAL, Slingshot's default) also sends it
+  through an intermediate group, two global hops, so the rest of the global links carry
+  half as much of it (Valiant routing's factor of two, Kim et al. 2008 §4).
+
+The group keeps the lowest share any of these limits leaves it
+(:func:`~llmsim.costs.topology.base.shared_share`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from llmsim.costs.topology.base import (
+    Route,
+    groups_touching,
+    is_chain,
+    rank_steps,
+    shared_share,
+)
+from llmsim.plan import GroupPlacement, Plan
+from llmsim.specs import Dragonfly
+
+
+@dataclass(frozen=True)
+class DragonflyTopology:
+    """:class:`~llmsim.specs.Dragonfly` behind the topology interface."""
+
+    network: Dragonfly
+
+    def route(self, plan: Plan, placement: GroupPlacement) -> Route:
+        """Dragonfly group or global links, hops, and the global links' share."""
+        net, node = self.network, plan.system.node
+        size = net.nodes_per_group
+        members = plan.members(placement.axis, placement.first_rank)
+        home = plan.location(members[0])[0] // size
+        home_nodes = range(home * size, min((home + 1) * size, plan.nodes))
+        to_group: Counter[int] = Counter()
+        for group in groups_touching(plan, placement.axis, home_nodes):
+            for a, b in rank_steps(plan, group, is_chain(placement.axis)):
+                node_a, node_b = plan.location(a)[0], plan.location(b)[0]
+                if node_a in home_nodes and node_b // size != home:
+                    to_group[node_b // size] += 1
+        where = (f"{placement.members_per_node} per node on {placement.nodes_spanned} nodes in "
+                 f"{placement.domains_spanned} dragonfly group(s) of {size} nodes")
+        if not to_group:
+            return Route("dragonfly group", 2, 1.0, detail=where)
+        k = placement.members_per_node
+        flow_rate = node.injection_bytes_per_s * min(1.0, k / node.devices_per_node)
+        global_bw = size * node.injection_bytes_per_s / net.global_taper
+        share = shared_share(global_bw, sum(to_group.values()), flow_rate)
+        if net.global_links_per_group_pair is not None:
+            direct = net.global_links_per_group_pair * node.nic_gbit * 1e9 / 8
+            indirect = 0.0 if net.routing == "minimal" else max(0.0, global_bw - direct) / 2
+            for flows in to_group.values():
+                share = min(share, shared_share(direct + indirect, flows, flow_rate))
+        detail = (f"{where}; {sum(to_group.values())} ring flows leave the group "
+                  f"({net.routing} routing): {100 * share:.0f} % of line rate")
+        return Route("dragonfly global links", 3, share, detail=detail)

@@ -1,0 +1,76 @@
+"""Fat-tree: full bisection under a leaf switch, an oversubscribed spine above it.
+
+A leaf holds ``nodes_per_leaf`` nodes (on a rail-optimised fabric, NIC i of each of those
+nodes sits on rail leaf i: DGX SuperPOD reference architecture). Its uplinks carry
+``nodes_per_leaf × injection / oversubscription``. Every group of an axis runs at once, so
+the ring flows that leave the worst group's leaf share those uplinks: the group keeps
+:func:`~llmsim.costs.topology.base.shared_share` of its rate, where each flow runs at the
+group's NIC share (``injection × k / devices_per_node``). A ring leaves a leaf once per
+run of its members inside it, so a group with many nodes per leaf loses little to the
+taper, and a non-blocking fabric (oversubscription 1) never slows a group.
+
+On a rail-optimised fabric a step between members on different local slots (a group with
+one member per node whose stride is not a multiple of the node's devices) joins two rails,
+which meet only at the spine: it crosses the spine even inside one leaf's nodes. On a
+fabric that is not rail-optimised every NIC of a node sits on the node's own leaf.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.costs.topology.base import (
+    Route,
+    groups_touching,
+    is_chain,
+    rank_steps,
+    shared_share,
+)
+from llmsim.plan import GroupPlacement, Plan
+from llmsim.specs import FatTree
+
+
+@dataclass(frozen=True)
+class FatTreeTopology:
+    """:class:`~llmsim.specs.FatTree` behind the topology interface."""
+
+    network: FatTree
+
+    def _crosses(self, plan: Plan, a: int, b: int, k: int) -> bool:
+        """Whether the ring step from rank ``a`` to rank ``b`` climbs to the spine."""
+        (node_a, slot_a), (node_b, slot_b) = plan.location(a), plan.location(b)
+        leaf = self.network.nodes_per_leaf
+        if node_a // leaf != node_b // leaf:
+            return True
+        return self.network.rail_optimized and k == 1 and slot_a != slot_b
+
+    def route(self, plan: Plan, placement: GroupPlacement) -> Route:
+        """Leaf or spine, the hops, and the share the leaf's uplinks leave the group."""
+        net, node = self.network, plan.system.node
+        members = plan.members(placement.axis, placement.first_rank)
+        k = placement.members_per_node
+        leaf = plan.location(members[0])[0] // net.nodes_per_leaf
+        leaf_nodes = range(leaf * net.nodes_per_leaf,
+                           min((leaf + 1) * net.nodes_per_leaf, plan.nodes))
+        flows = 0
+        for group in groups_touching(plan, placement.axis, leaf_nodes):
+            flows += sum(1 for a, b in rank_steps(plan, group, is_chain(placement.axis))
+                         if plan.location(a)[0] in leaf_nodes and self._crosses(plan, a, b, k))
+        if flows == 0:
+            return Route("leaf switch", 1, 1.0, detail=_leaf_detail(placement, net))
+        flow_rate = node.injection_bytes_per_s * min(1.0, k / node.devices_per_node)
+        capacity = len(leaf_nodes) * node.injection_bytes_per_s / net.oversubscription
+        share = shared_share(capacity, flows, flow_rate)
+        detail = (f"{_leaf_detail(placement, net)}; {flows} ring flows leave the leaf "
+                  f"on uplinks of 1/{net.oversubscription:g} its injection: "
+                  f"{100 * share:.0f} % of line rate")
+        return Route("fat-tree spine", 3, share, detail=detail)
+
+
+def _leaf_detail(placement: GroupPlacement, net: FatTree) -> str:
+    rail = "rail-optimised" if net.rail_optimized else "not rail-optimised"
+    return (f"{placement.members_per_node} per node on {placement.nodes_spanned} nodes "
+            f"in {placement.domains_spanned} leaf of {net.nodes_per_leaf} nodes ({rail})"
+            if placement.domains_spanned == 1 else
+            f"{placement.members_per_node} per node on {placement.nodes_spanned} nodes "
+            f"in {placement.domains_spanned} leaves of {net.nodes_per_leaf} nodes ({rail})")

@@ -1,0 +1,145 @@
+"""Torus (Tofu-D): the job's sub-torus, the rings a group builds along its dimensions.
+
+**The job's shape.** A job of N nodes gets a box of the machine's torus: the dimensions
+fill from the last listed to the first (on Fugaku ``[X, Y, Z, a, b, c]``: the 2·3·2 Tofu
+unit first, then Z, Y, X), each taking the largest divisor of the nodes still to place
+that fits it (:func:`job_shape`); rank r sits on node r // devices_per_node, whose
+coordinates count the last-listed dimension fastest. A dimension of the box closes into a
+ring only where the job holds all of it and it has 3 or more nodes (a box of part of a
+dimension is a mesh line: Fujitsu's job shapes, Ajima et al., "The Tofu Interconnect D",
+IEEE Cluster 2018).
+
+**A group's rings.** A group whose member nodes form a box of the job's torus spans the
+dimensions along which they vary (:class:`~llmsim.costs.topology.base.TorusDimension`):
+a ring along one dimension drives 2 links per direction where it closes, 1 on a line.
+The collective model runs either one ring through all members (a Hamiltonian cycle of
+the box, 1-hop steps: 2 links) or one ring per dimension, concurrently over slices of
+the data, which drives the links of every dimension at once up to the node's injection
+interfaces (Tofu-D: 6 TNIs) — ``torus_s`` in :mod:`llmsim.costs.collectives`,
+:mod:`llmsim.costs.multidim`.
+
+**Contention.** Groups of an axis that form boxes use disjoint lines of the torus. A group
+whose members do not form a box (a stride that cuts across dimensions) sends each step
+over several hops by dimension-order routing; when every group of the axis does the same
+shift, each link carries on average as many flows as a step has hops, so the group keeps
+1/(mean hops of its steps) of its rate, and a step's latency pays the longest one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.costs.topology.base import Route, TorusDimension, is_chain, ring_edges
+from llmsim.plan import GroupPlacement, Plan
+from llmsim.specs import Torus
+
+TOFU_NAMES = ("X", "Y", "Z", "a", "b", "c")
+"""Tofu-D's dimension labels, in the order the catalog lists them."""
+
+
+def job_shape(dims: list[int], nodes: int) -> list[int]:
+    """The extent of a job of ``nodes`` nodes along each of ``dims`` (same order).
+
+    Dimensions fill from the last to the first, each with the largest divisor of the
+    nodes left that fits it. Nodes left over that no dimension divides (a prime larger
+    than any dimension) widen the outermost dimensions with room, rounding up, so the box
+    holds at least ``nodes``.
+    """
+    shape = [1] * len(dims)
+    left = nodes
+    for i in reversed(range(len(dims))):
+        fit = max(d for d in range(1, min(dims[i], left) + 1) if left % d == 0)
+        shape[i], left = fit, left // fit
+    for i in range(len(dims)):
+        if left <= 1:
+            break
+        wider = min(dims[i], shape[i] * left)
+        left = -(-left * shape[i] // wider)
+        shape[i] = wider
+    return shape
+
+
+@dataclass(frozen=True)
+class TorusTopology:
+    """:class:`~llmsim.specs.Torus` behind the topology interface."""
+
+    network: Torus
+    nodes: int
+    """Nodes of the job."""
+
+    @property
+    def shape(self) -> list[int]:
+        """The job's extent along each dimension (:func:`job_shape`)."""
+        return job_shape(self.network.dims, self.nodes)
+
+    def names(self) -> list[str]:
+        """A label per dimension: Tofu-D's names for a 6-D torus, else the index."""
+        dims = self.network.dims
+        return list(TOFU_NAMES) if len(dims) == 6 else [str(i) for i in range(len(dims))]
+
+    def coords(self, node: int) -> list[int]:
+        """Coordinates of a node of the job in its box (last dimension fastest)."""
+        out = []
+        for extent in reversed(self.shape):
+            node, c = divmod(node, extent)
+            out.append(c)
+        return out[::-1]
+
+    def distance(self, a: int, b: int) -> int:
+        """Hops between two nodes of the job by dimension-order routing (wrap-around
+        links only in the dimensions that close)."""
+        hops = 0
+        for ca, cb, extent, full in zip(self.coords(a), self.coords(b), self.shape,
+                                        self.network.dims, strict=True):
+            step = abs(ca - cb)
+            hops += min(step, extent - step) if extent == full and full >= 3 else step
+        return hops
+
+    def dimensions_of(self, nodes: list[int]) -> tuple[TorusDimension, ...] | None:
+        """The dimensions a set of nodes spans when it is a box of the job's torus
+        (consecutive coordinates along each), innermost first; None when it is not."""
+        coords = [self.coords(n) for n in set(nodes)]
+        out, count = [], 1
+        names = self.names()
+        for i in reversed(range(len(self.shape))):
+            values = sorted({c[i] for c in coords})
+            if len(values) > 1:
+                if values[-1] - values[0] != len(values) - 1:
+                    return None
+                wraps = len(values) == self.shape[i] == self.network.dims[i] >= 3
+                out.append(TorusDimension(names[i], len(values), wraps))
+            count *= len(values)
+        return tuple(out) if count == len(coords) else None
+
+    def route(self, plan: Plan, placement: GroupPlacement) -> Route:
+        """The worst route among (up to 64 of) the axis's groups: the one that keeps the
+        least of its line rate, then the longest steps. Groups of one axis can differ on a
+        torus: a degree that does not divide the Tofu unit cuts some groups across it."""
+        routes = [self.group_route(plan, placement.axis, first)
+                  for first in plan.group_first_ranks(placement.axis)]
+        return min(routes, key=lambda r: (r.bandwidth_fraction * r.ring_links, -r.hops,
+                                          len(r.dims)))
+
+    def group_route(self, plan: Plan, axis: str, first_rank: int) -> Route:
+        """The group of ``axis`` holding ``first_rank``: its dimensions, its ring's links
+        and hops, and its share of them."""
+        dpn = plan.system.node.devices_per_node
+        nodes = [r // dpn for r in plan.members(axis, first_rank)]
+        edges = ring_edges(nodes, closed=not is_chain(axis))
+        if not edges:  # a group inside one node: no torus link
+            return Route("one node", 0, 1.0, ring_links=2, detail="all on one node")
+        dims = self.dimensions_of(nodes)
+        shape = "×".join(str(s) for s in self.shape)
+        if dims is not None:
+            links = 2 if len(dims) > 1 or dims[0].wraps else 1
+            hops = max(d.hops for d in dims) if len(dims) == 1 else 1
+            along = " × ".join(f"{d.name}:{d.size}{' ring' if d.wraps else ' line'}"
+                               for d in dims)
+            detail = (f"box {along} of the job's {shape} torus; one ring through it takes "
+                      f"{hops}-hop steps on {links} link(s) per direction")
+            return Route("torus links", hops, 1.0, ring_links=links, dims=dims, detail=detail)
+        steps = [self.distance(a, b) for a, b in edges]
+        hops, mean = max(steps), sum(steps) / len(steps)
+        detail = (f"not a box of the job's {shape} torus: ring steps of {mean:.1f} hops on "
+                  f"average (up to {hops}), each link shared by as many flows")
+        return Route("torus links", hops, 1.0 / mean, ring_links=1, detail=detail)
