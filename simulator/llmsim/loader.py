@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from llmsim import catalog
+from llmsim import catalog, safe_yaml
 from llmsim.errors import UserError
 from llmsim.specs import Accelerator, CollectiveLibrary, Model, Scenario, System
 
@@ -34,24 +34,26 @@ _SPEC_OF_KIND: dict[str, type[BaseModel]] = {
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse one YAML file safely into a mapping; errors name the file and line."""
+    """Parse one YAML file safely into a mapping; errors name the file and line.
+
+    Reading is bounded and the scalars are YAML 1.2's (:mod:`llmsim.safe_yaml`)."""
+    text = safe_yaml.read_text(path)
+    name = safe_yaml.echo(path.name).strip("'\"")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}; check the path") from None
-    try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.parse_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = str(exc.problem)[: 2 * safe_yaml.MAX_ECHO_CHARS]
         raise UserError(
-            f"{path.name}:{line}: malformed YAML ({exc.problem}); fix the syntax there"
+            f"{name}:{line}: malformed YAML ({problem}); fix the syntax there"
         ) from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{path.name}: malformed YAML ({exc}); fix the syntax") from None
+        problem = str(exc).splitlines()[0][: 2 * safe_yaml.MAX_ECHO_CHARS]
+        raise UserError(f"{name}: malformed YAML ({problem}); fix the syntax") from None
     if not isinstance(data, dict):
         raise UserError(
-            f"{path.name}: expected a mapping of fields at the top level, got "
+            f"{name}: expected a mapping of fields at the top level, got "
             f"{type(data).__name__}; write it as `field: value` lines"
         )
     return data
@@ -73,9 +75,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and a YAML-typed value."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"--set {item!r}: expected key=value, e.g. --set parallelism.tp=4")
+        raise UserError(f"--set {safe_yaml.echo(item)}: expected key=value, e.g. "
+                        "--set parallelism.tp=4")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = safe_yaml.parse_yaml(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
     return key.strip().split("."), parsed
@@ -103,8 +106,7 @@ def _field_names(model: type[BaseModel]) -> list[str]:
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return safe_yaml.echo(value)
 
 
 def _locate(loc: tuple[Any, ...], data: Any) -> tuple[str, Any, bool]:
@@ -209,13 +211,20 @@ def load_spec(kind: catalog.Kind, name: str) -> Any:
 
 
 def scenario_path(source: str | Path) -> Path:
-    """A scenario argument is a path if the file exists, otherwise a catalog name."""
+    """A scenario argument is a path if the file exists, otherwise a catalog name; one
+    that looks like a path (a folder part, or ``.yaml`` / ``.yml`` and no catalog entry of
+    that name) and does not exist is a "file not found"."""
     path = Path(source)
-    if path.is_file():
-        return path
-    if path.suffix in (".yaml", ".yml") and len(path.parts) > 1:
-        raise UserError(f"scenario file {str(source)!r} does not exist; check the path")
-    return catalog.path_of("scenarios", path.name)
+    try:
+        if path.is_file():
+            return path
+    except OSError:  # a name too long for the file system, for one
+        pass
+    looks_like_path = len(path.parts) > 1 or path.suffix in (".yaml", ".yml")
+    if looks_like_path and not catalog.is_name(str(source)):
+        raise UserError(f"scenario file {safe_yaml.echo(str(source))}: file not found (nor a "
+                        "catalog scenario of that name); check the path")
+    return catalog.path_of("scenarios", str(source))
 
 
 def load_scenario(
