@@ -178,8 +178,14 @@ class Result:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The results as a JSON string (NaN/inf written as null)."""
-        return json.dumps(_finite(self.to_dict()), indent=indent)
+        """The results as a JSON string: a NaN or infinite value is written as null, and a
+        warning names it."""
+        data = self.to_dict()
+        not_finite = [k for k, v in data.items()
+                      if isinstance(v, float) and not math.isfinite(v)]
+        data["warnings"] = data["warnings"] + [
+            f"{k} is {data[k]}, written as null" for k in not_finite]
+        return json.dumps(_finite(data), indent=indent)
 
     def to_dataframe(self) -> pd.DataFrame:
         """Every op of the step: device, stage, stream, name, kind, micro-batch, times."""
