@@ -18,6 +18,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Discrete-event simulator of distributed LLM training on supercomputers.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: flags without a '<bool>' type, nothing boxed
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 schedule_app = typer.Typer(help="Pipeline schedules.", no_args_is_help=True)
 app.add_typer(schedule_app, name="schedule")
@@ -28,13 +30,52 @@ calibrate_app = typer.Typer(
 )
 app.add_typer(calibrate_app, name="calibrate")
 
-out = Console()
-err = Console(stderr=True)
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console; piped or redirected (not a terminal) it is wide, so that tables keep
+    their headers whole instead of fitting 80 columns."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=200)
+
+
+out = _console()
+err = _console(stderr=True)
 
 SetOption = Annotated[
     list[str] | None,
-    typer.Option("--set", help="Override a field: --set parallelism.tp=4 (repeatable)."),
+    typer.Option("--set", metavar="KEY=VALUE",
+                 help="Override a field: --set parallelism.tp=4 (repeatable)."),
 ]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"llmsim {version('llmsim')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _common(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version,
+                                          is_eager=True, help="Print the version and exit.")]
+    = False,
+) -> None:
+    pass
+
+
+def _check_out_dir(path: Path) -> None:
+    """Refuse an ``--out`` folder that cannot be written, before any simulation runs."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".llmsim-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"--out {str(path)!r}: cannot write there ({exc.strerror}); give a "
+                        "folder you can write to") from None
 
 
 @app.command()
@@ -49,6 +90,11 @@ def run(
     from llmsim.simulation import simulate
 
     spec = loader.load_scenario(scenario, set_ or [])
+    if out_dir is not None:
+        _check_out_dir(out_dir)
+    if spec.calibration:
+        (err if as_json else out).print(f"calibration profile in use: {spec.calibration}",
+                                        highlight=False, soft_wrap=True)
     result = simulate(spec)
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
@@ -306,7 +352,8 @@ def main() -> None:
     try:
         app()
     except UserError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+        err.print(f"[red]error:[/red] {exc.message}", highlight=False, markup=True,
+                  soft_wrap=True)
         raise SystemExit(exc.exit_code) from None
 
 
