@@ -167,6 +167,8 @@ def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) 
     first = err.errors()[0]
     loc = tuple(first["loc"])
     field, value, _ = _locate(loc, data)
+    if len(field) > safe_yaml.MAX_ECHO_CHARS:  # a key the user wrote can be of any length
+        field = field[: safe_yaml.MAX_ECHO_CHARS - 3] + "..."
     kind = first["type"]
     msg = first["msg"].removeprefix("Value error, ")
     if kind == "extra_forbidden":

@@ -133,10 +133,12 @@ class Result:
         """Days for the run's tokens or FLOP budget at this step's throughput."""
         trn = self.scenario.training
         if trn.tokens is not None:
-            return trn.tokens / self.tokens_per_s / SECONDS_PER_DAY
-        if trn.flops is not None:
-            return trn.flops / (self.model_flops_per_step / self.step_time_s) / SECONDS_PER_DAY
-        return None
+            amount, rate = trn.tokens, self.tokens_per_s
+        elif trn.flops is not None:
+            amount, rate = trn.flops, self.model_flops_per_step / self.step_time_s
+        else:
+            return None
+        return amount / rate / SECONDS_PER_DAY if rate > 0 else math.inf  # inf: never
 
     @property
     def fits(self) -> bool:

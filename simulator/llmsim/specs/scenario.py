@@ -146,8 +146,8 @@ class Scenario(Spec):
         simulated = par.pp * (par.tp * self.dp if self.fidelity == "full" else 1)
         layers = -(-self.model.layers // par.pp)
         grad_bytes = 4 * self.model.params / (par.tp * par.pp)
-        buckets = par.virtual_stages + int(grad_bytes // (par.dp_bucket_mb * 1e6))
-        return simulated * (self.micro_batches * layers + (buckets if self.dp > 1 else 0))
+        buckets = par.virtual_stages + min(grad_bytes / (par.dp_bucket_mb * 1e6), 1e30)
+        return int(simulated * (self.micro_batches * layers + (buckets if self.dp > 1 else 0)))
 
     @property
     def micro_batches(self) -> int:
