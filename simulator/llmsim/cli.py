@@ -93,8 +93,14 @@ def run(
     if out_dir is not None:
         _check_out_dir(out_dir)
     if spec.calibration:
-        (err if as_json else out).print(f"calibration profile in use: {spec.calibration}",
-                                        highlight=False, soft_wrap=True)
+        from llmsim.calibration import load_calibration
+
+        cal = load_calibration(spec.calibration)
+        source = f"; source: {cal.source}" if cal.source else ""
+        (err if as_json else out).print(
+            f"calibration profile in use: {spec.calibration} ({len(cal.gemm)} GEMM shapes, "
+            f"{len(cal.collectives)} collective sizes{source})", highlight=False,
+            soft_wrap=True)
     result = simulate(spec)
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
@@ -350,7 +356,7 @@ def main() -> None:
     here as one line.
     """
     try:
-        app()
+        app(prog_name="llmsim")
     except UserError as exc:
         err.print(f"[red]error:[/red] {exc.message}", highlight=False, markup=True,
                   soft_wrap=True)
