@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, loader
+from llmsim import catalog, cli_compare, loader
 from llmsim.errors import UserError
 
 app = typer.Typer(
@@ -346,6 +346,9 @@ def validate_cmd(
         (out_dir / "validation.md").write_text(validation.markdown_tables(df), encoding="utf-8")
         png = validation.plot_validation(df, out_dir / "validation.png")
         out.print(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'validation.md'}, {png}")
+
+
+app.command("compare")(cli_compare.compare)
 
 
 def main() -> None:

@@ -19,7 +19,8 @@ def track(items: Sequence[T], what: str, label: Callable[[T], str] = str,
     """Yield ``items`` while showing how far the work is and an estimate of what is left.
 
     On a terminal a transient rich bar; otherwise (CI logs, ``2> log``, a pipe) one line
-    on ``stream`` (stderr) at most every ``every_s`` seconds and one at the end, e.g.
+    on ``stream`` (stderr) at most every ``every_s`` seconds and, if there was one, one
+    at the end, e.g.
     ``validating: 12/86 done, 14 s elapsed, about 86 s left (NAR21-…)``. The estimate
     assumes the items left take as long as the mean of those done.
     """
@@ -35,15 +36,17 @@ def track(items: Sequence[T], what: str, label: Callable[[T], str] = str,
                 bar.advance(task)
         return
     start = last = clock()
+    shown = False
     for done, item in enumerate(items):
         now = clock()
         if done and now - last >= every_s:
+            shown = True
             left = (now - start) / done * (len(items) - done)
             stream.write(f"{what}: {done}/{len(items)} done, {now - start:.0f} s elapsed, "
                          f"about {left:.0f} s left ({label(item)})\n")
             stream.flush()
             last = now
         yield item
-    if items:
+    if shown:  # work that took less than ``every_s`` needs no word
         stream.write(f"{what}: {len(items)}/{len(items)} done in {clock() - start:.0f} s\n")
         stream.flush()
