@@ -119,9 +119,25 @@ def run(
 @app.command("catalog")
 def catalog_cmd(
     kind: Annotated[str | None, typer.Argument(
-        help="accelerators, collectives, systems, models or scenarios (default: all).")] = None,
+        help="accelerators, collectives, systems, models or scenarios (default: all); or "
+        "import-hf.")] = None,
+    file: Annotated[Path | None, typer.Argument(
+        help="With import-hf: a Hugging Face config.json.")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="With import-hf: the model's name.")] = None,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", help="With import-hf: write the model YAML here instead of printing it.")]
+    = None,
 ) -> None:
-    """List the bundled hardware, collective libraries, models and scenarios."""
+    """List the bundled hardware, collective libraries, models and scenarios; or, with
+    import-hf FILE, turn a Hugging Face config.json into a model entry."""
+    if kind == "import-hf":
+        from llmsim.cli_hf import import_hf
+
+        return import_hf(file, name, out_path, out)
+    if file is not None or name is not None or out_path is not None:
+        raise UserError("catalog: a file, --name and --out go with import-hf only; run "
+                        "`llmsim catalog import-hf config.json` or drop them")
     kinds = list(catalog.KINDS)
     if kind is not None and kind not in kinds:
         raise UserError(f"catalog kind {kind!r} is unknown; use one of {', '.join(kinds)}")

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from llmsim import catalog, safe_yaml
+from llmsim import catalog, hf_config, safe_yaml
 from llmsim.errors import UserError
 from llmsim.specs import Accelerator, CollectiveLibrary, Model, Scenario, System
 
@@ -59,8 +59,10 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _resolve(raw: dict[str, Any]) -> dict[str, Any]:
-    """Replace catalog names at the known reference points by the entries' contents."""
+def _resolve(raw: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
+    """Replace catalog names at the known reference points by the entries' contents, and
+    ``model: {from_hf: config.json}`` by the model it describes (a relative path is taken
+    from ``base``, the scenario file's folder, or else the working directory)."""
     for path, kind in _REFERENCES:
         parent = raw
         for key in path[:-1]:
@@ -68,6 +70,15 @@ def _resolve(raw: dict[str, Any]) -> dict[str, Any]:
         if isinstance(parent, dict) and isinstance(parent.get(path[-1]), str):
             name = parent[path[-1]]
             parent[path[-1]] = read_yaml(catalog.path_of(kind, name, field=".".join(path)))
+    model = raw.get("model")
+    if isinstance(model, dict) and "from_hf" in model:
+        given = dict(model)
+        source = given.pop("from_hf")
+        if not isinstance(source, str) or not source:
+            raise UserError(f"model.from_hf = {safe_yaml.echo(source)}: give the path of a "
+                            "Hugging Face config.json")
+        config = Path(source) if base is None else base / source
+        raw["model"] = hf_config.model_fields(config) | given  # the fields given win
     return raw
 
 
@@ -238,12 +249,13 @@ def load_scenario(
     ``source`` is a path, a catalog scenario name (``frontier`` or ``frontier.yaml``) or a
     mapping. ``overrides`` are ``"a.b.c=value"`` strings or a ``{"a.b.c": value}`` mapping.
     """
+    base = None
     if isinstance(source, Mapping):
         raw, label = copy.deepcopy(dict(source)), "scenario"
     else:
         path = scenario_path(source)
-        raw, label = read_yaml(path), path.name
-    raw = _resolve(raw)
+        raw, label, base = read_yaml(path), path.name, path.parent
+    raw = _resolve(raw, base)
     pairs: list[tuple[list[str], Any]]
     if overrides is None:
         pairs = []
@@ -253,5 +265,5 @@ def load_scenario(
         pairs = [parse_override(item) for item in overrides]
     for keys, value in pairs:
         apply_override(raw, keys, value)
-        raw = _resolve(raw)
+        raw = _resolve(raw)  # an override's from_hf path is the working directory's
     return validate(Scenario, raw, label)
