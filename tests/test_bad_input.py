@@ -16,7 +16,7 @@ from helpers import TINY_MODEL, make_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmsim import load_scenario, simulate
+from llmsim import load_scenario, load_spec, simulate
 from llmsim.calibration import load_calibration, parse_gemm_csv, parse_nccl_tests
 from llmsim.cli import main
 from llmsim.errors import UserError
@@ -127,6 +127,14 @@ def test_a_long_unknown_key_is_not_echoed_whole():
 def test_an_alias_inside_its_own_node(tmp_path, capsys):
     err = one_line_error(["run", str(write(tmp_path, "name: &n [1, *n]\n"))], capsys)
     assert "refers to the node that holds it" in err
+
+
+@pytest.mark.parametrize("text", ["a: !!int abc", "a: !!float x", "a: !!timestamp x",
+                                  "a: !!bool maybe", "a: !!int 0x", "a: !!int " + "9" * 5000,
+                                  "a: !!python/object:os.system x"])
+def test_explicit_tags_that_do_not_fit_their_value(text):
+    with pytest.raises(yaml.YAMLError):
+        parse_yaml(text)
 
 
 def test_duplicate_keys_are_refused(tmp_path, capsys):
@@ -275,12 +283,17 @@ VALUES = st.one_of(
 )
 
 
+# The system inline, as loaded once: the fuzz then spends its time on the changes, not on
+# reading the same catalog files again (a "system" change may still name one).
+FUZZ_BASE = TINY | {"system": load_spec("systems", "selene").model_dump()}
+
+
 @settings(max_examples=200, deadline=5000, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.sampled_from(PATHS), VALUES), min_size=1, max_size=4))
 def test_fuzz_scenario_mappings_give_a_scenario_or_one_user_error(changes):
     overrides = {path: value for path, value in changes}
     try:
-        scenario = load_scenario(TINY, overrides)
+        scenario = load_scenario(FUZZ_BASE, overrides)
     except UserError as exc:
         assert "\n" not in str(exc) and len(str(exc)) < 1000
         return
@@ -322,7 +335,7 @@ NEAR_VALID = {  # per field, values that often load, so that the simulation runs
 def test_fuzz_simulating_what_loads_gives_a_result_or_one_user_error(changes):
     overrides = {path: value for path, value in changes} | {"max_sim_passes": 20_000}
     try:
-        result = simulate(load_scenario(TINY, overrides))
+        result = simulate(load_scenario(FUZZ_BASE, overrides))
     except UserError as exc:
         assert "\n" not in str(exc)
         return
@@ -332,13 +345,21 @@ def test_fuzz_simulating_what_loads_gives_a_result_or_one_user_error(changes):
 
 YAML_BITS = st.sampled_from(["a", ":", " ", "\n", "- ", "[", "]", "{", "}", ",", "&x", "*x",
                              "!!python/object:os.system", "!!binary", "? ", "'", '"', "#",
+                             "!!int ", "!!float ", "!!timestamp ", "!!bool ", "!!set ",
                              "<<: ", "|", ">", "%YAML 1.1\n", "---\n", "...\n", "\t", "1e9",
                              "nodes", "system: selene", "model: ", ".inf", "~"])
 
 
+TINY_TEXT = yaml.safe_dump(TINY)
+
+
 @settings(max_examples=200, deadline=5000, suppress_health_check=list(HealthCheck))
-@given(st.one_of(st.binary(max_size=300), st.lists(YAML_BITS, max_size=40).map(
-    lambda bits: "".join(bits).encode())))
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.lists(YAML_BITS, max_size=40).map(lambda bits: "".join(bits).encode()),
+    st.tuples(st.integers(0, len(TINY_TEXT)), st.lists(YAML_BITS, max_size=5)).map(
+        lambda at: (TINY_TEXT[:at[0]] + "".join(at[1]) + TINY_TEXT[at[0]:]).encode()),
+))
 def test_fuzz_raw_bytes_give_a_scenario_or_one_user_error(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("fuzz") / "s.yaml"
     path.write_bytes(data)

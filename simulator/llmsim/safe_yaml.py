@@ -122,6 +122,17 @@ class _Loader(yaml.SafeLoader):
             seen[key] = key_node.start_mark.line
         return node
 
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, LookupError, AttributeError, OverflowError) as exc:
+            # An explicit tag on a value it does not fit: !!int abc, !!timestamp x, ...
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{echo(node.value)} cannot be read as {node.tag.split(':')[-1]} "
+                f"({type(exc).__name__})", node.start_mark) from None
+
     def construct_yaml_int(self, node: ScalarNode) -> int:  # type: ignore[override]
         value = str(self.construct_scalar(node))
         if value.startswith("0o"):
