@@ -185,6 +185,10 @@ def test_results_that_would_be_infinite_or_zero():
     data = yaml.safe_load(broken.to_json())  # JSON is YAML
     assert data["step_time_s"] is None
     assert "step_time_s is inf, written as null" in data["warnings"]
+    stages = [dataclasses.replace(result.stages[0], bubble_s=math.nan), *result.stages[1:]]
+    data = yaml.safe_load(dataclasses.replace(result, stages=stages).to_json())
+    assert data["breakdown_per_stage_s"][0]["bubble"] is None
+    assert "breakdown_per_stage_s[0].bubble is nan, written as null" in data["warnings"]
 
 
 # -- catalog names ---------------------------------------------------------------------------

@@ -183,10 +183,8 @@ class Result:
         """The results as a JSON string: a NaN or infinite value is written as null, and a
         warning names it."""
         data = self.to_dict()
-        not_finite = [k for k, v in data.items()
-                      if isinstance(v, float) and not math.isfinite(v)]
         data["warnings"] = data["warnings"] + [
-            f"{k} is {data[k]}, written as null" for k in not_finite]
+            f"{key} is {value}, written as null" for key, value in _not_finite(data)]
         return json.dumps(_finite(data), indent=indent)
 
     def to_dataframe(self) -> pd.DataFrame:
@@ -220,6 +218,17 @@ class Result:
 
 def _record_dict(r: Any) -> dict[str, Any]:
     return {k: getattr(r, k) for k in r.__slots__}
+
+
+def _not_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
+    """(dotted key, value) of every NaN or infinite float inside ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [(key, value)]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _not_finite(v, f"{key}.{k}".lstrip("."))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _not_finite(v, f"{key}[{i}]")]
+    return []
 
 
 def _finite(value: Any) -> Any:
