@@ -75,6 +75,11 @@ def test_out_is_checked_before_simulating(tmp_path, capsys, monkeypatch):
     blocker.write_text("")
     code, _, err = cli(["run", str(tiny(tmp_path)), "--out", str(blocker / "sub")], capsys)
     assert code == 2 and "--out" in err and "cannot write there" in err
+    import llmsim.validation
+
+    monkeypatch.setattr(llmsim.validation, "validate", never)
+    code, _, err = cli(["validate", "--out", str(blocker / "sub")], capsys)
+    assert code == 2 and "cannot write there" in err
 
 
 def test_piped_errors_stay_on_one_line_and_tables_keep_their_width(tmp_path, capsys):

@@ -299,6 +299,8 @@ def validate_cmd(
 
     from llmsim import validation
 
+    if out_dir is not None:
+        _check_out_dir(out_dir)
     df = validation.validate(validation.load_runs(subset), progress=True)
     table = Table(
         title="llmsim vs published measurements", title_justify="left", box=box.SIMPLE_HEAD
