@@ -83,6 +83,12 @@ def test_latin1_names_the_line_and_asks_for_utf8(tmp_path, capsys):
     assert "line 2" in err and "0xe9" in err and "UTF-8" in err
 
 
+def test_paths_that_cannot_be_opened(tmp_path):
+    for path in ("a\x00b.yaml", str(tmp_path), str(tmp_path / "missing.yaml")):
+        with pytest.raises(UserError, match="cannot read"):
+            load_calibration(path)
+
+
 def test_a_binary_file_is_not_a_scenario(tmp_path, capsys):
     path = write(tmp_path, bytes(range(256)) * 4)
     assert "not" in one_line_error(["run", str(path)], capsys)

@@ -73,6 +73,9 @@ def read_text(path: str | Path, what: str = "file") -> str:
     except OSError as exc:
         raise UserError(f"cannot read {what} {echo(str(path))}: {exc.strerror}; "
                         "check the path") from None
+    except ValueError:  # a NUL character in the path
+        raise UserError(f"cannot read {what} {echo(str(path))}: a path cannot hold a NUL "
+                        "character; check the path") from None
     name = echo(path.name)
     if len(data) > MAX_FILE_BYTES:
         raise UserError(f"{name}: the {what} is larger than {MAX_FILE_BYTES // 2**20} MiB, "
