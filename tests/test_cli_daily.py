@@ -115,3 +115,9 @@ def test_progress_off_a_terminal_is_a_line_every_few_seconds_with_an_estimate():
     assert lines[0] == "validating: 2/10 done, 6 s elapsed, about 24 s left (c)"
     assert lines[1] == "validating: 5/10 done, 12 s elapsed, about 12 s left (f)"
     assert len(lines) == 4 and lines[-1] == "validating: 10/10 done in 22 s"
+
+
+def test_schedule_show_is_bounded(capsys):
+    code, _, err = cli(["schedule", "show", "1f1b", "--stages", "100000",
+                        "--microbatches", "100000"], capsys)
+    assert code == 2 and "16,384" in err and err.count("\n") == 1

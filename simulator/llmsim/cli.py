@@ -151,6 +151,10 @@ def catalog_cmd(
         out.print(table)
 
 
+MAX_GRID_CELLS = 16_384
+"""Most stages × micro-batches × chunks ``schedule show`` prints (about a second)."""
+
+
 @schedule_app.command("show")
 def schedule_show(
     name: Annotated[str, typer.Argument(help="gpipe, 1f1b, interleaved-1f1b or zb-h1.")],
@@ -161,6 +165,10 @@ def schedule_show(
     """Print the step × stage grid of a schedule (unit-time F, B and W passes)."""
     from llmsim import schedules
 
+    if stages * microbatches * chunks > MAX_GRID_CELLS:
+        raise UserError(f"schedule show: {stages} stages × {microbatches} micro-batches × "
+                        f"{chunks} chunks = {stages * microbatches * chunks:,}, more than the "
+                        f"{MAX_GRID_CELLS:,} a printed grid shows; use smaller numbers")
     plan = schedules.build(name, stages, microbatches, chunks)
     out.print(schedules.format_grid(plan), highlight=False)
 
