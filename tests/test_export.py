@@ -28,3 +28,19 @@ def test_over_the_limit_adjacent_ops_merge_and_no_stream_is_lost():
         assert any(m.device == op.device and m.stream == op.stream and m.kind == op.kind
                    and m.microbatch == op.microbatch and m.chunk == op.chunk
                    and m.start_s <= op.start_s and op.end_s <= m.end_s for m in merged)
+
+
+def test_the_timeline_figure_saves_with_its_legend(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = simulate(make_scenario()).plot_timeline()
+    fig = ax.figure
+    fig.savefig(tmp_path / "t.png")  # no bbox_inches="tight"
+    (legend,) = fig.legends
+    box, page = legend.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    assert {t.get_text() for t in legend.get_texts()} >= {"forward", "TP comm"}
+    plt.close(fig)
