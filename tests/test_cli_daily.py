@@ -60,6 +60,8 @@ def test_version(capsys):
 def test_a_missing_file_is_file_not_found(arg, capsys):
     code, _, err = cli(["run", arg], capsys)
     assert code == 2 and "file not found" in err and "unknown scenario" not in err
+    code, _, err = cli(["run", str(DATA)], capsys)
+    assert code == 2 and "is a folder" in err
     code, _, err = cli(["run", "frontierr"], capsys)  # a name, not a path
     assert code == 2 and "unknown scenario" in err and "did you mean 'frontier'" in err
 

@@ -231,6 +231,9 @@ def scenario_path(source: str | Path) -> Path:
     try:
         if path.is_file():
             return path
+        if path.is_dir():
+            raise UserError(f"scenario {safe_yaml.echo(str(source))} is a folder; give a "
+                            "scenario file in it, or a catalog name")
     except OSError:  # a name too long for the file system, for one
         pass
     looks_like_path = len(path.parts) > 1 or path.suffix in (".yaml", ".yml")
