@@ -123,3 +123,41 @@ def test_schedule_show_is_bounded(capsys):
     code, _, err = cli(["schedule", "show", "1f1b", "--stages", "100000",
                         "--microbatches", "100000"], capsys)
     assert code == 2 and "16,384" in err and err.count("\n") == 1
+
+
+def test_time_gemms_runs_the_bundled_script(tmp_path, capsys):
+    from llmsim.cli_time_gemms import script_path
+
+    assert script_path().is_file()
+    shapes = tmp_path / "shapes.csv"
+    code, out, err = cli(["calibrate", "shapes", str(tiny(tmp_path)), "--out", str(shapes)],
+                         capsys)
+    assert code == 0, err
+    assert f"llmsim calibrate time-gemms {shapes}" in out
+    table = tmp_path / "gemm.csv"
+    args = ["calibrate", "time-gemms", str(shapes), "--out", str(table), "--device", "cpu",
+            "--seconds", "0.01", "--max-shapes", "1"]
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        code, out, _ = cli(args, capsys)
+        assert code == 1 and "PyTorch is not installed" in out
+        return
+    code, out, err = cli(args, capsys)
+    assert code == 0, err
+    from llmsim.calibration import parse_gemm_csv
+
+    assert len(parse_gemm_csv(table)) == 1
+
+
+def test_time_gemms_needs_a_readable_shapes_file(tmp_path, capsys):
+    code, _, err = cli(["calibrate", "time-gemms", str(tmp_path / "none.csv")], capsys)
+    assert code == 2 and "file not found" in err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n", encoding="utf-8")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pytest.skip("PyTorch is not installed: the script stops before it reads the CSV")
+    code, _, err = cli(["calibrate", "time-gemms", str(bad), "--device", "cpu"], capsys)
+    assert code == 2 and "no column" in err

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, cli_compare, loader
+from llmsim import catalog, cli_compare, cli_time_gemms, loader
 from llmsim.errors import UserError
 
 app = typer.Typer(
@@ -261,9 +261,9 @@ def calibrate_shapes(
                             encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {out_path}: {exc.strerror}; check the --out path") from None
-    out.print(f"wrote {out_path}; time it with 'python benchmarks/time_gemms.py {out_path} "
-              f"--out gemm.csv', then run 'llmsim calibrate gemm gemm.csv'",
-              highlight=False, soft_wrap=True)
+    out.print(f"wrote {out_path}; time it with 'llmsim calibrate time-gemms {out_path} "
+              f"--out gemm.csv' (benchmarks/time_gemms.py, needs PyTorch), then run "
+              "'llmsim calibrate gemm gemm.csv'", highlight=False, soft_wrap=True)
 
 
 @calibrate_app.command("nccl")
@@ -375,6 +375,7 @@ def validate_cmd(
 
 
 app.command("compare")(cli_compare.compare)
+calibrate_app.command("time-gemms")(cli_time_gemms.time_gemms)
 
 
 def main() -> None:
