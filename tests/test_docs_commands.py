@@ -24,7 +24,7 @@ ROOT = Path(__file__).parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", re.S | re.M)
 INLINE = re.compile(r"(?<!`)`(llmsim [^`]+)`(?!`)")
-FILE_ARG = re.compile(r"\.(ya?ml|csv|txt)$")
+FILE_ARG = re.compile(r"\.(ya?ml|csv|txt|json)$")
 SLOW = {"validate": "slow: simulates every published run (~50 s); test_validation covers it"}
 GROUPS = ("calibrate", "schedule")  # commands whose subcommand comes next
 

@@ -31,7 +31,6 @@ calibrate_app = typer.Typer(
 app.add_typer(calibrate_app, name="calibrate")
 
 
-
 def _console(stderr: bool = False) -> Console:
     """A console; piped or redirected (not a terminal) it is wide, so that tables keep
     their headers whole instead of fitting 80 columns."""
