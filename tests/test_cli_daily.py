@@ -161,3 +161,12 @@ def test_time_gemms_needs_a_readable_shapes_file(tmp_path, capsys):
         pytest.skip("PyTorch is not installed: the script stops before it reads the CSV")
     code, _, err = cli(["calibrate", "time-gemms", str(bad), "--device", "cpu"], capsys)
     assert code == 2 and "no column" in err
+
+
+def test_a_long_run_says_how_long_up_front(tmp_path, capsys, monkeypatch):
+    import llmsim.cli
+
+    monkeypatch.setattr(llmsim.cli, "LONG_RUN_PASSES", 10)
+    code, out, err = cli(["run", str(tiny(tmp_path)), "--json"], capsys)
+    assert code == 0 and "layer passes, about" in err
+    json.loads(out)

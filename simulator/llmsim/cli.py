@@ -77,6 +77,11 @@ def _check_out_dir(path: Path) -> None:
                         "folder you can write to") from None
 
 
+LONG_RUN_PASSES = 200_000
+"""Above this many layer passes (``Scenario.sim_passes``, 20–70 µs each on one core of the
+test machine), ``llmsim run`` says up front how long the simulation will take."""
+
+
 @app.command()
 def run(
     scenario: Annotated[str, typer.Argument(help="Scenario file, or a catalog name.")],
@@ -100,6 +105,10 @@ def run(
             f"calibration profile in use: {spec.calibration} ({len(cal.gemm)} GEMM shapes, "
             f"{len(cal.collectives)} collective sizes{source})", highlight=False,
             soft_wrap=True)
+    if spec.sim_passes > LONG_RUN_PASSES:  # the engine reports no progress: say what's coming
+        err.print(f"simulating {spec.sim_passes:,} layer passes, about "
+                  f"{spec.sim_passes * 20e-6:.0f}–{spec.sim_passes * 70e-6:.0f} s "
+                  "(docs/scenarios.md, Limits)", highlight=False, soft_wrap=True)
     result = simulate(spec)
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
