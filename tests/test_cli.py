@@ -228,7 +228,7 @@ def test_moe_run_reports_the_all_to_all_and_expert_memory(tmp_path, capsys):
 
 
 def test_missing_file_and_bad_set_syntax(tmp_path, capsys):
-    assert "does not exist" in _error(["run", str(tmp_path / "nope" / "x.yaml")], capsys)
+    assert "file not found" in _error(["run", str(tmp_path / "nope" / "x.yaml")], capsys)
     assert "expected key=value" in _error(["run", str(tiny_file(tmp_path)), "--set", "tp"],
                                           capsys)
 

@@ -30,6 +30,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 from llmsim.errors import UserError
 from llmsim.loader import read_yaml, validate
 from llmsim.ops import Collective, ComputeOp
+from llmsim.safe_yaml import read_text
 from llmsim.specs._base import Spec
 from llmsim.specs.accelerator import Dtype
 
@@ -113,10 +114,7 @@ class Calibration(Spec):
 
 def _content_lines(path: Path) -> list[tuple[int, str]]:
     """(line number, text) of non-blank lines that are not ``#`` comments."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}; check the path") from None
+    text = read_text(path, "GEMM table")
     return [
         (number, line)
         for number, line in enumerate(text.splitlines(), start=1)
@@ -273,10 +271,7 @@ def parse_nccl_tests(path: str | Path) -> list[CollectivePoint]:
     in one file. Other lines (NCCL INFO, MPI warnings) are ignored.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}; check the path") from None
+    text = read_text(path, "nccl-tests output")
     run, points = _NcclRun(), []
     pending: tuple[str, str] | None = None  # a binary named after a table, for the next run
     for number, line in enumerate(text.splitlines(), start=1):

@@ -8,6 +8,7 @@ folders; an installed wheel carries a copy under ``llmsim/_catalog``.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +22,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "models": ("workloads", "models"),
     "scenarios": ("workloads", "scenarios"),
 }
+MAX_NAME_BYTES = 100
+"""Longest catalog name, bytes (a file name may have 255)."""
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def catalog_root() -> Path:
@@ -42,9 +46,31 @@ def names(kind: Kind) -> list[str]:
     return sorted(p.stem for p in folder(kind).glob("*.yaml"))
 
 
+def is_name(name: str) -> bool:
+    """Whether ``name`` names an existing catalog scenario (with or without ``.yaml``)."""
+    stem = name.removesuffix(".yaml").removesuffix(".yml")
+    return _valid_name(stem) and (folder("scenarios") / f"{stem}.yaml").is_file()
+
+
+def _valid_name(stem: str) -> bool:
+    """A name that stays inside its catalog folder: letters, digits, ``.``, ``_``, ``-``,
+    at most :data:`MAX_NAME_BYTES` bytes, not starting with a dot."""
+    return (len(stem.encode("utf-8", "replace")) <= MAX_NAME_BYTES
+            and _NAME.fullmatch(stem) is not None and ".." not in stem)
+
+
 def path_of(kind: Kind, name: str, field: str | None = None) -> Path:
     """The file of catalog entry ``name``, or a UserError listing close matches."""
+    where = f"{field}: " if field else ""
+    singular = kind.removesuffix("s")
     stem = name.removesuffix(".yaml").removesuffix(".yml")
+    if not _valid_name(stem):
+        shown = repr(name) if len(name) <= 40 else repr(name[:37]) + "..."
+        raise UserError(
+            f"{where}{shown} is not a {singular} name (a catalog name has letters, digits, "
+            f"'.', '_' and '-', at most {MAX_NAME_BYTES} bytes); use a name that "
+            f"`llmsim catalog {kind}` lists"
+        )
     path = folder(kind) / f"{stem}.yaml"
     if path.is_file():
         return path
@@ -53,8 +79,6 @@ def path_of(kind: Kind, name: str, field: str | None = None) -> Path:
     hint = f"did you mean {', '.join(repr(c) for c in close)}?" if close else (
         f"known {kind}: {', '.join(known)}"
     )
-    where = f"{field}: " if field else ""
-    singular = kind.removesuffix("s")
     raise UserError(
         f"{where}unknown {singular} {name!r}; {hint} (`llmsim catalog {kind}` lists them all)"
     )

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, loader
+from llmsim import catalog, cli_compare, cli_time_gemms, loader
 from llmsim.errors import UserError
 
 app = typer.Typer(
@@ -19,6 +19,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Discrete-event simulator of distributed LLM training on supercomputers.",
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: flags without a '<bool>' type, nothing boxed
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 schedule_app = typer.Typer(help="Pipeline schedules.", no_args_is_help=True)
 app.add_typer(schedule_app, name="schedule")
@@ -29,13 +31,56 @@ calibrate_app = typer.Typer(
 )
 app.add_typer(calibrate_app, name="calibrate")
 
-out = Console()
-err = Console(stderr=True)
+
+def _console(stderr: bool = False) -> Console:
+    """A console; piped or redirected (not a terminal) it is wide, so that tables keep
+    their headers whole instead of fitting 80 columns."""
+    console = Console(stderr=stderr)
+    return console if console.is_terminal else Console(stderr=stderr, width=200)
+
+
+out = _console()
+err = _console(stderr=True)
 
 SetOption = Annotated[
     list[str] | None,
-    typer.Option("--set", help="Override a field: --set parallelism.tp=4 (repeatable)."),
+    typer.Option("--set", metavar="KEY=VALUE",
+                 help="Override a field: --set parallelism.tp=4 (repeatable)."),
 ]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        out.print(f"llmsim {version('llmsim')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _common(
+    version: Annotated[bool, typer.Option("--version", callback=_print_version,
+                                          is_eager=True, help="Print the version and exit.")]
+    = False,
+) -> None:
+    pass
+
+
+def _check_out_dir(path: Path) -> None:
+    """Refuse an ``--out`` folder that cannot be written, before any simulation runs."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".llmsim-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UserError(f"--out {str(path)!r}: cannot write there ({exc.strerror}); give a "
+                        "folder you can write to") from None
+
+
+LONG_RUN_PASSES = 200_000
+"""Above this many layer passes (``Scenario.sim_passes``, 20–70 µs each on one core of the
+test machine), ``llmsim run`` says up front how long the simulation will take."""
 
 
 @app.command()
@@ -51,6 +96,21 @@ def run(
     from llmsim.simulation import simulate
 
     spec = loader.load_scenario(scenario, set_ or [])
+    if out_dir is not None:
+        _check_out_dir(out_dir)
+    if spec.calibration:
+        from llmsim.calibration import load_calibration
+
+        cal = load_calibration(spec.calibration)
+        source = f"; source: {cal.source}" if cal.source else ""
+        (err if as_json else out).print(
+            f"calibration profile in use: {spec.calibration} ({len(cal.gemm)} GEMM shapes, "
+            f"{len(cal.collectives)} collective sizes{source})", highlight=False,
+            soft_wrap=True)
+    if spec.sim_passes > LONG_RUN_PASSES:  # the engine reports no progress: say what's coming
+        err.print(f"simulating {spec.sim_passes:,} layer passes, about "
+                  f"{spec.sim_passes * 20e-6:.0f}–{spec.sim_passes * 70e-6:.0f} s "
+                  "(docs/scenarios.md, Limits)", highlight=False, soft_wrap=True)
     result = simulate(spec)
     calendar = summarize(result)
     if as_json:
@@ -74,9 +134,25 @@ def run(
 @app.command("catalog")
 def catalog_cmd(
     kind: Annotated[str | None, typer.Argument(
-        help="accelerators, collectives, systems, models or scenarios (default: all).")] = None,
+        help="accelerators, collectives, systems, models or scenarios (default: all); or "
+        "import-hf.")] = None,
+    file: Annotated[Path | None, typer.Argument(
+        help="With import-hf: a Hugging Face config.json.")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="With import-hf: the model's name.")] = None,
+    out_path: Annotated[Path | None, typer.Option(
+        "--out", help="With import-hf: write the model YAML here instead of printing it.")]
+    = None,
 ) -> None:
-    """List the bundled hardware, collective libraries, models and scenarios."""
+    """List the bundled hardware, collective libraries, models and scenarios; or, with
+    import-hf FILE, turn a Hugging Face config.json into a model entry."""
+    if kind == "import-hf":
+        from llmsim.cli_hf import import_hf
+
+        return import_hf(file, name, out_path, out)
+    if file is not None or name is not None or out_path is not None:
+        raise UserError("catalog: a file, --name and --out go with import-hf only; run "
+                        "`llmsim catalog import-hf config.json` or drop them")
     kinds = list(catalog.KINDS)
     if kind is not None and kind not in kinds:
         raise UserError(f"catalog kind {kind!r} is unknown; use one of {', '.join(kinds)}")
@@ -90,6 +166,10 @@ def catalog_cmd(
         out.print(table)
 
 
+MAX_GRID_CELLS = 16_384
+"""Most stages × micro-batches × chunks ``schedule show`` prints (about a second)."""
+
+
 @schedule_app.command("show")
 def schedule_show(
     name: Annotated[str, typer.Argument(help="gpipe, 1f1b, interleaved-1f1b or zb-h1.")],
@@ -100,6 +180,10 @@ def schedule_show(
     """Print the step × stage grid of a schedule (unit-time F, B and W passes)."""
     from llmsim import schedules
 
+    if stages * microbatches * chunks > MAX_GRID_CELLS:
+        raise UserError(f"schedule show: {stages} stages × {microbatches} micro-batches × "
+                        f"{chunks} chunks = {stages * microbatches * chunks:,}, more than the "
+                        f"{MAX_GRID_CELLS:,} a printed grid shows; use smaller numbers")
     plan = schedules.build(name, stages, microbatches, chunks)
     out.print(schedules.format_grid(plan), highlight=False)
 
@@ -192,9 +276,9 @@ def calibrate_shapes(
                             encoding="utf-8")
     except OSError as exc:
         raise UserError(f"cannot write {out_path}: {exc.strerror}; check the --out path") from None
-    out.print(f"wrote {out_path}; time it with 'python benchmarks/time_gemms.py {out_path} "
-              f"--out gemm.csv', then run 'llmsim calibrate gemm gemm.csv'",
-              highlight=False, soft_wrap=True)
+    out.print(f"wrote {out_path}; time it with 'llmsim calibrate time-gemms {out_path} "
+              f"--out gemm.csv' (benchmarks/time_gemms.py, needs PyTorch), then run "
+              "'llmsim calibrate gemm gemm.csv'", highlight=False, soft_wrap=True)
 
 
 @calibrate_app.command("nccl")
@@ -238,6 +322,8 @@ def validate_cmd(
 
     from llmsim import validation
 
+    if out_dir is not None:
+        _check_out_dir(out_dir)
     df = validation.validate(validation.load_runs(subset), progress=True)
     table = Table(
         title="llmsim vs published measurements", title_justify="left", box=box.SIMPLE_HEAD
@@ -303,6 +389,10 @@ def validate_cmd(
         out.print(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'validation.md'}, {png}")
 
 
+app.command("compare")(cli_compare.compare)
+calibrate_app.command("time-gemms")(cli_time_gemms.time_gemms)
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
 
@@ -311,9 +401,10 @@ def main() -> None:
     here as one line.
     """
     try:
-        app()
+        app(prog_name="llmsim")
     except UserError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False)
+        err.print(f"[red]error:[/red] {exc.message}", highlight=False, markup=True,
+                  soft_wrap=True)
         raise SystemExit(exc.exit_code) from None
 
 

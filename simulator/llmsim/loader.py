@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from llmsim import catalog
+from llmsim import catalog, hf_config, safe_yaml
 from llmsim.errors import UserError
 from llmsim.specs import Accelerator, CollectiveLibrary, Model, Scenario, System
 
@@ -34,31 +34,35 @@ _SPEC_OF_KIND: dict[str, type[BaseModel]] = {
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Parse one YAML file safely into a mapping; errors name the file and line."""
+    """Parse one YAML file safely into a mapping; errors name the file and line.
+
+    Reading is bounded and the scalars are YAML 1.2's (:mod:`llmsim.safe_yaml`)."""
+    text = safe_yaml.read_text(path)
+    name = safe_yaml.echo(path.name).strip("'\"")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror}; check the path") from None
-    try:
-        data = yaml.safe_load(text)
+        data = safe_yaml.parse_yaml(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = str(exc.problem)[: 2 * safe_yaml.MAX_ECHO_CHARS]
         raise UserError(
-            f"{path.name}:{line}: malformed YAML ({exc.problem}); fix the syntax there"
+            f"{name}:{line}: malformed YAML ({problem}); fix the syntax there"
         ) from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{path.name}: malformed YAML ({exc}); fix the syntax") from None
+        problem = str(exc).splitlines()[0][: 2 * safe_yaml.MAX_ECHO_CHARS]
+        raise UserError(f"{name}: malformed YAML ({problem}); fix the syntax") from None
     if not isinstance(data, dict):
         raise UserError(
-            f"{path.name}: expected a mapping of fields at the top level, got "
+            f"{name}: expected a mapping of fields at the top level, got "
             f"{type(data).__name__}; write it as `field: value` lines"
         )
     return data
 
 
-def _resolve(raw: dict[str, Any]) -> dict[str, Any]:
-    """Replace catalog names at the known reference points by the entries' contents."""
+def _resolve(raw: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
+    """Replace catalog names at the known reference points by the entries' contents, and
+    ``model: {from_hf: config.json}`` by the model it describes (a relative path is taken
+    from ``base``, the scenario file's folder, or else the working directory)."""
     for path, kind in _REFERENCES:
         parent = raw
         for key in path[:-1]:
@@ -66,6 +70,15 @@ def _resolve(raw: dict[str, Any]) -> dict[str, Any]:
         if isinstance(parent, dict) and isinstance(parent.get(path[-1]), str):
             name = parent[path[-1]]
             parent[path[-1]] = read_yaml(catalog.path_of(kind, name, field=".".join(path)))
+    model = raw.get("model")
+    if isinstance(model, dict) and "from_hf" in model:
+        given = dict(model)
+        source = given.pop("from_hf")
+        if not isinstance(source, str) or not source:
+            raise UserError(f"model.from_hf = {safe_yaml.echo(source)}: give the path of a "
+                            "Hugging Face config.json")
+        config = Path(source) if base is None else base / source
+        raw["model"] = hf_config.model_fields(config) | given  # the fields given win
     return raw
 
 
@@ -73,9 +86,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into its key path and a YAML-typed value."""
     key, sep, value = item.partition("=")
     if not sep or not key.strip():
-        raise UserError(f"--set {item!r}: expected key=value, e.g. --set parallelism.tp=4")
+        raise UserError(f"--set {safe_yaml.echo(item)}: expected key=value, e.g. "
+                        "--set parallelism.tp=4")
     try:
-        parsed = yaml.safe_load(value) if value.strip() else ""
+        parsed = safe_yaml.parse_yaml(value) if value.strip() else ""
     except yaml.YAMLError:
         parsed = value
     return key.strip().split("."), parsed
@@ -103,8 +117,7 @@ def _field_names(model: type[BaseModel]) -> list[str]:
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return safe_yaml.echo(value)
 
 
 def _locate(loc: tuple[Any, ...], data: Any) -> tuple[str, Any, bool]:
@@ -165,6 +178,8 @@ def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) 
     first = err.errors()[0]
     loc = tuple(first["loc"])
     field, value, _ = _locate(loc, data)
+    if len(field) > safe_yaml.MAX_ECHO_CHARS:  # a key the user wrote can be of any length
+        field = field[: safe_yaml.MAX_ECHO_CHARS - 3] + "..."
     kind = first["type"]
     msg = first["msg"].removeprefix("Value error, ")
     if kind == "extra_forbidden":
@@ -209,13 +224,23 @@ def load_spec(kind: catalog.Kind, name: str) -> Any:
 
 
 def scenario_path(source: str | Path) -> Path:
-    """A scenario argument is a path if the file exists, otherwise a catalog name."""
+    """A scenario argument is a path if the file exists, otherwise a catalog name; one
+    that looks like a path (a folder part, or ``.yaml`` / ``.yml`` and no catalog entry of
+    that name) and does not exist is a "file not found"."""
     path = Path(source)
-    if path.is_file():
-        return path
-    if path.suffix in (".yaml", ".yml") and len(path.parts) > 1:
-        raise UserError(f"scenario file {str(source)!r} does not exist; check the path")
-    return catalog.path_of("scenarios", path.name)
+    try:
+        if path.is_file():
+            return path
+        if path.is_dir():
+            raise UserError(f"scenario {safe_yaml.echo(str(source))} is a folder; give a "
+                            "scenario file in it, or a catalog name")
+    except OSError:  # a name too long for the file system, for one
+        pass
+    looks_like_path = len(path.parts) > 1 or path.suffix in (".yaml", ".yml")
+    if looks_like_path and not catalog.is_name(str(source)):
+        raise UserError(f"scenario file {safe_yaml.echo(str(source))}: file not found (nor a "
+                        "catalog scenario of that name); check the path")
+    return catalog.path_of("scenarios", str(source))
 
 
 def load_scenario(
@@ -227,12 +252,13 @@ def load_scenario(
     ``source`` is a path, a catalog scenario name (``frontier`` or ``frontier.yaml``) or a
     mapping. ``overrides`` are ``"a.b.c=value"`` strings or a ``{"a.b.c": value}`` mapping.
     """
+    base = None
     if isinstance(source, Mapping):
         raw, label = copy.deepcopy(dict(source)), "scenario"
     else:
         path = scenario_path(source)
-        raw, label = read_yaml(path), path.name
-    raw = _resolve(raw)
+        raw, label, base = read_yaml(path), path.name, path.parent
+    raw = _resolve(raw, base)
     pairs: list[tuple[list[str], Any]]
     if overrides is None:
         pairs = []
@@ -242,5 +268,5 @@ def load_scenario(
         pairs = [parse_override(item) for item in overrides]
     for keys, value in pairs:
         apply_override(raw, keys, value)
-        raw = _resolve(raw)
+        raw = _resolve(raw)  # an override's from_hf path is the working directory's
     return validate(Scenario, raw, label)

@@ -30,15 +30,19 @@ def _blocking_comm(result: Result) -> bool:
 
 
 def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
-    """Draw one row per device and stream; idle gaps on the compute row are bubbles."""
+    """Draw one row per device and stream; idle gaps on the compute row are bubbles.
+
+    Returns the axes; without ``ax`` they are on a new figure whose legend is part of
+    the layout, so ``ax.figure.savefig(path)`` saves it whole."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
     from llmsim.export import trace_records
 
-    if ax is None:
+    own_figure = ax is None
+    if ax is None:  # constrained layout keeps the legend below inside the saved figure
         rows = min(max_devices, len({r.device for r in result.trace.records}))
-        _, ax = plt.subplots(figsize=(12, 1.0 + 0.55 * rows * 2))
+        _, ax = plt.subplots(figsize=(12, 1.5 + 0.55 * rows * 2), layout="constrained")
     devices = sorted({r.device for r in result.trace.records})[:max_devices]
     streams = ("compute", "tp", "pp", "dp")
     used = sorted({(r.device, r.stream) for r in result.trace.records if r.device in devices}
@@ -68,6 +72,11 @@ def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
     ax.set_xlabel("time in step (s)")
     ax.set_title(f"{result.scenario.name}: one step, {result.step_time_s:.3f} s "
                  f"(bubble {100 * result.bubble_fraction:.1f} %)")
-    ax.legend(handles=[Patch(color=COLOURS[k], label=LABELS[k]) for k in COLOURS if k in bars],
-              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, fontsize=8, frameon=False)
+    handles = [Patch(color=COLOURS[k], label=LABELS[k]) for k in COLOURS if k in bars]
+    if own_figure:
+        ax.figure.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8,
+                         frameon=False)
+    else:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4,
+                  fontsize=8, frameon=False)
     return ax

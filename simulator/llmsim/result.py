@@ -141,10 +141,12 @@ class Result:
         """Days for the run's tokens or FLOP budget at this step's throughput."""
         trn = self.scenario.training
         if trn.tokens is not None:
-            return trn.tokens / self.tokens_per_s / SECONDS_PER_DAY
-        if trn.flops is not None:
-            return trn.flops / (self.model_flops_per_step / self.step_time_s) / SECONDS_PER_DAY
-        return None
+            amount, rate = trn.tokens, self.tokens_per_s
+        elif trn.flops is not None:
+            amount, rate = trn.flops, self.model_flops_per_step / self.step_time_s
+        else:
+            return None
+        return amount / rate / SECONDS_PER_DAY if rate > 0 else math.inf  # inf: never
 
     @property
     def fits(self) -> bool:
@@ -188,8 +190,12 @@ class Result:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
-        """The results as a JSON string (NaN/inf written as null)."""
-        return json.dumps(_finite(self.to_dict()), indent=indent)
+        """The results as a JSON string: a NaN or infinite value is written as null, and a
+        warning names it."""
+        data = self.to_dict()
+        data["warnings"] = data["warnings"] + [
+            f"{key} is {value}, written as null" for key, value in _not_finite(data)]
+        return json.dumps(_finite(data), indent=indent)
 
     def to_dataframe(self) -> pd.DataFrame:
         """Every op of the step: device, stage, stream, name, kind, micro-batch, times."""
@@ -222,6 +228,17 @@ class Result:
 
 def _record_dict(r: Any) -> dict[str, Any]:
     return {k: getattr(r, k) for k in r.__slots__}
+
+
+def _not_finite(value: Any, key: str = "") -> list[tuple[str, float]]:
+    """(dotted key, value) of every NaN or infinite float inside ``value``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [(key, value)]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _not_finite(v, f"{key}.{k}".lstrip("."))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _not_finite(v, f"{key}[{i}]")]
+    return []
 
 
 def _finite(value: Any) -> Any:

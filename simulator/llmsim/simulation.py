@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from llmsim import schedules
@@ -73,6 +74,12 @@ def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
     trace = engine.run()
     step = trace.step_end_s + trn.step_overhead_s
+    if not 0 < step < math.inf:
+        raise UserError(
+            f"the simulated step takes {step} s, which has no throughput to report; look for "
+            "rates or sizes near zero or infinity in the scenario (accelerator TFLOP/s, "
+            "bandwidths, the model's sizes) and correct them"
+        )
     reps = _representatives(trace)
     stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
     memory = memory_per_stage(scenario.model, par, trn, scenario.dp,
@@ -170,6 +177,13 @@ def _warnings(scenario: Scenario, memory: list) -> list[str]:
                    f"of {worst.capacity_bytes / 1e9:.1f} GB; raise tp/pp, the ZeRO stage or "
                    "recompute")
     trn = scenario.training
+    if trn.seq_len > scenario.model.max_seq_len:
+        what = ("its learned position embedding has only that many rows"
+                if scenario.model.position_embedding == "learned"
+                else "rotary positions run past the trained context")
+        out.append(f"training.seq_len {trn.seq_len} is above the model's max_seq_len "
+                   f"{scenario.model.max_seq_len} ({what}); priced as given — raise "
+                   "model.max_seq_len if the longer context is meant")
     budget = trn.flops if trn.flops is not None else (
         6 * scenario.model.active_params_per_token * trn.tokens if trn.tokens is not None else None)
     if budget is not None:

@@ -367,16 +367,10 @@ def validate(runs: Iterable[Run], progress: bool = True) -> pd.DataFrame:
     runs = list(runs)
     if not progress:
         return pd.DataFrame([_record(predict(r)) for r in runs])
-    from rich.progress import Progress
+    from llmsim.progress import track
 
-    records = []
-    with Progress(transient=True) as bar:
-        task = bar.add_task("validating", total=len(runs))
-        for run in runs:
-            bar.update(task, description=f"{run.id:<28}")
-            records.append(_record(predict(run)))
-            bar.advance(task)
-    return pd.DataFrame(records)
+    return pd.DataFrame([_record(predict(run))
+                         for run in track(runs, "validating", label=lambda r: r.id)])
 
 
 def _stats(group: str, df: pd.DataFrame) -> dict[str, Any]:

@@ -41,6 +41,12 @@ class Scenario(Spec):
     """Path to a calibration profile (measured GEMM / collective tables)."""
     calendar: Calendar = Field(default_factory=Calendar)
     """Checkpointing, the Monte Carlo of the whole run, CO₂ and price (llmsim.calendar)."""
+    max_sim_passes: PositiveInt = 1_000_000
+    """Largest step llmsim simulates before refusing, in layer passes: the devices
+    simulated (one per stage, every device with ``fidelity: full``) × micro-batches per
+    pipeline × layers per stage, plus the gradient buckets those devices reduce. A pass
+    takes some 20–70 µs on one core (docs/scenarios.md), so the default bounds a run to
+    about a minute; raise it to insist on a larger one."""
 
     @model_validator(mode="after")
     def _check_layout(self) -> Scenario:
@@ -91,6 +97,17 @@ class Scenario(Spec):
                 f"{named} = {factors} = {per_step}; use a multiple of {per_step}"
             )
         self._check_experts_and_context()
+        if par.schedule == "interleaved-1f1b" and self.micro_batches % par.pp:
+            raise ValueError(_interleaved_hint(trn.global_batch, par.micro_batch,
+                                               self.dp * par.ep, par.pp))
+        if self.sim_passes > self.max_sim_passes:
+            devices = "every device" if self.fidelity == "full" else "one device per stage"
+            raise ValueError(
+                f"this step would take {self.sim_passes:,} layer passes to simulate "
+                f"({devices}), more than max_sim_passes = {self.max_sim_passes:,}; use fewer "
+                "micro-batches, layers or devices, fidelity: reduced, a larger "
+                "parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
+            )
         accel = sysm.node.accelerator
         if not accel.supports(trn.precision):
             have = [k for k, v in accel.dense_tflops.model_dump().items() if v]
@@ -183,8 +200,46 @@ class Scenario(Spec):
         return par.dp
 
     @property
+    def sim_passes(self) -> int:
+        """Estimated work of simulating one step (see ``max_sim_passes``): simulated
+        devices × micro-batches × layers per stage + their gradient buckets (four bytes a
+        gradient, the most any precision reduces)."""
+        par = self.parallelism
+        simulated = par.pp * (par.tp * self.dp if self.fidelity == "full" else 1)
+        layers = -(-self.model.layers // par.pp)
+        grad_bytes = 4 * self.model.params / (par.tp * par.pp)
+        buckets = par.virtual_stages + min(grad_bytes / (par.dp_bucket_mb * 1e6), 1e30)
+        return int(simulated * (self.micro_batches * layers + (buckets if self.dp > 1 else 0)))
+
+    @property
     def micro_batches(self) -> int:
         """Micro-batches per pipeline per step (m); the dp·ep pipelines each run their own
         (expert-parallel ranks hold different sequences)."""
         par = self.parallelism
         return self.training.global_batch // (par.micro_batch * self.dp * par.ep)
+
+
+def _interleaved_hint(global_batch: int, micro_batch: int, dp: int, pp: int) -> str:
+    """Why an interleaved pipeline cannot run this batch, and nearby values that can.
+
+    Megatron-LM's interleaved schedule needs the micro-batches per pipeline,
+    global_batch / (micro_batch · dp), to be a multiple of the stages pp."""
+    m = global_batch // (micro_batch * dp)
+    step = micro_batch * dp * pp
+    batches = [b for b in (global_batch // step * step, (global_batch // step + 1) * step) if b]
+    per_replica = global_batch // dp
+    micro = [b for b in range(1, min(per_replica, 4096) + 1)
+             if per_replica % b == 0 and (per_replica // b) % pp == 0]
+    sequences = global_batch // micro_batch
+    dps = [d for d in range(1, min(sequences, 65536) + 1)
+           if sequences % d == 0 and (sequences // d) % pp == 0]
+    options = [f"global_batch {' or '.join(map(str, batches))}"]
+    if micro:
+        options.append(f"micro_batch {min(micro, key=lambda b: (abs(b - micro_batch), b))}")
+    if dps:
+        options.append(f"dp {min(dps, key=lambda d: (abs(d - dp), d))} (with the nodes to "
+                       "match)")
+    return (f"parallelism.schedule: interleaved-1f1b needs the micro-batches per pipeline, "
+            f"training.global_batch / (parallelism.micro_batch · dp) = {global_batch} / "
+            f"({micro_batch} · {dp}) = {m}, to be a multiple of pp = {pp}; use "
+            + ", ".join(options[:-1]) + (", or " if len(options) > 1 else "") + options[-1])

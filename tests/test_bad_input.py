@@ -1,0 +1,379 @@
+"""Bad input, class by class: one sentence and exit code 2, in bounded time, never a
+traceback (issue #40). The fuzz tests at the end draw scenario mappings and raw bytes."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import TINY_MODEL, make_scenario
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llmsim import load_scenario, load_spec, simulate
+from llmsim.calibration import load_calibration, parse_gemm_csv, parse_nccl_tests
+from llmsim.cli import main
+from llmsim.errors import UserError
+from llmsim.safe_yaml import MAX_FILE_BYTES, parse_yaml
+
+TINY = {
+    "name": "tiny",
+    "system": "selene",
+    "nodes": 1,
+    "model": dict(TINY_MODEL),
+    "parallelism": {"tp": 2, "pp": 4, "dp": "auto", "schedule": "1f1b"},
+    "training": {"global_batch": 16, "seq_len": 512, "precision": "bf16", "tokens": 1e9},
+}
+
+
+def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``llmsim ARGS``; (exit code, stdout, stderr)."""
+    old, sys.argv = sys.argv, ["llmsim", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The CLI's error for ``args``: exit code 2, one line on stderr, no traceback."""
+    code, _, err = cli(args, capsys)
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+def write(tmp_path: Path, data: bytes | str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def refused(source: Any, *overrides: str, match: str | None = None) -> str:
+    with pytest.raises(UserError, match=match) as info:
+        load_scenario(source, list(overrides))
+    return str(info.value)
+
+
+# -- encodings ------------------------------------------------------------------------------
+
+
+def test_utf16_with_a_bom_reads_as_the_utf8_file(tmp_path):
+    text = yaml.safe_dump(TINY)
+    utf8 = load_scenario(write(tmp_path, text, "a.yaml"))
+    for encoding in ("utf-16", "utf-8-sig", "utf-32"):  # each writes its byte-order mark
+        assert load_scenario(write(tmp_path, text.encode(encoding), "b.yaml")) == utf8
+
+
+def test_latin1_names_the_line_and_asks_for_utf8(tmp_path, capsys):
+    path = write(tmp_path, "name: tiny\ndescription: caf\xe9\n".encode("latin-1"))
+    err = one_line_error(["run", str(path)], capsys)
+    assert "line 2" in err and "0xe9" in err and "UTF-8" in err
+
+
+def test_paths_that_cannot_be_opened(tmp_path):
+    for path in ("a\x00b.yaml", str(tmp_path), str(tmp_path / "missing.yaml")):
+        with pytest.raises(UserError, match="cannot read"):
+            load_calibration(path)
+
+
+def test_a_binary_file_is_not_a_scenario(tmp_path, capsys):
+    path = write(tmp_path, bytes(range(256)) * 4)
+    assert "not" in one_line_error(["run", str(path)], capsys)
+    path = write(tmp_path, b"name: x\n\x00\x00\x00")
+    assert "NUL byte" in one_line_error(["run", str(path)], capsys)
+
+
+# -- YAML structure --------------------------------------------------------------------------
+
+
+def test_yaml_nested_a_thousand_deep(tmp_path, capsys):
+    flow = write(tmp_path, "a: " + "[" * 1000 + "]" * 1000, "flow.yaml")
+    assert "nested deeper than 64" in one_line_error(["run", str(flow)], capsys)
+    block = "".join("  " * i + f"k{i}:\n" for i in range(1000))
+    assert "nested deeper" in one_line_error(["run", str(write(tmp_path, block))], capsys)
+
+
+BILLION_LAUGHS = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n"
+    for p, c in zip("abcdefgh", "bcdefghi", strict=True))
+
+
+def test_alias_bomb_is_refused_quickly_and_not_echoed(tmp_path, capsys):
+    assert len(BILLION_LAUGHS.encode()) < 600  # nine levels of nine: 9^9 items
+    start = time.perf_counter()
+    err = one_line_error(["run", str(write(tmp_path, BILLION_LAUGHS))], capsys)
+    assert time.perf_counter() - start < 5
+    assert "expand to more than" in err and len(err) < 300
+    # In a field pydantic echoes: the value quoted back is cut short.
+    bomb = BILLION_LAUGHS.replace("i: &i", "name: &i")
+    assert "expand" in one_line_error(["run", str(write(tmp_path, bomb))], capsys)
+    shared = "a: &a [" + ", ".join(["x"] * 200) + "]\nname: [*a, *a, *a]\n"
+    err = one_line_error(["run", str(write(tmp_path, shared))], capsys)
+    assert len(err) < 400
+
+
+def test_a_long_unknown_key_is_not_echoed_whole():
+    message = refused(TINY | {"k" * 100_000: 1}, match="unknown field")
+    assert len(message) < 1000
+
+
+def test_an_alias_inside_its_own_node(tmp_path, capsys):
+    err = one_line_error(["run", str(write(tmp_path, "name: &n [1, *n]\n"))], capsys)
+    assert "refers to the node that holds it" in err
+
+
+@pytest.mark.parametrize("text", ["a: !!int abc", "a: !!float x", "a: !!timestamp x",
+                                  "a: !!bool maybe", "a: !!int 0x", "a: !!int " + "9" * 5000,
+                                  "a: !!python/object:os.system x"])
+def test_explicit_tags_that_do_not_fit_their_value(text):
+    with pytest.raises(yaml.YAMLError):
+        parse_yaml(text)
+
+
+def test_duplicate_keys_are_refused(tmp_path, capsys):
+    text = yaml.safe_dump(TINY) + "nodes: 2\n"
+    err = one_line_error(["run", str(write(tmp_path, text))], capsys)
+    assert "'nodes' is given twice" in err and "first on line" in err
+    with pytest.raises(yaml.YAMLError, match="given twice"):
+        parse_yaml("{tp: 1, tp: 2}")
+
+
+def test_yaml_1_1_surprises_read_as_yaml_1_2():
+    assert parse_yaml("a: 010\nb: 1:20\nc: 1e9\nd: yes\ne: 2024-01-01\nf: 0o17\ng: 0x1f") == {
+        "a": 10, "b": "1:20", "c": 1e9, "d": "yes", "e": "2024-01-01", "f": 15, "g": 31}
+    s = load_scenario(TINY, ["training.global_batch=016", "parallelism.overlap_dp_comm=no"])
+    assert s.training.global_batch == 16 and s.parallelism.overlap_dp_comm is False
+    assert "1:20" in refused(TINY, "training.global_batch=1:20")
+
+
+# -- numbers ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override", ["training.tokens=.inf", "training.step_overhead_s=.nan",
+                                      "parallelism.dp_bucket_mb=-.inf"])
+def test_inf_and_nan_in_float_fields(override):
+    assert "finite" in refused(TINY, override)
+
+
+@pytest.mark.parametrize("value", ["1e30", str(10**30), str(2**53 + 1)])
+def test_integers_too_large_for_the_arithmetic(value):
+    message = refused(TINY, f"model.layers={value}")
+    assert "model.layers" in message
+
+
+def test_results_that_would_be_infinite_or_zero():
+    s = make_scenario()
+
+    class Free:
+        def compute_s(self, op: Any) -> float:
+            return 0.0
+
+        def comm_s(self, op: Any) -> float:
+            return 0.0
+
+    with pytest.raises(UserError, match=r"step takes 0\.0 s"):
+        simulate(s, Free())
+    result = simulate(s)
+    broken = dataclasses.replace(result, step_time_s=math.inf)
+    data = yaml.safe_load(broken.to_json())  # JSON is YAML
+    assert data["step_time_s"] is None
+    assert "step_time_s is inf, written as null" in data["warnings"]
+    stages = [dataclasses.replace(result.stages[0], bubble_s=math.nan), *result.stages[1:]]
+    data = yaml.safe_load(dataclasses.replace(result, stages=stages).to_json())
+    assert data["breakdown_per_stage_s"][0]["bubble"] is None
+    assert "breakdown_per_stage_s[0].bubble is nan, written as null" in data["warnings"]
+
+
+# -- catalog names ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "../../../etc/passwd", "a/b", "..", ".hidden",
+                                  "é" * 200])
+def test_catalog_names_that_escape_or_overflow(name, tmp_path, capsys):
+    message = refused(TINY, f"system={name}", match="not a system name")
+    assert len(message) < 300
+    err = one_line_error(["run", name], capsys)
+    assert len(err) < 300
+
+
+# -- inputs that would take long or much memory ------------------------------------------
+
+
+def test_a_tiny_gradient_bucket_is_refused_at_load():
+    start = time.perf_counter()
+    message = refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=1e-9")
+    assert time.perf_counter() - start < 5
+    assert "max_sim_passes" in message and "dp_bucket_mb" in message
+    assert "max_sim_passes" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=5e-324")
+
+
+def test_full_fidelity_on_65536_devices_needs_insisting():
+    message = refused("frontier", "fidelity=full", match="max_sim_passes")
+    assert "fidelity: reduced" in message
+    passes = int(message.split("take ")[1].split(" layer")[0].replace(",", ""))
+    insisted = load_scenario("frontier", ["fidelity=full", f"max_sim_passes={passes}"])
+    assert insisted.devices == 65536 and insisted.sim_passes == passes
+
+
+@pytest.mark.parametrize("parse", [parse_gemm_csv, parse_nccl_tests, load_calibration])
+def test_calibration_files_that_never_end(parse, tmp_path):
+    if Path("/dev/zero").exists():
+        with pytest.raises(UserError, match="larger than 16 MiB"):
+            parse("/dev/zero")
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"m,n,k,dtype,tflops\n" + b"#" * MAX_FILE_BYTES)
+    with pytest.raises(UserError, match="larger than 16 MiB"):
+        parse(big)
+
+
+def test_dev_zero_as_a_calibration_profile_of_a_scenario(capsys):
+    if not Path("/dev/zero").exists():
+        pytest.skip("no /dev/zero on this system")
+    err = one_line_error(["run", "selene-gpt3", "--set", "calibration=/dev/zero"], capsys)
+    assert "larger than 16 MiB" in err
+
+
+# -- layouts ---------------------------------------------------------------------------------
+
+
+def test_interleaved_micro_batches_not_a_multiple_of_pp():
+    message = refused(TINY, "nodes=2", "training.global_batch=12",
+                      "parallelism.schedule=interleaved-1f1b", "parallelism.virtual_stages=2")
+    for field in ("global_batch", "micro_batch", "dp", "pp = 4"):
+        assert field in message
+    # Each suggested global batch runs.
+    suggested = message.split("use global_batch ")[1].split(",")[0].split(" or ")
+    for batch in suggested:
+        load_scenario(TINY, ["nodes=2", f"training.global_batch={batch}",
+                             "parallelism.schedule=interleaved-1f1b",
+                             "parallelism.virtual_stages=2"])
+
+
+def test_seq_len_above_max_seq_len_warns():
+    result = simulate(make_scenario(training__seq_len=2048))  # the tiny model's is 1024
+    assert any("max_seq_len 1024" in w for w in result.warnings)
+    assert not any("max_seq_len" in w for w in simulate(make_scenario()).warnings)
+
+
+# -- fuzz ------------------------------------------------------------------------------------
+
+PATHS = ["name", "system", "nodes", "model", "model.layers", "model.hidden", "model.heads",
+         "model.kv_heads", "model.vocab", "model.max_seq_len", "model.activation",
+         "parallelism", "parallelism.tp", "parallelism.pp", "parallelism.dp",
+         "parallelism.micro_batch", "parallelism.zero", "parallelism.schedule",
+         "parallelism.virtual_stages", "parallelism.dp_bucket_mb", "parallelism.rank_order",
+         "parallelism.first_stage_layers", "training", "training.global_batch",
+         "training.seq_len", "training.tokens", "training.flops", "training.precision",
+         "training.step_overhead_s", "training.hidden_dropout", "fidelity", "calibration",
+         "max_sim_passes", "system.node", "system.nodes"]
+VALUES = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(min_value=-2, max_value=70),
+    st.sampled_from([0, 2**31, 2**53 + 1, 10**30, -10**30]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e-300, 5e-324, 1e300, -0.0, 0.5, 1.5]),
+    st.text(max_size=12),
+    st.sampled_from(["auto", "selene", "frontier", "../x", "x" * 300, "interleaved-1f1b",
+                     "full", "/dev/zero", "1:20", ".inf"]),
+    st.lists(st.integers(-1, 9), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(-1, 9), max_size=2),
+)
+
+
+# The system inline, as loaded once: the fuzz then spends its time on the changes, not on
+# reading the same catalog files again (a "system" change may still name one).
+FUZZ_BASE = TINY | {"system": load_spec("systems", "selene").model_dump()}
+
+
+@settings(max_examples=200, deadline=5000, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.tuples(st.sampled_from(PATHS), VALUES), min_size=1, max_size=4))
+def test_fuzz_scenario_mappings_give_a_scenario_or_one_user_error(changes):
+    overrides = {path: value for path, value in changes}
+    try:
+        scenario = load_scenario(FUZZ_BASE, overrides)
+    except UserError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 1000
+        return
+    assert scenario.sim_passes <= scenario.max_sim_passes
+
+
+HUGE_OR_TINY = st.sampled_from([1e-300, 5e-324, 1e300, 2**53])  # 5e-324: least above 0
+NEAR_VALID = {  # per field, values that often load, so that the simulation runs
+    "nodes": st.sampled_from([1, 2, 4]),
+    "fidelity": st.sampled_from(["reduced", "full"]),
+    "model.layers": st.integers(1, 16) | HUGE_OR_TINY,
+    "model.hidden": st.sampled_from([8, 64, 512, 2048, 2**20]),
+    "model.heads": st.sampled_from([1, 2, 4, 8]),
+    "model.kv_heads": st.sampled_from([1, 2, 4, 8]),
+    "model.vocab": st.integers(1, 2**17) | HUGE_OR_TINY,
+    "model.ffn_hidden": st.sampled_from([8, 2048, 2**24]),
+    "model.max_seq_len": st.sampled_from([1, 512, 2**20]),
+    "model.activation": st.sampled_from(["gelu", "swiglu"]),
+    "model.tied_embeddings": st.booleans(),
+    "parallelism.micro_batch": st.sampled_from([1, 2, 4, 8, 16]),
+    "parallelism.zero": st.integers(0, 3),
+    "parallelism.schedule": st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]),
+    "parallelism.virtual_stages": st.integers(1, 4),
+    "parallelism.dp_bucket_mb": st.floats(1e-3, 1e4) | HUGE_OR_TINY,
+    "parallelism.recompute": st.sampled_from(["none", "selective", "full"]),
+    "parallelism.sequence_parallel": st.booleans(),
+    "training.global_batch": st.sampled_from([8, 16, 32, 64, 2**20]),
+    "training.seq_len": st.sampled_from([1, 7, 512, 2048, 2**16]),
+    "training.tokens": st.floats(1, 1e15) | HUGE_OR_TINY,
+    "training.precision": st.sampled_from(["bf16", "fp16", "fp8", "fp32"]),
+    "training.step_overhead_s": st.sampled_from([0, 1.0]) | HUGE_OR_TINY,
+    "training.attention_kernel": st.sampled_from(["flash", "cudnn", "unfused"]),
+}
+
+
+@settings(max_examples=30, deadline=10_000, suppress_health_check=list(HealthCheck))
+@given(st.lists(st.sampled_from(sorted(NEAR_VALID)).flatmap(
+    lambda path: st.tuples(st.just(path), NEAR_VALID[path])), min_size=1, max_size=4))
+def test_fuzz_simulating_what_loads_gives_a_result_or_one_user_error(changes):
+    overrides = {path: value for path, value in changes} | {"max_sim_passes": 20_000}
+    try:
+        result = simulate(load_scenario(FUZZ_BASE, overrides))
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert 0 < result.step_time_s < math.inf
+    assert "NaN" not in result.to_json() and "Infinity" not in result.to_json()
+
+
+YAML_BITS = st.sampled_from(["a", ":", " ", "\n", "- ", "[", "]", "{", "}", ",", "&x", "*x",
+                             "!!python/object:os.system", "!!binary", "? ", "'", '"', "#",
+                             "!!int ", "!!float ", "!!timestamp ", "!!bool ", "!!set ",
+                             "<<: ", "|", ">", "%YAML 1.1\n", "---\n", "...\n", "\t", "1e9",
+                             "nodes", "system: selene", "model: ", ".inf", "~"])
+
+
+TINY_TEXT = yaml.safe_dump(TINY)
+
+
+@settings(max_examples=200, deadline=5000, suppress_health_check=list(HealthCheck))
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.lists(YAML_BITS, max_size=40).map(lambda bits: "".join(bits).encode()),
+    st.tuples(st.integers(0, len(TINY_TEXT)), st.lists(YAML_BITS, max_size=5)).map(
+        lambda at: (TINY_TEXT[:at[0]] + "".join(at[1]) + TINY_TEXT[at[0]:]).encode()),
+))
+def test_fuzz_raw_bytes_give_a_scenario_or_one_user_error(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("fuzz") / "s.yaml"
+    path.write_bytes(data)
+    try:
+        load_scenario(path)
+    except UserError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 1000
