@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 
 from llmsim.errors import UserError
@@ -28,7 +28,7 @@ from llmsim.params import (
     layer_params_per_device,
     stage_layers_params,
 )
-from llmsim.partition import chunk_layers
+from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 RUNTIME_CONTEXT_BYTES = 1.0e9
@@ -383,11 +383,30 @@ def memory_per_stage(
     groups = (dp * ep * cp, dp * cp)  # dense, expert: ZeRO shards over these ranks
     moe_delta = moe_activation_bytes_delta(model, parallelism, training,
                                            _activation_bytes(training))
+    layer_params = layer_params_per_device(model, t)
+    embedding_params, head_params = (embedding_params_per_device(model, t),
+                                     head_params_per_device(model, t, p))
+    embedding_acts = embedding_activation_bytes(model, parallelism, training)
+    output_acts = output_activation_bytes(model, parallelism, training)
+    # Stages with the same chunks, micro-batches in flight and ends of the model need the
+    # same memory: each distinct one is computed once.
+    distinct: dict[tuple, StageMemory] = {}
     stages = []
     for i in range(p):
-        dense, expert = stage_layers_params(model, t, ep, split, i)
-        params = (stage_params(model, t, p, i, sum(split[i])) + dense + expert
-                  - sum(split[i]) * layer_params_per_device(model, t))
+        first_layers = tuple(chunk_first_layer(split, i, c) for c in range(v)) \
+            if model.moe is not None else ()
+        key = (tuple(split[i]), tuple(chunks[i]), i == 0, i == p - 1, first_layers)
+        known = distinct.get(key)
+        if known is not None:
+            stages.append(replace(known, stage=i))
+            continue
+        layers = sum(split[i])
+        if model.moe is None:
+            dense, expert = layers * layer_params, 0
+        else:
+            dense, expert = stage_layers_params(model, t, ep, split, i)
+        params = dense + expert + (embedding_params if i == 0 else 0) \
+            + (head_params if i == p - 1 else 0)
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))
         expert_state = _state_bytes(expert, groups[1], zero, (w_b, g_b, o_b))
         weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
@@ -395,31 +414,30 @@ def memory_per_stage(
         held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
         activations = held * per_layer + (rematerialised if held else 0.0)
         if i == 0:
-            activations += chunks[i][0] * embedding_activation_bytes(model, parallelism, training)
+            activations += chunks[i][0] * embedding_acts
         if i == p - 1:
-            activations += chunks[i][-1] * output_activation_bytes(model, parallelism, training)
+            activations += chunks[i][-1] * output_acts
         # the MoE delta is per rank already (of its s/cp tokens)
         activations = activations / cp + moe_layers_in_flight(model, split, chunks[i], i) \
             * moe_delta
-        buffers = _buffer_bytes(model, parallelism, training, dp, i, sum(split[i]))
+        buffers = _buffer_bytes(model, parallelism, training, dp, i, layers)
         tensors = weights + grads + optimizer + activations + buffers
-        stages.append(
-            StageMemory(
-                stage=i,
-                layers=sum(split[i]),
-                params=params,
-                weights_bytes=weights,
-                grads_bytes=grads,
-                optimizer_bytes=optimizer,
-                activations_bytes=activations,
-                buffers_bytes=buffers,
-                reserve_bytes=RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors,
-                in_flight_microbatches=sum(chunks[i]) / v,
-                capacity_bytes=accelerator.hbm_bytes,
-                expert_params=expert,
-                expert_state_bytes=sum(expert_state),
-            )
+        stage = distinct[key] = StageMemory(
+            stage=i,
+            layers=layers,
+            params=params,
+            weights_bytes=weights,
+            grads_bytes=grads,
+            optimizer_bytes=optimizer,
+            activations_bytes=activations,
+            buffers_bytes=buffers,
+            reserve_bytes=RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors,
+            in_flight_microbatches=sum(chunks[i]) / v,
+            capacity_bytes=accelerator.hbm_bytes,
+            expert_params=expert,
+            expert_state_bytes=sum(expert_state),
         )
+        stages.append(stage)
     return stages
 
 

@@ -21,6 +21,7 @@ engine, and ``docs/search.md`` states how far apart the two are.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from llmsim.blocks import Block
 from llmsim.costs import HardwareCosts
@@ -163,16 +164,19 @@ class Estimator:
 
     def memory(self, sc: Scenario) -> list[StageMemory]:
         """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
-        par = sc.parallelism
-        key = (self._family(sc), par.tp, par.pp, par.ep, par.cp, par.virtual_stages,
-               par.schedule, par.micro_batch, par.zero,
-               par.sequence_parallel, par.recompute, par.prefetch_weights, par.dp_bucket_mb,
-               par.first_stage_layers, par.last_stage_layers, sc.dp,
-               sc.training.global_batch)
+        return self.memory_of(sc, sc.parallelism, sc.training, sc.dp)
+
+    def memory_of(self, base: Scenario, par: Any, training: Any, dp: int) -> list[StageMemory]:
+        """:func:`memory_per_stage` of ``base``'s model on its accelerator with the layout
+        ``par``, ``training`` and ``dp`` (no scenario needed), memoised."""
+        key = (self._family(base), par.tp, par.pp, par.ep, par.cp, par.virtual_stages,
+               par.schedule, par.micro_batch, par.zero, par.sequence_parallel, par.recompute,
+               par.prefetch_weights, par.dp_bucket_mb, par.first_stage_layers,
+               par.last_stage_layers, dp, training.global_batch)
         hit = self._memory.get(key)
         if hit is None:
             hit = self._memory[key] = memory_per_stage(
-                sc.model, par, sc.training, sc.dp, sc.system.node.accelerator)
+                base.model, par, training, dp, base.system.node.accelerator)
         return hit
 
     def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:

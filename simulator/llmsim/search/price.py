@@ -14,7 +14,7 @@ from typing import Any
 from llmsim.errors import UserError
 from llmsim.memory import stage_params, state_bytes_per_param
 from llmsim.search.estimate import Estimator
-from llmsim.search.space import Layout, apply, switch_variants
+from llmsim.search.space import Layout, apply, parallelism_of, switch_variants
 from llmsim.simulation import check_posted_units
 from llmsim.specs import Scenario
 
@@ -76,11 +76,11 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
     per_node, total_nodes = base.system.node.devices_per_node, base.nodes_used
     for core in cores:
         try:
-            sc = apply(base, core)
+            par, training = parallelism_of(base, core)
+            memory = est.memory_of(base, par, training, core.dp)
         except (ValueError, UserError):
             out.invalid += 1
             continue
-        memory = est.memory(sc)
         peak = max(memory, key=lambda m: m.total_bytes)
         variants = list(switch_variants(core, fixed))
         if peak.total_bytes > capacity:
@@ -88,7 +88,7 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
             continue
         for layout in variants:
             try:
-                scenario = sc if layout == core else apply(base, layout)
+                scenario = apply(base, layout)
                 check_posted_units(scenario)
             except (ValueError, UserError):
                 out.invalid += 1

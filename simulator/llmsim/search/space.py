@@ -254,8 +254,9 @@ def layout_of(scenario: Scenario) -> Layout:
                   par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch)
 
 
-def apply(scenario: Scenario, layout: Layout) -> Scenario:
-    """``scenario`` with ``layout``, validated (raises ValueError when it cannot run).
+def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
+    """The validated ``parallelism`` and ``training`` of ``scenario`` with ``layout``
+    (raises ValueError when a rule of theirs rules it out).
 
     Framework settings of the scenario that a layout rules out are dropped, as the
     frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
@@ -278,11 +279,19 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
     if layout.global_batch != training.global_batch:
         training = type(training).model_validate(
             {**training.model_dump(exclude_unset=True), "global_batch": layout.global_batch})
+    return new_par, training
+
+
+def apply(scenario: Scenario, layout: Layout) -> Scenario:
+    """``scenario`` with ``layout``, validated (raises ValueError when it cannot run); see
+    :func:`parallelism_of` for the settings a layout drops."""
+    new_par, training = parallelism_of(scenario, layout)
     return type(scenario).model_validate({
         "name": scenario.name, "description": scenario.description,
         "system": scenario.system, "nodes": layout.nodes, "model": scenario.model,
         "parallelism": new_par, "training": training, "seed": scenario.seed,
-        "fidelity": "reduced", "calibration": scenario.calibration})
+        "fidelity": "reduced", "calibration": scenario.calibration,
+        "calendar": scenario.calendar, "max_sim_passes": scenario.max_sim_passes})
 
 
 _DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
