@@ -1,0 +1,291 @@
+"""The layout search (llmsim.search): space, estimator, pruning, ranking, store, CLI."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_cli import run_cli
+from typer.testing import CliRunner
+
+import llmsim
+from llmsim import catalog, schedules
+from llmsim.cli import app
+from llmsim.search import search
+from llmsim.search.estimate import Estimator
+from llmsim.search.pipeline import StageTimes, pipeline_s
+from llmsim.search.price import price_batch, state_fits
+from llmsim.search.space import SpaceOptions, apply, cores, layout_of, switch_variants
+from llmsim.simulation import simulate
+
+runner = CliRunner()
+
+TINY = {  # a small space: a 12-layer, 0.2 B model on 4 nodes of 8 A100s
+    "name": "tiny-search",
+    "system": "selene",
+    "nodes": 4,
+    "model": {"name": "small-gpt", "layers": 12, "hidden": 1024, "heads": 16,
+              "ffn_hidden": 4096, "vocab": 32000, "activation": "gelu",
+              "tied_embeddings": True, "position_embedding": "learned", "norm": "layernorm",
+              "bias": True, "max_seq_len": 2048},
+    "parallelism": {"tp": 2, "pp": 2, "dp": "auto", "micro_batch": 1},
+    "training": {"global_batch": 64, "seq_len": 1024, "precision": "bf16", "tokens": 1e10},
+}
+TINY_FIX = ["parallelism.zero=1", "parallelism.recompute=none", "parallelism.micro_batch=2",
+            "parallelism.sequence_parallel=false"]
+
+
+def _tiny(**changes: object) -> llmsim.specs.Scenario:
+    return llmsim.load_scenario(TINY, changes or None)
+
+
+# -- the estimator against the engine ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", catalog.names("scenarios"))
+def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -> None:
+    scenario = llmsim.load_scenario(name)
+    estimate = Estimator().estimate(scenario)
+    result = simulate(scenario)
+    assert estimate.step_time_s == pytest.approx(result.step_time_s, rel=0.05)
+    assert estimate.mfu == pytest.approx(result.mfu, rel=0.05)
+    if result.days_to_train is not None:
+        assert estimate.days_to_train == pytest.approx(result.days_to_train, rel=0.05)
+
+
+def _target_runs(every: int) -> list:
+    from llmsim.validation import load_runs
+
+    runs = [r for r in load_runs() if r.target]
+    return runs[::every]
+
+
+@pytest.mark.parametrize("run", _target_runs(6), ids=lambda r: r.id)
+def test_estimator_agrees_with_the_engine_on_validation_target_rows(run: object) -> None:
+    """A sixth of the target rows (every sixth, all sources kept in turn); the docs give
+    the ratio on every row (docs/search.md)."""
+    from llmsim.validation import scenario_for
+
+    scenario = scenario_for(run)
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.05)
+
+
+@pytest.mark.parametrize("schedule, v", [("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2),
+                                         ("interleaved-1f1b", 3)])
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16)])
+def test_pipeline_closed_forms_equal_the_schedules_bubble(schedule: str, v: int, p: int,
+                                                          m: int) -> None:
+    """Equal stages, free communication: the closed form's step equals the reference
+    timeline's (schedules.unit_timeline) for the same per-chunk pass times."""
+    f, b = 1.0, 2.0
+    stages = [StageTimes(f=f * v, b=b * v, w=0.0) for _ in range(p)]
+    total, ends = pipeline_s(schedule, stages, m, v, blocking=True, posted_singly=False,
+                             zero3=False, prefetch=True)
+    timeline = schedules.unit_timeline(schedules.build(schedule, p, m, v), f=f, b=b, w=0.0)
+    step = max(end for row in timeline for _, end, _ in row)
+    assert total == pytest.approx(step)
+    assert ends[0] == pytest.approx(total)
+    assert all(later <= earlier for earlier, later in itertools.pairwise(ends))
+
+
+def test_zb_h1_closed_form_equals_its_bubble() -> None:
+    """ZB-H1 with equal stages: m·(F+B+W) + (p−1)(F+B−W) (Qi et al. 2024 Table 2)."""
+    p, m, f, b, w = 4, 8, 1.0, 1.0, 1.0
+    stages = [StageTimes(f=f, b=b, w=w) for _ in range(p)]
+    total, _ = pipeline_s("zb-h1", stages, m, 1, blocking=True, posted_singly=False,
+                          zero3=False, prefetch=True)
+    assert total == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w))
+    timeline = schedules.unit_timeline(schedules.build("zb-h1", p, m, 1), f=f, b=b, w=w)
+    assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
+
+
+# -- the space and its pruning -------------------------------------------------------------
+
+
+def test_every_layout_of_the_space_is_valid_or_counted() -> None:
+    scenario = _tiny()
+    options = SpaceOptions(fixed={})
+    layouts = [v for c in cores(scenario, options) for v in switch_variants(c, {})]
+    assert len(layouts) == len({x.key for x in layouts})
+    result = price_batch(scenario, list(cores(scenario, options)), {}, 0.1)
+    assert len(result.rows) + result.invalid + result.out_of_memory == len(layouts)
+    assert len(result.rows) > 100
+
+
+def test_the_scenario_s_own_layout_is_in_the_space() -> None:
+    scenario = llmsim.load_scenario("selene-gpt3")
+    fixed = {"tp": 8, "pp": 8, "micro_batch": 1}
+    own = layout_of(scenario)
+    space = {v.key for c in cores(scenario, SpaceOptions(fixed=fixed))
+             for v in switch_variants(c, fixed)}
+    assert own.key in space
+
+
+def test_fix_narrows_the_space_to_the_value() -> None:
+    scenario = _tiny()
+    fixed = {"tp": 4, "schedule": "gpipe"}
+    layouts = list(cores(scenario, SpaceOptions(fixed=fixed)))
+    assert layouts and all(x.tp == 4 and x.schedule == "gpipe" for x in layouts)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_a_layout_rejected_for_memory_really_does_not_fit(data: st.DataObject) -> None:
+    """Whatever the search prunes for memory, the simulation finds over the capacity less
+    the headroom; and the model-state bound never prunes a layout that fits."""
+    scenario = llmsim.load_scenario("selene-gpt3", ["nodes=16", "training.global_batch=128"])
+    headroom = data.draw(st.sampled_from([0.0, 0.1, 0.3]))
+    all_cores = list(cores(scenario, SpaceOptions(fixed={})))
+    core = data.draw(st.sampled_from(all_cores))
+    result = price_batch(scenario, [core], {}, headroom)
+    limit = scenario.system.node.accelerator.hbm_bytes * (1 - headroom)
+    try:
+        sc = apply(scenario, core)
+    except ValueError:
+        assert result.invalid
+        return
+    peak = max(m.total_bytes for m in simulate(sc).memory)
+    assert bool(result.out_of_memory) == (peak > limit)
+    if peak <= limit:
+        assert state_fits(scenario, headroom)(core.tp, core.pp, core.dp, core.zero)
+
+
+# -- the whole search ------------------------------------------------------------------------
+
+
+def test_the_best_layout_of_a_tiny_space_is_the_brute_force_engine_best() -> None:
+    scenario = _tiny()
+    table = search(scenario, fix=TINY_FIX, top=10_000, workers=1, objective="step_time")
+    confirmed = table[table["step_time_s"].notna()]
+    assert len(confirmed) == len(table) > 5
+    brute = min(simulate(apply(scenario, layout)).step_time_s
+                for layout in (_row_layout(r) for _, r in table.iterrows()))
+    assert table.iloc[0]["step_time_s"] == pytest.approx(brute, rel=1e-12)
+    best = table.attrs["best"]
+    assert simulate(best).step_time_s == pytest.approx(brute, rel=1e-12)
+
+
+def _row_layout(row: object) -> object:
+    from llmsim.search.confirm import layout_of_row
+
+    return layout_of_row(row)
+
+
+def test_objectives_rank_the_way_they_say() -> None:
+    scenario = _tiny()
+    for objective, column, larger in (("mfu", "mfu", True),
+                                      ("tokens_per_device", "tokens_per_device_s", True),
+                                      ("days", "days", False)):
+        table = search(scenario, fix=TINY_FIX, top=5, workers=1, objective=objective)
+        top = table[column].dropna().tolist()
+        assert top == sorted(top, reverse=larger)
+
+
+def test_resume_after_a_kill_prices_nothing_twice(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import llmsim.search.runner as runner_module
+
+    scenario = _tiny()
+    fix = ["parallelism.zero=1", "parallelism.recompute=none"]
+    priced: list[str] = []
+    real = runner_module.price_batch
+
+    def counting(base, batch_cores, fixed, headroom):  # type: ignore[no-untyped-def]
+        priced.extend(c.key for c in batch_cores)
+        return real(base, batch_cores, fixed, headroom)
+
+    monkeypatch.setattr(runner_module, "price_batch", counting)
+    whole = search(scenario, fix=fix, top=3, workers=1, out=tmp_path / "a")
+    total = len(priced)
+    # A killed search: its file holds the first batches and half a line of the next.
+    lines = (tmp_path / "a" / "priced.jsonl").read_text().splitlines()
+    ends = [i for i, line in enumerate(lines) if '"batch"' in line]
+    assert len(ends) >= 3
+    cut = [*lines[: ends[1] + 1], lines[ends[1] + 1][:20]]
+    killed = tmp_path / "b"
+    killed.mkdir()
+    (killed / "search.json").write_text((tmp_path / "a" / "search.json").read_text())
+    (killed / "priced.jsonl").write_text("\n".join(cut))
+    priced.clear()
+    resumed = search(scenario, fix=fix, top=3, workers=1, out=killed, resume=True)
+    first_two = sum(1 for line in cut if '"key"' in line and line.endswith("}"))
+    assert first_two > 0
+    assert len(priced) < total and len(set(priced)) == len(priced)
+    assert sorted(resumed["key"]) == sorted(whole["key"])
+    assert resumed.iloc[0]["key"] == whole.iloc[0]["key"]
+    with pytest.raises(llmsim.UserError, match="different search"):
+        search(scenario, fix=["parallelism.zero=2"], top=3, workers=1, out=killed,
+               resume=True)
+    with pytest.raises(llmsim.UserError, match="already holds a search"):
+        search(scenario, fix=fix, top=3, workers=1, out=killed)
+
+
+def test_a_dask_cluster_gives_the_local_result() -> None:
+    distributed = pytest.importorskip("distributed")
+    scenario = _tiny()
+    local = search(scenario, fix=TINY_FIX, top=3, workers=1)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        remote = search(scenario, fix=TINY_FIX, top=3, client=client)
+    assert list(remote["key"]) == list(local["key"])
+    assert remote["est_step_time_s"].tolist() == local["est_step_time_s"].tolist()
+
+
+def test_a_process_pool_gives_the_serial_result() -> None:
+    scenario = _tiny()
+    serial = search(scenario, fix=TINY_FIX[:2], top=2, workers=1)
+    pooled = search(scenario, fix=TINY_FIX[:2], top=2, workers=2)
+    assert list(pooled["key"]) == list(serial["key"])
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def test_cli_search_end_to_end(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "out"
+    args = ["search", str(path), "--top", "3", "--workers", "1", "--out", str(out)]
+    for item in TINY_FIX:
+        args += ["--fix", item]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "layouts priced" in result.output and "est step s" in result.output
+    for name in ("layouts.csv", "best.yaml", "search.png", "priced.jsonl", "search.json"):
+        assert (out / name).exists()
+    best = llmsim.load_scenario(out / "best.yaml")
+    rerun = runner.invoke(app, ["run", str(out / "best.yaml"), "--json"])
+    assert rerun.exit_code == 0, rerun.output
+    step = json.loads(rerun.stdout[rerun.stdout.index("{"):])["step_time_s"]
+    import pandas as pd
+
+    table = pd.read_csv(out / "layouts.csv")
+    assert step == pytest.approx(table.iloc[0]["step_time_s"], rel=1e-9)
+    assert best.parallelism.tp == table.iloc[0]["tp"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--objective", "speed"], "--objective"),
+    (["--memory-headroom", "1.5"], "--memory-headroom"),
+    (["--fix", "parallelism.tq=8"], "--fix"),
+    (["--fix", "parallelism.tp=eight"], "--fix"),
+    (["--batch-range", "2048..512"], "--batch-range"),
+    (["--batch-range", "many"], "--batch-range"),
+    (["--resume"], "--resume"),
+    (["--format", "xlsx"], "--format"),
+    (["--workers", "0"], "--workers"),
+])
+def test_cli_bad_options_give_one_line_errors(args: list[str], message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = run_cli(["search", "selene-gpt3", *args], capsys)
+    assert code == 2, stdout + stderr
+    assert message in stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) <= 3
