@@ -33,7 +33,7 @@ from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
-from llmsim.search.pipeline import StageTimes, pipeline_s, reduction_tail_s
+from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
     Chunk,
@@ -304,7 +304,8 @@ class Estimator:
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
-        stages: list[StageTimes] = []
+        runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
+        keys: list[tuple] = []
         tails: list[float] = []
         flops_per_replica = opt_s = 0.0
         for s in range(p):
@@ -358,12 +359,18 @@ class Estimator:
                 kind = kinds[kind_key] = _Stage(own, opt, flops, tail)
             # Pipeline sends of one micro-batch (forward out of every virtual stage but the
             # last, backward out of every one but the first) and the gathers of sliced ones.
-            nxt, prv = (s + 1) % p, (s - 1) % p
-            to_next = send_s[node_of[s] == node_of[nxt]]
-            to_prev = send_s[node_of[s] == node_of[prv]]
+            within = (node_of[s] == node_of[(s + 1) % p], node_of[s] == node_of[(s - 1) % p])
+            run_key = (kind_key, within)
+            flops_per_replica += kind.flops
+            opt_s = max(opt_s, kind.optimizer_s)
+            if keys and keys[-1] == run_key:
+                runs[-1][1] += 1
+                continue
+            keys.append(run_key)
+            to_next, to_prev = send_s[within[0]], send_s[within[1]]
             received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
             own = kind.times
-            stages.append(StageTimes(
+            runs.append([StageTimes(
                 own.f, own.b, own.w,
                 (v - (s == p - 1)) * to_next if p > 1 else 0.0,
                 (v - (s == 0)) * to_prev if p > 1 else 0.0,
@@ -371,18 +378,17 @@ class Estimator:
                 to_next if s < p - 1 else 0.0,
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
-                own.chunk_backward, own.first_forward_gather))
+                own.chunk_backward, own.first_forward_gather), 1])
             tails.append(kind.tail_s)
-            flops_per_replica += kind.flops
-            opt_s = max(opt_s, kind.optimizer_s)
-        pipe, ends = pipeline_s(par.schedule, stages, m, v, blocking=not par.overlap_pp_comm,
-                                posted_singly=posted_singly, zero3=zero3,
-                                prefetch=par.prefetch_weights)
-        done = [end + tail for end, tail in zip(ends, tails, strict=True)]
-        ready = max(done)
+        pipe, ends = pipeline_runs_s(par.schedule, [(st, n) for st, n in runs], m, v,
+                                     blocking=not par.overlap_pp_comm,
+                                     posted_singly=posted_singly, zero3=zero3,
+                                     prefetch=par.prefetch_weights)
+        ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
         tied = traffic.embedding_grad_allreduce
         if tied is not None:
-            ready = max(ready, max(done[0], done[-1]) + costs.comm_s(tied))
+            done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
+            ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
         step = ready + opt_s + trn.step_overhead_s
         accel = sc.system.node.accelerator
         return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,

@@ -80,13 +80,32 @@ def _passes(st: StageTimes, blocking: bool, posted_singly: bool, zero3: bool,
     return f + st.gathers, b, w
 
 
+Run = tuple[StageTimes, int]
+"""Consecutive stages that cost the same: their times and how many there are."""
+
+
 def pipeline_s(schedule: str, stages: list[StageTimes], m: int, v: int, *, blocking: bool,
                posted_singly: bool, zero3: bool, prefetch: bool) -> tuple[float, list[float]]:
     """The pipeline phase of one step: (its length, when each stage's last pass ends)."""
-    p = len(stages)
-    passes = [_passes(st, blocking, posted_singly, zero3, prefetch) for st in stages]
+    total, ends = pipeline_runs_s(schedule, [(st, 1) for st in stages], m, v,
+                                  blocking=blocking, posted_singly=posted_singly,
+                                  zero3=zero3, prefetch=prefetch)
+    return total, [first for first, _ in ends]
+
+
+def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking: bool,
+                    posted_singly: bool, zero3: bool,
+                    prefetch: bool) -> tuple[float, list[tuple[float, float]]]:
+    """:func:`pipeline_s` over runs of equal stages, at a cost independent of their
+    length: (the phase's length, per run when its first and its last stage end).
+
+    Within a run the stages end one after another (the drain), so its first stage ends
+    last: the latest end plus a stage's gradient tail is at a run's first stage.
+    """
+    p = sum(count for _, count in runs)
+    passes = [_passes(st, blocking, posted_singly, zero3, prefetch) for st, _ in runs]
     cycle = []
-    for st, (f, b, w) in zip(stages, passes, strict=True):
+    for (st, _), (f, b, w) in zip(runs, passes, strict=True):
         c = f + b + w
         if not blocking and not posted_singly:  # non-blocking sends queue on one link
             c = max(c, st.sends_f + st.sends_b)
@@ -94,30 +113,39 @@ def pipeline_s(schedule: str, stages: list[StageTimes], m: int, v: int, *, block
             per_mb = st.zero_gathers_f + st.zero_gathers_b + st.reduction_s
             c = max(c, per_mb)
         cycle.append(c)
-    hops = 0.0 if blocking else sum(st.hop_f + st.hop_b for st in stages)
+    counts = [count for _, count in runs]
+    hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)
     if schedule == "gpipe":
         fwd = [f for f, _, _ in passes]
         bwd = [b + w for _, b, w in passes]
-        total = (m - 1) * max(fwd) + sum(fwd) + (m - 1) * max(bwd) + sum(bwd)
+        total = ((m - 1) * max(fwd) + sum(x * n for x, n in zip(fwd, counts, strict=True))
+                 + (m - 1) * max(bwd) + sum(x * n for x, n in zip(bwd, counts, strict=True)))
     elif schedule == "interleaved-1f1b":
-        total = m * top + (sum(cycle) - top) / v
+        total = m * top + (sum(c * n for c, n in zip(cycle, counts, strict=True)) - top) / v
     elif schedule == "zb-h1":
         ws = [w for _, _, w in passes]
-        total = (m - 1) * top + sum(f + b for f, b, _ in passes) - (p - 2) * min(ws)
+        total = ((m - 1) * top + sum((f + b) * n for (f, b, _), n in zip(passes, counts,
+                                                                         strict=True))
+                 - (p - 2) * min(ws))
         total = max(total, m * top)
     else:  # 1f1b, and one stage of anything
-        total = (m - 1) * top + sum(cycle)
-    total += hops + max(st.first_forward_gather for st in stages)
+        total = (m - 1) * top + sum(c * n for c, n in zip(cycle, counts, strict=True))
+    total += hops + max(st.first_forward_gather for st, _ in runs)
     # The drain: stage s ends its last pass once the stages before it have run their
     # last backward (the gradient flows from the last stage to the first).
-    ends, behind = [], 0.0
-    for s, (st, (_, b, w)) in enumerate(zip(stages, passes, strict=True)):
-        lag = behind
-        if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
-            lag = max(0.0, behind - s * w)
-        ends.append(total - lag)
-        behind += (b + w) / v + (0.0 if blocking else st.hop_b)
+    ends, behind, s = [], 0.0, 0
+    for (st, n), (_, b, w) in zip(runs, passes, strict=True):
+        step = (b + w) / v + (0.0 if blocking else st.hop_b)
+
+        def end(stage: int, lag: float, w: float = w) -> float:
+            if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
+                lag = max(0.0, lag - stage * w)
+            return total - lag
+
+        ends.append((end(s, behind), end(s + n - 1, behind + (n - 1) * step)))
+        behind += n * step
+        s += n
     return total, ends
 
 
