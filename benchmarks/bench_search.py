@@ -1,0 +1,92 @@
+"""How fast the layout search is: layouts priced per second, the whole search, peak RSS.
+
+Usage::
+
+    python benchmarks/bench_search.py                  # GPT-3 175B on 1,024 A100 (selene-gpt3)
+    python benchmarks/bench_search.py frontier --max-layouts 20000 --workers 2
+
+Prints, for the scenario: the size of the space (core layouts, layouts after the overlap
+switches), layouts priced, rejected for memory and invalid, the estimator's layouts/s
+(its pricing phase's wall time, all workers together) and per worker, the engine
+confirmation of the top layouts, the whole search's wall time, the estimator's cost on
+one cached layout (µs, one core), and the peak RSS of this process and its workers.
+Also how the estimator's cost grows with the pipeline depth (pp 1 to 96).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+import llmsim
+from llmsim.search import search
+from llmsim.search.estimate import Estimator
+
+
+def _rss_mb() -> tuple[float, float]:
+    """Peak RSS of this process and of its finished children, MB (Linux: ru_maxrss KB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return own, children
+
+
+def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float:
+    """The estimator's wall time on one layout whose shared parts are priced (µs)."""
+    est = Estimator()
+    est.estimate(scenario)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        est.estimate(scenario)
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", nargs="?", default="selene-gpt3")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--max-layouts", type=int, default=None)
+    args = parser.parse_args()
+    scenario = llmsim.load_scenario(args.scenario)
+
+    start = time.perf_counter()
+    table = search(scenario, top=args.top, workers=args.workers,
+                   max_layouts=args.max_layouts)
+    wall = time.perf_counter() - start
+    s = table.attrs["summary"]
+    own, children = _rss_mb()
+    print(f"scenario {s.scenario} on {s.machine_devices:,} devices, {args.workers} workers, "
+          f"{os.cpu_count()} cores")
+    print(f"  space: {s.core_layouts:,} core layouts{' (sampled)' if s.sampled else ''}; "
+          f"{s.priced + s.out_of_memory + s.invalid:,} layouts with the overlap switches")
+    print(f"  priced {s.priced:,}, over memory {s.out_of_memory:,}, invalid {s.invalid:,}")
+    print(f"  estimator: {s.layouts_per_s:,.0f} layouts/s priced "
+          f"({s.layouts_per_s / args.workers:,.0f} per worker), "
+          f"{(s.priced + s.out_of_memory + s.invalid) / s.estimate_wall_s:,.0f} layouts/s "
+          f"looked at, {s.estimate_wall_s:,.1f} s")
+    print(f"  engine confirmation of the top {s.confirmed}: "
+          f"{wall - s.estimate_wall_s:,.1f} s")
+    print(f"  whole search: {wall:,.1f} s wall; peak RSS {own:,.0f} MB "
+          f"(workers {children:,.0f} MB)")
+    best = table.iloc[0]
+    print(f"  best: {best['key']}: engine {best['step_time_s']:.3f} s/step, "
+          f"estimator {best['est_step_time_s']:.3f} s, MFU {best['mfu'] * 100:.1f} %")
+    print(f"  one cached layout (the scenario's own): {_per_layout_us(scenario):,.0f} µs")
+    print("  cost against pipeline depth (µs per cached layout):")
+    for pp in (1, 4, 16, 96):
+        if scenario.model.layers % pp:
+            continue
+        try:
+            deep = llmsim.load_scenario(args.scenario, [f"parallelism.pp={pp}",
+                                                        "parallelism.dp=auto",
+                                                        "parallelism.schedule=1f1b",
+                                                        "parallelism.virtual_stages=1"])
+        except llmsim.UserError:
+            continue
+        print(f"    pp {pp:>3}: {_per_layout_us(deep, 100):,.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""How far the search's estimator is from the SimPy engine (docs/search.md quotes it).
+
+Usage::
+
+    python benchmarks/search_agreement.py                 # validation rows + 200 layouts
+    python benchmarks/search_agreement.py --layouts 50 --scenario frontier
+
+For every validation row (the target set and the rest) and for a seeded random sample of
+layouts of a scenario's search space that fit in memory, prints the distribution of the
+estimator's step time over the engine's (min, 5th, 50th, 95th percentile, max), the
+share within 1 %, 2 % and 5 %, and the Spearman rank correlation of the two over the
+sampled layouts (how well the estimator orders layouts, which is what the search needs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import numpy as np
+import pandas as pd
+
+import llmsim
+from llmsim.search.estimate import Estimator
+from llmsim.search.price import state_fits
+from llmsim.search.space import SpaceOptions, apply, cores, switch_variants
+from llmsim.simulation import simulate
+
+
+def describe(ratios: list[float]) -> str:
+    r = np.asarray(ratios)
+    q = np.percentile(r, [0, 5, 50, 95, 100])
+    within = [np.mean(np.abs(r - 1) <= t) * 100 for t in (0.01, 0.02, 0.05)]
+    return (f"n={len(r)}: min {q[0]:.4f}, p5 {q[1]:.4f}, median {q[2]:.4f}, p95 {q[3]:.4f}, "
+            f"max {q[4]:.4f}; within 1/2/5 %: {within[0]:.0f}/{within[1]:.0f}/{within[2]:.0f} %")
+
+
+def validation_rows() -> pd.DataFrame:
+    from llmsim.validation import load_runs, scenario_for
+
+    est, rows = Estimator(), []
+    for run in load_runs():
+        sc = scenario_for(run)
+        rows.append({"id": run.id, "target": run.target,
+                     "ratio": est.estimate(sc).step_time_s / simulate(sc).step_time_s})
+    return pd.DataFrame(rows)
+
+
+def sampled_layouts(name: str, count: int, seed: int) -> pd.DataFrame:
+    scenario = llmsim.load_scenario(name)
+    options = SpaceOptions(fixed={})
+    space = [v for c in cores(scenario, options, state_fits(scenario, 0.1))
+             for v in switch_variants(c, {})]
+    rng, est, rows = random.Random(seed), Estimator(), []
+    limit = scenario.system.node.accelerator.hbm_bytes * 0.9
+    while len(rows) < count:
+        layout = rng.choice(space)
+        try:
+            sc = apply(scenario, layout)
+        except ValueError:
+            continue
+        if max(m.total_bytes for m in est.memory(sc)) > limit:
+            continue
+        engine = simulate(sc).step_time_s
+        rows.append({"key": layout.key, "estimate_s": est.estimate(sc).step_time_s,
+                     "engine_s": engine})
+    table = pd.DataFrame(rows)
+    table["ratio"] = table["estimate_s"] / table["engine_s"]
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", default="selene-gpt3")
+    parser.add_argument("--layouts", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rows = validation_rows()
+    print("validation target rows:", describe(rows[rows["target"]]["ratio"].tolist()))
+    print("all validation rows:   ", describe(rows["ratio"].tolist()))
+    worst = rows.iloc[(rows["ratio"] - 1).abs().argsort()[::-1][:3]]
+    print("  furthest:", ", ".join(f"{r.id} {r.ratio:.4f}" for r in worst.itertuples()))
+    table = sampled_layouts(args.scenario, args.layouts, args.seed)
+    print(f"{args.layouts} random fitting layouts of {args.scenario}:",
+          describe(table["ratio"].tolist()))
+    rho = table["estimate_s"].rank().corr(table["engine_s"].rank())
+    print(f"  Spearman rank correlation, estimator against engine: {rho:.4f}")
+    worst = table.iloc[(table["ratio"] - 1).abs().argsort()[::-1][:3]]
+    print("  furthest:", ", ".join(f"{r.key} {r.ratio:.4f}" for r in worst.itertuples()))
+
+
+if __name__ == "__main__":
+    main()
