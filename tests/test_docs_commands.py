@@ -25,7 +25,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", re.S | re.M)
 INLINE = re.compile(r"(?<!`)`(llmsim [^`]+)`(?!`)")
 FILE_ARG = re.compile(r"\.(ya?ml|csv|txt|json)$")
-SLOW = {"validate": "slow: simulates every published run (~50 s); test_validation covers it"}
+SLOW = {"validate": "slow: simulates every published run (~50 s); test_validation covers it",
+        "search": "slow: prices every layout of a machine (minutes); test_search runs it on a "
+                  "small space"}
 GROUPS = ("calibrate", "schedule")  # commands whose subcommand comes next
 
 

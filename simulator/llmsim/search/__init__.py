@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,3 +161,14 @@ def search(
     table.attrs["best"] = best
     table.attrs["objective_column"] = objective_column(objective)
     return table
+
+
+class _CallableModule(types.ModuleType):
+    """``llmsim.search`` stays a package and can be called: ``llmsim.search(scenario, …)``
+    is :func:`search`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> pd.DataFrame:
+        return search(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
