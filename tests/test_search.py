@@ -152,7 +152,8 @@ def test_a_layout_rejected_for_memory_really_does_not_fit(data: st.DataObject) -
     peak = max(m.total_bytes for m in simulate(sc).memory)
     assert bool(result.out_of_memory) == (peak > limit)
     if peak <= limit:
-        assert state_fits(scenario, headroom)(core.tp, core.pp, core.dp, core.zero)
+        assert state_fits(scenario, headroom)(core.tp, core.pp, core.dp, core.ep, core.cp,
+                                              core.zero)
 
 
 # -- the whole search ------------------------------------------------------------------------

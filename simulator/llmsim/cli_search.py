@@ -104,6 +104,8 @@ def search(
     max_tp: Annotated[int | None, typer.Option(
         help="Largest tensor-parallel degree (default: 8 or a node's devices).")] = None,
     max_micro_batch: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
+    max_cp: Annotated[int, typer.Option(
+        help="Largest context-parallel degree tried (1: none).")] = 1,
     workers: Annotated[int | None, typer.Option(
         help="Local processes pricing layouts (default: every core).")] = None,
     scheduler: Annotated[str | None, typer.Option(
@@ -126,6 +128,8 @@ def search(
         raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if workers is not None and workers < 1:
         raise UserError(f"--workers: {workers} must be 1 or more")
+    if max_cp < 1:
+        raise UserError(f"--max-cp: {max_cp} must be 1 or more")
     if max_layouts is not None and max_layouts < 1:
         raise UserError(f"--max-layouts: {max_layouts} must be 1 or more")
     spec = loader.load_scenario(scenario, set_ or [])
@@ -145,7 +149,8 @@ def search(
                            batch_range=_batch_range(batch_range), max_layouts=max_layouts,
                            memory_headroom=memory_headroom, top=top, workers=workers,
                            client=client, out=out_dir, resume=resume, max_tp=max_tp,
-                           max_micro_batch=max_micro_batch, progress=progress)
+                           max_micro_batch=max_micro_batch, max_cp=max_cp,
+                           progress=progress)
     finally:
         progress.close()
         if client is not None:
@@ -200,6 +205,7 @@ def describe(row: object) -> str:
     """A layout in a few words: ``tp8 pp8 dp16 1f1b mb1 z1 sp sel``."""
     r = row  # a pandas row or a mapping
     parts = [f"tp{r['tp']}", f"pp{r['pp']}", f"dp{r['dp']}"]
+    parts += [f"{axis}{r[axis]}" for axis in ("ep", "cp") if r.get(axis, 1) > 1]
     schedule = r["schedule"] if r["pp"] > 1 else ""
     if schedule == "interleaved-1f1b":
         schedule = f"int-v{r['virtual_stages']}"

@@ -83,6 +83,7 @@ def search(
     resume: bool = False,
     max_tp: int | None = None,
     max_micro_batch: int = 16,
+    max_cp: int = 1,
     progress: Progress | None = None,
 ) -> pd.DataFrame:
     """Search every valid layout of ``scenario`` and return them, best first.
@@ -92,7 +93,9 @@ def search(
     (``step_time_s``, ``mfu``, ``days``, ``bubble_fraction``, ``est_over_engine``) and
     come first, ranked by them. ``attrs["summary"]`` is a :class:`SearchSummary`,
     ``attrs["best"]`` the best layout's scenario. ``workers`` local processes price the
-    layouts (default: every core), or ``client``'s Dask cluster when given.
+    layouts (default: every core), or ``client``'s Dask cluster when given. An MoE model's
+    expert-parallel degree is searched over the divisors of its experts; the
+    context-parallel degree up to ``max_cp``.
     """
     import pandas as pd
 
@@ -113,7 +116,7 @@ def search(
         raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
                         "positive numbers, the first not above the second (e.g. 512..2048)")
     options = SpaceOptions(fixed=fixed, batch_range=batch_range, max_tp=max_tp,
-                           max_micro_batch=max_micro_batch)
+                           max_micro_batch=max_micro_batch, max_cp=max_cp)
     base = scenario.model_copy(update={"fidelity": "reduced"})
     all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
     sampled = False
@@ -125,7 +128,7 @@ def search(
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
                 "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
-                "max_tp": max_tp, "max_micro_batch": max_micro_batch}
+                "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp}
     store = Store(Path(out) if out is not None else None, manifest, resume)
     todo = [(i, c) for i, c in batches if i not in store.done_batches]
     estimate_started = time.perf_counter()

@@ -32,7 +32,7 @@ def objective_column(objective: str) -> str:
 
 def layout_of_row(row: Any) -> Layout:
     """The layout a table row describes."""
-    return Layout(**{name: _plain(row[name]) for name in LAYOUT_FIELDS})
+    return Layout(**{name: _plain(row[name]) for name in LAYOUT_FIELDS if name in row})
 
 
 def _plain(value: Any) -> Any:

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmsim.errors import UserError
-from llmsim.memory import stage_params, state_bytes_per_param
+from llmsim.memory import state_bytes_per_param
+from llmsim.params import (
+    embedding_params_per_device,
+    head_params_per_device,
+    layers_params_per_device,
+)
 from llmsim.search.estimate import Estimator
 from llmsim.search.space import Layout, apply, parallelism_of, switch_variants
 from llmsim.simulation import check_posted_units
@@ -41,27 +46,31 @@ class BatchResult:
     """Layouts rejected for memory (over the capacity less the headroom)."""
 
 
-def state_fits(scenario: Scenario, headroom: float) -> Callable[[int, int, int, int], bool]:
-    """A lower bound of the model state per device, as a filter of (tp, pp, dp, zero).
+def state_fits(scenario: Scenario,
+               headroom: float) -> Callable[[int, int, int, int, int, int], bool]:
+    """A lower bound of the model state per device, as a filter of
+    (tp, pp, dp, ep, cp, zero).
 
     The busiest stage holds at least the average stage's parameters; its weights,
     gradients and optimizer state (sharded by ZeRO as :func:`memory_per_stage` shards
-    them) alone must fit in the capacity less the headroom, or no layout of the branch
-    can fit.
+    them: the dense weights over dp·ep·cp ranks, the routed experts' over dp·cp) alone
+    must fit in the capacity less the headroom, or no layout of the branch can fit.
     """
     model, precision = scenario.model, scenario.training.precision
     capacity = scenario.system.node.accelerator.hbm_bytes * (1 - headroom)
     w, g, o = state_bytes_per_param(precision)
-    totals: dict[tuple[int, int], float] = {}
+    totals: dict[tuple[int, int, int], tuple[float, float]] = {}
 
-    def fits(tp: int, pp: int, dp: int, zero: int) -> bool:
-        if (tp, pp) not in totals:
-            layers = [model.layers // pp + (i < model.layers % pp) for i in range(pp)]
-            totals[(tp, pp)] = sum(stage_params(model, tp, pp, i, layers[i])
-                                   for i in range(pp)) / pp
-        params = totals[(tp, pp)]
-        state = params * (w / (dp if zero >= 3 else 1) + g / (dp if zero >= 2 else 1)
-                          + o / (dp if zero >= 1 else 1))
+    def fits(tp: int, pp: int, dp: int, ep: int, cp: int, zero: int) -> bool:
+        if (tp, pp, ep) not in totals:
+            dense, expert = layers_params_per_device(model, tp, ep, 0, model.layers)
+            ends = embedding_params_per_device(model, tp) + head_params_per_device(model, tp, pp)
+            totals[(tp, pp, ep)] = ((dense + ends) / pp, expert / pp)
+        dense, expert = totals[(tp, pp, ep)]
+        state = 0.0
+        for params, ranks in ((dense, dp * ep * cp), (expert, dp * cp)):
+            state += params * (w / (ranks if zero >= 3 else 1) + g / (ranks if zero >= 2 else 1)
+                               + o / (ranks if zero >= 1 else 1))
         return state <= capacity
 
     return fits

@@ -49,6 +49,10 @@ class Layout:
     overlap_pp_comm: bool
     overlap_param_gather: bool
     global_batch: int
+    ep: int = 1
+    """Expert-parallel degree (MoE models)."""
+    cp: int = 1
+    """Context-parallel degree."""
 
     @property
     def key(self) -> str:
@@ -56,12 +60,14 @@ class Layout:
         flags = "".join("1" if getattr(self, s) else "0" for s in SWITCHES)
         return (f"n{self.nodes}.tp{self.tp}.pp{self.pp}.dp{self.dp}.v{self.virtual_stages}."
                 f"{self.schedule}.mb{self.micro_batch}.z{self.zero}."
-                f"sp{int(self.sequence_parallel)}.{self.recompute}.o{flags}.gb{self.global_batch}")
+                f"sp{int(self.sequence_parallel)}.{self.recompute}.o{flags}.gb{self.global_batch}"
+                + (f".ep{self.ep}" if self.ep > 1 else "")
+                + (f".cp{self.cp}" if self.cp > 1 else ""))
 
     @property
     def devices(self) -> int:
         """Devices the layout uses."""
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.ep * self.cp
 
     def parallelism_updates(self) -> dict[str, Any]:
         """The ``parallelism`` fields this layout sets."""
@@ -72,12 +78,19 @@ class Layout:
                 "overlap_dp_comm": self.overlap_dp_comm,
                 "overlap_tp_comm": self.overlap_tp_comm,
                 "overlap_pp_comm": self.overlap_pp_comm,
-                "overlap_param_gather": self.overlap_param_gather}
+                "overlap_param_gather": self.overlap_param_gather, "ep": self.ep,
+                "cp": self.cp}
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for a table row."""
         return {"nodes": self.nodes, **self.parallelism_updates(),
                 "global_batch": self.global_batch}
+
+    @property
+    def replicas(self) -> int:
+        """Pipelines that each run their own micro-batches: dp·ep (expert-parallel ranks
+        hold different sequences)."""
+        return self.dp * self.ep
 
 
 LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
@@ -97,6 +110,8 @@ class SpaceOptions:
     """Largest micro-batch tried (sequences)."""
     min_nodes: int = 1
     """Fewest nodes a layout may use."""
+    max_cp: int = 1
+    """Largest context-parallel degree tried (1: none)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -155,8 +170,8 @@ def tp_candidates(scenario: Scenario, max_tp: int | None) -> list[int]:
             and (m.n_kv_heads % t == 0 or t % m.n_kv_heads == 0)]
 
 
-StateFilter = Callable[[int, int, int, int], bool]
-"""(tp, pp, dp, zero) → whether the model state can fit at all (a lower bound)."""
+StateFilter = Callable[[int, int, int, int, int, int], bool]
+"""(tp, pp, dp, ep, cp, zero) → whether the model state can fit at all (a lower bound)."""
 
 
 def cores(scenario: Scenario, options: SpaceOptions,
@@ -168,7 +183,7 @@ def cores(scenario: Scenario, options: SpaceOptions,
     dp such that tp·pp·dp fills whole nodes, at most the scenario's; the micro-batch
     dividing the global batch's share of a replica, micro-batches a multiple of pp for
     the interleaved schedule (Megatron-LM's rule). ZeRO stages above 0 only with dp > 1;
-    sequence parallelism only with tp > 1. ``state_fits(tp, pp, dp, zero)`` prunes whole
+    sequence parallelism only with tp > 1. ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole
     branches whose model state cannot fit.
     """
     fx = options.fixed
@@ -179,22 +194,41 @@ def cores(scenario: Scenario, options: SpaceOptions,
     else:
         low, high = options.batch_range
         batches = list(range(low, high + 1))
+    experts = model.moe.experts if model.moe is not None else 1
+    seq = scenario.training.seq_len
+    cps = [c for c in divisors(seq // 2) if c <= options.max_cp] if seq % 2 == 0 else [1]
     for gb in _choices("global_batch", batches, fx):
         for tp in _choices("tp", tp_candidates(scenario, options.max_tp), fx):
             for pp in _choices("pp", divisors(model.layers), fx):
-                for dp in _choices("dp", divisors(gb), fx):
-                    devices = tp * pp * dp
-                    if devices % per_node:
-                        continue
-                    nodes = devices // per_node
-                    if not options.min_nodes <= nodes <= max_nodes:
-                        continue
-                    if "nodes" in fx and fx["nodes"] != nodes:
-                        continue
-                    for zero in _choices("zero", [0, 1, 2, 3] if dp > 1 else [0], fx):
-                        if state_fits is None or state_fits(tp, pp, dp, zero):
-                            yield from _per_replica(gb, nodes, tp, pp, dp, zero,
-                                                    model.layers, options)
+                for ep in _choices("ep", divisors(experts), fx):
+                    for cp in _choices("cp", cps or [1], fx):
+                        yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes, model.layers,
+                                             options, state_fits)
+
+
+def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_nodes: int,
+              layers: int, options: SpaceOptions,
+              state_fits: StateFilter | None) -> Iterator[Layout]:
+    fx = options.fixed
+    for dp in _choices("dp", divisors(gb), fx):
+        if gb % (dp * ep):
+            continue
+        devices = tp * pp * dp * ep * cp
+        if devices % per_node:
+            continue
+        nodes = devices // per_node
+        if not options.min_nodes <= nodes <= max_nodes:
+            continue
+        if "nodes" in fx and fx["nodes"] != nodes:
+            continue
+        # ZeRO-3 (and the parameter-gather overlap) is not modelled with ep or cp.
+        zeros = [0, 1, 2, 3] if dp * ep * cp > 1 else [0]
+        if ep > 1 or cp > 1:
+            zeros = [z for z in zeros if z < 3]
+        for zero in _choices("zero", zeros, fx):
+            if state_fits is None or state_fits(tp, pp, dp, ep, cp, zero):
+                for layout in _per_replica(gb, nodes, tp, pp, dp * ep, zero, layers, options):
+                    yield replace(layout, dp=dp, ep=ep, cp=cp) if ep > 1 or cp > 1 else layout
 
 
 def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, layers: int,
@@ -237,7 +271,8 @@ def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
     """
     tp_overlap = [False, True] if core.sequence_parallel else [False]
     pp_overlap = [False, True] if core.schedule == "interleaved-1f1b" else [False]
-    gather = [False, True] if core.zero in (1, 2) and core.dp > 1 else [False]
+    gather = [False, True] if core.zero in (1, 2) and core.dp > 1 and core.ep == 1 \
+        and core.cp == 1 else [False]
     for otp in _choices("overlap_tp_comm", tp_overlap, fixed):
         for opp in _choices("overlap_pp_comm", pp_overlap, fixed):
             for opg in _choices("overlap_param_gather", gather, fixed):
@@ -251,7 +286,8 @@ def layout_of(scenario: Scenario) -> Layout:
     return Layout(scenario.nodes_used, par.tp, par.pp, scenario.dp, par.virtual_stages,
                   par.schedule, par.micro_batch, par.zero, par.sequence_parallel,
                   par.recompute, par.overlap_dp_comm, par.overlap_tp_comm,
-                  par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch)
+                  par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch,
+                  par.ep, par.cp)
 
 
 def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
