@@ -290,3 +290,22 @@ def test_cli_bad_options_give_one_line_errors(args: list[str], message: str,
     assert code == 2, stdout + stderr
     assert message in stderr
     assert "Traceback" not in stderr and len(stderr.strip().splitlines()) <= 3
+
+
+def test_an_moe_model_s_space_has_expert_parallel_layouts_that_fill_the_devices() -> None:
+    moe = dict(TINY["model"], name="small-moe", activation="swiglu", bias=False,
+               norm="rmsnorm", position_embedding="rope", tied_embeddings=False,
+               moe={"experts": 4, "top_k": 2, "ffn_hidden": 2048})
+    scenario = llmsim.load_scenario(dict(TINY, model=moe))
+    fixed = {"zero": 1, "recompute": "none", "sequence_parallel": False, "micro_batch": 1}
+    layouts = list(cores(scenario, SpaceOptions(fixed=fixed, max_cp=2)))
+    assert {x.ep for x in layouts} == {1, 2, 4}
+    assert {x.cp for x in layouts} == {1, 2}
+    per_node = scenario.system.node.devices_per_node
+    assert all(x.devices == x.nodes * per_node for x in layouts)
+    result = price_batch(scenario, layouts[:40], fixed, 0.1)
+    assert result.rows
+    row = next(r for r in result.rows if r["ep"] > 1 or r["cp"] > 1)
+    sc = apply(scenario, _row_layout(row))
+    assert Estimator().estimate(sc).step_time_s == pytest.approx(simulate(sc).step_time_s,
+                                                                 rel=0.05)
