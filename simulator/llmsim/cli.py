@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, cli_compare, cli_search, cli_time_gemms, loader
+from llmsim import catalog, cli_compare, cli_search, cli_sweep, cli_time_gemms, loader
 from llmsim.errors import UserError
 
 app = typer.Typer(
@@ -391,6 +391,7 @@ def validate_cmd(
 
 app.command("compare")(cli_compare.compare)
 app.command("search")(cli_search.search)
+app.command("sweep")(cli_sweep.sweep)
 calibrate_app.command("time-gemms")(cli_time_gemms.time_gemms)
 
 
