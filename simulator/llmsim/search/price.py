@@ -8,7 +8,7 @@ process kept between batches so that the parts layouts share are priced once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmsim.errors import UserError
@@ -19,7 +19,7 @@ from llmsim.params import (
     layers_params_per_device,
 )
 from llmsim.search.estimate import Estimator
-from llmsim.search.space import Layout, apply, parallelism_of, switch_variants
+from llmsim.search.space import Layout, apply, parallelism_of, switch_variants, switched
 from llmsim.simulation import check_posted_units
 from llmsim.specs import Scenario
 
@@ -95,9 +95,14 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
         if peak.total_bytes > capacity:
             out.out_of_memory += len(variants)
             continue
+        core_scenario = None
         for layout in variants:
             try:
-                scenario = apply(base, layout)
+                if core_scenario is None:
+                    core_scenario = apply(base, replace(layout, overlap_tp_comm=False,
+                                                        overlap_pp_comm=False,
+                                                        overlap_param_gather=False))
+                scenario = switched(core_scenario, base, layout)
                 check_posted_units(scenario)
             except (ValueError, UserError):
                 out.invalid += 1

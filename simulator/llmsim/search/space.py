@@ -330,6 +330,16 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
         "calendar": scenario.calendar, "max_sim_passes": scenario.max_sim_passes})
 
 
+def switched(core: Scenario, base: Scenario, layout: Layout) -> Scenario:
+    """``core`` (a validated scenario of a core layout) with the overlap switches of
+    ``layout``, one of its :func:`switch_variants`: only the parallelism changes, so only
+    it and the scenario's own rules are checked again (raises ValueError)."""
+    new_par, _ = parallelism_of(base, layout)
+    scenario = core.model_copy(update={"parallelism": new_par})
+    scenario._check_layout()  # the scenario's rules: the TP overlap's compute units
+    return scenario
+
+
 _DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
 
 
