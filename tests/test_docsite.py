@@ -62,3 +62,17 @@ def test_the_hook_adds_every_notebook_as_a_page_source(tmp_path):
     quickstart = by_uri["notebooks/quickstart.ipynb"]
     assert Path(quickstart.abs_src_path) == ROOT / "notebooks" / "quickstart.ipynb"
     assert quickstart.dest_uri == "notebooks/quickstart.ipynb"
+
+
+def test_docstrings_read_as_markdown_in_the_reference():
+    pytest.importorskip("griffe")
+    spec = importlib.util.spec_from_file_location("docstrings_hook", DOCS / "hooks/docstrings.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    text = ("See :func:`llmsim.plots.plot_timeline` and :mod:`.store`.\n\n"
+            ">>> import llmsim\n>>> for x in y:\n...     pass\nafter")
+    assert hook.markdown_docstring(text) == (
+        "See `llmsim.plots.plot_timeline` and `.store`.\n\n"
+        "```pycon\n>>> import llmsim\n>>> for x in y:\n...     pass\n```\nafter")
+    assert hook.markdown_docstring(">>> a") == "```pycon\n>>> a\n```"
+    assert hook.markdown_docstring("no roles, ``code``") == "no roles, ``code``"
