@@ -101,15 +101,17 @@ def test_some_commands_are_found_and_run():
     assert len(runnable) >= 8, runnable
 
 
-def test_readme_python_example_runs(tmp_path, monkeypatch):
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_python_example_runs(page, tmp_path, monkeypatch):
     import matplotlib
 
     matplotlib.use("Agg")
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / page).read_text(encoding="utf-8")
     blocks = [body for lang, body in FENCE.findall(text) if lang == "python"]
-    assert blocks, "the README has no Python example"
+    assert blocks, f"{page} has no Python example"
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
-    exec(compile(blocks[0], "README.md's Python example", "exec"), namespace)
+    exec(compile(blocks[0], f"{page}'s Python example", "exec"), namespace)
     result = namespace["result"]
     assert result.step_time_s > 0  # type: ignore[attr-defined]
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000  # the figure it saves

@@ -30,17 +30,38 @@ def test_over_the_limit_adjacent_ops_merge_and_no_stream_is_lost():
                    and m.start_s <= op.start_s and op.end_s <= m.end_s for m in merged)
 
 
+def _inside(box, page) -> bool:
+    return page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+
+
 def test_the_timeline_figure_saves_with_its_legend(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    ax = simulate(make_scenario()).plot_timeline()
-    fig = ax.figure
+    fig = simulate(make_scenario()).plot_timeline()
+    assert isinstance(fig, Figure)
     fig.savefig(tmp_path / "t.png")  # no bbox_inches="tight"
     (legend,) = fig.legends
-    box, page = legend.get_window_extent(), fig.bbox
-    assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1
+    assert _inside(legend.get_window_extent(), fig.bbox)
+    assert {t.get_text() for t in legend.get_texts()} >= {"forward", "TP comm"}
+    plt.close(fig)
+
+
+def test_the_timeline_on_given_axes_returns_their_figure_legend_inside(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, figsize=(10, 9), layout="constrained")
+    result = simulate(make_scenario())
+    assert result.plot_timeline(ax=bottom, max_devices=2) is fig
+    fig.savefig(tmp_path / "t.png")
+    assert not top.has_data() and bottom.has_data() and not fig.legends
+    legend = bottom.get_legend()
+    assert _inside(legend.get_window_extent(), fig.bbox)
     assert {t.get_text() for t in legend.get_texts()} >= {"forward", "TP comm"}
     plt.close(fig)

@@ -101,7 +101,7 @@ def write_outputs(result: Result, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ax = result.plot_timeline()
-    ax.figure.savefig(paths[2], dpi=120, bbox_inches="tight")
-    plt.close(ax.figure)
+    fig = result.plot_timeline()
+    fig.savefig(paths[2], dpi=120, bbox_inches="tight")
+    plt.close(fig)
     return paths

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from llmsim.result import Result
 
 COLOURS = {
@@ -29,11 +32,14 @@ def _blocking_comm(result: Result) -> bool:
     return par.tp > 1 or par.ep > 1 or par.cp > 1
 
 
-def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
+def plot_timeline(result: Result, ax: Axes | None = None, max_devices: int = 16) -> Figure:
     """Draw one row per device and stream; idle gaps on the compute row are bubbles.
 
-    Returns the axes; without ``ax`` they are on a new figure whose legend is part of
-    the layout, so ``ax.figure.savefig(path)`` saves it whole."""
+    Returns the figure. Without ``ax`` it is a new figure whose legend, below the chart,
+    is part of its constrained layout, so ``fig.savefig(path)`` saves it whole. With
+    ``ax`` the chart and its legend (below those axes) go there and ``ax.figure`` is
+    returned; give that figure ``layout="constrained"`` for it to save whole too.
+    Only the first ``max_devices`` devices are drawn."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
@@ -79,4 +85,4 @@ def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
     else:
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4,
                   fontsize=8, frameon=False)
-    return ax
+    return ax.figure

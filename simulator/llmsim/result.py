@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -23,6 +23,10 @@ from llmsim.memory import StageMemory
 from llmsim.specs import Scenario
 from llmsim.trace import Trace
 from llmsim.workload import Workload
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -219,8 +223,9 @@ class Result:
                 for d in devices for st in streams]
         return pd.DataFrame(rows)
 
-    def plot_timeline(self, ax: Any = None, max_devices: int = 16) -> Any:
-        """Gantt chart of the step (see :func:`llmsim.plots.plot_timeline`)."""
+    def plot_timeline(self, ax: Axes | None = None, max_devices: int = 16) -> Figure:
+        """Gantt chart of the step: a matplotlib ``Figure`` that saves with its legend
+        (``fig.savefig("timeline.png")``); see ``llmsim.plots.plot_timeline``."""
         from llmsim.plots import plot_timeline
 
         return plot_timeline(self, ax=ax, max_devices=max_devices)
