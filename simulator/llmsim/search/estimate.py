@@ -133,6 +133,8 @@ class Estimator:
         self._memory: dict[tuple, list[StageMemory]] = {}
         self._extras: dict[tuple, tuple[float, float, float]] = {}
         self._grads: dict[tuple, float] = {}
+        self._chunk_buckets: dict[tuple, tuple[int, float]] = {}
+        self._starts: dict[tuple, list[list[int]]] = {}
         self._blocks: dict[tuple, float] = {}
         self._params: dict[tuple, tuple[int, int]] = {}
         self._nodes: dict[tuple, list[int]] = {}
@@ -241,6 +243,22 @@ class Estimator:
             hit = self._splits[key] = chunk_layers(sc.model.layers, par)
         return hit
 
+    def _first_layers(self, sc: Scenario, split: list[list[int]]) -> list[list[int]]:
+        """:func:`chunk_first_layer` of every chunk (stage, chunk), memoised; all 0 for a
+        model whose layers are all alike (only an MoE model's layers differ by index)."""
+        par = sc.parallelism
+        key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
+               par.last_stage_layers)
+        hit = self._starts.get(key)
+        if hit is None:
+            if sc.model.moe is None:
+                hit = [[0] * len(row) for row in split]
+            else:
+                hit = [[chunk_first_layer(split, s, c) for c in range(len(row))]
+                       for s, row in enumerate(split)]
+            self._starts[key] = hit
+        return hit
+
     def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool,
                       start: int) -> tuple[int, int, int, int]:
         """Parameters, expert parameters and parameter tensors of a chunk on one device,
@@ -262,6 +280,12 @@ class Estimator:
                  chunk: Chunk) -> tuple[int, float]:
         """(count, mean seconds) of ``chunk``'s gradient buckets: each bucket's
         compute-stream kernels and its reduction, memoised."""
+        memo = (plan_key, chunk.params, chunk.expert_params, traffic.zero,
+                traffic.grad_all_reduce, traffic.bucket_bytes, traffic.grad_bytes_per_param,
+                traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
+        hit = self._chunk_buckets.get(memo)
+        if hit is not None:
+            return hit
         count, total = 0, 0.0
         for n, op in traffic.dp_grad_buckets(chunk):
             key = (plan_key, op.axis, op.collective, op.bytes, op.staging_passes,
@@ -271,7 +295,8 @@ class Estimator:
                 seconds = self._grads[key] = costs.comm_s(op) + sum(
                     costs.compute_s(k) for k in traffic.grad_sync_prep(op))
             count, total = count + n, total + n * seconds
-        return count, (total / count if count else 0.0)
+        hit = self._chunk_buckets[memo] = (count, total / count if count else 0.0)
+        return hit
 
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
@@ -289,6 +314,7 @@ class Estimator:
         mf, mr, mb, mw = parts.moe
         fl_dense, fl_moe, fl_emb, fl_head = parts.model_flops
         split = self._split(sc)
+        starts = self._first_layers(sc, split)
         split_backward = par.schedule in SPLIT_BACKWARD
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
         send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
@@ -320,7 +346,7 @@ class Estimator:
                 for c in range(v):
                     vs, n = c * p + s, split[s][c]
                     first, last = vs == 0, vs == p * v - 1
-                    start = chunk_first_layer(split, s, c)
+                    start = starts[s][c]
                     params, experts, tensors, k = self._chunk_params(sc, n, first, last, start)
                     amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
                                                              last, start)
