@@ -10,7 +10,7 @@ that must not change the physics (speed, structure) is checked against it to a r
 Simulating every row takes about a minute on two cores, so by default the test runs the
 rows marked ``ci``: for each engine path the rows take (schedule, ZeRO stage, overlap
 switches, collectives holding compute units, when gradients are launched) and for each
-source, the row that simulated fastest when the table was written, in about 15 s;
+source, the row that simulated fastest when the table was written (seconds in all);
 ``LLMSIM_ALL_ROWS=1 python -m pytest tests/test_validation_steps.py`` runs all of them.
 """
 

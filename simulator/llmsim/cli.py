@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, loader
+from llmsim import catalog
 from llmsim.errors import UserError
 
 app = typer.Typer(
@@ -46,6 +46,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Simulate one training step of SCENARIO and report where the time goes."""
+    from llmsim import loader
     from llmsim.simulation import simulate
 
     spec = loader.load_scenario(scenario, set_ or [])
@@ -70,6 +71,8 @@ def catalog_cmd(
         help="accelerators, collectives, systems, models or scenarios (default: all).")] = None,
 ) -> None:
     """List the bundled hardware, collective libraries, models and scenarios."""
+    from llmsim import loader
+
     kinds = list(catalog.KINDS)
     if kind is not None and kind not in kinds:
         raise UserError(f"catalog kind {kind!r} is unknown; use one of {', '.join(kinds)}")
@@ -155,7 +158,7 @@ def calibrate_shapes(
         "gemm_shapes.csv"),
 ) -> None:
     """The GEMM shapes the scenarios run, as a CSV to time for `llmsim calibrate gemm`."""
-    from llmsim import calibration, validation
+    from llmsim import calibration, loader, validation
     from llmsim.workload import build_workload
 
     specs = [loader.load_scenario(name, set_ or []) for name in scenarios or []]

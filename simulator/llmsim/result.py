@@ -14,14 +14,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from llmsim.memory import StageMemory
 from llmsim.specs import Scenario
 from llmsim.trace import Trace
 from llmsim.workload import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -182,16 +183,21 @@ class Result:
         return json.dumps(_finite(self.to_dict()), indent=indent)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Every op of the step: device, stage, stream, name, kind, micro-batch, times."""
-        rows = [r.__dict__ if hasattr(r, "__dict__") else _record_dict(r)
-                for r in self.trace.expand()]
-        df = pd.DataFrame(rows)
-        if not df.empty:
-            df["duration_s"] = df["end_s"] - df["start_s"]
+        """Every op of the step: device, stage, stream, name, kind, micro-batch, times
+        (the rows of :meth:`Trace.expand`, built a record's spans at a time)."""
+        import pandas as pd
+
+        columns = self.trace.expand_columns()
+        if len(columns["device"]) == 0:
+            return pd.DataFrame()
+        df = pd.DataFrame(columns)
+        df["duration_s"] = df["end_s"] - df["start_s"]
         return df
 
     def stream_usage(self) -> pd.DataFrame:
         """Busy and idle seconds per device and stream (busy + idle = step time)."""
+        import pandas as pd
+
         busy: dict[tuple[int, str], float] = {}
         for r in self.trace.expand():
             key = (r.device, r.stream)
@@ -208,10 +214,6 @@ class Result:
         from llmsim.plots import plot_timeline
 
         return plot_timeline(self, ax=ax, max_devices=max_devices)
-
-
-def _record_dict(r: Any) -> dict[str, Any]:
-    return {k: getattr(r, k) for k in r.__slots__}
 
 
 def _finite(value: Any) -> Any:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
-
-import pandas as pd
+from typing import TYPE_CHECKING, Literal
 
 from llmsim.memory import DROPOUT_MASK_BYTES
 from llmsim.ops import CommOp, ComputeOp
@@ -32,6 +30,9 @@ from llmsim.params import (
 from llmsim.partition import chunk_layers
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Op = ComputeOp | CommOp
 
@@ -249,6 +250,8 @@ class Workload:
 
     def to_dataframe(self) -> pd.DataFrame:
         """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
+        import pandas as pd
+
         rows = []
         for (stage, chunk), c in sorted(self.chunks.items()):
             for block in (c.forward, c.backward, c.weight + c.accumulate):
