@@ -1,14 +1,21 @@
-"""Files written by ``llmsim run --out DIR``: result JSON, Perfetto trace, timeline PNG."""
+"""Files written by ``llmsim run --out DIR``: result JSON, Perfetto trace, timeline PNG.
+
+It reads a :class:`~llmsim.result.Result` (imported for type hints only: the result is
+data and imports neither this module nor the plots at load time)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmsim.errors import UserError
-from llmsim.result import Result
-from llmsim.trace import Record
+from llmsim.plots import plot_timeline
+
+if TYPE_CHECKING:
+    from llmsim.result import Result
+    from llmsim.trace import Record
 
 STREAMS = ("compute", "tp", "pp", "dp")
 MAX_OP_EVENTS = 200_000
@@ -16,10 +23,9 @@ MAX_OP_EVENTS = 200_000
 
 
 def trace_records(result: Result, limit: int = MAX_OP_EVENTS) -> Iterable[Record]:
-    """Per-op records when they are few enough, otherwise one per pass."""
-    blocks = (result.trace.block_of(r) for r in result.trace.records)
-    per_action = sum(len(block.spans) for block in blocks if block is not None)
-    return result.trace.expand() if per_action <= limit else result.trace.records
+    """Per-op records when they are few enough, otherwise one per pass
+    (:meth:`Trace.shown <llmsim.trace.Trace.shown>`)."""
+    return result.trace.shown(limit)
 
 
 def chrome_trace(result: Result) -> dict:
@@ -64,7 +70,7 @@ def write_outputs(result: Result, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ax = result.plot_timeline()
+    ax = plot_timeline(result)
     ax.figure.savefig(paths[2], dpi=120, bbox_inches="tight")
     plt.close(ax.figure)
     return paths

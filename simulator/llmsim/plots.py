@@ -26,8 +26,6 @@ def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from llmsim.export import trace_records
-
     if ax is None:
         rows = min(max_devices, len({r.device for r in result.trace.records}))
         _, ax = plt.subplots(figsize=(12, 1.0 + 0.55 * rows * 2))
@@ -38,7 +36,7 @@ def plot_timeline(result: Result, ax: Any = None, max_devices: int = 16) -> Any:
                   key=lambda k: (k[0], streams.index(k[1])))
     row = {key: i for i, key in enumerate(used)}
     bars: dict[str, list[tuple[float, float, int]]] = {}
-    for r in trace_records(result, limit=50_000):
+    for r in result.trace.shown(limit=50_000):
         key = (r.device, "tp" if r.stream not in streams else r.stream)
         if key not in row:
             continue

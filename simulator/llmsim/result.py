@@ -210,7 +210,9 @@ class Result:
         return pd.DataFrame(rows)
 
     def plot_timeline(self, ax: Any = None, max_devices: int = 16) -> Any:
-        """Gantt chart of the step (see :func:`llmsim.plots.plot_timeline`)."""
+        """Gantt chart of the step (see :func:`llmsim.plots.plot_timeline`): a notebook
+        convenience, the result's one reference to a module that reads it, made when
+        called (the plots import the result for type hints only)."""
         from llmsim.plots import plot_timeline
 
         return plot_timeline(self, ax=ax, max_devices=max_devices)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +84,13 @@ class Trace:
             return None
         kind = block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
         return self.blocks[(r.stage, r.chunk, kind)]
+
+    def shown(self, limit: int) -> Iterable[Record]:
+        """What a trace file or a timeline shows: the per-op records (:meth:`expand`)
+        when there are at most ``limit`` of them, otherwise one record per pass."""
+        blocks = (self.block_of(r) for r in self.records)
+        per_op = sum(len(block.spans) for block in blocks if block is not None)
+        return self.expand() if per_op <= limit else self.records
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
