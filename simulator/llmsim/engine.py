@@ -66,6 +66,18 @@ class _Fifo:
         return (before if before is not None and not before.triggered else None), self.last
 
 
+def _timeout_until(env: simpy.Environment, time_s: float) -> simpy.Timeout:
+    """A timeout that ends at ``time_s`` exactly (``now + delay`` rounds: the delay is
+    moved by an ulp at a time until the sum is ``time_s``), so that a time computed in
+    closed form is the one a chain of timeouts would reach."""
+    delay = time_s - env.now
+    while env.now + delay < time_s:
+        delay = math.nextafter(delay, math.inf)
+    while env.now + delay > time_s:
+        delay = math.nextafter(delay, -math.inf)
+    return env.timeout(delay)
+
+
 Mark = tuple[float, Callable[[], Iterator[simpy.Event] | None]]
 """(share of a pass's work, what to call when the pass has done that share). The call may
 return work that the compute stream runs first, the pass paused until it ends."""
@@ -102,6 +114,22 @@ class _Contention:
         if self.change is not None:
             change, self.change = self.change, None
             change.succeed()
+
+    def mark_times(self, duration_s: float, shares: Sequence[float]) -> tuple[list[float], float]:
+        """When a pass of ``duration_s`` that nothing slows, starting now, has done each
+        of ``shares`` (sorted) of its work, and when it ends: the times :meth:`run`
+        reaches with one timeout from mark to mark (the same sums, in the same order)."""
+        times: list[float] = []
+        t, done, i = self.env.now, 0.0, 0
+        while True:
+            while i < len(shares) and shares[i] <= done + 1e-12:
+                times.append(t)
+                i += 1
+            if done >= 1.0 - 1e-12:
+                return times, t
+            target = shares[i] if i < len(shares) else 1.0
+            t += (target - done) * duration_s
+            done = target
 
     def run(self, price: Callable[[int], float],
             marks: Sequence[Mark] = ()) -> Generator[simpy.Event, object, list[Pause]]:
@@ -143,6 +171,14 @@ class _Contention:
             if posted and rate_s > alone_s:
                 excess = elapsed * (1.0 - alone_s / rate_s)
                 self.p2p_slowed_s += excess * posted / (collective + posted)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """A mark's call that launches gradient bucket ``op`` in closed form
+    (:meth:`Engine._closed_form_pass`)."""
+
+    op: CommOp
 
 
 @dataclass(frozen=True)
@@ -258,6 +294,19 @@ class Engine:
                                                workload.pp_gather_bytes,
                                                copies=workload.tp)) \
             if workload.pp_gather_bytes else 0.0
+        self.closed_form = {d.id: d.dp_group[1] == 1 and not self.contention[d.id].variable
+                            for d in devices}
+        """Device → whether its data-parallel collectives may be priced in closed form: a
+        run of them queued together on its ``dp`` stream, with no group members to wait
+        for (reduced fidelity) and no compute units held (nothing for them to slow)."""
+        self.hooks_closed_form = not any(workload.gathers_before(kind, 0) for kind in "FB")
+        """Whether gradient buckets launched by marks inside a pass may be run in closed
+        form: no weight gathers share the ``dp`` stream during the step, so nothing can
+        queue between the buckets of one pass."""
+        self.dp_closed_until: dict[int, float] = {}
+        """Device → the last launch time of the closed-form bucket run under way."""
+        self.comm_s_of: dict[CommOp, float] = {}
+        """Collective → its duration, priced once."""
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
         self.stage_ready = self.env.event()
@@ -406,8 +455,55 @@ class Engine:
         return within
 
     # -- data-parallel collectives ------------------------------------------------------
+    def _comm_s(self, op: CommOp) -> float:
+        """Seconds ``op`` takes, priced once per distinct collective."""
+        duration_s = self.comm_s_of.get(op)
+        if duration_s is None:
+            duration_s = self.comm_s_of[op] = self.costs.comm_s(op)
+        return duration_s
+
+    def _closed_form_pass(self, dev: Device, block: Block, marks: list[Mark],
+                          grad_ops: list[simpy.Process]) -> Iterator[simpy.Event]:
+        """Run a pass alone on its device whose marks launch gradient buckets
+        (:class:`_Launch`): one timeout to its end, and the buckets one closed-form run
+        (:meth:`_closed_form_run`) at the times the marks would have fired."""
+        ordered = sorted(marks, key=lambda mark: mark[0])
+        times, end_s = self.contention[dev.id].mark_times(
+            block.duration_s, [share for share, _ in ordered])
+        launches = [(at_s, call.op) for at_s, (_, call) in zip(times, ordered, strict=True)]
+        grad_ops.append(self.env.process(self._closed_form_run(dev, launches)))
+        yield _timeout_until(self.env, end_s)
+        return []
+
+    def _closed_form_run(self, dev: Device,
+                         launches: list[tuple[float, CommOp]]) -> Iterator[simpy.Event]:
+        """Collectives launched at known times (non-decreasing) onto ``dev``'s ``dp``
+        stream, in one process: each starts when it is launched and the one before it has
+        ended, and takes its priced time, the sums :meth:`_collective` makes with one
+        process and timeout each. Valid where :attr:`closed_form` holds and nothing else
+        queues on the stream between the first launch and the last (checked there)."""
+        env = self.env
+        if launches[0][0] > env.now:
+            yield _timeout_until(env, launches[0][0])
+        before, ended = self.dp_stream[dev.id].queue()
+        if before is not None:
+            yield before
+        self.dp_closed_until[dev.id] = launches[-1][0]
+        end_s = env.now
+        for at_s, op in launches:
+            start_s = max(at_s, end_s)
+            end_s = start_s + self._comm_s(op)
+            self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
+                                       start_s, end_s))
+        yield _timeout_until(env, end_s)
+        ended.succeed()
+
     def _collective(self, dev: Device, op: CommOp, done: simpy.Event | None = None,
                     tag: object = None) -> Iterator[simpy.Event]:
+        if self.env.now < self.dp_closed_until.get(dev.id, -math.inf):
+            raise RuntimeError(f"{op.name} queued on device {dev.id}'s dp stream among "
+                               "gradient buckets priced in closed form; the engine's "
+                               "hooks_closed_form condition is wrong")
         before, ended = self.dp_stream[dev.id].queue()
         if before is not None:
             yield before
@@ -416,7 +512,7 @@ class Engine:
             yield self.barrier.arrive((key, op.name, tag), members)
         start = self.env.now
         self.contention[dev.id].hold(collective=self.collective_units)
-        yield self.env.timeout(self.costs.comm_s(op))
+        yield self.env.timeout(self._comm_s(op))
         self.contention[dev.id].hold(collective=-self.collective_units)
         self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
                                    start, self.env.now))
@@ -483,7 +579,11 @@ class Engine:
                         and w_seen[act.chunk] + 1 == work.microbatches:
                     marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
-                pauses = yield from self.contention[dev.id].run(self._price(dev, act), marks)
+                if marks and all(isinstance(call, _Launch) for _, call in marks):
+                    pauses = yield from self._closed_form_pass(dev, block, marks, grad_ops)
+                else:
+                    pauses = yield from self.contention[dev.id].run(self._price(dev, act),
+                                                                   marks)
                 self._record_pass(dev, act, block, start, pauses)
             for c in syncs.get(i, ()) if syncs else ():  # before the step's send
                 yield from self._issue(dev, work.chunks[(dev.stage, c)], grad_ops)
@@ -580,11 +680,16 @@ class Engine:
             assert (w.kind, w.chunk, w.microbatch) == ("W", act.chunk, act.microbatch)
             next_s = self._block(dev, w).duration_s
         own: list[Mark] = []
+        closed = (self.closed_form[dev.id] and self.hooks_closed_form
+                  and not self._has_prep(chunk))
         for k, op in enumerate(ops):
             at = (k + 1) / len(ops) * (own_s + next_s)
 
             def ready(op: CommOp = op) -> Iterator[simpy.Event] | None:
                 return self._launch(dev, op, grad_ops)
+
+            if closed:
+                ready = _Launch(op)
 
             if at <= own_s or next_s == 0:
                 own.append((at / own_s if own_s > 0 else 1.0, ready))
@@ -616,6 +721,9 @@ class Engine:
     def _issue(self, dev: Device, chunk: Chunk,
                grad_ops: list[simpy.Process]) -> Iterator[simpy.Event]:
         """Issue every bucket of ``chunk`` in turn, each after its compute-stream kernels."""
+        if not self._has_prep(chunk):  # nothing between them: all queued now
+            grad_ops += self._queue_all(dev, self._grad_ops(chunk))
+            return
         for op in self._grad_ops(chunk):
             work = self._launch(dev, op, grad_ops)
             if work is not None:
@@ -646,11 +754,21 @@ class Engine:
         """Launch the gradient reduction of ``chunk`` once its gradients are final."""
         work = self.work
         if work.zero == 3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
-            return [self.env.process(self._collective(dev, op, tag=mb))
-                    for op in self._grad_ops(chunk)]
+            return self._queue_all(dev, self._grad_ops(chunk), tag=mb)
         if count < work.microbatches:
             return []
-        return [self.env.process(self._collective(dev, op)) for op in self._grad_ops(chunk)]
+        return self._queue_all(dev, self._grad_ops(chunk))
+
+    def _queue_all(self, dev: Device, ops: list[CommOp],
+                   tag: object = None) -> list[simpy.Process]:
+        """Queue ``ops`` on the ``dp`` stream now, in order: one run in closed form where
+        :attr:`closed_form` allows, else a process each."""
+        if not ops:
+            return []
+        if self.closed_form[dev.id]:
+            now = self.env.now
+            return [self.env.process(self._closed_form_run(dev, [(now, op) for op in ops]))]
+        return [self.env.process(self._collective(dev, op, tag=tag)) for op in ops]
 
     def _grad_ops(self, chunk: Chunk) -> list[CommOp]:
         """The bucketed gradient reduction of ``chunk`` (:meth:`Workload.dp_grad_ops`),
