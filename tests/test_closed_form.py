@@ -1,9 +1,11 @@
-"""Data-parallel collectives priced in closed form give the trace of one event each.
+"""Collectives and sends priced in closed form give the trace of one event each.
 
 Where a run of gradient buckets is queued on a device's ``dp`` stream with nothing to
-wait for or slow (reduced fidelity, no compute units held), the engine prices it in one
-process (``Engine._closed_form_run``); with ``Engine.closed_form`` switched off it runs
-one SimPy process per bucket. Both must record the same trace, to 1e-9, over a grid of
+wait for or slow (reduced fidelity, no compute units held by collectives), the engine
+prices it in one process or as the marks launch it (``Engine._closed_form_run``,
+``BucketRun``), and a send on a ``pp`` link as it is sent (``Engine._post_send``); with
+``Engine.closed_form`` and ``Engine.closed_form_sends`` switched off it runs one SimPy
+process per bucket and per send. Both must record the same trace, to 1e-9, over a grid of
 schedules, ZeRO stages, launch points and overlap switches.
 """
 
@@ -42,6 +44,7 @@ def _trace(extra: dict, closed_form: bool, events: list | None = None):
                                         parallelism__dp_bucket_mb=4, **extra))
     if not closed_form:
         engine.closed_form = dict.fromkeys(engine.closed_form, False)
+        engine.closed_form_sends = False
     if events is not None:
         schedule = engine.env.schedule
 

@@ -25,14 +25,49 @@ from llmsim.trace import Record
 from llmsim.workload import Chunk, Workload
 
 
+class BucketRun:
+    """The gradient buckets one pass's marks launch, priced in closed form as each is
+    launched: it starts when it is launched and the bucket before it has ended, and takes
+    its priced time — the sums :meth:`GradientTraffic._collective` makes with a process,
+    a timeout and two events per bucket. When the last is launched, one event at its end
+    stands for the run on the ``dp`` stream and in the device's pending reductions.
+
+    Valid where nothing else queues on the stream while the run is open
+    (:attr:`Engine.hooks_closed_form`; checked by :meth:`GradientTraffic._collective`)
+    and the stream is free or ends a run like this one when the pass starts
+    (:meth:`GradientTraffic._may_run_in_closed_form`).
+    """
+
+    def __init__(self, engine: GradientTraffic, dev: Device, buckets: int,
+                 grad_ops: list[simpy.Process]) -> None:
+        self.engine, self.dev, self.left, self.grad_ops = engine, dev, buckets, grad_ops
+        engine.open_runs[dev.id] = engine.open_runs.get(dev.id, 0) + 1
+
+    def launch(self, op: CommOp, at_s: float) -> None:
+        """Launch bucket ``op`` at ``at_s`` (now, or later in a pass priced ahead)."""
+        engine, dev = self.engine, self.dev
+        start_s = max(at_s, engine.dp_free_s.get(dev.id, -math.inf))
+        end_s = engine.dp_free_s[dev.id] = start_s + engine._comm_s(op)
+        engine.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
+                                     start_s, end_s))
+        self.left -= 1
+        if self.left == 0:  # the run's end, on the stream and for the device to wait for
+            ended = engine.dp_stream[dev.id].last = engine.dp_run_end[dev.id] = \
+                engine.env.event()
+            timeout_until(engine.env, end_s).callbacks.append(lambda _: ended.succeed())
+            self.grad_ops.append(ended)
+            engine.open_runs[dev.id] -= 1
+
+
 @dataclass(frozen=True)
 class Launch:
-    """A mark's call that launches gradient bucket ``op`` in closed form
-    (:meth:`Engine._closed_form_pass`)."""
+    """A mark's call that launches gradient bucket ``op`` into a :class:`BucketRun`."""
 
+    run: BucketRun
     op: CommOp
 
-
+    def __call__(self) -> None:
+        self.run.launch(self.op, self.run.engine.env.now)
 
 
 class GradientTraffic:
@@ -50,18 +85,23 @@ class GradientTraffic:
     split_backward: bool
     collective_units: int
     bucket_ops: dict[tuple[int, int], list[CommOp]]
-    prep_s: dict[CommOp, tuple[tuple[str, float], ...]]
+    prep_s: dict[int, tuple[CommOp, tuple[tuple[str, float], ...]]]
     closed_form: dict[int, bool]
     hooks_closed_form: bool
     dp_closed_until: dict[int, float]
-    comm_s_of: dict[CommOp, float]
+    open_runs: dict[int, int]
+    dp_free_s: dict[int, float]
+    dp_run_end: dict[int, simpy.Event]
+    comm_s_of: dict[int, tuple[CommOp, float]]
+    chunk_has_prep: dict[tuple[int, int], bool]
 
     def _comm_s(self, op: CommOp) -> float:
-        """Seconds ``op`` takes, priced once per distinct collective."""
-        duration_s = self.comm_s_of.get(op)
-        if duration_s is None:
-            duration_s = self.comm_s_of[op] = self.costs.comm_s(op)
-        return duration_s
+        """Seconds ``op`` takes, priced once per op object (the engine builds each chunk's
+        buckets and gathers once; the cost model prices equal collectives once)."""
+        priced = self.comm_s_of.get(id(op))
+        if priced is None or priced[0] is not op:
+            priced = self.comm_s_of[id(op)] = (op, self.costs.comm_s(op))
+        return priced[1]
 
     def _closed_form_pass(self, dev: Device, block: Block, marks: list[Mark],
                           grad_ops: list[simpy.Process]) -> Iterator[simpy.Event]:
@@ -71,10 +111,20 @@ class GradientTraffic:
         ordered = sorted(marks, key=lambda mark: mark[0])
         times, end_s = self.contention[dev.id].mark_times(
             block.duration_s, [share for share, _ in ordered])
-        launches = [(at_s, call.op) for at_s, (_, call) in zip(times, ordered, strict=True)]
-        grad_ops.append(self.env.process(self._closed_form_run(dev, launches)))
+        for at_s, (_, call) in zip(times, ordered, strict=True):
+            call.run.launch(call.op, at_s)
         yield timeout_until(self.env, end_s)
         return []
+
+    def _may_run_in_closed_form(self, dev: Device, chunk: Chunk) -> bool:
+        """Whether the buckets ``chunk``'s backward launches on ``dev`` may be
+        :class:`BucketRun` s: collectives priced in closed form there, no weight gathers
+        on the stream, no kernels before the reductions, and the stream free or ending such
+        a run (whose end :attr:`dp_free_s` holds)."""
+        last = self.dp_stream[dev.id].last
+        return (self.closed_form[dev.id] and self.hooks_closed_form
+                and not self._has_prep(chunk)
+                and (last is None or last.triggered or last is self.dp_run_end.get(dev.id)))
 
     def _closed_form_run(self, dev: Device,
                          launches: list[tuple[float, CommOp]]) -> Iterator[simpy.Event]:
@@ -101,7 +151,8 @@ class GradientTraffic:
 
     def _collective(self, dev: Device, op: CommOp, done: simpy.Event | None = None,
                     tag: object = None) -> Iterator[simpy.Event]:
-        if self.env.now < self.dp_closed_until.get(dev.id, -math.inf):
+        if self.open_runs.get(dev.id) or self.env.now < self.dp_closed_until.get(dev.id,
+                                                                                  -math.inf):
             raise RuntimeError(f"{op.name} queued on device {dev.id}'s dp stream among "
                                "gradient buckets priced in closed form; the engine's "
                                "hooks_closed_form condition is wrong")
@@ -145,34 +196,45 @@ class GradientTraffic:
             assert (w.kind, w.chunk, w.microbatch) == ("W", act.chunk, act.microbatch)
             next_s = self._block(dev, w).duration_s
         own: list[Mark] = []
-        closed = (self.closed_form[dev.id] and self.hooks_closed_form
-                  and not self._has_prep(chunk))
-        for k, op in enumerate(ops):
-            at = (k + 1) / len(ops) * (own_s + next_s)
+        later: list[Mark] = []
+        closed = self._may_run_in_closed_form(dev, chunk)
+        ats = [(k + 1) / len(ops) * (own_s + next_s) for k in range(len(ops))]
+        runs = {}
+        if closed:  # one run for this pass's buckets, one for the next pass's
+            mine = sum(at <= own_s or next_s == 0 for at in ats)
+            runs = {True: BucketRun(self, dev, mine, grad_ops) if mine else None,
+                    False: BucketRun(self, dev, len(ops) - mine, grad_ops)
+                    if len(ops) > mine else None}
+        for at, op in zip(ats, ops, strict=True):
+            here = at <= own_s or next_s == 0
 
             def ready(op: CommOp = op) -> Iterator[simpy.Event] | None:
                 return self._launch(dev, op, grad_ops)
 
-            if closed:
-                ready = Launch(op)
-
-            if at <= own_s or next_s == 0:
-                own.append((at / own_s if own_s > 0 else 1.0, ready))
+            call = Launch(runs[here], op) if closed else ready
+            if here:
+                own.append((at / own_s if own_s > 0 else 1.0, call))
             else:
-                carried.setdefault((act.chunk, act.microbatch), []).append(
-                    ((at - own_s) / next_s, ready))
+                later.append(((at - own_s) / next_s, call))
+        if later:
+            carried.setdefault((act.chunk, act.microbatch), []).extend(later)
         return own
 
     def _prep(self, op: CommOp) -> tuple[tuple[str, float], ...]:
         """(name, seconds) of each kernel the compute stream runs on gradient bucket ``op``
         before its reduction (:meth:`Workload.grad_sync_prep`), priced once."""
-        if op not in self.prep_s:
-            self.prep_s[op] = tuple((k.name, self.costs.compute_s(k))
-                                    for k in self.work.grad_sync_prep(op))
-        return self.prep_s[op]
+        priced = self.prep_s.get(id(op))
+        if priced is None or priced[0] is not op:  # kept with it: its id is not reused
+            priced = self.prep_s[id(op)] = (op, tuple(
+                (k.name, self.costs.compute_s(k)) for k in self.work.grad_sync_prep(op)))
+        return priced[1]
 
     def _has_prep(self, chunk: Chunk) -> bool:
-        return any(self._prep(op) for op in self._grad_ops(chunk))
+        """Whether any bucket of ``chunk`` runs kernels on the compute stream first."""
+        key = (chunk.stage, chunk.chunk)
+        if key not in self.chunk_has_prep:
+            self.chunk_has_prep[key] = any(self._prep(op) for op in self._grad_ops(chunk))
+        return self.chunk_has_prep[key]
 
     def _launch(self, dev: Device, op: CommOp,
                 grad_ops: list[simpy.Process]) -> Iterator[simpy.Event] | None:

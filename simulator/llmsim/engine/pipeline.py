@@ -8,13 +8,14 @@ receive where Megatron-LM posts them and holding compute units until both halves
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 
 import simpy
 
 from llmsim.engine.devices import Device
-from llmsim.engine.streams import Contention, Fifo
+from llmsim.engine.streams import Contention, Fifo, timeout_until
 from llmsim.schedules import Action
 from llmsim.trace import Record
 from llmsim.workload import Workload
@@ -31,6 +32,8 @@ class PipelineMessages:
     pp_waits: list[tuple[int, float, float, float]]
     contention: dict[int, Contention]
     pp_link: dict[int, Fifo]
+    pp_free_s: dict[int, float]
+    closed_form_sends: bool
     p2p_stream: dict[tuple[int, int], Fifo]
     messages: dict[object, simpy.Event]
     message_start: dict[object, float]
@@ -47,6 +50,27 @@ class PipelineMessages:
         if key not in self.messages:
             self.messages[key] = self.env.event()
         return self.messages[key]
+
+    def _post_send(self, dev: Device, key: tuple[object, str, int, int], mb: int, chunk: int,
+                   to_stage: int) -> simpy.Event:
+        """Send message ``key`` to ``to_stage``; the event fires when it is in.
+
+        A send on the device's ``pp`` link (not posted on a pair's communicator) has
+        nothing to wait for but the send before it, and holds nothing: it is priced in
+        closed form, starting when it is sent and the link is free, and taking its priced
+        time (the sums :meth:`_send` makes with a process, a timeout and two events); one
+        event at its end delivers the message. A posted send runs as :meth:`_send`."""
+        if self.rendezvous or not self.closed_form_sends:
+            return self.env.process(self._send(dev, key, mb, chunk, to_stage))
+        within = self._within_node(dev, to_stage)
+        start_s = max(self.env.now, self.pp_free_s.get(dev.id, -math.inf))
+        end_s = self.pp_free_s[dev.id] = start_s + self.pp_send_s[within]
+        self.message_start[key] = start_s
+        self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", key[1], mb, chunk,
+                                   start_s, end_s))
+        message = self._message(key)
+        timeout_until(self.env, end_s).callbacks.append(lambda _: message.succeed())
+        return message
 
     def _send(self, dev: Device, key: tuple[object, str, int, int], mb: int, chunk: int,
               to_stage: int) -> Iterator[simpy.Event]:

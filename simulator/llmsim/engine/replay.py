@@ -59,8 +59,9 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         """(stage, chunk) → its per-layer weight gathers, built once."""
         self.bucket_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its gradient buckets' reductions, built once."""
-        self.prep_s: dict[CommOp, tuple[tuple[str, float], ...]] = {}
-        """Gradient bucket → its compute-stream kernels before the reduction, priced."""
+        self.prep_s: dict[int, tuple[CommOp, tuple[tuple[str, float], ...]]] = {}
+        """id of a gradient bucket → it and its compute-stream kernels before the
+        reduction, priced."""
         self.grad_syncs: dict[int, dict[int, list[int]] | None] = {}
         """Stage → where it issues whole chunks' reductions (action index → chunks), or
         None where each bucket is issued as the backward makes it final."""
@@ -102,6 +103,11 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         self.messages: dict[object, simpy.Event] = {}
         self.message_start: dict[object, float] = {}
         self.pp_link = {d.id: Fifo(self.env) for d in devices}
+        self.closed_form_sends = True
+        """Whether sends on a ``pp`` link are priced in closed form (:meth:`_post_send`;
+        off: one process each, the reference the tests compare with)."""
+        self.pp_free_s: dict[int, float] = {}
+        """Device → when the last send on its ``pp`` link ends (sends in closed form)."""
         self.dp_stream = {d.id: Fifo(self.env) for d in devices}
         self.pp_send_s = {  # posted one by one: on the pair's own communicator
             within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
@@ -116,19 +122,28 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                                                workload.pp_gather_bytes,
                                                copies=workload.tp)) \
             if workload.pp_gather_bytes else 0.0
-        self.closed_form = {d.id: d.dp_group[1] == 1 and not self.contention[d.id].variable
+        self.closed_form = {d.id: d.dp_group[1] == 1 and not self.collective_units
                             for d in devices}
         """Device → whether its data-parallel collectives may be priced in closed form: a
         run of them queued together on its ``dp`` stream, with no group members to wait
-        for (reduced fidelity) and no compute units held (nothing for them to slow)."""
+        for (reduced fidelity) and no compute units held by them (nothing for them to
+        slow, so nothing else sees when one ends and the next starts)."""
         self.hooks_closed_form = not any(workload.gathers_before(kind, 0) for kind in "FB")
         """Whether gradient buckets launched by marks inside a pass may be run in closed
         form: no weight gathers share the ``dp`` stream during the step, so nothing can
         queue between the buckets of one pass."""
         self.dp_closed_until: dict[int, float] = {}
         """Device → the last launch time of the closed-form bucket run under way."""
-        self.comm_s_of: dict[CommOp, float] = {}
-        """Collective → its duration, priced once."""
+        self.open_runs: dict[int, int] = {}
+        """Device → its :class:`~llmsim.engine.gradients.BucketRun` s not all launched."""
+        self.dp_free_s: dict[int, float] = {}
+        """Device → when the last bucket of its bucket runs ends."""
+        self.dp_run_end: dict[int, simpy.Event] = {}
+        """Device → the event that ends its last bucket run."""
+        self.comm_s_of: dict[int, tuple[CommOp, float]] = {}
+        """id of a collective → it and its duration (kept, so the id is not reused)."""
+        self.chunk_has_prep: dict[tuple[int, int], bool] = {}
+        """(stage, chunk) → whether its buckets run kernels before their reductions."""
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
         self.stage_ready = self.env.event()
@@ -188,7 +203,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         # The send each direction's last step posted: Megatron-LM's schedule waits on all
         # of a step's requests, its send's too, before the next step of that direction
         # (``fwd_wait_handles``, ``bwd_wait_handles``; blocking in the cooldown).
-        posted_sends: dict[str, simpy.Process | None] = {"F": None, "B": None}
+        posted_sends: dict[str, simpy.Event | None] = {"F": None, "B": None}
         for i, act in enumerate(actions):
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
@@ -227,7 +242,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                         and w_seen[act.chunk] + 1 == work.microbatches:
                     marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
-                if marks and all(isinstance(call, Launch) for _, call in marks):
+                if marks and not self.contention[dev.id].variable \
+                        and all(isinstance(call, Launch) for _, call in marks):
                     pauses = yield from self._closed_form_pass(dev, block, marks, grad_ops)
                 else:
                     pauses = yield from self.contention[dev.id].run(self._price(dev, act),
@@ -244,13 +260,13 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             first = [r for r in recvs if dev.stage % 2 and r[0][1] == direction]
             for key, peer in first:
                 env.process(self._recv(dev, key, peer))
-            send: simpy.Process | None = None
+            send: simpy.Event | None = None
             if act.kind == "F" and vs < last_vs:
-                send = env.process(self._send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
-                                              act.microbatch, act.chunk, (vs + 1) % p))
+                send = self._post_send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
+                                       act.microbatch, act.chunk, (vs + 1) % p)
             if vs > 0 and act.kind == self.backward_step:
-                send = env.process(self._send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
-                                              act.microbatch, act.chunk, (vs - 1) % p))
+                send = self._post_send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
+                                       act.microbatch, act.chunk, (vs - 1) % p)
             for key, peer in recvs:
                 if (key, peer) not in first:
                     env.process(self._recv(dev, key, peer))

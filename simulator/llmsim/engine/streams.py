@@ -90,7 +90,11 @@ class Contention:
 
     def hold(self, collective: int = 0, posted: int = 0) -> None:
         """A collective (``collective``) or a pipeline operation (``posted``) takes
-        (positive) or gives back (negative) that many compute units."""
+        (positive) or gives back (negative) that many compute units. Taking or giving
+        none (a collective on a node whose collectives hold no units) changes nothing: the
+        pass under way runs on, unsplit."""
+        if not collective and not posted:
+            return
         self.collective += collective
         self.posted += posted
         if self.change is not None:
