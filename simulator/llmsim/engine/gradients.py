@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import simpy
 
@@ -199,7 +200,7 @@ class GradientTraffic:
         later: list[Mark] = []
         closed = self._may_run_in_closed_form(dev, chunk)
         ats = [(k + 1) / len(ops) * (own_s + next_s) for k in range(len(ops))]
-        runs = {}
+        runs: dict[bool, BucketRun | None] = {}
         if closed:  # one run for this pass's buckets, one for the next pass's
             mine = sum(at <= own_s or next_s == 0 for at in ats)
             runs = {True: BucketRun(self, dev, mine, grad_ops) if mine else None,
@@ -207,11 +208,7 @@ class GradientTraffic:
                     if len(ops) > mine else None}
         for at, op in zip(ats, ops, strict=True):
             here = at <= own_s or next_s == 0
-
-            def ready(op: CommOp = op) -> Iterator[simpy.Event] | None:
-                return self._launch(dev, op, grad_ops)
-
-            call = Launch(runs[here], op) if closed else ready
+            call = Launch(runs[here], op) if closed else partial(self._launch, dev, op, grad_ops)
             if here:
                 own.append((at / own_s if own_s > 0 else 1.0, call))
             else:
