@@ -1,15 +1,22 @@
 """Simulator speed and memory: wall time, events and peak memory per simulated step.
 
-Run: python benchmarks/bench_simulate.py
+Run: python benchmarks/bench_simulate.py [CASE ...]     (default: every case but the slow ones)
 
-Prints, for GPT-3 175B on A100s (TP 8, PP 8, 1F1B, global batch 1,536 — Narayanan et
-al.'s layout) at growing data-parallel degree, the wall time of `llmsim run` (load,
-simulate, memory, result), the records per second and the peak Python memory, and how
-the cost grows from 1,024 to ~25,000 GPUs; a last case runs the interleaved schedule with
-its sends and receives posted ahead (each holding SMs until its peer posts, re-pricing the
-passes under way: the engine's costliest mode per pass). Each case runs in a fresh process so peak
-memory is that of the run alone, and :data:`REPEATS` times: the wall time printed is the
-fastest run (noise from other work on the machine only ever adds time).
+Each case is GPT-3 175B on A100s (TP 8, PP 8, global batch 1,536 — Narayanan et al.'s
+layout) at some data-parallel degree and schedule; :data:`CASES` lists them, those marked
+slow (ZeRO-3, full fidelity) run only when named. For each it prints the wall time of
+`llmsim run` after its imports (load, simulate, memory, result) and of ``simulate`` alone,
+its CPU time (``process_time``: on a machine shared with other work the wall time of a
+fresh process varies twofold, its CPU time much less), the SimPy events the engine
+scheduled, the events per CPU second of ``simulate``, the peak resident memory of the
+timed process (``getrusage``) and the peak Python heap, and how the cost grows from 1,024
+to ~25,000 GPUs.
+
+The timed runs are plain: ``tracemalloc`` slows a simulation about fourfold, so the heap
+is measured in one separate run, which also counts the events (each call of
+``simpy.Environment.schedule``; counting slows that run too). Each run is a fresh process,
+and a case is timed :data:`REPEATS` times: the run printed is the one with the least
+``simulate`` CPU time (noise from other work on the machine only ever adds time).
 """
 
 from __future__ import annotations
@@ -19,70 +26,113 @@ import subprocess
 import sys
 
 CASE = r"""
-import json, resource, sys, time, tracemalloc
+import json, resource, sys, time
+measure = sys.argv[5] == "measure"
+if measure:
+    import tracemalloc
+    import simpy
+    events = [0]
+    schedule = simpy.Environment.schedule
+    def counted(self, *args, **kwargs):
+        events[0] += 1
+        return schedule(self, *args, **kwargs)
+    simpy.Environment.schedule = counted
 t0 = time.perf_counter()
-import llmsim
+import llmsim, llmsim.loader, llmsim.simulation  # llmsim alone loads its names lazily
 t_import = time.perf_counter() - t0
-nodes, dp, batch = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-schedule = ["parallelism.schedule=1f1b", "parallelism.virtual_stages=1"]
-if sys.argv[4] == "interleaved":
-    schedule = ["parallelism.schedule=interleaved-1f1b", "parallelism.virtual_stages=2",
-                "parallelism.overlap_pp_comm=true"]
-tracemalloc.start()
+nodes, dp, batch, case = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+extra = {
+    "1f1b": ["parallelism.schedule=1f1b", "parallelism.virtual_stages=1"],
+    "interleaved": ["parallelism.schedule=interleaved-1f1b", "parallelism.virtual_stages=2"],
+    "interleaved-overlap": ["parallelism.schedule=interleaved-1f1b",
+                            "parallelism.virtual_stages=2", "parallelism.overlap_pp_comm=true"],
+    "zero3": ["parallelism.schedule=1f1b", "parallelism.zero=3"],
+    "full": ["parallelism.schedule=1f1b", "fidelity=full"],
+}[case]
+if measure:
+    tracemalloc.start()
 t1 = time.perf_counter()
 s = llmsim.load_scenario("selene-gpt3" if nodes <= 560 else "openai-a100", [
     f"nodes={nodes}", "model=gpt3-175b", "parallelism.tp=8", "parallelism.pp=8",
-    f"parallelism.dp={dp}", *schedule, "parallelism.micro_batch=1",
+    f"parallelism.dp={dp}", *extra, "parallelism.micro_batch=1",
     f"training.global_batch={batch}", "training.seq_len=2048",
     "training.precision=bf16"])
+t2, c2 = time.perf_counter(), time.process_time()
 r = llmsim.simulate(s)
+sim, sim_cpu = time.perf_counter() - t2, time.process_time() - c2
 r.to_json()
 wall = time.perf_counter() - t1
-_, peak = tracemalloc.get_traced_memory()
-print(json.dumps({"devices": s.devices, "dp": s.dp, "microbatches": s.micro_batches,
-                  "records": len(r.trace.records), "wall_s": wall, "import_s": t_import,
-                  "peak_traced_mb": peak / 1e6,
-                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
-                  "step_time_s": r.step_time_s}))
+out = {"devices": s.devices, "dp": s.dp, "microbatches": s.micro_batches,
+       "records": len(r.trace.records), "wall_s": wall, "simulate_s": sim,
+       "simulate_cpu_s": sim_cpu,
+       "import_s": t_import,
+       "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3,
+       "step_time_s": r.step_time_s}
+if measure:
+    out |= {"events": events[0], "peak_traced_mb": tracemalloc.get_traced_memory()[1] / 1e6}
+print(json.dumps(out))
 """
-
 
 REPEATS = 3
 
+CASES: dict[str, tuple[int, int, int, str, bool]] = {
+    # name: (nodes, dp, global batch, schedule, slow). The DP cases keep 96 micro-batches
+    # per pipeline (the symmetry reduction makes cost depend on micro-batches, not on dp);
+    # dp390-b1560 is ~25,000 GPUs with a realistic batch (4 micro-batches per pipeline).
+    "dp16": (128, 16, 1536, "1f1b", False),
+    "dp64": (512, 64, 6144, "1f1b", False),
+    "dp128": (1024, 128, 12288, "1f1b", False),
+    "dp390": (3120, 390, 37440, "1f1b", False),
+    "dp390-b1560": (3120, 390, 1560, "1f1b", False),
+    "interleaved": (128, 16, 1536, "interleaved", False),
+    "interleaved-overlap": (128, 16, 1536, "interleaved-overlap", False),
+    "zero3": (128, 16, 1536, "zero3", True),
+    "full": (128, 16, 1536, "full", True),
+}
 
-def run_case(nodes: int, dp: int, batch: int, schedule: str = "1f1b") -> dict:
-    """The fastest of :data:`REPEATS` runs of one case, each in a fresh process."""
-    runs = []
-    for _ in range(REPEATS):
-        out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch),
-                              schedule],
-                             check=True, capture_output=True, text=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    return min(runs, key=lambda r: r["wall_s"])
+
+def _run(nodes: int, dp: int, batch: int, schedule: str, mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch),
+                          schedule, mode], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    # (nodes, dp, global batch): the batch keeps 96 micro-batches per pipeline at every
-    # size (the symmetry reduction makes cost depend on micro-batches, not on dp); the
-    # last case is ~25,000 GPUs with a realistic batch (4 micro-batches per pipeline).
-    cases = [(128, 16, 1536), (512, 64, 6144), (1024, 128, 12288), (3120, 390, 37440),
-             (3120, 390, 1560)]
-    rows = [run_case(*c) for c in cases]
-    interleaved = run_case(128, 16, 1536, "interleaved")
-    print(f"{'schedule':>12} {'devices':>8} {'dp':>5} {'m':>4} {'records':>8} {'wall s':>8} "
-          f"{'rec/s':>9} {'traced MB':>10} {'RSS MB':>8} {'import s':>9} {'step s':>8}")
-    for r, name in [(r, "1f1b") for r in rows] + [(interleaved, "interleaved")]:
-        print(f"{name:>12} {r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} "
-              f"{r['records']:>8,} "
-              f"{r['wall_s']:>8.3f} {r['records'] / r['wall_s']:>9,.0f} "
-              f"{r['peak_traced_mb']:>10.1f} {r['max_rss_mb']:>8.0f} {r['import_s']:>9.2f} "
-              f"{r['step_time_s']:>8.2f}")
-    base = rows[0]
-    for r in rows[1:]:
+def run_case(nodes: int, dp: int, batch: int, schedule: str = "1f1b",
+             repeats: int = REPEATS) -> dict:
+    """The fastest of ``repeats`` plain runs of one case, each in a fresh process, with the
+    events and peak heap of one more, measured, run."""
+    fastest = min((_run(nodes, dp, batch, schedule, "time") for _ in range(repeats)),
+                  key=lambda r: r["simulate_cpu_s"])
+    measured = _run(nodes, dp, batch, schedule, "measure")
+    assert measured["step_time_s"] == fastest["step_time_s"]
+    return fastest | {"events": measured["events"],
+                      "peak_traced_mb": measured["peak_traced_mb"]}
+
+
+def main(names: list[str]) -> None:
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        sys.exit(f"unknown case {unknown[0]!r}; use one of {', '.join(CASES)}")
+    names = names or [n for n, case in CASES.items() if not case[-1]]
+    rows = {n: run_case(*CASES[n][:4], repeats=1 if CASES[n][-1] else REPEATS)
+            for n in names}
+    print(f"{'case':>20} {'devices':>8} {'dp':>5} {'m':>4} {'events':>9} {'records':>8} "
+          f"{'wall s':>8} {'sim s':>8} {'sim cpu':>8} {'events/s':>9} {'RSS MB':>7} {'heap MB':>8} "
+          f"{'import s':>9} {'step s':>8}")
+    for name, r in rows.items():
+        print(f"{name:>20} {r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} "
+              f"{r['events']:>9,} {r['records']:>8,} {r['wall_s']:>8.3f} "
+              f"{r['simulate_s']:>8.3f} {r['simulate_cpu_s']:>8.3f} "
+              f"{r['events'] / r['simulate_cpu_s']:>9,.0f} "
+              f"{r['max_rss_mb']:>7.0f} {r['peak_traced_mb']:>8.1f} {r['import_s']:>9.2f} "
+              f"{r['step_time_s']:>8.4f}")
+    scaling = [rows[n] for n in ("dp16", "dp64", "dp128", "dp390", "dp390-b1560") if n in rows]
+    for r in scaling[1:]:
+        base = scaling[0]
         print(f"cost ratio {r['devices']:,} vs {base['devices']:,} GPUs: "
-              f"{r['wall_s'] / base['wall_s']:.2f}× wall, "
+              f"{r['simulate_cpu_s'] / base['simulate_cpu_s']:.2f}× simulate CPU, "
               f"{r['max_rss_mb'] / base['max_rss_mb']:.2f}× RSS")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

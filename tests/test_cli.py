@@ -367,3 +367,21 @@ def test_time_gemms_reads_the_shapes_and_writes_what_calibrate_gemm_reads(tmp_pa
     points = parse_gemm_csv(table)
     assert [(p.m, p.n, p.k, p.dtype) for p in points] == [t[:4] for t in timed]
     assert {p.tflops for p in points} == {123.46}
+
+
+def test_starting_loads_no_table_or_plotting_library():
+    """``import llmsim`` and the command line load pandas and matplotlib only when a
+    command uses them (their import is most of a start's fixed cost)."""
+    import subprocess
+
+    code = ("import sys, llmsim, llmsim.cli; "
+            "print(sorted(m for m in ('pandas', 'matplotlib', 'llmsim.specs') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "[]"
+    code = ("import sys, llmsim; r = llmsim.simulate(llmsim.load_scenario('selene-gpt3')); "
+            "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                         text=True).stdout
+    assert out.strip() == "[]"

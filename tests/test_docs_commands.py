@@ -66,7 +66,8 @@ def why_skip(args: list[str]) -> str | None:
         return "a template, not a command"
     if args[1] in SLOW:
         return SLOW[args[1]]
-    if len(args) <= (3 if args[1] in GROUPS else 2) and args[1] in (*GROUPS, "run", "compare"):
+    if len(args) <= (3 if args[1] in GROUPS else 2) and args[1] in (*GROUPS, "run", "compare",
+                                                                    "sweep"):
         return "names the command in prose; it needs arguments"
     for before, arg in itertools.pairwise(args[1:]):
         if before in ("--out", "--csv"):

@@ -605,10 +605,10 @@ def _beside_collective(full_s: float, slowed_s: float, shares=()):
     from 0.2 s to 0.6 s; returns when the pass ended and when each share of it was done."""
     import simpy
 
-    from llmsim.engine import _Contention
+    from llmsim.engine.streams import Contention
 
     env = simpy.Environment()
-    held = _Contention(env, variable=True)
+    held = Contention(env, variable=True)
     done_at: dict[float, float] = {}
 
     def note(share: float) -> None:

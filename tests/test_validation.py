@@ -131,7 +131,7 @@ def target() -> dict[str, v.Prediction]:
 
 def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
     """The DataFrame :func:`validate` builds, from predictions already made."""
-    return pd.DataFrame([v._record(p) for p in predictions.values()])
+    return pd.DataFrame([v.predictions._record(p) for p in predictions.values()])
 
 
 # ---------------------------------------------------------------- rows and choices
@@ -205,7 +205,7 @@ def test_megatron_vocabulary_padding():
 
 
 def test_id_ranges_expand_with_their_zero_padding():
-    assert v._expand(["ZB24-T4-01..03", "BLOOM-03"]) == {
+    assert v.runs._expand(["ZB24-T4-01..03", "BLOOM-03"]) == {
         "ZB24-T4-01",
         "ZB24-T4-02",
         "ZB24-T4-03",
@@ -296,7 +296,7 @@ def test_unknown_subset_is_one_clear_error(capsys):
 
 def test_cli_validate_nar21_end_to_end(target, tmp_path, capsys, monkeypatch):
     """``llmsim validate --subset NAR21 --out DIR`` (simulations reused from the fixture)."""
-    monkeypatch.setattr(v, "predict", lambda run: target[run.id])
+    monkeypatch.setattr(v.predictions, "predict", lambda run: target[run.id])
     code, out, err = run_cli(["validate", "--subset", "NAR21", "--out", str(tmp_path)], capsys)
     assert code == 0, err
     assert "NAR21-T1-01" in out and "NAR21-T2-12" in out and "MAPE" in out

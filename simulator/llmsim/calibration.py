@@ -23,7 +23,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import pandas as pd
 import yaml
 from pydantic import Field, PositiveFloat, PositiveInt
 
@@ -35,6 +34,8 @@ from llmsim.specs._base import Spec
 from llmsim.specs.accelerator import Dtype
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from llmsim.workload import Workload
 
 DTYPES: tuple[str, ...] = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
@@ -400,6 +401,8 @@ def gemm_shapes(workloads: Iterable[tuple[Workload, str]]) -> pd.DataFrame:
     included, summed over the workloads); ``flop_share_pct`` is the shape's share of
     those GEMM FLOPs. Sorted by share, largest first, in :data:`SHAPE_COLUMNS`.
     """
+    import pandas as pd
+
     calls: dict[tuple[int, int, int, str, int], int] = defaultdict(int)
     for workload, precision in workloads:
         for chunk in workload.chunks.values():

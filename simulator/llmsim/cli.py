@@ -11,8 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, cli_compare, cli_search, cli_sweep, cli_time_gemms, loader
+from llmsim import catalog, cli_compare, cli_search, cli_sweep, cli_time_gemms
 from llmsim.errors import UserError
+from llmsim.out_dir import check_out_dir
 
 app = typer.Typer(
     add_completion=False,
@@ -66,18 +67,6 @@ def _common(
     pass
 
 
-def _check_out_dir(path: Path) -> None:
-    """Refuse an ``--out`` folder that cannot be written, before any simulation runs."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".llmsim-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise UserError(f"--out {str(path)!r}: cannot write there ({exc.strerror}); give a "
-                        "folder you can write to") from None
-
-
 LONG_RUN_PASSES = 200_000
 """Above this many layer passes (``Scenario.sim_passes``, 20–70 µs each on one core of the
 test machine), ``llmsim run`` says up front how long the simulation will take."""
@@ -92,12 +81,13 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Simulate one training step of SCENARIO and report where the time goes."""
+    from llmsim import loader
     from llmsim.calendar import summarize
     from llmsim.simulation import simulate
 
     spec = loader.load_scenario(scenario, set_ or [])
     if out_dir is not None:
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
     if spec.calibration:
         from llmsim.calibration import load_calibration
 
@@ -153,6 +143,8 @@ def catalog_cmd(
     if file is not None or name is not None or out_path is not None:
         raise UserError("catalog: a file, --name and --out go with import-hf only; run "
                         "`llmsim catalog import-hf config.json` or drop them")
+    from llmsim import loader
+
     kinds = list(catalog.KINDS)
     if kind is not None and kind not in kinds:
         raise UserError(f"catalog kind {kind!r} is unknown; use one of {', '.join(kinds)}")
@@ -246,7 +238,7 @@ def calibrate_shapes(
         "gemm_shapes.csv"),
 ) -> None:
     """The GEMM shapes the scenarios run, as a CSV to time for `llmsim calibrate gemm`."""
-    from llmsim import calibration, validation
+    from llmsim import calibration, loader, validation
     from llmsim.workload import build_workload
 
     specs = [loader.load_scenario(name, set_ or []) for name in scenarios or []]
@@ -323,7 +315,7 @@ def validate_cmd(
     from llmsim import validation
 
     if out_dir is not None:
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
     df = validation.validate(validation.load_runs(subset), progress=True)
     table = Table(
         title="llmsim vs published measurements", title_justify="left", box=box.SIMPLE_HEAD

@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from llmsim import loader
 from llmsim.errors import UserError
 
 _PARTS = (("compute", "compute"), ("tp_comm", "exposed TP comm"), ("pp_comm", "exposed PP comm"),
@@ -97,6 +96,8 @@ def compare(
                         "'key=value ...' (e.g. --variant parallelism.micro_batch=2)")
     if csv_path is not None:
         _check_csv(csv_path)
+    from llmsim import loader
+
     specs = {label: loader.load_scenario(scenario, [*(set_ or []), *overrides])
              for label, scenario, overrides in columns}
     results = {label: simulate(spec)

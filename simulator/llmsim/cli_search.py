@@ -13,7 +13,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import loader
 from llmsim.errors import UserError
 
 if TYPE_CHECKING:
@@ -132,11 +131,13 @@ def search(
         raise UserError(f"--max-cp: {max_cp} must be 1 or more")
     if max_layouts is not None and max_layouts < 1:
         raise UserError(f"--max-layouts: {max_layouts} must be 1 or more")
+    from llmsim import loader
+
     spec = loader.load_scenario(scenario, set_ or [])
     if out_dir is not None:
-        from llmsim.cli import _check_out_dir
+        from llmsim.out_dir import check_out_dir
 
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
     client = None
     if scheduler is not None:
         from llmsim.search.runner import connect

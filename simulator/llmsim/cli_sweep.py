@@ -11,7 +11,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import loader
 from llmsim.errors import UserError
 
 
@@ -47,12 +46,14 @@ def sweep(
     if set_:
         import copy
 
+        from llmsim import loader
+
         raw = loader.load_scenario(scenario, set_)  # validated once, with the overrides
         source = copy.deepcopy(raw.model_dump(mode="json"))
     if out_dir is not None:
-        from llmsim.cli import _check_out_dir
+        from llmsim.out_dir import check_out_dir
 
-        _check_out_dir(out_dir)
+        check_out_dir(out_dir)
     out, err = _console(), _console(stderr=True)
     start, last = time.monotonic(), [0.0]
 

@@ -1,14 +1,20 @@
-"""Files written by ``llmsim run --out DIR``: result JSON, Perfetto trace, timeline PNG."""
+"""Files written by ``llmsim run --out DIR``: result JSON, Perfetto trace, timeline PNG.
+
+It reads a :class:`~llmsim.result.Result` (imported for type hints only: the result is
+data and imports neither this module nor the plots at load time)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from llmsim.errors import UserError
-from llmsim.result import Result
 from llmsim.trace import Record
+
+if TYPE_CHECKING:
+    from llmsim.result import Result
 
 STREAMS = ("compute", "tp", "pp", "dp", "ep", "cp")
 """Thread of each stream in the trace: ``ep`` holds the MoE all-to-alls, ``cp`` the

@@ -43,7 +43,6 @@ def plot_timeline(result: Result, ax: Axes | None = None, max_devices: int = 16)
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    from llmsim.export import trace_records
 
     own_figure = ax is None
     if ax is None:  # constrained layout keeps the legend below inside the saved figure
@@ -56,7 +55,7 @@ def plot_timeline(result: Result, ax: Axes | None = None, max_devices: int = 16)
                   key=lambda k: (k[0], streams.index(k[1])))
     row = {key: i for i, key in enumerate(used)}
     bars: dict[str, list[tuple[float, float, int]]] = {}
-    for r in trace_records(result, limit=50_000):
+    for r in result.trace.shown(limit=50_000):
         key = (r.device, "tp" if r.stream not in streams else r.stream)
         if key not in row:
             continue

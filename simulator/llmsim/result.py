@@ -17,14 +17,13 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from llmsim.memory import StageMemory
 from llmsim.specs import Scenario
 from llmsim.trace import Trace
 from llmsim.workload import Workload
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
@@ -202,16 +201,21 @@ class Result:
         return json.dumps(_finite(data), indent=indent)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Every op of the step: device, stage, stream, name, kind, micro-batch, times."""
-        rows = [r.__dict__ if hasattr(r, "__dict__") else _record_dict(r)
-                for r in self.trace.expand()]
-        df = pd.DataFrame(rows)
-        if not df.empty:
-            df["duration_s"] = df["end_s"] - df["start_s"]
+        """Every op of the step: device, stage, stream, name, kind, micro-batch, times
+        (the rows of :meth:`Trace.expand`, built a record's spans at a time)."""
+        import pandas as pd
+
+        columns = self.trace.expand_columns()
+        if len(columns["device"]) == 0:
+            return pd.DataFrame()
+        df = pd.DataFrame(columns)
+        df["duration_s"] = df["end_s"] - df["start_s"]
         return df
 
     def stream_usage(self) -> pd.DataFrame:
         """Busy and idle seconds per device and stream (busy + idle = step time)."""
+        import pandas as pd
+
         busy: dict[tuple[int, str], float] = {}
         for r in self.trace.expand():
             key = (r.device, r.stream)
@@ -229,10 +233,6 @@ class Result:
         from llmsim.plots import plot_timeline
 
         return plot_timeline(self, ax=ax, max_devices=max_devices)
-
-
-def _record_dict(r: Any) -> dict[str, Any]:
-    return {k: getattr(r, k) for k in r.__slots__}
 
 
 def _not_finite(value: Any, key: str = "") -> list[tuple[str, float]]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from llmsim.blocks import Block, block_kind
 
@@ -82,6 +85,13 @@ class Trace:
         kind = block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
         return self.blocks[(r.stage, r.chunk, kind)]
 
+    def shown(self, limit: int) -> Iterable[Record]:
+        """What a trace file or a timeline shows: the per-op records (:meth:`expand`)
+        when there are at most ``limit`` of them, otherwise one record per pass."""
+        blocks = (self.block_of(r) for r in self.records)
+        per_op = sum(len(block.spans) for block in blocks if block is not None)
+        return self.expand() if per_op <= limit else self.records
+
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
         for r in self.records:
@@ -100,3 +110,66 @@ class Trace:
                 yield Record(r.device, r.stage, stream,
                              s.name, s.phase, r.microbatch, r.chunk, start,
                              start + s.duration_s * stretch)
+
+    def expand_columns(self) -> dict[str, np.ndarray]:
+        """The rows of :meth:`expand` as columns, one numpy array per :class:`Record`
+        field, with the same values computed a column at a time: a record's spans are a
+        slice of its block's (those whose offset lies in ``[block_from_s, block_to_s)``),
+        laid out once per block."""
+        first: dict[int, int] = {}  # id(block) → index of its first span in the table
+        names: list[str] = []
+        streams: list[str] = []
+        phases: list[str] = []
+        offsets: list[float] = []
+        durations: list[float] = []
+        rec_of: list[int] = []  # per row: the record it comes from
+        span_of: list[int] = []  # per row: its span in the table, −1 for a record's own row
+        stretch = [1.0] * len(self.records)
+        for i, r in enumerate(self.records):
+            block = self.block_of(r)
+            if block is None:
+                rec_of.append(i)
+                span_of.append(-1)
+                continue
+            base = first.get(id(block))
+            if base is None:
+                base = first[id(block)] = len(offsets)
+                for sp in block.spans:
+                    names.append(sp.name)
+                    streams.append("compute" if sp.stream == "compute" else "tp")
+                    phases.append(sp.phase)
+                    offsets.append(sp.offset_s)
+                    durations.append(sp.duration_s)
+            own = offsets[base:base + len(block.spans)]
+            lo, hi = bisect_left(own, r.block_from_s), bisect_left(own, r.block_to_s)
+            rec_of.extend([i] * (hi - lo))
+            span_of.extend(range(base + lo, base + hi))
+            stretch[i] = r.stretch(block)
+        rec = np.array(rec_of, dtype=np.int64)
+        span = np.array(span_of, dtype=np.int64)
+        mine = span < 0  # a record's own row
+        at = np.where(mine, 0, span)
+
+        def field_of(name: str, dtype: type) -> np.ndarray:
+            return np.array([getattr(r, name) for r in self.records], dtype=dtype)[rec]
+
+        def of_span(values: list, dtype: type) -> np.ndarray:
+            return np.array(values or [None], dtype=dtype)[at]
+
+        scale = np.array(stretch)[rec]
+        start = field_of("start_s", float)
+        span_start = start + (of_span(offsets, float) - field_of("block_from_s", float)) * scale
+        span_end = span_start + of_span(durations, float) * scale
+        return {
+            "device": field_of("device", int),
+            "stage": field_of("stage", int),
+            "stream": np.where(mine, field_of("stream", object), of_span(streams, object)),
+            "name": np.where(mine, field_of("name", object), of_span(names, object)),
+            "kind": np.where(mine, field_of("kind", object), of_span(phases, object)),
+            "microbatch": field_of("microbatch", int),
+            "chunk": field_of("chunk", int),
+            "start_s": np.where(mine, start, span_start),
+            "end_s": np.where(mine, field_of("end_s", float), span_end),
+            "block_from_s": np.where(mine, field_of("block_from_s", float), 0.0),
+            "block_to_s": np.where(mine, field_of("block_to_s", float), math.inf),
+        }

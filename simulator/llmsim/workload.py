@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Literal
-
-import pandas as pd
+from typing import TYPE_CHECKING, Literal
 
 from llmsim.context import apply_context_parallel
 from llmsim.memory import DROPOUT_MASK_BYTES
@@ -35,6 +33,9 @@ from llmsim.params import (
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Op = ComputeOp | CommOp
 
@@ -317,6 +318,8 @@ class Workload:
 
     def to_dataframe(self) -> pd.DataFrame:
         """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
+        import pandas as pd
+
         rows = []
         for (stage, chunk), c in sorted(self.chunks.items()):
             for block in (c.forward, c.backward, c.weight + c.accumulate):

@@ -1,0 +1,134 @@
+"""ZeRO weight gathers: passes that wait, layer by layer, for their gathered weights.
+
+ZeRO-3 gathers each layer's weights before its forward and again before its backward
+(and its recompute, with ``regather_for_recompute``); ZeRO-1/2 with
+``overlap_param_gather`` before the step's first forward of each chunk. Layer j's gather
+is issued when layer j−1 starts (one layer of prefetch), on the ``dp`` stream.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import simpy
+
+from llmsim.blocks import Block
+from llmsim.engine.devices import Device
+from llmsim.engine.streams import Contention
+from llmsim.ops import CommOp
+from llmsim.schedules import Action
+from llmsim.workload import Workload
+
+
+class WeightGathers:
+    """The :class:`~llmsim.engine.Engine`'s gathered passes: a part of the engine, on the
+    state :meth:`Engine.__init__` sets up (below), the engine's pricing (``_kind``,
+    ``_priced``), its records (``_record_part``) and the gathers' collectives
+    (:meth:`GradientTraffic._collective`)."""
+
+    env: simpy.Environment
+    work: Workload
+    contention: dict[int, Contention]
+    dp_waits: list[tuple[int, float, float]]
+    gather_ops: dict[tuple[int, int], list[CommOp]]
+    prefetch_weights: bool
+    regather_for_recompute: bool
+
+    def _gathered_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
+                       gathers: dict[tuple[int, int, str, int], simpy.Event],
+                       ) -> Iterator[simpy.Event]:
+        """Run a pass layer by layer, each layer waiting for its gathered weights (ZeRO-3,
+        or the first forward with ``overlap_param_gather``).
+
+        Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
+        in-flight limit the memory model assumes), the first layer's while the previous
+        pass runs; without ``prefetch_weights`` it is issued when layer j is reached. The
+        pass's block is split evenly over its layers; a wait splits its compute record
+        in two, and the wait is recorded as exposed DP time.
+        """
+        env, act = self.env, actions[i]
+        units = self._gathered_units(dev, act, block)
+        kind = self._kind(act)
+
+        parts = {0: units}  # units held → the parts' durations, split once
+
+        def part_s(held: int, j: int) -> float:  # part j with ``held`` units taken
+            if held not in parts:
+                held_block = self._priced(dev.stage, act.chunk, kind, held)
+                parts[held] = self._gathered_units(dev, act, held_block)
+            return parts[held][j]
+
+        seg_start, seg_from, offset = env.now, 0.0, 0.0
+        for j, unit_s in enumerate(units):
+            self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
+            gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
+            if not gather.triggered:
+                if env.now > seg_start:
+                    self._record_part(dev, act, seg_start, seg_from, offset)
+                wait_start = env.now
+                yield gather
+                self.dp_waits.append((dev.id, wait_start, env.now))
+                seg_start, seg_from = env.now, offset
+            if self.prefetch_weights:
+                nxt = (i, j + 1) if j + 1 < len(units) else (i + 1, 0)
+                self._prefetch(dev, actions, *nxt, gathers)
+            yield from self.contention[dev.id].run(lambda held, j=j: part_s(held, j))
+            offset += unit_s
+        self._record_part(dev, act, seg_start, seg_from, math.inf)
+
+    def _regathers(self, act: Action) -> bool:
+        """Whether ``act``'s pass gathers each layer twice (recompute, then backward)."""
+        return self.regather_for_recompute and act.kind == "B"
+
+    def _gathered_units(self, dev: Device, act: Action, block: Block) -> list[float]:
+        """Durations of the parts of a gathered pass, one gather before each: its layers
+        (the block split evenly), or with :attr:`regather_for_recompute` each backward
+        layer's recompute and then its backward."""
+        layers = self.work.chunks[(dev.stage, act.chunk)].units
+        layer_s = block.duration_s / layers
+        if not self._regathers(act):
+            return [layer_s] * layers
+        recompute_s = sum(sp.duration_s for sp in block.spans if sp.phase == "R") / layers
+        return [recompute_s, layer_s - recompute_s] * layers
+
+    def _gather_ops(self, dev: Device, act: Action) -> list[CommOp]:
+        """The per-layer weight gathers ``act``'s pass waits for (empty if none,
+        :meth:`Workload.gathers_before`), built once per chunk."""
+        if not self.work.gathers_before(act.kind, act.microbatch):
+            return []
+        chunk_key = (dev.stage, act.chunk)
+        if chunk_key not in self.gather_ops:
+            self.gather_ops[chunk_key] = self.work.weight_gathers(self.work.chunks[chunk_key])
+        return self.gather_ops[chunk_key]
+
+    def _prefetch(self, dev: Device, actions: list[Action], i: int, layer: int,
+                  gathers: dict[tuple[int, int, str, int], simpy.Event]) -> None:
+        """Issue the gather of one layer's weights for action ``i``, if it needs one
+        (:meth:`Workload.gathers_before`).
+
+        The backward walks the layers in reverse, so its j-th gather is of layer L−1−j
+        (of layer L−1−⌊j/2⌋ when each layer is gathered for its recompute and again for
+        its backward).
+        """
+        if i >= len(actions):
+            return
+        act = actions[i]
+        key = (act.microbatch, act.chunk, act.kind, layer)
+        ops = self._gather_ops(dev, act)
+        if not ops or key in gathers:
+            return
+        if act.kind == "F":
+            op = ops[layer]
+        else:
+            op = ops[len(ops) - 1 - layer // (2 if self._regathers(act) else 1)]
+        done = self.env.event()
+        gathers[key] = done
+        self.env.process(self._gather(dev, op, done, (act.microbatch, act.kind)))
+
+    def _gather(self, dev: Device, op: CommOp, done: simpy.Event,
+                tag: object) -> Iterator[simpy.Event]:
+        """One layer's weights: :attr:`Workload.gather_messages` all-gathers back to back."""
+        for message in range(self.work.gather_messages):
+            yield from self._collective(dev, op, tag=(tag, message))
+        done.succeed()
