@@ -76,6 +76,10 @@ class Training(Spec):
     tensor-and-data-parallel group) each time a model chunk's forward ends and again when
     its backward ends, blocking the compute stream (``reduce_amax``, TE of 2023:
     ``global_amax_reduction`` with ``async_op=False``)."""
+    power_limit_w: PositiveFloat | None = None
+    """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
+    (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has
+    measured ``clocks``; a limit above every kind's draw gives the catalog's rates."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
