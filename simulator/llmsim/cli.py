@@ -123,9 +123,7 @@ def run(
     else:
         from llmsim.report import render, render_calendar
 
-        render(result, out)
-        out.print(error_band.describe(band, result.step_time_s), highlight=False,
-                  soft_wrap=True)
+        render(result, out, error_band.describe(band, result.step_time_s))
         if calendar is not None:
             render_calendar(calendar, out)
     if out_dir is not None:

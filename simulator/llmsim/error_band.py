@@ -168,13 +168,12 @@ def scenario_band(scenario: Scenario) -> Band | None:
 
 
 def describe(band: Band | None, predicted_s: float) -> str:
-    """One line for ``llmsim run``: the measured range to expect, or :data:`NO_MATCH`."""
+    """The band as ``llmsim run`` prints it beside the step time, or :data:`NO_MATCH`."""
     if band is None:
-        return f"error band: {NO_MATCH} (docs/validation.md)"
+        return NO_MATCH
     low_s, high_s = band.measured_range_s(predicted_s)
-    return (f"error band: a measured step would likely take {low_s:.3g}–{high_s:.3g} s "
-            f"(llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % on {band.runs} validation "
-            f"runs alike in {', '.join(band.matched_on)}; 10th–90th percentile)")
+    return (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
+            f"on {band.runs} validation runs alike in {', '.join(band.matched_on)})")
 
 
 def to_dict(band: Band | None, predicted_s: float) -> dict[str, object]:
