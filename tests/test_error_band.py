@@ -96,3 +96,11 @@ def test_cli_run_prints_the_band_and_json_carries_it(tmp_path, capsys) -> None:
     assert band["step_time_low_s"] <= band["step_time_high_s"]
     code, out, err = run_cli(["run", path], capsys)
     assert code == 0 and "likely measured" in out and "validation runs alike" in out, err
+
+
+def test_bands_hold_on_most_held_out_sources() -> None:
+    """docs/validation.md: the 80 % bands, each built without the row's own source, hold
+    on 79 of the 103 rows that get one at this commit; never on fewer than 70 %."""
+    held_out = [(row, band) for row, band in error_band.leave_one_source_out(TABLE) if band]
+    inside = sum(band.contains(row.time_error_pct) for row, band in held_out)
+    assert len(held_out) >= 90 and inside >= 0.7 * len(held_out)
