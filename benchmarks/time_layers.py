@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     where = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
     print(f"{one.model.name}: {layers} of {scenario.model.layers} layers, micro-batch "
           f"{one.parallelism.micro_batch} x {one.training.seq_len} tokens, on {where} "
-          f"(PyTorch {torch.__version__}); llmsim prices a {one.system.node.accelerator.name}")
+          f"(PyTorch {torch.__version__}); llmsim prices it on {one.system.node.accelerator.name}")
     measured = time_model(torch, one, args.device, args.repeats)
     predicted = predicted_s(one)
     print(f"{'pass':<18}{'PyTorch ms':>12}{'llmsim ms':>12}{'llmsim/PyTorch':>16}")
