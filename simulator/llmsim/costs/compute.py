@@ -243,6 +243,7 @@ class ComputeModel:
         gemm_table: GemmTable | None = None,
         attention_kernel: AttentionKernel = "flash",
         power_limit_w: float | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         self.accelerator = accelerator
         self.clock_slowdowns = slowdowns(accelerator.clocks, power_limit_w)
@@ -260,6 +261,9 @@ class ComputeModel:
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
         self.launch_s = accelerator.kernel_launch_us * 1e-6
+        self.compute_launch_s = 0.0 if cuda_graphs else self.launch_s
+        """Launch cost of each compute kernel, s: none where the step's kernels replay from
+        captured CUDA graphs (``training.cuda_graphs``)."""
         self.gemm_table = gemm_table
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
@@ -269,7 +273,8 @@ class ComputeModel:
         }
 
     def compute_s(self, op: ComputeOp) -> float:
-        """Duration of ``op`` in seconds: max(math, memory) + one launch per split.
+        """Duration of ``op`` in seconds: max(math, memory) + one launch per split (none
+        with CUDA graphs).
 
         A GEMM run as ``splits`` equal chunks takes ``splits`` times a chunk's
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
@@ -280,7 +285,7 @@ class ComputeModel:
         if cached is None:
             cached = self._cache[key] = (
                 max(self.math_s(op), op.bytes / self.memory_bytes_per_s)
-                + op.splits * self.launch_s
+                + op.splits * self.compute_launch_s
             )
         return cached
 

@@ -86,6 +86,11 @@ class Training(Spec):
     """With ``precision: fp8``: weights kept in FP8 for the forward, so the distributed
     optimizer's and ZeRO-3's weight all-gathers move 1 byte per weight, not 2
     (Megatron-LM ``--fp8-param-gather``, TE ``fp8_model_init``)."""
+    cuda_graphs: bool = False
+    """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
+    a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel
+    launch cost (``kernel_launch_us``) is paid for compute kernels. The GPU-side gap
+    between graph-launched kernels is not modelled, so this is the most graphs can save."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has
