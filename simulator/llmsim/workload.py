@@ -441,11 +441,18 @@ class _LayerBuilder:
 
     def _exit(self, name: str, phase: str, after_gemm: bool = True) -> list[CommOp]:
         """After a row-parallel GEMM (or the vocab-parallel embedding lookup): all-reduce,
-        or reduce-scatter with SP (of the previous GEMM's output)."""
+        or reduce-scatter with SP (of the previous GEMM's output). In the backward, after a
+        column-parallel layer's input-gradient GEMM, the all-reduce overlaps the layer's
+        weight gradient with ``parallelism.async_tp_allreduce``."""
         if self.sp:
             return self._tp_comm(name, "reduce_scatter", phase,
                                  self.T * self.m.hidden * self.e,
                                  "previous" if after_gemm else None)
+        if phase == "B" and after_gemm and self.par.async_tp_allreduce:
+            # A column-parallel layer's input gradient, all-reduced beside its weight gradient.
+            return [replace(op, pairs_with="previous", beside_weight_grad=True)
+                    for op in self._tp_comm(name, "all_reduce", phase,
+                                            self.T * self.m.hidden * self.e)]
         return self._tp_comm(name, "all_reduce", phase, self.T * self.m.hidden * self.e)
 
     # -- attention core ---------------------------------------------------------------
