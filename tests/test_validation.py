@@ -118,8 +118,10 @@ FAST_IDS = [
 # MAPE at 7.76 % and took the order to 8 of 12: the limit had stood in for time the
 # 14.6B interleaved rows spend elsewhere. Each step waiting for the previous step's send
 # of its direction, as Megatron-LM's schedule waits on all of a step's requests, to 7.65 %.
+# The H100's sustained clocks under its 700 W limit (GEMMs at 1,350 / 1,230 MHz, measured)
+# and its measured streaming bandwidth, to 6.76 %, with seven rows worse than 20 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 7.7
+TARGET_MAPE_CEILING_PCT = 6.8
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -384,7 +386,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 7.65 %, median 3.9 %, but 12 rows worse than 20 %, worst +56 % "
+    reason="target-set MAPE 6.76 %, median 3.9 %, but 7 rows worse than 20 %, worst +56 % "
     "(NAR21-T2-06, ZeRO-3), and 8 of 12 Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -74,7 +74,8 @@ class Block:
             # TP collectives pair with their GEMM under TP overlap; an all-to-all that
             # pairs with a GEMM (the MoE shared expert's overlap) always does.
             a2a = isinstance(op, CommOp) and op.collective == "all_to_all"
-            if overlap_tp or a2a:
+            beside_wgrad = isinstance(op, CommOp) and op.beside_weight_grad
+            if overlap_tp or a2a or beside_wgrad:
                 j = _paired_gemm(ops, i)
                 if j is not None:
                     gemm = ops[j]

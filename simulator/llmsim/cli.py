@@ -81,7 +81,7 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Simulate one training step of SCENARIO and report where the time goes."""
-    from llmsim import loader
+    from llmsim import error_band, loader
     from llmsim.calendar import summarize
     from llmsim.simulation import simulate
 
@@ -103,14 +103,16 @@ def run(
                   "(docs/scenarios.md, Limits)", highlight=False, soft_wrap=True)
     result = simulate(spec)
     calendar = summarize(result)
+    band = error_band.scenario_band(spec)
     if as_json:
         data = json.loads(result.to_json())
+        data["error_band"] = error_band.to_dict(band, result.step_time_s)
         data["calendar"] = None if calendar is None else calendar.to_dict()
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         from llmsim.report import render, render_calendar
 
-        render(result, out)
+        render(result, out, error_band.describe(band, result.step_time_s))
         if calendar is not None:
             render_calendar(calendar, out)
     if out_dir is not None:

@@ -110,6 +110,11 @@ class CommOp:
     """Host CPU time spent before the collective can be issued, seconds, while nothing is
     queued on the device (DeepSpeed ZeRO-3 of 2021 builds its tensor list in a Python loop
     over the ranks after a ``torch.cuda.synchronize()``): it adds to the op's duration."""
+    beside_weight_grad: bool = False
+    """Megatron-LM's asynchronous TP all-reduce (``--async-tensor-model-parallel-allreduce``):
+    the all-reduce of a column-parallel layer's input gradient runs while that layer's
+    weight-gradient GEMM computes. Priced as overlapped, in bulk, with the input-gradient
+    GEMM before it, which has the same FLOPs as the weight-gradient GEMM."""
     ring_steps: int = 0
     """A context-parallel ring exchange (:mod:`llmsim.context`): ``bytes`` is one step's
     block, sent beside the attention kernel that follows, in this many steps; the block

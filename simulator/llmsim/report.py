@@ -92,8 +92,9 @@ def _render_placement(result: Result, console: Console) -> None:
     console.print(table)
 
 
-def render(result: Result, console: Console) -> None:
-    """Print the summary, the step breakdown, the per-stage view and memory."""
+def render(result: Result, console: Console, error_band: str | None = None) -> None:
+    """Print the summary, the step breakdown, the per-stage view and memory;
+    ``error_band`` is the measured step time to expect (:mod:`llmsim.error_band`)."""
     s = result.scenario
     par = s.parallelism
     accel = s.system.node.accelerator
@@ -118,6 +119,7 @@ def render(result: Result, console: Console) -> None:
     peak = result.peak_flops_per_device / 1e12
     rows = [
         ("step time", fmt_seconds(result.step_time_s)),
+        *([("likely measured (10–90 %)", error_band)] if error_band else []),
         ("throughput", f"{result.tokens_per_s:,.0f} tokens/s"),
         ("model FLOPs per device", f"{result.model_tflops_per_device:,.1f} TFLOP/s"),
         ("MFU", f"{100 * result.mfu:.1f} % of {peak:,.1f} TFLOP/s"),

@@ -364,6 +364,7 @@ class _LayerBuilder:
         # attention stays in BF16 (Micikevicius et al. 2022, "FP8 Formats for Deep
         # Learning" §4; TE's DotProductAttention of that time has no FP8 path).
         self.attn_dtype = "bf16" if self.fp8 else None
+        self.fp8_scaling = training.fp8_scaling
 
     # -- helpers ---------------------------------------------------------------------
     def _gemm(self, name: str, phase: str, m: int, n: int, k: int, batch: int = 1) -> ComputeOp:
@@ -417,13 +418,19 @@ class _LayerBuilder:
 
         Transformer Engine quantises each GEMM operand it does not already hold in FP8:
         it reads the 16-bit tensor and writes the FP8 copy and its transpose (the
-        transpose feeds the weight-gradient GEMM): 2 + 1 + 1 bytes per element.
+        transpose feeds the weight-gradient GEMM): 2 + 1 + 1 bytes per element. With
+        ``training.fp8_scaling: current`` an amax kernel reads the tensor first (2 bytes per
+        element); with delayed scaling the cast records the amax as it goes.
         """
         if not self.fp8 or gemm.mnk is None:
             return []
         m, n, k = gemm.mnk
         elements = m * (k if operand == "input" else n)
-        return [ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements)]
+        cast = ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements)
+        if self.fp8_scaling == "current":  # the amax of this very tensor: one more read
+            return [ComputeOp(f"fp8_amax_{gemm.name}", "memory", gemm.phase, 0.0,
+                              2.0 * elements), cast]
+        return [cast]
 
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
                  pairs_with: Literal["next", "previous"] | None = None) -> list[CommOp]:
@@ -437,11 +444,18 @@ class _LayerBuilder:
 
     def _exit(self, name: str, phase: str, after_gemm: bool = True) -> list[CommOp]:
         """After a row-parallel GEMM (or the vocab-parallel embedding lookup): all-reduce,
-        or reduce-scatter with SP (of the previous GEMM's output)."""
+        or reduce-scatter with SP (of the previous GEMM's output). In the backward, after a
+        column-parallel layer's input-gradient GEMM, the all-reduce overlaps the layer's
+        weight gradient with ``parallelism.async_tp_allreduce``."""
         if self.sp:
             return self._tp_comm(name, "reduce_scatter", phase,
                                  self.T * self.m.hidden * self.e,
                                  "previous" if after_gemm else None)
+        if phase == "B" and after_gemm and self.par.async_tp_allreduce:
+            # A column-parallel layer's input gradient, all-reduced beside its weight gradient.
+            return [replace(op, pairs_with="previous", beside_weight_grad=True)
+                    for op in self._tp_comm(name, "all_reduce", phase,
+                                            self.T * self.m.hidden * self.e)]
         return self._tp_comm(name, "all_reduce", phase, self.T * self.m.hidden * self.e)
 
     # -- attention core ---------------------------------------------------------------
@@ -818,7 +832,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         pp_gather_bytes=float(activation) if gathered else 0.0,
         pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",
         grad_bytes_per_param=grad_bytes_per_param(training.precision, par.grad_reduce_dtype),
-        param_bytes_per_param=e,
+        param_bytes_per_param=1 if training.fp8_param_gather else e,
         zero=par.zero,
         dp=dp,
         tp=par.tp,

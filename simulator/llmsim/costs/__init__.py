@@ -67,6 +67,8 @@ class HardwareCosts:
         dtype: Dtype,
         calibration: Calibration | None = None,
         attention_kernel: AttentionKernel = "flash",
+        power_limit_w: float | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -88,7 +90,8 @@ class HardwareCosts:
                 f"{accelerator.name}; use flash, or give the accelerator a "
                 f"cudnn_attention_fraction"
             )
-        self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel)
+        self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
+                                    power_limit_w, cuda_graphs)
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
@@ -100,7 +103,7 @@ class HardwareCosts:
         calibration = load_calibration(scenario.calibration) if scenario.calibration else None
         training = scenario.training
         return cls(scenario.system, plan, training.precision, calibration,
-                   training.attention_kernel)
+                   training.attention_kernel, training.power_limit_w, training.cuda_graphs)
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.calibration import GemmPoint
+from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel
 
@@ -241,8 +242,13 @@ class ComputeModel:
         dtype: Dtype,
         gemm_table: GemmTable | None = None,
         attention_kernel: AttentionKernel = "flash",
+        power_limit_w: float | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         self.accelerator = accelerator
+        self.clock_slowdowns = slowdowns(accelerator.clocks, power_limit_w)
+        """Factor on the math time of each compute kind from the sustained SM clock under
+        the power limit (:mod:`llmsim.costs.clocks`); empty: the catalog's rates."""
         self.attention_fraction = (
             accelerator.cudnn_attention_fraction or 0.0
             if attention_kernel == "cudnn"
@@ -255,6 +261,9 @@ class ComputeModel:
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
         self.launch_s = accelerator.kernel_launch_us * 1e-6
+        self.compute_launch_s = 0.0 if cuda_graphs else self.launch_s
+        """Launch cost of each compute kernel, s: none where the step's kernels replay from
+        captured CUDA graphs (``training.cuda_graphs``)."""
         self.gemm_table = gemm_table
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
@@ -264,7 +273,8 @@ class ComputeModel:
         }
 
     def compute_s(self, op: ComputeOp) -> float:
-        """Duration of ``op`` in seconds: max(math, memory) + one launch per split.
+        """Duration of ``op`` in seconds: max(math, memory) + one launch per split (none
+        with CUDA graphs).
 
         A GEMM run as ``splits`` equal chunks takes ``splits`` times a chunk's
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
@@ -275,13 +285,23 @@ class ComputeModel:
         if cached is None:
             cached = self._cache[key] = (
                 max(self.math_s(op), op.bytes / self.memory_bytes_per_s)
-                + op.splits * self.launch_s
+                + op.splits * self.compute_launch_s
             )
         return cached
 
     def math_s(self, op: ComputeOp) -> float:
-        """Math-bound time of ``op`` by kind: GEMM, fused attention, none for memory."""
-        return self._math_by_kind[op.kind](op)
+        """Math-bound time of ``op`` by kind: GEMM, fused attention, none for memory; a
+        GEMM or attention kernel at the catalog's rate slowed by its kind's sustained SM
+        clock (:mod:`llmsim.costs.clocks`). A measured GEMM table already holds the clock
+        its board sustained and is not slowed again."""
+        seconds = self._math_by_kind[op.kind](op)
+        if not self.clock_slowdowns or (op.kind == "gemm" and self._measured(op)):
+            return seconds
+        return seconds * slowdown(self.clock_slowdowns, op.kind, self._dtype(op))
+
+    def _measured(self, op: ComputeOp) -> bool:
+        return (self.gemm_table is not None and op.mnk is not None
+                and self.gemm_table.covers(self._dtype(op)))
 
     def memory_math_s(self, op: ComputeOp) -> float:
         """A memory-bound kernel has no math term: its time is its bytes."""

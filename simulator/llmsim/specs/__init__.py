@@ -2,6 +2,7 @@
 
 from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel
 from llmsim.specs.calendar import Calendar
+from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.collectives import CollectiveLibrary
 from llmsim.specs.model import Model
 from llmsim.specs.network import Dragonfly, FatTree, Network, Torus
@@ -35,6 +36,7 @@ __all__ = [
     "Scenario",
     "ScheduleName",
     "Storage",
+    "SustainedClocks",
     "System",
     "Torus",
     "Training",

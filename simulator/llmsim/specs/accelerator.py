@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
+from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.power import DevicePower
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -108,6 +109,9 @@ class Accelerator(Spec):
     power: DevicePower | None = None
     """Measured board power by kind of work; None: derived from ``tdp_w``
     (:meth:`DevicePower.from_tdp`)."""
+    clocks: SustainedClocks | None = None
+    """Measured SM clock by kind of work under the board's power limit; None: the
+    catalog's rates at every power limit (nothing measured)."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
     notes: str = ""

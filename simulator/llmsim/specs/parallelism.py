@@ -70,6 +70,12 @@ class Parallelism(Spec):
     """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms/dropout split over TP, RS+AG instead of AR."""
+    async_tp_allreduce: bool = False
+    """Without sequence parallelism: the backward all-reduce of each column-parallel
+    layer's input gradient runs while the layer's weight gradient is computed
+    (Megatron-LM ``--async-tensor-model-parallel-allreduce``: its default once the flag
+    existed, ``--no-async-tensor-model-parallel-allreduce`` in ``arguments.py`` turns it
+    off), instead of blocking before it."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none, attention core only, or every layer."""
     overlap_dp_comm: bool = True
@@ -240,6 +246,12 @@ class Parallelism(Spec):
                 "parallelism.overlap_tp_comm: true needs sequence_parallel: true (the "
                 "overlap pipelines its all-gathers and reduce-scatters, as Megatron-LM's "
                 "--tp-comm-overlap requires --sequence-parallel); set both or neither"
+            )
+        if self.async_tp_allreduce and self.sequence_parallel:
+            raise ValueError(
+                "parallelism.async_tp_allreduce: true needs sequence_parallel: false (with "
+                "sequence parallelism the backward reduce-scatters instead; Megatron-LM "
+                "ignores the flag then); turn one of them off"
             )
         if self.overlap_param_gather and self.zero not in (1, 2):
             raise ValueError(

@@ -76,12 +76,40 @@ class Training(Spec):
     tensor-and-data-parallel group) each time a model chunk's forward ends and again when
     its backward ends, blocking the compute stream (``reduce_amax``, TE of 2023:
     ``global_amax_reduction`` with ``async_op=False``)."""
+    fp8_scaling: Literal["delayed", "current"] = "delayed"
+    """With ``precision: fp8``: how Transformer Engine scales each tensor before its cast.
+    ``delayed`` (TE's ``DelayedScaling``): the scale comes from earlier steps' amax
+    history, and the cast-transpose kernel records the new amax as it casts.
+    ``current`` (TE 2.x ``Float8CurrentScaling``): an amax kernel reads the 16-bit tensor
+    before its cast (``nvte_compute_amax``), the cast waits for it."""
+    fp8_param_gather: bool = False
+    """With ``precision: fp8``: weights kept in FP8 for the forward, so the distributed
+    optimizer's and ZeRO-3's weight all-gathers move 1 byte per weight, not 2
+    (Megatron-LM ``--fp8-param-gather``, TE ``fp8_model_init``)."""
+    cuda_graphs: bool = False
+    """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
+    a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel
+    launch cost (``kernel_launch_us``) is paid for compute kernels. The GPU-side gap
+    between graph-launched kernels is not modelled, so this is the most graphs can save."""
+    power_limit_w: PositiveFloat | None = None
+    """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
+    (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has
+    measured ``clocks``; a limit above every kind's draw gives the catalog's rates."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
     """Run size as a model-FLOP budget, e.g. 3e25 for GPT-4 (give this or ``tokens``)."""
     step_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed per-step host time (data loading, logging), seconds."""
+
+    @model_validator(mode="after")
+    def _fp8_options_need_fp8(self) -> Training:
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise ValueError(
+                f"training.fp8_param_gather: true needs precision fp8 (got {self.precision}); "
+                "set training.precision: fp8 or turn it off"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_run_size(self) -> Training:

@@ -1,0 +1,229 @@
+"""Time a scenario's model on one GPU in PyTorch eager and print llmsim's prediction beside it.
+
+Run::
+
+    python benchmarks/time_layers.py selene-gpt3             # on the local GPU
+    python benchmarks/time_layers.py my-scenario.yaml --layers 4 --set training.seq_len=4096
+    python benchmarks/time_layers.py selene-gpt3 --device cpu --layers 1 --shrink 16  # a smoke run
+
+The scenario is cut to one device (tp = pp = dp = 1, no ZeRO, one micro-batch of the
+scenario's size, the node cut to one device, no recompute, no dropout) and to as many
+transformer layers as llmsim's memory model says fit the device (or ``--layers``).
+PyTorch runs the same model: token embedding (and learned positions), the layers
+(pre-norm attention with causal ``scaled_dot_product_attention``, grouped KV heads where
+the model has them, the GELU or SwiGLU MLP), the final norm, the LM head and an FP32
+cross-entropy, in the scenario's 16-bit precision (an FP8 scenario runs in BF16 on both
+sides: there is no Transformer Engine here). It times the forward and the forward + backward of one
+micro-batch (median of ``--repeats`` after a warm-up) and prints them beside llmsim's
+forward and forward + backward compute time for the same single-device scenario (the
+sum of each pass's compute kernels, llmsim's kernel launches included). PyTorch is not a
+dependency of llmsim: ``pip install torch``.
+
+``--shrink N`` divides the hidden size, heads, FFN width and vocabulary by N (for a CPU
+smoke run); both sides then run the shrunken model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+from llmsim import load_scenario, simulate
+from llmsim.specs import Scenario
+
+WARMUP = 2
+"""Untimed calls before timing (allocator, cuBLAS heuristics, autotuning)."""
+HEADROOM = 0.85
+"""Share of device memory llmsim's estimate may fill when the layers are cut to fit."""
+
+
+def single_device(scenario: Scenario, layers: int, shrink: int = 1) -> Scenario:
+    """``scenario`` on one device: tp = pp = dp = 1, ZeRO 0, one micro-batch, ``layers``
+    transformer layers, the node cut to one device; sizes divided by ``shrink``."""
+    raw: dict[str, Any] = scenario.model_dump(mode="json", exclude_none=True)
+    node = raw["system"]["node"]
+    node.update(devices_per_node=1, fabric=[])
+    raw["nodes"] = 1
+    par = raw["parallelism"]
+    for key in ("first_stage_layers", "last_stage_layers", "tp_overlap_gemms"):
+        par.pop(key, None)
+    par.update(tp=1, pp=1, dp=1, cp=1, ep=1, zero=0, virtual_stages=1, schedule="1f1b",
+               sequence_parallel=False, overlap_tp_comm=False, overlap_param_gather=False,
+               recompute="none")
+    training = raw["training"]
+    training.update(global_batch=par["micro_batch"], fp8_amax_reduction=False,
+                    hidden_dropout=0.0, attention_dropout=0.0)
+    if training.get("precision") == "fp8":  # no Transformer Engine on the PyTorch side
+        training.update(precision="bf16", fp8_param_gather=False)
+    model = raw["model"]
+    model["layers"] = layers
+    if shrink > 1:
+        heads = max(1, model["heads"] // shrink)
+        kv = model.get("kv_heads")
+        model.update(heads=heads, hidden=model["hidden"] // shrink,
+                     ffn_hidden=model["ffn_hidden"] // shrink,
+                     vocab=max(64, model["vocab"] // shrink))
+        if kv:
+            model["kv_heads"] = max(1, min(heads, kv // shrink))
+        model.pop("head_dim", None)
+    return load_scenario(raw)
+
+
+def layers_that_fit(scenario: Scenario, shrink: int, capacity_gb: float | None) -> int:
+    """The most layers (at most the model's) whose weights, gradients, activations and
+    reserve in llmsim's memory model fit ``capacity_gb`` (the accelerator's own memory
+    when None) × :data:`HEADROOM`."""
+    capacity = capacity_gb or scenario.system.node.accelerator.hbm_gb
+    low, high = 1, scenario.model.layers
+    while low < high:
+        mid = (low + high + 1) // 2
+        memory = simulate(single_device(scenario, mid, shrink)).memory[0]
+        held = (memory.weights_bytes + memory.grads_bytes + memory.activations_bytes
+                + memory.reserve_bytes)  # no optimizer state: the benchmark takes no step
+        if held <= HEADROOM * capacity * 1e9:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def predicted_s(scenario: Scenario) -> tuple[float, float]:
+    """llmsim's forward and forward + backward compute time of the one micro-batch, s."""
+    df = simulate(scenario).to_dataframe()
+    by_phase = df[df["stream"] == "compute"].groupby("kind")["duration_s"].sum()
+    forward = float(by_phase.get("F", 0.0))
+    backward = float(sum(by_phase.get(p, 0.0) for p in ("R", "B", "W")))
+    return forward, forward + backward
+
+
+def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any) -> Any:
+    """The scenario's model as a PyTorch module that returns the loss of a batch."""
+    nn, F = torch.nn, torch.nn.functional
+    m = scenario.model
+    h, heads, kv, d = m.hidden, m.heads, m.n_kv_heads, m.head_dim
+    norm = (lambda: nn.LayerNorm(h)) if m.norm == "layernorm" else (lambda: nn.RMSNorm(h))
+    up_width = 2 * m.ffn_hidden if m.activation == "swiglu" else m.ffn_hidden
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = norm(), norm()
+            self.qkv = nn.Linear(h, (heads + 2 * kv) * d, bias=m.bias)
+            self.proj = nn.Linear(heads * d, h, bias=m.bias)
+            self.up = nn.Linear(h, up_width, bias=m.bias)
+            self.down = nn.Linear(m.ffn_hidden, h, bias=m.bias)
+
+        def forward(self, x: Any) -> Any:
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split([heads * d, kv * d, kv * d], dim=-1)
+            q = q.view(b, s, heads, d).transpose(1, 2)
+            k = k.view(b, s, kv, d).transpose(1, 2)
+            v = v.view(b, s, kv, d).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               enable_gqa=kv != heads)
+            x = x + self.proj(a.transpose(1, 2).reshape(b, s, heads * d))
+            u = self.up(self.ln2(x))
+            if m.activation == "swiglu":
+                gate, lin = u.chunk(2, dim=-1)
+                u = F.silu(gate) * lin
+            else:
+                u = F.gelu(u)
+            return x + self.down(u)
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(m.vocab, h)
+            self.pos = (nn.Embedding(scenario.training.seq_len, h)
+                        if m.position_embedding == "learned" else None)
+            self.layers = nn.ModuleList(Layer() for _ in range(m.layers))
+            self.norm = norm()
+            self.head = nn.Linear(h, m.vocab, bias=False)
+
+        def forward(self, tokens: Any) -> Any:
+            x = self.embed(tokens)
+            if self.pos is not None:
+                x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+            for layer in self.layers:
+                x = layer(x)
+            logits = self.head(self.norm(x)).float()
+            return F.cross_entropy(logits.view(-1, m.vocab), tokens.view(-1))
+
+    return Model().to(device=device, dtype=dtype)
+
+
+def time_model(torch: Any, scenario: Scenario, device: str, repeats: int) -> tuple[float, float]:
+    """Median forward and forward + backward time of one micro-batch in PyTorch eager, s."""
+    dtype = torch.bfloat16 if scenario.training.precision in ("bf16", "fp8") else (
+        torch.float16 if scenario.training.precision == "fp16" else torch.float32)
+    model = build_model(torch, scenario, device, dtype)
+    b, s = scenario.parallelism.micro_batch, scenario.training.seq_len
+    tokens = torch.randint(0, scenario.model.vocab, (b, s), device=device)
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(tokens)
+
+    def forward_backward() -> None:
+        model(tokens).backward()
+        model.zero_grad(set_to_none=True)
+
+    times = []
+    for step in (forward, forward_backward):
+        for _ in range(WARMUP):
+            step()
+        sync()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            step()
+            sync()
+            samples.append(time.perf_counter() - start)
+        times.append(statistics.median(samples))
+    return times[0], times[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scenario", help="Scenario file or catalog name.")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="Override a scenario field (repeatable).")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu.")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="Transformer layers to run (default: as many as fit).")
+    parser.add_argument("--shrink", type=int, default=1,
+                        help="Divide hidden, heads, FFN and vocabulary by N (smoke runs).")
+    parser.add_argument("--repeats", type=int, default=5, help="Timed calls per pass.")
+    args = parser.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed; `pip install torch` to run this benchmark")
+        return 1
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print("no CUDA device is visible; run on a GPU node, or pass --device cpu to try it")
+        return 1
+    scenario = load_scenario(args.scenario, args.overrides)
+    capacity_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9
+                   if args.device != "cpu" else None)
+    layers = args.layers or layers_that_fit(scenario, args.shrink, capacity_gb)
+    one = single_device(scenario, layers, args.shrink)
+    where = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
+    print(f"{one.model.name}: {layers} of {scenario.model.layers} layers, micro-batch "
+          f"{one.parallelism.micro_batch} x {one.training.seq_len} tokens, on {where} "
+          f"(PyTorch {torch.__version__}); llmsim prices it on {one.system.node.accelerator.name}")
+    measured = time_model(torch, one, args.device, args.repeats)
+    predicted = predicted_s(one)
+    print(f"{'pass':<18}{'PyTorch ms':>12}{'llmsim ms':>12}{'llmsim/PyTorch':>16}")
+    for name, t_meas, t_pred in zip(("forward", "forward+backward"), measured, predicted,
+                                    strict=True):
+        print(f"{name:<18}{t_meas * 1e3:>12.3f}{t_pred * 1e3:>12.3f}{t_pred / t_meas:>16.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

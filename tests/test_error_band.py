@@ -1,0 +1,106 @@
+"""The error band of every prediction (llmsim.error_band): closed forms, leave-one-out,
+the stored residual table against the validation rows, and the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from helpers import make_scenario
+from hypothesis import given
+from hypothesis import strategies as st
+from test_cli import run_cli, tiny_file
+
+from llmsim import error_band, validation
+from llmsim.error_band import Band, Likeness, Residual, band_for, likeness, load_residuals
+
+H100_TP_PP_DP = Likeness("h100", "nccl-2024", "tp+pp+dp", "16-bit")
+TABLE = load_residuals()
+
+
+def rows(errors: list[float], like: Likeness = H100_TP_PP_DP, groups: str = "ST") -> list[Residual]:
+    """Rows alike in ``like``, from the sources ``groups`` in turn."""
+    return [Residual(f"{groups[i % len(groups)]}-{i}", groups[i % len(groups)], like.family,
+                     like.era, like.mix, like.precision, e) for i, e in enumerate(errors)]
+
+
+def test_band_is_the_10th_to_90th_percentile_of_alike_rows() -> None:
+    band = band_for(H100_TP_PP_DP, rows([-10.0, 0.0, 10.0, 20.0, 30.0]))
+    assert band == Band(-6.0, 26.0, 5, ("family", "era", "mix", "precision"))
+
+
+def test_measured_range_inverts_the_time_error() -> None:
+    band = Band(-20.0, 25.0, 4, ("family",))
+    assert band.measured_range_s(10.0) == pytest.approx((8.0, 12.5))
+
+
+def test_throughput_errors_become_time_errors() -> None:
+    assert error_band.time_error_pct("tflops_per_gpu", 25.0) == pytest.approx(-20.0)
+    assert error_band.time_error_pct("iteration_time_s", 7.0) == 7.0
+
+
+def test_looser_levels_then_no_match() -> None:
+    other_mix = replace(H100_TP_PP_DP, mix="dp")
+    band = band_for(other_mix, rows([1.0, 2.0, 3.0]))
+    assert band is not None and band.matched_on == ("family",) and band.runs == 3
+    assert band_for(replace(H100_TP_PP_DP, family="mi250x"), rows([1.0, 2.0, 3.0])) is None
+    assert band_for(H100_TP_PP_DP, rows([1.0, 2.0])) is None
+    assert band_for(H100_TP_PP_DP, rows([1.0, 2.0, 3.0], groups="S")) is None  # one source
+    assert error_band.describe(None, 1.0) == error_band.NO_MATCH
+
+
+@given(st.sampled_from(TABLE), st.floats(-90.0, 500.0))
+def test_a_rows_band_excludes_its_own_residual(row: Residual, changed: float) -> None:
+    others = [r for r in TABLE if r.id != row.id]
+    moved = [*others, replace(row, time_error_pct=changed)]
+    for group in (row.group, None):  # leave-one-source-out and leave-one-out
+        assert (band_for(row.likeness, moved, exclude_group=group, exclude_id=row.id)
+                == band_for(row.likeness, TABLE, exclude_group=group, exclude_id=row.id))
+    elsewhere = [r for r in TABLE if r.group != row.group]
+    assert band_for(row.likeness, TABLE, exclude_group=row.group) == band_for(row.likeness,
+                                                                              elsewhere)
+
+
+def test_stored_table_matches_the_validation_rows() -> None:
+    runs = validation.load_runs()
+    assert [r.id for r in TABLE] == [run.id for run in runs]
+    for run, row in zip(runs, TABLE, strict=True):
+        assert row.group == run.source
+        assert row.likeness == likeness(validation.scenario_for(run)), run.id
+
+
+def test_stored_residual_is_current_for_a_fast_row() -> None:
+    """The table was made at this physics: one cheap row re-simulated agrees to 0.5 points
+    (regenerate with ``python -m llmsim.error_band`` after a physics change)."""
+    run = next(r for r in validation.load_runs("MEGREADME-2009") if r.id.endswith("-1"))
+    prediction = validation.predict(run)
+    stored = next(r for r in TABLE if r.id == run.id)
+    now = error_band.time_error_pct(run.metric, prediction.error_pct)
+    assert now == pytest.approx(stored.time_error_pct, abs=0.5)
+
+
+def test_scenarios_get_a_band_or_the_no_match_sentence() -> None:
+    assert error_band.scenario_band(make_scenario()) is not None  # A100 Selene, tp+pp
+    frontier = make_scenario(system="frontier")
+    assert likeness(frontier).family == "mi250x"
+    assert error_band.scenario_band(frontier) is None
+
+
+def test_cli_run_prints_the_band_and_json_carries_it(tmp_path, capsys) -> None:
+    path = str(tiny_file(tmp_path))
+    code, out, err = run_cli(["run", path, "--json"], capsys)
+    assert code == 0, err
+    band = json.loads(out)["error_band"]
+    assert band["runs"] >= error_band.MIN_RUNS
+    assert band["step_time_low_s"] <= band["step_time_high_s"]
+    code, out, err = run_cli(["run", path], capsys)
+    assert code == 0 and "likely measured" in out and "validation runs alike" in out, err
+
+
+def test_bands_hold_on_most_held_out_sources() -> None:
+    """docs/validation.md: the 80 % bands, each built without the row's own source, hold
+    on 79 of the 103 rows that get one at this commit; never on fewer than 70 %."""
+    held_out = [(row, band) for row, band in error_band.leave_one_source_out(TABLE) if band]
+    inside = sum(band.contains(row.time_error_pct) for row, band in held_out)
+    assert len(held_out) >= 90 and inside >= 0.7 * len(held_out)
