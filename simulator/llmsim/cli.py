@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, cli_compare, cli_time_gemms, loader
+from llmsim import catalog, cli_compare, cli_gpt4, cli_time_gemms, loader
 from llmsim.errors import UserError
 
 app = typer.Typer(
@@ -390,6 +390,7 @@ def validate_cmd(
 
 
 app.command("compare")(cli_compare.compare)
+app.command("gpt4")(cli_gpt4.gpt4_cmd)
 calibrate_app.command("time-gemms")(cli_time_gemms.time_gemms)
 
 
