@@ -25,7 +25,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", re.S | re.M)
 INLINE = re.compile(r"(?<!`)`(llmsim [^`]+)`(?!`)")
 FILE_ARG = re.compile(r"\.(ya?ml|csv|txt|json)$")
-SLOW = {"validate": "slow: simulates every published run (~50 s); test_validation covers it"}
+SLOW = {"validate": "slow: simulates every published run (~50 s); test_validation covers it",
+        "gpt4": "slow: searches six machines (~2-4 min); tests/test_gpt4.py covers it"}
 GROUPS = ("calibrate", "schedule")  # commands whose subcommand comes next
 
 

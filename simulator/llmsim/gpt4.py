@@ -26,7 +26,7 @@ from llmsim import loader
 from llmsim.errors import UserError
 from llmsim.search import search
 from llmsim.search.confirm import layout_of_row
-from llmsim.search.space import Layout, apply, layout_of
+from llmsim.search.space import Layout, apply, divisors, layout_of, tp_candidates
 from llmsim.specs import Scenario
 
 if TYPE_CHECKING:
@@ -40,8 +40,10 @@ MAX_SIM_PASSES = 100_000
 machine with the engine, and a step of a million passes (e.g. pp 120 with 2,048
 micro-batches) would take minutes alone. Layouts above it count as invalid."""
 
-DEFAULT_MAX_LAYOUTS = 40
-"""Core layouts sampled per machine by default (the whole space is 35,000–660,000)."""
+DEFAULT_MAX_LAYOUTS = 80
+"""Core layouts sampled per machine by default, in each of the two samples (the whole
+space is 35,000–660,000 core layouts): the table for all six machines then takes about
+3 minutes on the 2-core test machine (docs/gpt4.md)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class SourceRow:
     """Whether the source states the factor (else: assumed here, see ``docs/gpt4.md``)."""
     note: str = ""
     """What else makes llmsim's row differ from the source's (one clause)."""
+    max_tp: int | None = None
+    """Largest TP degree searched (None: the search's default, a node's devices or 8)."""
 
 
 GPU_FACTOR = 2.0
@@ -98,7 +102,8 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
               (Part("aurora", 63_744, 2, "bf16"),), 30, True, GPU_FACTOR, False),
     SourceRow("fugaku", "fugaku", "Fugaku A64FX ×158,976",
               (Part("fugaku", 158_976, 1, "fp32"),), 2_100, False, 4.0, True,
-              "the source's peak is FP32; llmsim trains in FP16"),
+              "the source's peak is FP32; llmsim trains in FP16",
+              max_tp=12),  # the 2x3x2 Tofu unit, the catalog scenario's TP group
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
               770, False, GPU_FACTOR, False,
@@ -150,6 +155,20 @@ def whole_machine(row: SourceRow) -> tuple[Scenario, Scenario, int]:
     base = catalog.model_copy(update={"nodes": target // per_node,
                                       "max_sim_passes": MAX_SIM_PASSES})
     return catalog, base, part.packages * part.devices_per_package
+
+
+def largest_nodes(base: Scenario, max_tp: int | None) -> int:
+    """The most nodes any layout of ``base`` can fill: tp·pp·dp whole nodes, at most the
+    base's, with the search's degree rules (tp from the heads, pp dividing the layers,
+    dp dividing the global batch)."""
+    per_node, most = base.system.node.devices_per_node, 0
+    for tp in tp_candidates(base, max_tp):
+        for pp in divisors(base.model.layers):
+            for dp in divisors(base.training.global_batch):
+                devices = tp * pp * dp
+                if devices % per_node == 0 and most < devices // per_node <= base.nodes_used:
+                    most = devices // per_node
+    return most
 
 
 def compact(layout: Layout) -> str:
@@ -304,10 +323,11 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
                ) -> SystemResult:
     """Search ``row``'s machine and return its row of the table.
 
-    The search prices a sample of ``max_layouts`` core layouts with the estimator (and
-    the catalog scenario's hand-picked layout, so that the table's best is never worse
-    than the scenario the catalog ships); the engine then confirms the ``top`` best by
-    the estimator (:func:`confirm_best`) and the fewest days among them wins.
+    The search prices a sample of ``max_layouts`` core layouts of the whole space, as
+    many on the most nodes a layout can fill (:func:`largest_nodes`), and the catalog
+    scenario's hand-picked layout (so that the table's best is never worse than the
+    scenario the catalog ships) with the estimator; the engine then confirms the ``top``
+    best by the estimator (:func:`confirm_best`) and the fewest days among them wins.
     """
     import os
     import time
@@ -320,9 +340,16 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     workers = workers or os.cpu_count() or 1
     catalog, base, source_devices = whole_machine(row)
     table = search(base, objective="days", top=0, max_layouts=max_layouts, workers=workers,
-                   out=None if out is None else out / "search")
-    seed = search(base, objective="days", top=0, fix=layout_of(catalog).as_dict(), workers=1)
-    priced = pd.concat([t for t in (table, seed) if "est_days" in t], ignore_index=True)
+                   out=None if out is None else out / "search", max_tp=row.max_tp)
+    # Days fall with devices, and most of a random sample uses a small part of the
+    # machine: as many layouts again on the most nodes a layout can fill.
+    full = search(base, objective="days", top=0, max_layouts=max_layouts, workers=workers,
+                  fix={"nodes": largest_nodes(base, row.max_tp)},
+                  out=None if out is None else out / "search-largest", max_tp=row.max_tp)
+    seed = search(base, objective="days", top=0, fix=layout_of(catalog).as_dict(), workers=1,
+                  max_tp=max(row.max_tp or 0, catalog.parallelism.tp))
+    priced = pd.concat([t for t in (table, full, seed) if "est_days" in t],
+                       ignore_index=True)
     confirmed, timed_out = (confirm_best(base, priced, top, workers, confirm_timeout_s)
                             if not priced.empty
                             else (pd.DataFrame(), 0))
@@ -335,7 +362,7 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
                             time.perf_counter() - started)
     best_row = confirmed.iloc[0]
     best = apply(base, layout_of_row(best_row))
-    searched = set(table["key"]) if "key" in table else set()
+    searched = {k for t in (table, full) if "key" in t for k in t["key"]}
     won = best_row["key"] == layout_of(catalog).key and best_row["key"] not in searched
     result = simulate(best.model_copy(update={"fidelity": "reduced"}))
     parts = {k: v for k, v in result.breakdown_s.items() if k != "compute"}
