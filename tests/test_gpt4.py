@@ -7,6 +7,8 @@ import csv
 import sys
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmsim import gpt4, loader
 from llmsim.cli import main
@@ -64,6 +66,26 @@ def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, so
     assert base.devices == min(source_devices, catalog.system.nodes
                                * catalog.system.node.devices_per_node)
     assert base.training.flops == 3e25 and base.model.name == "gpt4-proxy-dense"
+
+
+OPENAI = gpt4.whole_machine(gpt4.SOURCE_TABLE[0])[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3_125), st.integers(1, 3_125))
+def test_largest_nodes_is_at_most_the_machine_and_grows_with_it(a, b):
+    small, large = sorted((a, b))
+    fill = [gpt4.largest_nodes(OPENAI.model_copy(update={"nodes": n}), None)
+            for n in (small, large)]
+    assert 0 <= fill[0] <= fill[1] <= large and fill[0] <= small
+
+
+def test_why_line_states_the_sources_implied_efficiency():
+    """OpenAI: 90 days against 44.5 at peak = 49 % of peak (3e25 / (7.8e18 × 90 days))."""
+    row = gpt4.SOURCE_TABLE[0]
+    result = gpt4.SystemResult(row, 25_000, 25_000, 7.8e18, gpt4.source_method_days(
+        3e25, 7.8e18, 2.0), None, {}, False, "", 0, 0, 0.0)
+    assert "mean 49 % of BF16 peak" in result.why()
 
 
 def test_select_names_and_order():

@@ -70,17 +70,17 @@ def best_yaml(result: gpt4.SystemResult) -> str:
     assert result.best is not None  # callers check
     best, row = result.best, result.source
     raw = loader.read_yaml(catalog.path_of("scenarios", row.scenario))
-    par = best.parallelism
     raw["name"] = f"{row.scenario}-gpt4-best"
     raw["description"] = (f"llmsim gpt4's best layout for {row.label} "
                           f"({best.devices:,} devices): {gpt4.compact_of(best)}; "
                           f"from the catalog scenario {row.scenario}")
     raw["nodes"] = best.nodes_used
-    layout = {k: v for k, v in par.model_dump().items()
-              if k in gpt4.Layout.__dataclass_fields__ or k == "dp"}
-    raw["parallelism"] = {**{k: v for k, v in raw.get("parallelism", {}).items()
-                             if k not in ("first_stage_layers", "last_stage_layers")},
-                          **layout}
+    # Every field the best layout sets away from its default, so that settings the layout
+    # rules out (apply drops them) and uneven stage splits of another pp are gone too.
+    fields = best.parallelism.model_dump(mode="json")
+    raw["parallelism"] = {k: v for k, v in fields.items()
+                          if k in best.parallelism.model_dump(exclude_defaults=True)
+                          or k in gpt4.Layout.__dataclass_fields__}
     raw.setdefault("training", {})["global_batch"] = best.training.global_batch
     return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
 

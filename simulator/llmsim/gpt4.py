@@ -209,7 +209,7 @@ class SystemResult:
     bottleneck: str
     """The largest part of the step besides compute, with its share."""
     layouts_priced: int
-    """Layouts the estimator priced (the sample's and the catalog layout's)."""
+    """Layouts the estimator priced (both samples' and the catalog layout's)."""
     timed_out: int
     """Candidates the engine did not finish within :data:`CONFIRM_TIMEOUT_S`."""
     wall_s: float
@@ -228,8 +228,7 @@ class SystemResult:
     def why(self) -> str:
         """One line on why llmsim's days differ from the source's."""
         s = self.source
-        flops = self.best.training.flops if self.best is not None else 3e25
-        implied = flops / (self.peak_flops * s.source_days * SECONDS_PER_DAY)
+        implied = self.method_days / s.factor / s.source_days  # days at peak / its days
         text = (f"the source's {s.source_days:,.0f} days mean {100 * implied:.0f} % of "
                 f"{'+'.join(p.precision.upper() for p in s.parts)} peak on all its "
                 "accelerators")
