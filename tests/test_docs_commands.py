@@ -27,7 +27,8 @@ INLINE = re.compile(r"(?<!`)`(llmsim [^`]+)`(?!`)")
 FILE_ARG = re.compile(r"\.(ya?ml|csv|txt|json)$")
 SLOW = {"validate": "slow: simulates every published run (~50 s); test_validation covers it",
         "search": "slow: prices every layout of a machine (minutes); test_search runs it on a "
-                  "small space"}
+                  "small space",
+        "gpt4": "slow: searches six machines (~2-4 min); tests/test_gpt4.py covers it"}
 GROUPS = ("calibrate", "schedule")  # commands whose subcommand comes next
 
 

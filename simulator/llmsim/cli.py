@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, cli_compare, cli_search, cli_sweep, cli_time_gemms
+from llmsim import catalog, cli_compare, cli_gpt4, cli_search, cli_sweep, cli_time_gemms
 from llmsim.errors import UserError
 from llmsim.out_dir import check_out_dir
 
@@ -386,6 +386,7 @@ def validate_cmd(
 app.command("compare")(cli_compare.compare)
 app.command("search")(cli_search.search)
 app.command("sweep")(cli_sweep.sweep)
+app.command("gpt4")(cli_gpt4.gpt4_cmd)
 calibrate_app.command("time-gemms")(cli_time_gemms.time_gemms)
 
 

@@ -1,0 +1,437 @@
+"""The days-to-GPT-4 table: the source documents' estimate next to llmsim's best layout.
+
+The source documents (``brief.md``, "Scaling and the days-to-GPT-4 table": a Tokyo Tech
+colloquium talk, 2024) put GPT-4 at about 3·10²⁵ training FLOPs and estimate the days
+it would take on six machines from peak FLOP/s × accelerators, times an efficiency
+factor ("×2" for OpenAI's A100 cluster, "×4" for Fugaku). :func:`days_table` answers the
+same question with llmsim: for each machine it searches the layouts of the catalog
+scenario's model (``gpt4-proxy-dense``, 3·10²⁵ FLOPs) at the accelerator count the
+source gives, or the whole machine where that count exceeds it, confirms the best with
+the SimPy engine, and sets the result beside the source's number and the source's
+method recomputed with the catalog's peaks (:func:`source_method_days`).
+
+Device units: an llmsim "device" of MI250X is one GCD (two per package) and one of
+Ponte Vecchio a stack (two per GPU); the source counts packages, converted here once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmsim.errors import UserError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from llmsim.search.space import Layout
+    from llmsim.specs import Scenario
+
+SECONDS_PER_DAY = 86_400.0
+
+MAX_SIM_PASSES = 100_000
+"""Most layer passes a searched layout's step may take to simulate (``max_sim_passes``;
+20–70 µs each on one core, docs/scenarios.md): the table confirms a few layouts per
+machine with the engine, and a step of a million passes (e.g. pp 120 with 2,048
+micro-batches) would take minutes alone. Layouts above it count as invalid."""
+
+DEFAULT_MAX_LAYOUTS = 80
+"""Core layouts sampled per machine by default, in each of the two samples (the whole
+space is 35,000–660,000 core layouts): the table for all six machines then takes about
+3 minutes on the 2-core test machine (docs/gpt4.md)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """Accelerators of one kind in the source's count."""
+
+    system: str
+    """Catalog system these accelerators sit in."""
+    packages: int
+    """Accelerators as the source counts them (GPU packages, CPUs)."""
+    devices_per_package: int
+    """llmsim devices per counted accelerator: 2 for MI250X (GCDs) and Ponte Vecchio
+    (stacks), 1 otherwise (hardware/accelerators/*.yaml)."""
+    precision: str
+    """Data type of the peak the source's method multiplies."""
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    """One machine of the source's days-to-GPT-4 table (``brief.md``)."""
+
+    system: str
+    """Short name, used by ``--systems``."""
+    scenario: str
+    """Catalog scenario whose model, training and framework settings the search keeps."""
+    label: str
+    """The machine as the source names it, with its accelerator count."""
+    parts: tuple[Part, ...]
+    """The source's accelerators; the first is the part llmsim simulates."""
+    source_days: float
+    """Days to train GPT-4 in the source's table."""
+    source_doubtful: bool
+    """The source marks its number with "(?)"."""
+    factor: float
+    """Efficiency factor applied to the days at peak: the source's where it states one."""
+    factor_stated: bool
+    """Whether the source states the factor (else: assumed here, see ``docs/gpt4.md``)."""
+    note: str = ""
+    """What else makes llmsim's row differ from the source's (one clause)."""
+    max_tp: int | None = None
+    """Largest TP degree searched (None: the search's default, a node's devices or 8)."""
+
+
+GPU_FACTOR = 2.0
+"""Assumed for the GPU machines whose factor the source does not state: the "×2" it
+applies to OpenAI's A100 cluster, the only GPU machine it gives one for (brief.md)."""
+
+SOURCE_TABLE: tuple[SourceRow, ...] = (
+    SourceRow("openai", "openai-a100", "OpenAI A100 ×25,000",
+              (Part("openai-a100", 25_000, 1, "bf16"),), 90, True, 2.0, True),
+    SourceRow("frontier", "frontier", "Frontier MI250X ×37,888",
+              (Part("frontier", 37_888, 2, "bf16"),), 75, False, GPU_FACTOR, False),
+    SourceRow("lumi", "lumi", "LUMI MI250X ×20,480",
+              (Part("lumi", 20_480, 2, "bf16"),), 140, False, GPU_FACTOR, False),
+    SourceRow("aurora", "aurora", "Aurora Ponte Vecchio ×63,744",
+              (Part("aurora", 63_744, 2, "bf16"),), 30, True, GPU_FACTOR, False),
+    SourceRow("fugaku", "fugaku", "Fugaku A64FX ×158,976",
+              (Part("fugaku", 158_976, 1, "fp32"),), 2_100, False, 4.0, True,
+              "the source's peak is FP32; llmsim trains in FP16",
+              max_tp=12),  # the 2x3x2 Tofu unit, the catalog scenario's TP group
+    SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
+              (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
+              770, False, GPU_FACTOR, False,
+              "A100 part alone: heterogeneous (A100 + V100) jobs do not exist in llmsim yet"),
+)
+"""The source's table (brief.md: machine, accelerators, days) and its method's factors."""
+
+SYSTEMS = tuple(r.system for r in SOURCE_TABLE)
+
+
+def part_peak_flops(part: Part) -> float:
+    """Peak FLOP/s of all of a part's accelerators at its precision, from the catalog's
+    sourced dense peaks (``hardware/accelerators/*.yaml``)."""
+    from llmsim import loader
+
+    accel = loader.load_spec("systems", part.system).node.accelerator
+    return accel.peak_flops(part.precision) * part.devices_per_package * part.packages
+
+
+def source_method_days(flops: float, peak_flops: float, factor: float) -> float:
+    """The source's method: days at peak (``flops / peak``) times its efficiency factor.
+
+    brief.md: "At peak, Fugaku (FP32 6.76 TFLOP/s × 158,976 = 1.07 EFLOP/s) would need
+    328 days for GPT-4, '×4' for realistic efficiency; OpenAI's cluster (BF16 312 TFLOP/s
+    × 25,000 = 7.8 EFLOP/s) 45 days '×2'."
+    """
+    return flops / peak_flops / SECONDS_PER_DAY * factor
+
+
+def select(systems: str | None) -> list[SourceRow]:
+    """The rows ``--systems a,b`` names (all when None), in the source's order."""
+    if systems is None:
+        return list(SOURCE_TABLE)
+    names = [s.strip() for s in systems.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown or not names:
+        raise UserError(f"--systems: {systems!r} names {', '.join(unknown) or 'no system'}; "
+                        f"use a comma-separated list of {', '.join(SYSTEMS)}")
+    return [r for r in SOURCE_TABLE if r.system in names]
+
+
+def whole_machine(row: SourceRow) -> tuple[Scenario, Scenario, int]:
+    """The catalog scenario, the search's base (nodes for the source's count, or the whole
+    machine where the count exceeds it) and the devices the source's count gives."""
+    from llmsim import loader
+
+    catalog = loader.load_scenario(row.scenario)
+    part = row.parts[0]
+    per_node = catalog.system.node.devices_per_node
+    target = min(part.packages * part.devices_per_package, catalog.system.nodes * per_node)
+    # model_copy does not re-validate: the catalog layout may not fill these nodes, and
+    # the search only reads the base's nodes as the most it may use.
+    base = catalog.model_copy(update={"nodes": target // per_node,
+                                      "max_sim_passes": MAX_SIM_PASSES})
+    return catalog, base, part.packages * part.devices_per_package
+
+
+def largest_nodes(base: Scenario, max_tp: int | None) -> int:
+    """The most nodes any layout of ``base`` can fill: tp·pp·dp whole nodes, at most the
+    base's, with the search's degree rules (tp from the heads, pp dividing the layers,
+    dp dividing the global batch)."""
+    from llmsim.search.space import divisors, tp_candidates
+
+    per_node, most = base.system.node.devices_per_node, 0
+    for tp in tp_candidates(base, max_tp):
+        for pp in divisors(base.model.layers):
+            for dp in divisors(base.training.global_batch):
+                devices = tp * pp * dp
+                if devices % per_node == 0 and most < devices // per_node <= base.nodes_used:
+                    most = devices // per_node
+    return most
+
+
+def compact(layout: Layout) -> str:
+    """``tp8 pp15 dp8 · 1f1b mb1 · ZeRO-1 · full rc · sp`` — a layout on one line."""
+    chunks = f" v{layout.virtual_stages}" if layout.virtual_stages > 1 else ""
+    overlaps = [n for n, on in (("tp", layout.overlap_tp_comm), ("pp", layout.overlap_pp_comm),
+                                ("gather", layout.overlap_param_gather)) if on]
+    return (f"tp{layout.tp} pp{layout.pp} dp{layout.dp} · {layout.schedule}{chunks} "
+            f"mb{layout.micro_batch} · ZeRO-{layout.zero} · {layout.recompute} rc"
+            + (" · sp" if layout.sequence_parallel else "")
+            + (f" · overlap {'+'.join(overlaps)}" if overlaps else ""))
+
+
+def compact_of(scenario: Scenario) -> str:
+    """:func:`compact` of a scenario's layout."""
+    from llmsim.search.space import layout_of
+
+    return compact(layout_of(scenario))
+
+
+@dataclass(frozen=True)
+class SystemResult:
+    """One row of the table: the source's numbers and llmsim's best layout."""
+
+    source: SourceRow
+    source_devices: int
+    """The source's count in llmsim devices (GCDs, stacks)."""
+    machine_devices: int
+    """Devices the search could use (the source's count, at most the whole machine)."""
+    peak_flops: float
+    """Peak FLOP/s of the source's accelerators at the method's precision (all parts)."""
+    method_days: float
+    """The source's method recomputed (:func:`source_method_days`)."""
+    best: Scenario | None
+    """llmsim's best layout as a scenario (None when no layout fits)."""
+    engine: Mapping[str, Any]
+    """The best row of the search table (layout, memory_gb, the engine's numbers)."""
+    catalog_layout_won: bool
+    """Whether the catalog scenario's hand-picked layout beat every searched one."""
+    bottleneck: str
+    """The largest part of the step besides compute, with its share."""
+    layouts_priced: int
+    """Layouts the estimator priced (both samples' and the catalog layout's)."""
+    timed_out: int
+    """Candidates the engine did not finish within :data:`CONFIRM_TIMEOUT_S`."""
+    wall_s: float
+    """Seconds this machine's search took."""
+
+    @property
+    def days(self) -> float:
+        """llmsim's days to train (the engine's, best layout)."""
+        return float(self.engine.get("days", math.nan))
+
+    @property
+    def ratio(self) -> float:
+        """llmsim's days over the source's."""
+        return self.days / self.source.source_days
+
+    def why(self) -> str:
+        """One line on why llmsim's days differ from the source's."""
+        s = self.source
+        implied = self.method_days / s.factor / s.source_days  # days at peak / its days
+        text = (f"the source's {s.source_days:,.0f} days mean {100 * implied:.0f} % of "
+                f"{'+'.join(p.precision.upper() for p in s.parts)} peak on all its "
+                "accelerators")
+        if self.best is not None:
+            text += (f"; llmsim reaches MFU {100 * float(self.engine['mfu']):.0f} % on "
+                     f"{int(self.engine['devices']):,} devices ({self.bottleneck})")
+        if self.source_devices > self.machine_devices:
+            text += (f"; the source's {self.source_devices:,} devices exceed the machine's "
+                     f"{self.machine_devices:,}")
+        return text + (f"; {s.note}" if s.note else "")
+
+
+Progress = Callable[[str], None]
+
+CONFIRM_TIMEOUT_S = 30.0
+"""Longest one engine run of a candidate layout may take before it is left unconfirmed.
+Some layouts (ZeRO-3 with many micro-batches: a gather per layer and micro-batch) take
+the engine minutes for one step, under its ``max_sim_passes`` bound; the table moves on
+to the estimator's next candidate instead."""
+
+
+def _engine_rows(base: Scenario, layouts: list[Layout], workers: int,
+                 timeout_s: float) -> dict[str, dict[str, Any] | None]:
+    """The engine's numbers for each layout (:func:`engine_row`), ``workers`` at a time,
+    each in its own process ended after ``timeout_s`` (None for those)."""
+    import multiprocessing
+
+    from llmsim.search.confirm import engine_row
+
+    context = multiprocessing.get_context("fork")
+    rows: dict[str, dict[str, Any] | None] = {}
+    for i in range(0, len(layouts), max(1, workers)):
+        batch = layouts[i:i + max(1, workers)]
+        pools = [context.Pool(1) for _ in batch]
+        try:
+            pending = [pool.apply_async(engine_row, (base, layout))
+                       for pool, layout in zip(pools, batch, strict=True)]
+            deadline = _now() + timeout_s
+            for layout, job in zip(batch, pending, strict=True):
+                try:
+                    rows[layout.key] = job.get(max(0.0, deadline - _now()))
+                except multiprocessing.TimeoutError:
+                    rows[layout.key] = None
+        finally:
+            for pool in pools:
+                pool.terminate()
+    return rows
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def confirm_best(base: Scenario, table: pd.DataFrame, top: int, workers: int,
+                 timeout_s: float = CONFIRM_TIMEOUT_S) -> tuple[pd.DataFrame, int]:
+    """Run the engine on the estimator's best layouts until ``top`` are confirmed (or
+    ``2·top`` tried); return the confirmed rows, best (fewest days) first, and how many
+    candidates ran out of time."""
+    import pandas as pd
+
+    from llmsim.search.confirm import layout_of_row
+
+    ranked = table.sort_values(["est_days", "key"], kind="mergesort")
+    ranked = ranked[ranked["est_days"].notna()].drop_duplicates("key")
+    confirmed: list[dict[str, Any]] = []
+    timed_out = 0
+    tried = 0
+    reduced = base.model_copy(update={"fidelity": "reduced"})
+    while len(confirmed) < top and tried < min(2 * top, len(ranked)):
+        want = min(top - len(confirmed), len(ranked) - tried, 2 * top - tried)
+        chunk = ranked.iloc[tried:tried + want]
+        tried += len(chunk)
+        engine = _engine_rows(reduced, [layout_of_row(r) for _, r in chunk.iterrows()],
+                              workers, timeout_s)
+        for _, r in chunk.iterrows():
+            numbers = engine[r["key"]]
+            if numbers is None:
+                timed_out += 1
+            elif numbers["fits"]:
+                confirmed.append({**r.to_dict(), **numbers,
+                                  "est_over_engine": r["est_step_time_s"]
+                                  / numbers["step_time_s"]})
+    frame = pd.DataFrame(confirmed)
+    if not frame.empty:
+        frame = frame.sort_values(["days", "key"], kind="mergesort").reset_index(drop=True)
+    return frame, timed_out
+
+
+def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: int | None,
+               out: Path | None = None, confirm_timeout_s: float = CONFIRM_TIMEOUT_S
+               ) -> SystemResult:
+    """Search ``row``'s machine and return its row of the table.
+
+    The search prices a sample of ``max_layouts`` core layouts of the whole space, as
+    many on the most nodes a layout can fill (:func:`largest_nodes`), and the catalog
+    scenario's hand-picked layout (so that the table's best is never worse than the
+    scenario the catalog ships) with the estimator; the engine then confirms the ``top``
+    best by the estimator (:func:`confirm_best`) and the fewest days among them wins.
+    """
+    import os
+    import time
+
+    import pandas as pd
+
+    from llmsim.search import search
+    from llmsim.search.confirm import layout_of_row
+    from llmsim.search.space import apply, layout_of
+    from llmsim.simulation import simulate
+
+    started = time.perf_counter()
+    workers = workers or os.cpu_count() or 1
+    catalog, base, source_devices = whole_machine(row)
+    table = search(base, objective="days", top=0, max_layouts=max_layouts, workers=workers,
+                   out=None if out is None else out / "search", max_tp=row.max_tp)
+    # Days fall with devices, and most of a random sample uses a small part of the
+    # machine: as many layouts again on the most nodes a layout can fill.
+    full = search(base, objective="days", top=0, max_layouts=max_layouts, workers=workers,
+                  fix={"nodes": largest_nodes(base, row.max_tp)},
+                  out=None if out is None else out / "search-largest", max_tp=row.max_tp)
+    seed = search(base, objective="days", top=0, fix=layout_of(catalog).as_dict(), workers=1,
+                  max_tp=max(row.max_tp or 0, catalog.parallelism.tp))
+    priced = pd.concat([t for t in (table, full, seed) if "est_days" in t],
+                       ignore_index=True)
+    confirmed, timed_out = (confirm_best(base, priced, top, workers, confirm_timeout_s)
+                            if not priced.empty
+                            else (pd.DataFrame(), 0))
+    peak = sum(part_peak_flops(p) for p in row.parts)
+    method = source_method_days(catalog.training.flops or 0.0, peak, row.factor)
+    machine = base.devices
+    if confirmed.empty:
+        return SystemResult(row, source_devices, machine, peak, method, None, {}, False,
+                            "no layout fits", len(priced), timed_out,
+                            time.perf_counter() - started)
+    best_row = confirmed.iloc[0]
+    best = apply(base, layout_of_row(best_row))
+    searched = {k for t in (table, full) if "key" in t for k in t["key"]}
+    won = best_row["key"] == layout_of(catalog).key and best_row["key"] not in searched
+    result = simulate(best.model_copy(update={"fidelity": "reduced"}))
+    parts = {k: v for k, v in result.breakdown_s.items() if k != "compute"}
+    name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    bottleneck = (f"most lost to {name.replace('_', ' ')}, "
+                  f"{100 * seconds / result.step_time_s:.0f} % of the step")
+    engine = {**best_row.to_dict(), "devices": int(best_row["devices"]),
+              "idle_devices": machine - int(best_row["devices"])}
+    return SystemResult(row, source_devices, machine, peak, method, best, engine, won,
+                        bottleneck, len(priced), timed_out, time.perf_counter() - started)
+
+
+def to_frame(results: list[SystemResult]) -> pd.DataFrame:
+    """The table as a DataFrame, one row per machine, units in the column names."""
+    import pandas as pd
+
+    from llmsim.search.confirm import layout_of_row
+
+    rows = []
+    for r in results:
+        e = r.engine
+        rows.append({
+            "system": r.source.system, "source": r.source.label,
+            "source_devices": r.source_devices, "machine_devices": r.machine_devices,
+            "devices": e.get("devices"), "idle_devices": e.get("idle_devices"),
+            "source_days": r.source.source_days, "source_doubtful": r.source.source_doubtful,
+            "peak_eflops": r.peak_flops / 1e18, "factor": r.source.factor,
+            "factor_stated": r.source.factor_stated, "method_days": r.method_days,
+            "layout": compact(layout_of_row(e)) if e else None,
+            "catalog_layout_won": r.catalog_layout_won,
+            "step_time_s": e.get("step_time_s"), "mfu": e.get("mfu"),
+            "memory_gb": e.get("memory_gb"), "days": r.days if e else None,
+            "days_over_source": r.ratio if e else None,
+            "layouts_priced": r.layouts_priced, "timed_out": r.timed_out,
+            "wall_s": r.wall_s, "why": r.why(),
+        })
+    return pd.DataFrame(rows)
+
+
+def days_table(systems: str | None = None, *, max_layouts: int | None = DEFAULT_MAX_LAYOUTS,
+               top: int = 3, workers: int | None = None, out: Path | None = None,
+               confirm_timeout_s: float = CONFIRM_TIMEOUT_S, progress: Progress | None = None
+               ) -> tuple[pd.DataFrame, list[SystemResult]]:
+    """Run :func:`run_system` for each machine ``systems`` names (all by default);
+    ``out`` keeps each machine's priced layouts under ``out/<system>/search``."""
+    if max_layouts is not None and max_layouts < 1:
+        raise UserError(f"--max-layouts: {max_layouts} must be 1 or more (core layouts "
+                        "sampled per machine)")
+    if top < 1:
+        raise UserError(f"--top: {top} must be 1 or more (layouts the engine confirms per "
+                        "machine)")
+    if not confirm_timeout_s > 0:
+        raise UserError(f"--confirm-timeout: {confirm_timeout_s} must be above 0 (seconds one "
+                        "engine run may take)")
+    results = []
+    for row in select(systems):
+        if progress is not None:
+            progress(row.system)
+        results.append(run_system(row, max_layouts=max_layouts, top=top, workers=workers,
+                                  out=None if out is None else out / row.system,
+                                  confirm_timeout_s=confirm_timeout_s))
+    return to_frame(results), results

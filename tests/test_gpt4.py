@@ -1,0 +1,128 @@
+"""The days-to-GPT-4 table: the source's method in closed form, device units, the CLI end
+to end on one machine, and bad options as one line with exit code 2."""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmsim import gpt4, loader
+from llmsim.cli import main
+from llmsim.errors import UserError
+
+
+def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    old = sys.argv
+    sys.argv = ["llmsim", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_source_method_reproduces_the_source_arithmetic():
+    """brief.md: OpenAI's 25,000 A100 at BF16 312 TFLOP/s = 7.8 EFLOP/s need 45 days at
+    peak for 3e25 FLOPs, "×2" → 89 days (the source's table: 90)."""
+    peak = gpt4.part_peak_flops(gpt4.SOURCE_TABLE[0].parts[0])
+    assert peak == pytest.approx(312e12 * 25_000)
+    assert gpt4.source_method_days(3e25, peak, 1.0) == pytest.approx(3e25 / 7.8e18 / 86_400)
+    assert gpt4.source_method_days(3e25, peak, 2.0) == pytest.approx(89.03, abs=0.01)
+
+
+def test_source_method_counts_packages_in_llmsim_devices():
+    """An MI250X package is two GCDs, a Ponte Vecchio GPU two stacks; ABCI adds its V100s."""
+    rows = {r.system: r for r in gpt4.SOURCE_TABLE}
+    gcd = loader.load_spec("systems", "frontier").node.accelerator.peak_flops("bf16")
+    assert gpt4.part_peak_flops(rows["frontier"].parts[0]) == pytest.approx(2 * 37_888 * gcd)
+    a100, v100 = rows["abci"].parts
+    assert gpt4.part_peak_flops(a100) + gpt4.part_peak_flops(v100) == pytest.approx(
+        960 * 312e12 + 4_352 * 125e12)
+    fp32 = loader.load_spec("systems", "fugaku").node.accelerator.peak_flops("fp32")
+    assert gpt4.part_peak_flops(rows["fugaku"].parts[0]) == pytest.approx(158_976 * fp32)
+
+
+@pytest.mark.parametrize(("system", "nodes", "source_devices"), [
+    ("openai", 3_125, 25_000),    # 25,000 A100 = 3,125 nodes of 8, the whole machine
+    ("frontier", 9_408, 75_776),  # 37,888 packages = 75,776 GCDs > 9,408 nodes × 8
+    ("lumi", 2_978, 40_960),      # 20,480 packages = 40,960 GCDs > 2,978 nodes × 8
+    ("aurora", 10_624, 127_488),  # 63,744 GPUs = 127,488 stacks = 10,624 nodes × 12
+    ("fugaku", 158_976, 158_976),
+    ("abci", 120, 960),           # the A100 part alone
+])
+def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, source_devices):
+    row = next(r for r in gpt4.SOURCE_TABLE if r.system == system)
+    catalog, base, devices = gpt4.whole_machine(row)
+    assert base.nodes_used == nodes
+    assert devices == source_devices
+    assert base.devices == min(source_devices, catalog.system.nodes
+                               * catalog.system.node.devices_per_node)
+    assert base.training.flops == 3e25 and base.model.name == "gpt4-proxy-dense"
+
+
+OPENAI = gpt4.whole_machine(gpt4.SOURCE_TABLE[0])[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3_125), st.integers(1, 3_125))
+def test_largest_nodes_is_at_most_the_machine_and_grows_with_it(a, b):
+    small, large = sorted((a, b))
+    fill = [gpt4.largest_nodes(OPENAI.model_copy(update={"nodes": n}), None)
+            for n in (small, large)]
+    assert 0 <= fill[0] <= fill[1] <= large and fill[0] <= small
+
+
+def test_why_line_states_the_sources_implied_efficiency():
+    """OpenAI: 90 days against 44.5 at peak = 49 % of peak (3e25 / (7.8e18 × 90 days))."""
+    row = gpt4.SOURCE_TABLE[0]
+    result = gpt4.SystemResult(row, 25_000, 25_000, 7.8e18, gpt4.source_method_days(
+        3e25, 7.8e18, 2.0), None, {}, False, "", 0, 0, 0.0)
+    assert "mean 49 % of BF16 peak" in result.why()
+
+
+def test_select_names_and_order():
+    assert [r.system for r in gpt4.select("fugaku, openai")] == ["openai", "fugaku"]
+    with pytest.raises(UserError, match="--systems"):
+        gpt4.select("openai,summit")
+
+
+def test_cli_end_to_end_on_one_machine(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["gpt4", "--systems", "abci", "--max-layouts", "3", "--top",
+                                 "1", "--workers", "1", "--confirm-timeout", "10",
+                                 "--out", str(out)], capsys)
+    assert code == 0, err
+    assert "abci" in stdout and "llmsim days" in stdout and "heterogeneous" in stdout
+    rows = list(csv.DictReader((out / "gpt4.csv").open()))
+    assert [r["system"] for r in rows] == ["abci"]
+    row = rows[0]
+    assert float(row["source_days"]) == 770
+    assert float(row["days_over_source"]) == pytest.approx(float(row["days"]) / 770)
+    assert int(row["devices"]) + int(row["idle_devices"]) == 960
+    assert 0 < float(row["mfu"]) < 1 and 0 < float(row["memory_gb"]) <= 40
+    assert (out / "gpt4.png").stat().st_size > 0
+    best = loader.load_scenario(out / "abci-best.yaml")  # runs with `llmsim run` as is
+    assert best.devices == int(row["devices"])
+    assert gpt4.compact_of(best) in row["layout"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--systems", "summit"], "--systems"),
+    (["--max-layouts", "0"], "--max-layouts"),
+    (["--top", "0"], "--top"),
+    (["--workers", "0"], "--workers"),
+    (["--confirm-timeout", "0"], "--confirm-timeout"),
+])
+def test_bad_options_are_one_line_and_exit_2(args, needle, capsys):
+    code, stdout, err = run_cli(["gpt4", *args], capsys)
+    assert code == 2
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err and not stdout
