@@ -119,6 +119,9 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     if schedule == "gpipe":
         fwd = [f for f, _, _ in passes]
         bwd = [b + w for _, b, w in passes]
+        if zero3:  # all backwards back to back: each one's gathers and reduce-scatters
+            bwd = [max(x, st.zero_gathers_b + st.reduction_s)
+                   for x, (st, _) in zip(bwd, runs, strict=True)]
         total = ((m - 1) * max(fwd) + sum(x * n for x, n in zip(fwd, counts, strict=True))
                  + (m - 1) * max(bwd) + sum(x * n for x, n in zip(bwd, counts, strict=True)))
     elif schedule == "interleaved-1f1b":
