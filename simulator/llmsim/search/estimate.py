@@ -130,7 +130,6 @@ class Estimator:
     def __init__(self) -> None:
         self._costs: dict[tuple, tuple[Plan, HardwareCosts]] = {}
         self._parts: dict[tuple, _Parts] = {}
-        self._memory: dict[tuple, list[StageMemory]] = {}
         self._extras: dict[tuple, tuple[float, float, float]] = {}
         self._grads: dict[tuple, float] = {}
         self._chunk_buckets: dict[tuple, tuple[int, float]] = {}
@@ -170,16 +169,9 @@ class Estimator:
 
     def memory_of(self, base: Scenario, par: Any, training: Any, dp: int) -> list[StageMemory]:
         """:func:`memory_per_stage` of ``base``'s model on its accelerator with the layout
-        ``par``, ``training`` and ``dp`` (no scenario needed), memoised."""
-        key = (self._family(base), par.tp, par.pp, par.ep, par.cp, par.virtual_stages,
-               par.schedule, par.micro_batch, par.zero, par.sequence_parallel, par.recompute,
-               par.prefetch_weights, par.dp_bucket_mb, par.first_stage_layers,
-               par.last_stage_layers, dp, training.global_batch)
-        hit = self._memory.get(key)
-        if hit is None:
-            hit = self._memory[key] = memory_per_stage(
-                base.model, par, training, dp, base.system.node.accelerator)
-        return hit
+        ``par``, ``training`` and ``dp`` (no scenario needed). Not memoised: a search asks
+        once per layout, and a memo would hold every layout's stages."""
+        return memory_per_stage(base.model, par, training, dp, base.system.node.accelerator)
 
     def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:
         par = sc.parallelism
