@@ -93,7 +93,8 @@ def test_import_hf_prints_or_writes_a_catalog_entry(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("content", "message"), [
-    (None, "mixture-of-experts"),
+    (json.dumps({"model_type": "dbrx", "num_local_experts": 16}), "mixture-of-experts"),
+    (json.dumps({"model_type": "deepseek_v2", "q_lora_rank": None}), "q_lora_rank"),
     ("{not json", "not valid JSON"),
     ("[1, 2]", "expected a JSON object"),
     (json.dumps({"model_type": "t5"}), "not one llmsim reads"),
@@ -118,3 +119,21 @@ def test_catalog_arguments_that_belong_to_import_hf(capsys):
     assert code == 2 and "import-hf only" in err
     code, _, err = cli(["catalog", "import-hf"], capsys)
     assert code == 2 and "give the config.json" in err
+
+
+@pytest.mark.parametrize(("config", "catalog_name"), [
+    ("mixtral-8x7b-v0.1.json", "mixtral-8x7b"),
+    ("deepseek-v3.json", "deepseek-v3"),
+])
+def test_mixture_of_experts_configs_give_the_catalog_s_model(config, catalog_name):
+    """Mixtral 8x7B and DeepSeek-V3 from their config.json: the same parameters, experts
+    and latent attention as the catalog entries, whose numbers cite the papers (46.7 B and
+    671 B)."""
+    from llmsim.loader import validate
+    from llmsim.specs import Model
+
+    model = validate(Model, model_fields(HF / config), config)
+    reference = load_spec("models", catalog_name)
+    assert model.params == reference.params
+    assert model.moe == reference.moe
+    assert model.mla == reference.mla

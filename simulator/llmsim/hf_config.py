@@ -4,8 +4,15 @@ Dense decoder families are read: ``llama``, ``mistral``, ``qwen2`` (and ``qwen3`
 head size is hidden/heads), ``gpt2`` and ``gpt_neox``. The field names are those of each
 family's configuration class in ``transformers`` (``LlamaConfig``, ``MistralConfig``,
 ``Qwen2Config``, ``GPT2Config``, ``GPTNeoXConfig``), whose defaults fill a missing key.
-Mixture-of-experts families (``mixtral``, ``qwen2_moe``, ``deepseek_v2``/``v3``) are refused,
-as llmsim does not simulate experts yet. What llmsim cannot express is named in the
+Mixture-of-experts families are read too: ``mixtral`` (``MixtralConfig``: every layer's
+MLP is ``num_local_experts`` experts of ``intermediate_size``, top ``num_experts_per_tok``),
+``qwen2_moe`` (``Qwen2MoeConfig``: experts of ``moe_intermediate_size``, a shared expert
+of ``shared_expert_intermediate_size`` read as that many expert widths, every
+``decoder_sparse_step``-th layer) and ``deepseek_v2``/``deepseek_v3`` (``DeepseekV3Config``:
+multi-head latent attention from ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+``qk_rope_head_dim``, ``v_head_dim``; ``n_routed_experts`` of ``moe_intermediate_size``,
+``n_shared_experts``, the first ``first_k_dense_replace`` layers dense, the router's
+``scoring_func``). Other MoE families are refused. What llmsim cannot express is named in the
 entry's ``notes``: Qwen2's biases on q, k and v only (llmsim's ``bias`` is all linear
 layers or none, so they are left out), Mistral's sliding-window attention (priced as full
 causal attention), GPT-NeoX's partial rotary embedding and parallel residual (neither
@@ -23,8 +30,9 @@ from llmsim.errors import UserError
 from llmsim.safe_yaml import echo, read_text
 
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
-_MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "dbrx",
-        "jamba", "olmoe", "phimoe")
+_MOE_READ = ("mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3")
+_MOE = ("qwen3_moe", "dbrx", "jamba", "olmoe", "phimoe")
+"""Mixture-of-experts families llmsim does not read (yet)."""
 _GELU = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
@@ -70,11 +78,12 @@ def model_fields(path: str | Path, name: str | None = None) -> dict[str, Any]:
     config = read_config(path)
     where = echo(path.name).strip("'\"")
     kind = config.get("model_type")
-    if kind in _MOE or config.get("num_local_experts") or config.get("n_routed_experts"):
-        raise UserError(f"{where}: model_type {echo(kind)} is a mixture-of-experts model, "
-                        "which llmsim does not simulate yet; give a dense model's config")
+    if kind in _MOE or (kind not in _MOE_READ and (config.get("num_local_experts")
+                                                   or config.get("n_routed_experts"))):
+        raise UserError(f"{where}: model_type {echo(kind)} is a mixture-of-experts family "
+                        "llmsim does not read; it reads mixtral, qwen2_moe and deepseek_v2/v3")
     notes: list[str] = []
-    if kind in _LLAMA_LIKE:
+    if kind in _LLAMA_LIKE or kind in _MOE_READ:
         hidden = _get(config, "hidden_size", 4096, where)
         heads = _get(config, "num_attention_heads", 32, where)
         head_dim = config.get("head_dim")
@@ -155,7 +164,10 @@ def model_fields(path: str | Path, name: str | None = None) -> dict[str, Any]:
                          "head, priced as rope (no parameters either way)")
     else:
         raise UserError(f"{where}: model_type {echo(kind)} is not one llmsim reads; it reads "
-                        "llama, mistral, qwen2, qwen3, gpt2 and gpt_neox configs")
+                        "llama, mistral, qwen2, qwen3, gpt2, gpt_neox, mixtral, qwen2_moe "
+                        "and deepseek_v2/v3 configs")
+    if kind in _MOE_READ:
+        fields.update(_experts(config, str(kind), where, notes))
     label = name or _name(config, path)
     return {
         "name": label,
@@ -165,3 +177,52 @@ def model_fields(path: str | Path, name: str | None = None) -> dict[str, Any]:
                                     f"({path.name}, model_type {kind})"},
         "notes": "; ".join(notes),
     }
+
+
+def _experts(config: dict[str, Any], kind: str, where: str,
+             notes: list[str]) -> dict[str, Any]:
+    """The ``moe`` (and DeepSeek's ``mla``) fields of an MoE family's config."""
+    if kind == "mixtral":
+        return {"moe": {"experts": _get(config, "num_local_experts", 8, where),
+                        "top_k": _get(config, "num_experts_per_tok", 2, where),
+                        "ffn_hidden": _get(config, "intermediate_size", 14336, where),
+                        "router": "softmax"}}
+    if kind == "qwen2_moe":
+        width = _get(config, "moe_intermediate_size", 1408, where)
+        shared = int(config.get("shared_expert_intermediate_size") or 0)
+        if shared % width:
+            raise UserError(f"{where}: shared_expert_intermediate_size = {shared} is not a "
+                            f"multiple of moe_intermediate_size = {width}; llmsim's shared "
+                            "experts are each one expert wide")
+        if config.get("mlp_only_layers"):
+            raise UserError(f"{where}: mlp_only_layers = {echo(config['mlp_only_layers'])}; "
+                            "llmsim places dense layers first or every n-th only")
+        notes.append("the shared expert's sigmoid gate (hidden parameters a layer) not "
+                     "counted")
+        return {"moe": {"experts": _get(config, "num_experts", 60, where),
+                        "top_k": _get(config, "num_experts_per_tok", 4, where),
+                        "ffn_hidden": width, "shared_experts": shared // width,
+                        "layer_freq": _get(config, "decoder_sparse_step", 1, where),
+                        "router": "softmax"}}
+    if config.get("q_lora_rank") is None:
+        raise UserError(f"{where}: q_lora_rank is null (queries without a low-rank "
+                        "projection, as in DeepSeek-V2-Lite); llmsim's latent attention "
+                        "needs one")
+    mla = {key: _get(config, key, 0, where) for key in
+           ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+            "v_head_dim")}
+    scoring = str(config.get("scoring_func", "softmax"))
+    if scoring not in ("softmax", "sigmoid"):
+        raise UserError(f"{where}: scoring_func = {echo(scoring)}; llmsim's routers are "
+                        "softmax or sigmoid")
+    if config.get("num_nextn_predict_layers"):
+        notes.append(f"{config['num_nextn_predict_layers']} multi-token prediction "
+                     "module(s) not counted")
+    return {"mla": mla,
+            "moe": {"experts": _get(config, "n_routed_experts", 256, where),
+                    "top_k": _get(config, "num_experts_per_tok", 8, where),
+                    "ffn_hidden": _get(config, "moe_intermediate_size", 2048, where),
+                    "shared_experts": int(config.get("n_shared_experts") or 0),
+                    "layer_freq": _get(config, "moe_layer_freq", 1, where),
+                    "first_dense_layers": int(config.get("first_k_dense_replace") or 0),
+                    "router": scoring}}
