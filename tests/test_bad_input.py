@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,10 @@ import yaml
 from helpers import TINY_MODEL, make_scenario
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_cli import run_cli as cli
 
 from llmsim import load_scenario, load_spec, simulate
 from llmsim.calibration import load_calibration, parse_gemm_csv, parse_nccl_tests
-from llmsim.cli import main
 from llmsim.errors import UserError
 from llmsim.safe_yaml import MAX_FILE_BYTES, parse_yaml
 
@@ -32,18 +31,6 @@ TINY = {
 }
 
 
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """Run ``llmsim ARGS``; (exit code, stdout, stderr)."""
-    old, sys.argv = sys.argv, ["llmsim", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def one_line_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:

@@ -4,31 +4,19 @@ from __future__ import annotations
 
 import io
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import TINY_MODEL
+from test_cli import run_cli as cli
 
 from llmsim import progress
 from llmsim.calibration import Calibration, parse_gemm_csv, save_calibration
-from llmsim.cli import main
 
 DATA = Path(__file__).parent / "data"
 
 
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old, sys.argv = sys.argv, ["llmsim", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def tiny(tmp_path: Path, **top: object) -> Path:

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 from helpers import TINY_MODEL, make_scenario
+from test_cli import run_cli as cli
 
 from llmsim import simulate
-from llmsim.cli import main
 from llmsim.compare import BREAKDOWN, compare
-
-
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old, sys.argv = sys.argv, ["llmsim", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def tiny(tmp_path: Path, name: str, **parallelism: object) -> Path:

@@ -4,29 +4,14 @@ to end on one machine, and bad options as one line with exit code 2."""
 from __future__ import annotations
 
 import csv
-import sys
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli import run_cli
 
 from llmsim import gpt4, loader
-from llmsim.cli import main
 from llmsim.errors import UserError
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old = sys.argv
-    sys.argv = ["llmsim", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_source_method_reproduces_the_source_arithmetic():

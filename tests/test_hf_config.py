@@ -4,14 +4,13 @@ the released weights have, the catalog's own Llama 3 8B, scenarios and the CLI."
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from test_cli import run_cli as cli
 
 from llmsim import load_scenario, simulate
-from llmsim.cli import main
 from llmsim.errors import UserError
 from llmsim.hf_config import model_fields
 from llmsim.loader import load_spec, read_yaml
@@ -25,17 +24,6 @@ PUBLISHED = [("llama3-8b.json", 8_030_261_248, 0), ("mistral-7b-v0.1.json", 7_24
              ("qwen2.5-0.5b.json", 494_032_768, 24 * (896 + 2 * 128))]
 
 
-def cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    old, sys.argv = sys.argv, ["llmsim", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize(("file", "params", "left_out"), PUBLISHED)
