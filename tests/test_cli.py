@@ -385,3 +385,12 @@ def test_starting_loads_no_table_or_plotting_library():
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_long_simulation_reports_its_progress(capsys: pytest.CaptureFixture[str]) -> None:
+    from llmsim.cli import _simulation_progress
+
+    report = _simulation_progress()
+    report(0.25)
+    err = capsys.readouterr().err
+    assert "25 % of the pipeline actions begun" in err and "s left" in err

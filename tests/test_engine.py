@@ -997,3 +997,21 @@ def test_fp8_amax_reductions_block_the_compute_stream():
 def test_fp8_amax_reduction_needs_fp8():
     with pytest.raises(UserError, match=r"training\.fp8_amax_reduction is true"):
         make_scenario(training__fp8_amax_reduction=True)
+
+
+def test_progress_of_a_long_run_is_reported_and_changes_no_result() -> None:
+    """A watcher reports the share of pipeline actions begun (rising to 1) and leaves
+    every record as it was."""
+    import llmsim
+    from llmsim.simulation import build_engine
+
+    scenario = llmsim.load_scenario("selene-gpt3", ["parallelism.schedule=interleaved-1f1b",
+                                                    "parallelism.virtual_stages=4",
+                                                    "parallelism.overlap_pp_comm=true"])
+    plain = build_engine(scenario).run()
+    shares: list[float] = []
+    watched = build_engine(scenario).run(progress=shares.append, every_s=0.0)
+    assert shares and shares == sorted(shares) and shares[0] > 0 and shares[-1] <= 1
+    assert watched.step_end_s == plain.step_end_s
+    assert [(r.device, r.name, r.start_s, r.end_s) for r in watched.records] == \
+        [(r.device, r.name, r.start_s, r.end_s) for r in plain.records]

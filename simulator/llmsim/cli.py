@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -72,6 +73,22 @@ LONG_RUN_PASSES = 200_000
 test machine), ``llmsim run`` says up front how long the simulation will take."""
 
 
+def _simulation_progress() -> Callable[[float], None]:
+    """A progress line for a long simulation: the share of its pipeline actions begun,
+    the time it has run and about how long is left (assuming the rest goes as fast)."""
+    import time
+
+    start = time.monotonic()
+
+    def report(share: float) -> None:
+        elapsed = time.monotonic() - start
+        left = f", about {elapsed / share * (1 - share):,.0f} s left" if share > 0 else ""
+        err.print(f"simulating: {share * 100:.0f} % of the pipeline actions begun, "
+                  f"{elapsed:,.0f} s elapsed{left}", highlight=False, soft_wrap=True)
+
+    return report
+
+
 @app.command()
 def run(
     scenario: Annotated[str, typer.Argument(help="Scenario file, or a catalog name.")],
@@ -97,11 +114,13 @@ def run(
             f"calibration profile in use: {spec.calibration} ({len(cal.gemm)} GEMM shapes, "
             f"{len(cal.collectives)} collective sizes{source})", highlight=False,
             soft_wrap=True)
-    if spec.sim_passes > LONG_RUN_PASSES:  # the engine reports no progress: say what's coming
+    progress = None
+    if spec.sim_passes > LONG_RUN_PASSES:  # say what's coming, then how far it is
         err.print(f"simulating {spec.sim_passes:,} layer passes, about "
                   f"{spec.sim_passes * 20e-6:.0f}–{spec.sim_passes * 70e-6:.0f} s "
                   "(docs/scenarios.md, Limits)", highlight=False, soft_wrap=True)
-    result = simulate(spec)
+        progress = _simulation_progress()
+    result = simulate(spec, progress=progress)
     calendar = summarize(result)
     band = error_band.scenario_band(spec)
     if as_json:

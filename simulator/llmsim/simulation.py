@@ -64,15 +64,18 @@ def check_posted_units(scenario: Scenario) -> None:
         )
 
 
-def simulate(scenario: Scenario, costs: CostModel | None = None) -> Result:
+def simulate(scenario: Scenario, costs: CostModel | None = None,
+             progress: Callable[[float], None] | None = None) -> Result:
     """Simulate one training step of ``scenario``.
 
     ``costs`` replaces the hardware cost model (e.g. to price communication at zero in
     a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`.
+    ``progress(share)`` is called every few seconds of a long run with the share of its
+    pipeline actions begun (``Engine.run``); it changes no result.
     """
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
-    trace = engine.run()
+    trace = engine.run(progress)
     step = trace.step_end_s + trn.step_overhead_s
     if not 0 < step < math.inf:
         raise UserError(

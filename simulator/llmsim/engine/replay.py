@@ -148,6 +148,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         self.dp_done: dict[int, float] = {}
         self.stage_ready = self.env.event()
         self.ready_count = 0
+        self.passes_started = 0
+        """Pipeline actions begun so far (the progress of a long run)."""
 
     def _priced(self, stage: int, chunk: int, kind: str, held: int) -> Block:
         """A pass of ``kind`` ("F", "B"; "W" with its gradient accumulation, "w" without,
@@ -205,6 +207,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         # (``fwd_wait_handles``, ``bwd_wait_handles``; blocking in the cooldown).
         posted_sends: dict[str, simpy.Event | None] = {"F": None, "B": None}
         for i, act in enumerate(actions):
+            self.passes_started += 1
             chunk = work.chunks[(dev.stage, act.chunk)]
             vs = chunk.virtual_stage
             earlier = posted_sends.get(act.kind) if self.rendezvous else None
@@ -338,9 +341,19 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                                    self.env.now if end is None else end,
                                    block_from, block_to))
 
-    def run(self) -> Trace:
-        """Simulate the step and return the trace."""
+    def run(self, progress: Callable[[float], None] | None = None,
+            every_s: float = 5.0) -> Trace:
+        """Simulate the step and return the trace.
+
+        ``progress(share)`` is called about every ``every_s`` seconds of wall time with
+        the share of the step's pipeline actions begun (0–1): a watcher process looks at
+        the clock at simulated instants it spaces out by itself, and changes nothing the
+        devices do.
+        """
         procs = [self.env.process(self._device(d)) for d in self.devices]
+        if progress is not None:
+            total = sum(len(self.schedule[d.stage]) for d in self.devices)
+            self.env.process(self._watch(progress, every_s, max(total, 1)))
         self.env.run(until=simpy.AllOf(self.env, procs))
         by_stage = stage_devices(self.devices)
         opt = [r.start_s for r in self.records if r.name == "optimizer"]
@@ -359,6 +372,24 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                          if c.p2p_slowed_s},
         )
 
+
+    def _watch(self, progress: Callable[[float], None], every_s: float,
+               total: int) -> Iterator[simpy.Event]:
+        """Report the share of actions begun every ``every_s`` s of wall time; the look
+        interval in simulated time doubles while looks come too often."""
+        import time
+
+        interval_s = 1e-6
+        reported = looked = time.monotonic()
+        while True:
+            yield self.env.timeout(interval_s)
+            now = time.monotonic()
+            if now - looked < max(every_s / 100, 1e-3):
+                interval_s *= 2
+            looked = now
+            if now - reported >= every_s:
+                progress(min(self.passes_started / total, 1.0))
+                reported = now
 
 
 def label(act: Action) -> str:
