@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from llmsim.ops import CommOp, ComputeOp
 
 if TYPE_CHECKING:
-    from llmsim.workload import Op, _LayerBuilder
+    from llmsim.workload import LayerBuilder, Op
 
 
 def ring_exposed_s(step_comm_s: float, attention_s: float, steps: int) -> float:
@@ -37,7 +37,7 @@ def ring_exposed_s(step_comm_s: float, attention_s: float, steps: int) -> float:
     return block + (steps - 1) * max(block, step_comm_s) - attention_s
 
 
-def kv_block_bytes(builder: _LayerBuilder) -> float:
+def kv_block_bytes(builder: LayerBuilder) -> float:
     """Bytes of one rank's key and value block: its ``s/cp`` tokens' K and V for the
     heads of its TP rank (MLA: keys of ``d_qk``, values of ``d_v`` per head)."""
     b, m = builder, builder.m
@@ -50,7 +50,7 @@ def kv_block_bytes(builder: _LayerBuilder) -> float:
 
 
 def apply_context_parallel(lists: tuple[list[Op], ...],
-                           builder: _LayerBuilder) -> tuple[list[Op], ...]:
+                           builder: LayerBuilder) -> tuple[list[Op], ...]:
     """A block's op lists with each fused attention kernel doing ``1/cp`` of the
     sequence's attention FLOPs (at the efficiency of ``s/cp``-token blocks) and, before
     it, the ring exchange it runs beside: the key/value block forward, the key/value

@@ -21,17 +21,17 @@ from llmsim.ops import ComputeOp
 from llmsim.specs import Model, Parallelism, Training
 
 if TYPE_CHECKING:
-    from llmsim.workload import Op, _LayerBuilder
+    from llmsim.workload import LayerBuilder, Op
 
 
-def mla_head_dims(builder: _LayerBuilder) -> tuple[int, int]:
+def mla_head_dims(builder: LayerBuilder) -> tuple[int, int]:
     """(query/key width, value width) of one head."""
     a = builder.m.mla
     assert a is not None
     return a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
 
 
-def _projections(builder: _LayerBuilder) -> list[ComputeOp]:
+def _projections(builder: LayerBuilder) -> list[ComputeOp]:
     """The four MLA projection GEMMs of one micro-batch, forward, in order, and the two
     latents' RMSNorms (read and write each latent)."""
     b, a = builder, builder.m.mla
@@ -49,7 +49,7 @@ def _projections(builder: _LayerBuilder) -> list[ComputeOp]:
     ]
 
 
-def apply_mla(lists: tuple[list[Op], ...], builder: _LayerBuilder) -> tuple[list[Op], ...]:
+def apply_mla(lists: tuple[list[Op], ...], builder: LayerBuilder) -> tuple[list[Op], ...]:
     """A dense block's op lists (forward, recompute, input-gradient, weight-gradient) with
     the fused QKV GEMM (``qkv``, ``qkv_dx``, ``qkv_dw``) replaced by the MLA projections
     and the attention core and output projection given MLA's head widths."""
@@ -86,7 +86,7 @@ def apply_mla(lists: tuple[list[Op], ...], builder: _LayerBuilder) -> tuple[list
                  for ops, p in zip(lists, phases, strict=True))
 
 
-def _mla_attention(op: ComputeOp, b: _LayerBuilder, d_qk: int, d_v: int) -> ComputeOp:
+def _mla_attention(op: ComputeOp, b: LayerBuilder, d_qk: int, d_v: int) -> ComputeOp:
     """The fused attention kernel with MLA's head widths: FLOPs scaled from ``head_dim``
     to ``(d_qk + d_v)/2``, bytes from Q, K, V, O of ``(2·d_qk + 2·d_v)`` per head."""
     d = b.m.head_dim

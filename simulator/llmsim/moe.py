@@ -36,7 +36,7 @@ from llmsim.experts import FP32_BYTES, expert_rows
 from llmsim.ops import CommOp, ComputeOp
 
 if TYPE_CHECKING:
-    from llmsim.workload import Op, _LayerBuilder
+    from llmsim.workload import LayerBuilder, Op
 
 ROUTER_PASSES = 3
 """FP32 passes over the router logits: the score function (softmax or sigmoid) reads
@@ -46,7 +46,7 @@ and writes them, top-k reads them (Megatron-Core ``TopKRouter.routing``)."""
 class MoeBlock:
     """The MoE MLP's forward, input-gradient and weight-gradient ops (module docstring)."""
 
-    def __init__(self, builder: _LayerBuilder) -> None:
+    def __init__(self, builder: LayerBuilder) -> None:
         b = self.b = builder
         m, par = b.m, b.par
         assert m.moe is not None
@@ -207,7 +207,7 @@ class MoeBlock:
 
 
 def replace_mlp(fwd: list[Op], bwd: list[Op], wgt: list[Op],
-                builder: _LayerBuilder) -> tuple[list[Op], list[Op], list[Op]]:
+                builder: LayerBuilder) -> tuple[list[Op], list[Op], list[Op]]:
     """A dense block's forward, input-gradient and weight-gradient ops with its MLP (from
     after ``ln2`` to before ``residual2``; in the backward from after ``residual2_bwd``
     to before ``ln2_bwd``; the MLP's weight gradients) replaced by the MoE MLP's."""
@@ -225,4 +225,4 @@ def _index(ops: list[Op], name: str) -> int:
     for i, op in enumerate(ops):
         if op.name == name:
             return i
-    raise AssertionError(f"no op {name!r} in the dense block")  # a workload.py rename
+    raise AssertionError(f"no op {name!r} in the dense block")  # a workload/layer.py rename

@@ -1,0 +1,256 @@
+"""Assembling a step's :class:`~llmsim.workload.step.Workload` from the block ops:
+the chunks of every stage, their extras, the step's traffic and the optimizer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from llmsim.context import apply_context_parallel
+from llmsim.mla import apply_mla
+from llmsim.moe import replace_mlp
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.optimizer import (
+    DTYPE_BYTES,
+    grad_accumulation_bytes_per_param,
+    grad_bytes_per_param,
+    optimizer_step,
+)
+from llmsim.params import (
+    embedding_params_per_device,
+    head_params_per_device,
+    layers_params_per_device,
+    param_tensors,
+)
+from llmsim.partition import chunk_first_layer, chunk_layers
+from llmsim.specs import Model, Parallelism, Training
+
+if TYPE_CHECKING:
+    pass
+
+from llmsim.workload.layer import LayerBuilder, _as_phase
+from llmsim.workload.step import Chunk, Op, Workload
+
+
+def _accumulation(model: Model, par: Parallelism, training: Training, layers: int,
+                  first: bool, last: bool, first_layer: int = 0) -> tuple[Op, ...]:
+    """:attr:`Chunk.accumulate`: the embeddings' gradients, and unless the GEMMs accumulate
+    them (``fused``) those of the chunk's layers and LM head."""
+    mode, t = training.grad_accumulation, par.tp
+    per_param = grad_accumulation_bytes_per_param(
+        mode, DTYPE_BYTES[training.precision],
+        grad_bytes_per_param(training.precision, par.grad_reduce_dtype))
+    parts = [("embed_grad_accum", embedding_params_per_device(model, t) if first else 0)]
+    if mode != "fused":
+        parts += [("grad_accum",
+                    sum(layers_params_per_device(model, t, par.ep, first_layer, layers))),
+                  ("head_grad_accum", head_params_per_device(model, t, par.pp) if last else 0)]
+    return tuple(ComputeOp(name, "memory", "W", 0.0, float(params * per_param))
+                 for name, params in parts if params)
+
+
+
+def _embedding_grad_allreduce(model: Model, par: Parallelism,
+                              training: Training) -> CommOp | None:
+    """The tied word embedding's gradient, all-reduced between the first and last stage.
+
+    Megatron-LM (``_allreduce_word_embedding_grads`` in ``finalize_model_grads``) and
+    DeepSpeed's pipeline engine (``_exec_reduce_tied_grads``) do this once per step, after
+    the backward and before the optimizer. A two-rank all-reduce moves each rank's
+    ``S`` bytes once in each direction (a ring's 2(n−1)/n·S at n = 2), so it is priced as
+    an exchange of ``S`` bytes between the two stages on the pipeline path.
+    """
+    if not model.tied_embeddings or par.pp < 2:
+        return None
+    words = math.ceil(model.vocab / par.tp) * model.hidden
+    return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
+                  float(words * grad_bytes_per_param(training.precision,
+                                                     par.grad_reduce_dtype)))
+
+
+FP8_LINEARS_PER_LAYER = 4
+"""Transformer Engine's FP8 linear layers in a transformer layer: QKV, attention output,
+and the MLP's two (a gated MLP's gate and up matrices are one GEMM)."""
+
+
+def _amax_reductions(training: Training, layers: int) -> tuple[list[Op], list[Op]]:
+    """The FP8 amax all-reduces of a chunk's forward and backward
+    (``training.fp8_amax_reduction``), or none.
+
+    Transformer Engine all-reduces (MAX) one float per FP8 tensor over the stage's ranks:
+    each linear layer's input, weight and output in the forward, its output and input
+    gradients in the backward (``fp8_meta`` of TE 0.x: three and two tensors per GEMM).
+    The chunk's layers run inside one ``fp8_autocast`` region (NeMo's and Megatron's
+    transformer block), so each pass ends with one reduction.
+    """
+    if not training.fp8_amax_reduction or layers == 0:
+        return [], []
+    linears = FP8_LINEARS_PER_LAYER * layers
+    return ([CommOp("fp8_amax_reduce", "all_reduce", "stage", "F", 4.0 * 3 * linears)],
+            [CommOp("fp8_amax_reduce_bwd", "all_reduce", "stage", "B", 4.0 * 2 * linears)])
+
+
+
+def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
+                 stages: int, ep: int = 1, first_layer: int = 0) -> int:
+    """Parameters of one chunk on one device, its layers ``first_layer`` on (see
+    :mod:`llmsim.params`)."""
+    params = sum(layers_params_per_device(model, tp, ep, first_layer, layers))
+    if first:
+        params += embedding_params_per_device(model, tp)
+    if last:
+        params += head_params_per_device(model, tp, stages)
+    return params
+
+
+Passes = tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+"""One block's forward (F), recompute (R), input-gradient (B) and weight-gradient (W) ops."""
+
+
+@dataclass(frozen=True)
+class PassOps:
+    """The op lists every chunk's passes are assembled from, for one micro-batch: a dense
+    transformer block's and (MoE models) an expert block's F, R, B and W ops, and the
+    embedding's and the LM head's F, B and W ops."""
+
+    dense: Passes
+    moe: Passes | None
+    embedding: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+    head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+
+    def block(self, model: Model, layer: int) -> Passes:
+        """The passes of transformer layer ``layer`` (0-based)."""
+        if self.moe is not None and model.moe is not None and model.moe.is_moe_layer(layer):
+            return self.moe
+        return self.dense
+
+
+def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
+    """The per-block and first/last-stage op lists of a layout (:class:`PassOps`)."""
+    builder = LayerBuilder(model, par, training)
+    layer_f, layer_r, layer_b, layer_w = builder.layer()
+    if model.mla is not None:
+        layer_f, layer_r, layer_b, layer_w = apply_mla(
+            (layer_f, layer_r, layer_b, layer_w), builder)
+    layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
+        (layer_f, layer_r, layer_b, layer_w), builder)
+    moe = None
+    if model.moe is not None:
+        moe_f, moe_b, moe_w = replace_mlp(layer_f, layer_b, layer_w, builder)
+        moe_r = [_as_phase(op, "R") for op in moe_f] if par.recompute == "full" else layer_r
+        moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
+    emb_f, emb_b, emb_w = builder.embedding()
+    head_f, head_b, head_w = builder.head()
+    return PassOps((tuple(layer_f), tuple(layer_r), tuple(layer_b), tuple(layer_w)), moe,
+                   (tuple(emb_f), tuple(emb_b), tuple(emb_w)),
+                   (tuple(head_f), tuple(head_b), tuple(head_w)))
+
+
+def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
+                 first: bool, last: bool, first_layer: int = 0,
+                 ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """A chunk's ops besides its blocks, embedding and head: the FP8 amax reductions of its
+    forward and backward, and its gradient accumulation (:attr:`Chunk.accumulate`)."""
+    amax_f, amax_b = _amax_reductions(training, layers)
+    return (tuple(amax_f), tuple(amax_b),
+            _accumulation(model, par, training, layers, first, last, first_layer))
+
+
+def shard_ranks(work: Workload, stage: int) -> float:
+    """Ranks a stage's parameters are sharded over by ZeRO, on average: dp, or with
+    expert or context parallelism the dense and expert groups' (:attr:`Workload.
+    grad_groups`) weighted so that ``params / ranks`` is the local shard."""
+    (dense_axis, dense_ranks), (expert_axis, expert_ranks) = work.grad_groups
+    if dense_axis == expert_axis:
+        return dense_ranks
+    params = work.stage_params(stage)
+    expert = sum(c.expert_params for (s, _), c in work.chunks.items() if s == stage)
+    shard = (params - expert) / dense_ranks + expert / expert_ranks
+    return params / shard if shard else 1.0
+
+
+def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
+    """The step's settings and traffic without its chunks: micro-batches, the pipeline
+    message, the gradient and ZeRO settings (a :class:`Workload` with no chunks, whose
+    :meth:`Workload.dp_grad_buckets` and :meth:`Workload.weight_gather` price any chunk)."""
+    e = DTYPE_BYTES[training.precision]
+    tokens = par.micro_batch * training.seq_len // par.cp
+    activation = tokens * model.hidden * e
+    # Sequence parallelism, or a framework's scatter/gather: each rank sends 1/tp of it.
+    sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
+    message = activation / par.tp if sliced else activation
+    gathered = sliced and not par.sequence_parallel  # rebuilt from the slices on receipt
+    # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
+    tensor_list = par.tensor_list_gathers and par.zero == 3
+    return Workload(
+        chunks={},
+        microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
+        pp_message_bytes=float(message),
+        pp_gather_bytes=float(activation) if gathered else 0.0,
+        pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",
+        grad_bytes_per_param=grad_bytes_per_param(training.precision, par.grad_reduce_dtype),
+        param_bytes_per_param=1 if training.fp8_param_gather else e,
+        zero=par.zero,
+        dp=dp,
+        tp=par.tp,
+        bucket_bytes=par.dp_bucket_mb * 1e6,
+        overlap_param_gather=par.overlap_param_gather,
+        accumulate_from_microbatch=1 if training.grad_accumulation == "autograd" else 0,
+        embedding_grad_allreduce=_embedding_grad_allreduce(model, par, training),
+        # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
+        gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
+        else 1,
+        gather_copies=dp if tensor_list else 0,
+        gather_fill_passes=1 if tensor_list else 0,
+        gather_host_s=(dp * par.tensor_list_host_us_per_rank
+                       + par.tensor_list_host_us_per_call) * 1e-6 if tensor_list else 0.0,
+        grad_all_reduce=par.grad_all_reduce,
+        grad_bucket_nan_check=par.grad_bucket_nan_check,
+        grad_bucket_prescale=par.grad_bucket_prescale,
+        regather_for_recompute=par.regather_for_recompute and par.zero == 3
+        and par.recompute == "full",
+        ep=par.ep,
+        cp=par.cp,
+    )
+
+
+def build_workload(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
+    """The workload graph of one step for a validated layout."""
+    p, v = par.pp, par.virtual_stages
+    ops = pass_ops(model, par, training)
+    (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
+    split = chunk_layers(model.layers, par)
+    chunks: dict[tuple[int, int], Chunk] = {}
+    for stage in range(p):
+        for c in range(v):
+            vs, n = c * p + stage, split[stage][c]
+            first, last = vs == 0, vs == p * v - 1
+            start = chunk_first_layer(split, stage, c)
+            amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
+                                                      start)
+            fwd: tuple[Op, ...] = emb_f if first else ()
+            bwd: tuple[Op, ...] = head_b if last else ()
+            wgt: tuple[Op, ...] = head_w if last else ()
+            for i in range(start, start + n):
+                fwd += ops.block(model, i)[0]
+            for i in reversed(range(start, start + n)):
+                block = ops.block(model, i)
+                bwd += block[1] + block[2]
+                wgt += block[3]
+            fwd += amax_f + (head_f if last else ())
+            bwd += amax_b + (emb_b if first else ())
+            wgt += emb_w if first else ()
+            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
+            chunks[(stage, c)] = Chunk(
+                stage, c, vs, n, first, last,
+                chunk_params(model, par.tp, n, first, last, p, par.ep, start),
+                fwd, bwd, wgt, accumulate, expert_params=experts,
+            )
+    work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={})
+    for stage in range(p):
+        tensors = sum(param_tensors(model, c.layers, c.first, c.last, p)
+                      for (s, _), c in chunks.items() if s == stage)
+        work.optimizer[stage] = optimizer_step(par, training, work.stage_params(stage),
+                                               tensors, shard_ranks(work, stage))
+    return work

@@ -1,0 +1,308 @@
+"""One training step's workload: the chunks each pipeline stage runs and the step's
+pipeline, data-parallel and ZeRO traffic (:class:`Workload`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from llmsim.ops import CommOp, ComputeOp
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+Op = ComputeOp | CommOp
+
+EXTRA_OP_PREFIXES = ("embed", "final_norm", "head_", "lm_head", "loss")
+"""Name prefixes of the ops outside the transformer blocks (first and last stage only)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """The layers one pipeline stage runs for one model chunk (virtual stage)."""
+
+    stage: int
+    chunk: int
+    virtual_stage: int
+    layers: int
+    first: bool
+    """Holds the embedding (first virtual stage)."""
+    last: bool
+    """Holds the final norm, LM head and loss (last virtual stage)."""
+    params: int
+    """Parameters of this chunk on one device (after the tensor-parallel split)."""
+    forward: tuple[Op, ...]
+    backward: tuple[Op, ...]
+    """Input-gradient ops, recompute ops (phase R) first."""
+    weight: tuple[Op, ...]
+    accumulate: tuple[Op, ...] = ()
+    """After ``weight``: the kernels that add this micro-batch's weight gradients to the
+    gradient buffer (``training.grad_accumulation``), on the micro-batches from
+    :attr:`Workload.accumulate_from_microbatch` on."""
+    expert_params: int = 0
+    """Of ``params``, the routed experts' (reduced over their own group)."""
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        """Every op of one micro-batch's passes (the gradient accumulation included)."""
+        return self.forward + self.backward + self.weight + self.accumulate
+
+    @property
+    def units(self) -> int:
+        """Blocks whose weights are gathered one at a time (ZeRO-3, or the overlapped
+        ZeRO-1/2 gather): its layers, or one for a chunk that holds only the embedding or
+        the LM head."""
+        return max(self.layers, 1)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One step: chunk op lists, pipeline message size, DP/ZeRO traffic, optimizer."""
+
+    chunks: dict[tuple[int, int], Chunk]
+    """(stage, chunk) → Chunk."""
+    microbatches: int
+    pp_message_bytes: float
+    """Bytes of one activation (or gradient) message between pipeline stages."""
+    grad_bytes_per_param: int
+    param_bytes_per_param: int
+    zero: int
+    dp: int
+    tp: int
+    bucket_bytes: float
+    pp_gather_bytes: float = 0.0
+    """With ``parallelism.pp_scatter_gather``: bytes of the all-gather over the tensor-
+    parallel group that rebuilds each received message from its slices (0: none)."""
+    pp_regather_output: bool = False
+    """``pp_scatter_gather: deepspeed``: a stage that sent an output keeps only its slice and
+    all-gathers it back before that micro-batch's backward."""
+    overlap_param_gather: bool = False
+    """ZeRO-1/2: the updated weights are gathered during the next step's first forward
+    (Megatron-LM ``--overlap-param-gather``), not after the optimizer."""
+    grad_all_reduce: bool = False
+    """Gradients reduced through a flattened, scaled copy of each bucket, copied back, with
+    ZeRO-1/2/3 by a full all-reduce (``parallelism.grad_all_reduce``)."""
+    grad_bucket_nan_check: bool = False
+    """Each gradient bucket checked for NaN before its reduction
+    (``parallelism.grad_bucket_nan_check``)."""
+    grad_bucket_prescale: bool = False
+    """Each gradient bucket scaled by 1/dp before its reduction
+    (``parallelism.grad_bucket_prescale``)."""
+    regather_for_recompute: bool = False
+    """ZeRO-3 with full recompute: each backward layer is gathered for its recompute and
+    again for its backward (``parallelism.regather_for_recompute``)."""
+    gather_messages: int = 1
+    """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
+    matrix with ``parallelism.gather_per_module``."""
+    gather_copies: int = 0
+    """Per-rank slice copies after each ZeRO-3 all-gather (``parallelism.tensor_list_gathers``:
+    one per data-parallel rank)."""
+    gather_fill_passes: int = 0
+    """Zero-fills of the gathered buffer before each ZeRO-3 all-gather
+    (``parallelism.tensor_list_gathers``: DeepSpeed 2021 allocates it with ``torch.zeros``)."""
+    gather_host_s: float = 0.0
+    """Host time before each ZeRO-3 all-gather, seconds (``parallelism.tensor_list_gathers``:
+    the tensor-list loop over the ranks, ``tensor_list_host_us_per_rank`` each, and the
+    call's own ``tensor_list_host_us_per_call``)."""
+    optimizer: dict[int, ComputeOp] = field(default_factory=dict)
+    """Stage → optimizer step over the local shard."""
+    accumulate_from_microbatch: int = 0
+    """First micro-batch whose gradients are added to the buffer by :attr:`Chunk.accumulate`
+    (1 when the first one's gradients are the buffer: PyTorch's ``param.grad``)."""
+    embedding_grad_allreduce: CommOp | None = None
+    """Tied embeddings with ``pp > 1``: the first and the last stage each hold a copy of
+    the word embedding and all-reduce its gradient before the optimizer step."""
+    ep: int = 1
+    """Expert-parallel degree: the ep ranks hold different sequences (more replicas of the
+    dense weights) and different routed experts."""
+    cp: int = 1
+    """Context-parallel degree: the cp ranks hold parts of the same sequences."""
+
+    @property
+    def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
+        """((axis, ranks) of the dense weights' gradient and ZeRO group, the same for the
+        routed experts'): dp·ep·cp and dp·cp ranks (Megatron-Core's data-parallel group
+        with context parallelism, and its expert-data-parallel group); plain ``dp`` when
+        ep = cp = 1."""
+        if self.ep == 1 and self.cp == 1:
+            return ("dp", self.dp), ("dp", self.dp)
+        return ("cp+ep+dp", self.dp * self.ep * self.cp), ("cp+dp", self.dp * self.cp)
+
+    @property
+    def grad_ranks(self) -> int:
+        """Ranks of the widest gradient group (dp when ep = cp = 1): above 1, the step
+        reduces gradients over the network."""
+        return self.grad_groups[0][1]
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages."""
+        return 1 + max(s for s, _ in self.chunks)
+
+    @property
+    def chunks_per_stage(self) -> int:
+        """Model chunks per stage (virtual stages)."""
+        return 1 + max(c for _, c in self.chunks)
+
+    def stage_params(self, stage: int) -> int:
+        """Parameters on one device of ``stage``."""
+        return sum(c.params for (s, _), c in self.chunks.items() if s == stage)
+
+    def dp_grad_buckets(self, chunk: Chunk) -> list[tuple[int, CommOp]]:
+        """The gradient reduction of one chunk as groups of equal buckets: (count, the
+        first bucket) for the dense weights (over their group, :attr:`grad_groups`), then,
+        with expert parallelism, the routed experts' (over theirs); the ops of
+        :meth:`dp_grad_ops` differ within a group only in their names."""
+        (dense_axis, dense_ranks), (expert_axis, expert_ranks) = self.grad_groups
+        if dense_axis == expert_axis:
+            parts = [(dense_axis, dense_ranks, chunk.params, "")]
+        else:
+            parts = [(dense_axis, dense_ranks, chunk.params - chunk.expert_params, ""),
+                     (expert_axis, expert_ranks, chunk.expert_params, "_experts")]
+        all_reduce = self.zero == 0 or self.grad_all_reduce
+        kind = "all_reduce" if all_reduce else "reduce_scatter"
+        # DeepSpeed's allreduce_and_copy, Megatron's local DDP without contiguous buffers:
+        # flatten the bucket, scale it, copy it back.
+        staging = 3 if self.grad_all_reduce else 0
+        groups = []
+        for axis, ranks, params, tag in parts:
+            if ranks == 1 or params == 0:
+                continue
+            total = params * self.grad_bytes_per_param
+            buckets = max(1, math.ceil(total / self.bucket_bytes))
+            groups.append((buckets, CommOp(
+                f"dp_{'ar' if all_reduce else 'rs'}{tag}_c{chunk.virtual_stage}_b0", kind,
+                axis, "W", total / buckets, staging_passes=staging)))
+        return groups
+
+    def dp_grad_ops(self, chunk: Chunk) -> list[CommOp]:
+        """The bucketed gradient reduction of one chunk, last layer's bucket first; with
+        expert parallelism the dense weights' buckets, then the routed experts'."""
+        ops = []
+        for count, first in self.dp_grad_buckets(chunk):
+            stem = first.name.removesuffix("_b0")
+            ops += [replace(first, name=f"{stem}_b{i}") for i in range(count)]
+        return ops
+
+    def grad_sync_prep(self, bucket: CommOp) -> tuple[ComputeOp, ...]:
+        """Kernels the compute stream runs on a gradient bucket before its reduction.
+
+        Megatron-Core's DDP (``start_grad_sync`` of its gradient buckets, 2024) first takes
+        the L2 norm of the bucket and asserts it is not NaN: the norm reads the bucket,
+        ``isnan`` and the copy of the flag to the host are two more kernels, and the host
+        waits for the flag before it queues anything else, so none of the three launches
+        hides behind the previous kernel. It then multiplies the bucket in place by its
+        ``gradient_scaling_factor``, 1/dp (reads and writes it), and only then issues the
+        collective.
+        """
+        ops = []
+        if self.grad_bucket_nan_check:
+            ops.append(ComputeOp("dp_grad_nan_check", "memory", "W", 0.0, bucket.bytes,
+                                 splits=3))
+        if self.grad_bucket_prescale:
+            ops.append(ComputeOp("dp_grad_prescale", "memory", "W", 0.0, 2 * bucket.bytes))
+        return tuple(ops)
+
+    def dp_param_gather(self, stage: int) -> CommOp | None:
+        """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step
+        (None when that gather overlaps the next step's forward instead); with expert
+        parallelism the dense weights' (see :meth:`dp_param_gathers`)."""
+        gathers = self.dp_param_gathers(stage)
+        return gathers[0] if gathers else None
+
+    def dp_param_gathers(self, stage: int) -> list[CommOp]:
+        """ZeRO-1/2's weight all-gathers after the step: one over each group whose ranks
+        shard weights of this stage (:attr:`grad_groups`), the dense weights' first."""
+        if self.zero not in (1, 2) or self.overlap_param_gather:
+            return []
+        expert = sum(c.expert_params for (s, _), c in self.chunks.items() if s == stage)
+        total = self.stage_params(stage)
+        (dense_axis, dense_ranks), (expert_axis, expert_ranks) = self.grad_groups
+        parts = ([("dp_ag_params", dense_axis, dense_ranks, total)]
+                 if dense_axis == expert_axis else
+                 [("dp_ag_params", dense_axis, dense_ranks, total - expert),
+                  ("dp_ag_params_experts", expert_axis, expert_ranks, expert)])
+        return [CommOp(name, "all_gather", axis, "O", params * self.param_bytes_per_param)
+                for name, axis, ranks, params in parts if ranks > 1 and params]
+
+    def gathers_before(self, kind: str, microbatch: int) -> bool:
+        """Whether a pass of this kind and micro-batch waits, layer by layer, for
+        :meth:`weight_gathers`.
+
+        ZeRO-3: every forward and backward (DeepSpeed ZeRO-3 and PyTorch FSDP fetch the
+        weights of one block at a time, before its forward and again before its
+        recompute and backward, and free them afterwards). ZeRO-1/2 with
+        ``overlap_param_gather``: the first forward of each chunk, which needs the
+        weights the last optimizer step updated (Megatron-LM dispatches the next bucket's
+        all-gather from the forward pre-hook of the current one).
+        """
+        if self.dp == 1 or kind == "W":
+            return False
+        if self.zero == 3:
+            return True
+        return self.overlap_param_gather and self.zero in (1, 2) and kind == "F" \
+            and microbatch == 0
+
+    def weight_gathers(self, chunk: Chunk) -> list[CommOp]:
+        """The per-layer all-gathers of a chunk's weights, in forward order.
+
+        The chunk's weights (the embedding or LM head included on the first and last
+        chunk) are split evenly over its layers; each op is one of the layer's
+        :attr:`gather_messages` equal all-gathers.
+        """
+        first = self.weight_gather(chunk)
+        if first is None:
+            return []
+        stem = first.name.removesuffix("_l0")
+        return [replace(first, name=f"{stem}_l{i}") for i in range(chunk.units)]
+
+    def weight_gather(self, chunk: Chunk) -> CommOp | None:
+        """The first of :meth:`weight_gathers` (they differ only in their names), or None."""
+        if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
+            return None
+        prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
+        nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
+        return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", "dp", "F",
+                      nbytes, copies=self.gather_copies,
+                      fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
+
+    def model_flops(self) -> float:
+        """Model FLOPs of one step over all devices (recompute excluded)."""
+        return self._flops(include_recompute=False)
+
+    def hardware_flops(self) -> float:
+        """FLOPs executed in one step over all devices, recompute included."""
+        return self._flops(include_recompute=True)
+
+    def _flops(self, include_recompute: bool) -> float:
+        per_replica = 0.0
+        for c in self.chunks.values():
+            for op in c.ops:
+                if isinstance(op, ComputeOp) and (include_recompute or op.phase != "R"):
+                    per_replica += op.flops * self.tp
+        return per_replica * self.microbatches * self.dp * self.ep * self.cp
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
+        import pandas as pd
+
+        rows = []
+        for (stage, chunk), c in sorted(self.chunks.items()):
+            for block in (c.forward, c.backward, c.weight + c.accumulate):
+                for i, op in enumerate(block):
+                    compute = isinstance(op, ComputeOp)
+                    rows.append({
+                        "stage": stage,
+                        "chunk": chunk,
+                        "phase": op.phase,
+                        "order": i,
+                        "op": op.name,
+                        "kind": op.kind if compute else op.collective,
+                        "axis": None if compute else op.axis,
+                        "flops": op.flops if compute else 0.0,
+                        "bytes": op.bytes,
+                        "mnk": op.mnk if compute else None,
+                    })
+        return pd.DataFrame(rows)
