@@ -7,14 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsim.errors import UserError
+from llmsim.in_flight import in_flight_chunks, in_flight_microbatches
 from llmsim.loader import load_scenario, load_spec
 from llmsim.memory import (
     FRAGMENTATION_FRACTION,
     RUNTIME_CONTEXT_BYTES,
     StageMemory,
     activation_bytes_per_layer,
-    in_flight_chunks,
-    in_flight_microbatches,
     layer_params_per_device,
     memory_per_stage,
     output_activation_bytes,
