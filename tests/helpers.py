@@ -19,9 +19,9 @@ TINY_MODEL = {
 }
 
 
-def make_scenario(**overrides: Any) -> Scenario:
-    """A tiny GPT on ``nodes`` Selene nodes; ``overrides`` are dotted ``--set`` keys."""
-    raw = {
+def tiny_raw() -> dict[str, Any]:
+    """The raw mapping of a tiny GPT on one Selene node, as a scenario file would hold it."""
+    return {
         "name": "tiny",
         "system": "selene",
         "nodes": 1,
@@ -29,7 +29,11 @@ def make_scenario(**overrides: Any) -> Scenario:
         "parallelism": {"tp": 2, "pp": 4, "dp": "auto", "schedule": "1f1b"},
         "training": {"global_batch": 16, "seq_len": 512, "precision": "bf16", "tokens": 1e9},
     }
-    return load_scenario(raw, {k.replace("__", "."): v for k, v in overrides.items()})
+
+
+def make_scenario(**overrides: Any) -> Scenario:
+    """A tiny GPT on ``nodes`` Selene nodes; ``overrides`` are dotted ``--set`` keys."""
+    return load_scenario(tiny_raw(), {k.replace("__", "."): v for k, v in overrides.items()})
 
 
 class LayerOnlyCosts:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import TINY_MODEL, make_scenario
+from helpers import make_scenario, tiny_raw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_cli import run_cli as cli
@@ -21,14 +21,7 @@ from llmsim.calibration import load_calibration, parse_gemm_csv, parse_nccl_test
 from llmsim.errors import UserError
 from llmsim.safe_yaml import MAX_FILE_BYTES, parse_yaml
 
-TINY = {
-    "name": "tiny",
-    "system": "selene",
-    "nodes": 1,
-    "model": dict(TINY_MODEL),
-    "parallelism": {"tp": 2, "pp": 4, "dp": "auto", "schedule": "1f1b"},
-    "training": {"global_batch": 16, "seq_len": 512, "precision": "bf16", "tokens": 1e9},
-}
+TINY = tiny_raw()
 
 
 
