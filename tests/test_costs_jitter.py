@@ -4,6 +4,7 @@ against the closed form on a pipeline-free step."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -151,3 +152,19 @@ def test_bad_jitter_is_a_user_error():
         make_scenario(**{"jitter.compute_cv": -0.1})
     with pytest.raises(UserError, match="slow_speed"):
         make_scenario(**{"jitter.slow_speed": 0})
+
+
+def test_cli_reports_the_step_spread_end_to_end(tmp_path, capsys):
+    from test_cli import run_cli, tiny_file
+
+    path = tiny_file(tmp_path)
+    jitter = ["--set", "jitter.compute_cv=0.05", "--set", "jitter.steps=4"]
+    code, out, _ = run_cli(["run", str(path), "--json", *jitter], capsys)
+    assert code == 0
+    spread = json.loads(out)["step_time_spread"]
+    assert spread["steps"] == 4
+    assert spread["deterministic_s"] < spread["mean_s"] and spread["p50_s"] <= spread["p99_s"]
+    code, out, _ = run_cli(["run", str(path), "--json"], capsys)
+    assert json.loads(out)["step_time_spread"] is None
+    code, out, _ = run_cli(["run", str(path), *jitter], capsys)
+    assert code == 0 and "Step time with jitter (4 seeded steps)" in out
