@@ -168,3 +168,18 @@ def test_cli_reports_the_step_spread_end_to_end(tmp_path, capsys):
     assert json.loads(out)["step_time_spread"] is None
     code, out, _ = run_cli(["run", str(path), *jitter], capsys)
     assert code == 0 and "Step time with jitter (4 seeded steps)" in out
+
+
+@pytest.mark.parametrize("layout", [
+    {"nodes": 2, "parallelism.zero": 3, "parallelism.pp": 1},
+    {"nodes": 2, "parallelism.schedule": "interleaved-1f1b", "parallelism.virtual_stages": 2},
+    {"nodes": 2, "fidelity": "full"},
+    {"nodes": 4, "parallelism.overlap_dp_comm": False},
+])
+def test_noisy_steps_keep_the_breakdown_whole(layout):
+    """With data-parallel reductions, ZeRO-3 gathers, interleaving or every device
+    simulated, a noisy step still splits into parts that are each ≥ 0 and add up to it."""
+    noisy = {"jitter.compute_cv": 0.3, "jitter.comm_cv": 0.3, "seed": 5}
+    result = llmsim.simulate(make_scenario(**layout, **noisy))
+    assert all(v >= 0 for v in result.breakdown_s.values())
+    assert sum(result.breakdown_s.values()) == pytest.approx(result.step_time_s, rel=1e-9)
