@@ -41,3 +41,11 @@ def test_rate_grows_in_proportion_to_the_nodes(a, b):
     selene = load_spec("systems", "selene")
     ra, rb = job_failures(selene, a).rate_per_s, job_failures(selene, b).rate_per_s
     assert ra * b == pytest.approx(rb * a, rel=1e-12)
+
+
+def test_fugaku_whole_machine_gives_back_one_board_failure_every_2_5_days():
+    # hardware/systems/fugaku.yaml: a CPU board fails every 2-3 days on the whole machine
+    fugaku = load_spec("systems", "fugaku")
+    job = job_failures(fugaku, fugaku.nodes)
+    assert job.mtbf_s / 86_400 == pytest.approx(2.5, rel=1e-3)
+    assert job_failures(fugaku, fugaku.nodes // 2).mtbf_s == pytest.approx(2 * job.mtbf_s)

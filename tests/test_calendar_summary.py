@@ -88,3 +88,18 @@ def test_bad_calendar_input_is_one_sentence_and_exit_2(tmp_path, capsys, key, va
                            capsys)
     assert code == 2
     assert field in err and "Traceback" not in err
+
+
+def test_table_columns_are_the_summary_or_none_without_a_run_size():
+    from llmsim.calendar.summary import TABLE_COLUMNS, table_columns
+
+    result = simulate(make_scenario(seed=3, system__reliability__device_fit=5e6))
+    cal = summarize(result)
+    cols = table_columns(result)
+    assert tuple(cols) == TABLE_COLUMNS
+    assert cols["calendar_days"] == cal.calendar_days and cols["goodput"] == cal.goodput
+    assert (cols["calendar_days_p10"], cols["calendar_days_p90"]) == (cal.days_p10,
+                                                                      cal.days_p90)
+    assert cols["run_mwh"] == cal.energy.mwh
+    no_size = simulate(make_scenario(training__tokens=None))
+    assert table_columns(no_size) == dict.fromkeys(TABLE_COLUMNS)

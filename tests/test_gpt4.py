@@ -93,6 +93,12 @@ def test_cli_end_to_end_on_one_machine(tmp_path, capsys):
     assert float(row["days_over_source"]) == pytest.approx(float(row["days"]) / 770)
     assert int(row["devices"]) + int(row["idle_devices"]) == 960
     assert 0 < float(row["mfu"]) < 1 and 0 < float(row["memory_gb"]) <= 40
+    # the whole run (llmsim.calendar): failures and checkpoints only add days
+    assert float(row["days"]) <= float(row["calendar_days_p10"]) \
+        <= float(row["calendar_days_p90"])
+    assert float(row["days"]) <= float(row["calendar_days"]) <= float(row["calendar_days_p90"])
+    assert 0 < float(row["goodput"]) <= 1 and float(row["run_mwh"]) > 0
+    assert "calendar days (10–90 %)" in stdout and "MWh" in stdout
     assert (out / "gpt4.png").stat().st_size > 0
     best = loader.load_scenario(out / "abci-best.yaml")  # runs with `llmsim run` as is
     assert best.devices == int(row["devices"])

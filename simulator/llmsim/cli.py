@@ -122,16 +122,24 @@ def run(
         progress = _simulation_progress()
     result = simulate(spec, progress=progress)
     calendar = summarize(result)
+    spread = None
+    if not spec.jitter.is_zero:  # the step's mean and tail over seeded steps
+        from llmsim.calendar.stragglers import step_spread
+
+        spread = step_spread(spec)
     band = error_band.scenario_band(spec)
     if as_json:
         data = json.loads(result.to_json())
         data["error_band"] = error_band.to_dict(band, result.step_time_s)
         data["calendar"] = None if calendar is None else calendar.to_dict()
+        data["step_time_spread"] = None if spread is None else spread.to_dict()
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        from llmsim.report import render, render_calendar
+        from llmsim.report import render, render_calendar, render_step_spread
 
         render(result, out, error_band.describe(band, result.step_time_s))
+        if spread is not None:
+            render_step_spread(spread, result.days_to_train, result.step_time_s, out)
         if calendar is not None:
             render_calendar(calendar, out)
     if out_dir is not None:

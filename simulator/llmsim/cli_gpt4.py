@@ -30,6 +30,13 @@ def _num(value: Any, fmt: str) -> str:
     return format(value, fmt)
 
 
+def _calendar_days(r: Any) -> str:
+    """Expected calendar days with the Monte Carlo's 10–90 % (llmsim.calendar)."""
+    if r.calendar_days is None or r.calendar_days != r.calendar_days:  # None or NaN
+        return "—"
+    return f"{r.calendar_days:,.0f} ({r.calendar_days_p10:,.0f}–{r.calendar_days_p90:,.0f})"
+
+
 def render_table(df: pd.DataFrame, console: Console) -> None:
     """Print the table side by side, a unit in every header, then one line per machine
     on why llmsim's days differ from the source's."""
@@ -37,7 +44,7 @@ def render_table(df: pd.DataFrame, console: Console) -> None:
                   "documents against llmsim's best layout", title_justify="left")
     for name in ("system", "devices (idle)", "source days", "source method days",
                  "llmsim best layout", "step s", "MFU %", "memory GB/device", "llmsim days",
-                 "llmsim / source"):
+                 "llmsim / source", "calendar days (10–90 %)", "MWh"):
         table.add_column(name, justify="left" if name in ("system", "llmsim best layout")
                          else "right")
     for r in df.itertuples():
@@ -52,7 +59,8 @@ def render_table(df: pd.DataFrame, console: Console) -> None:
                       method, layout, _num(r.step_time_s, ",.1f"),
                       _num(None if r.mfu is None else 100 * r.mfu, ".1f"),
                       _num(r.memory_gb, ".1f"), _num(r.days, ",.0f"),
-                      _num(r.days_over_source, ".2f"))
+                      _num(r.days_over_source, ".2f"), _calendar_days(r),
+                      _num(r.run_mwh, ",.0f"))
     console.print(table)
     for r in df.itertuples():
         console.print(f"[bold]{r.system}[/bold]: {r.why}", highlight=False, soft_wrap=True)
@@ -60,6 +68,11 @@ def render_table(df: pd.DataFrame, console: Console) -> None:
                   "source method = 3·10²⁵ FLOPs / (catalog peak × the source's accelerators) "
                   "× its factor (×2 OpenAI and ×4 Fugaku as the source states, ×2 assumed for "
                   "the other GPU machines)", highlight=False, soft_wrap=True)
+    console.print("calendar days = the best layout's run with failures, restarts and "
+                  "checkpoints (each system's failure rates, Daly's interval), expected, with "
+                  "the 10–90 % of a seeded Monte Carlo; MWh = its energy (devices, and nodes, "
+                  "network and PUE where the catalog has them; — without power figures): "
+                  "docs/calendar.md", highlight=False, soft_wrap=True)
 
 
 def best_yaml(result: gpt4.SystemResult) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -220,6 +220,9 @@ class SystemResult:
     """Candidates the engine did not finish within :data:`CONFIRM_TIMEOUT_S`."""
     wall_s: float
     """Seconds this machine's search took."""
+    calendar: Mapping[str, float | None] = field(default_factory=dict)
+    """The best layout's whole run: calendar days with their spread, goodput and MWh
+    (:func:`llmsim.calendar.summary.table_columns`; empty when no layout fits)."""
 
     @property
     def days(self) -> float:
@@ -341,6 +344,7 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
 
     import pandas as pd
 
+    from llmsim.calendar.summary import table_columns
     from llmsim.search import search
     from llmsim.search.confirm import layout_of_row
     from llmsim.search.space import apply, layout_of
@@ -375,6 +379,7 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     searched = {k for t in (table, full) if "key" in t for k in t["key"]}
     won = best_row["key"] == layout_of(catalog).key and best_row["key"] not in searched
     result = simulate(best.model_copy(update={"fidelity": "reduced"}))
+    calendar = table_columns(result)  # failures, checkpoints, energy (llmsim.calendar)
     parts = {k: v for k, v in result.breakdown_s.items() if k != "compute"}
     name, seconds = max(parts.items(), key=lambda kv: kv[1])
     bottleneck = (f"most lost to {name.replace('_', ' ')}, "
@@ -382,13 +387,15 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     engine = {**best_row.to_dict(), "devices": int(best_row["devices"]),
               "idle_devices": machine - int(best_row["devices"])}
     return SystemResult(row, source_devices, machine, peak, method, best, engine, won,
-                        bottleneck, len(priced), timed_out, time.perf_counter() - started)
+                        bottleneck, len(priced), timed_out, time.perf_counter() - started,
+                        calendar)
 
 
 def to_frame(results: list[SystemResult]) -> pd.DataFrame:
     """The table as a DataFrame, one row per machine, units in the column names."""
     import pandas as pd
 
+    from llmsim.calendar.summary import TABLE_COLUMNS
     from llmsim.search.confirm import layout_of_row
 
     rows = []
@@ -408,6 +415,7 @@ def to_frame(results: list[SystemResult]) -> pd.DataFrame:
             "days_over_source": r.ratio if e else None,
             "layouts_priced": r.layouts_priced, "timed_out": r.timed_out,
             "wall_s": r.wall_s, "why": r.why(),
+            **{k: r.calendar.get(k) for k in TABLE_COLUMNS},
         })
     return pd.DataFrame(rows)
 

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from llmsim.calendar import CalendarSummary
 from llmsim.calendar.energy import JOULES_PER_KWH
+from llmsim.calendar.stragglers import StepSpread
 from llmsim.costs.topology import placement_rows
 from llmsim.partition import stage_layers
 from llmsim.plan import Plan
@@ -181,6 +182,28 @@ def _fmt_hours(seconds: float) -> str:
     if seconds < 60:
         return fmt_seconds(seconds)
     return f"{seconds / 60:,.1f} min" if seconds < 3600 else f"{seconds / 3600:,.2f} h"
+
+
+def render_step_spread(spread: StepSpread, days_to_train: float | None, step_s: float,
+                       console: Console) -> None:
+    """Print the step time's mean and tail over seeded steps with jitter
+    (llmsim.costs.jitter); ``step_s`` is the reported step (step 0's draws)."""
+    table = Table(title=f"Step time with jitter ({len(spread.step_times_s)} seeded steps)",
+                  show_header=False, title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("without noise", fmt_seconds(spread.deterministic_s)),
+        ("mean", f"{fmt_seconds(spread.mean_s)} ({100 * (spread.slowdown - 1):+.1f} %)"),
+        ("p50 / p90 / p99", " / ".join(fmt_seconds(spread.percentile_s(q))
+                                       for q in (50, 90, 99))),
+    ]
+    if days_to_train is not None:
+        rows.append(("days to train at the mean step",
+                     _fmt_days(days_to_train * spread.mean_s / step_s)))
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
 
 
 def render_calendar(cal: CalendarSummary, console: Console) -> None:

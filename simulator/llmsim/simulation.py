@@ -24,8 +24,11 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
     schedule = schedules.build(par.schedule, par.pp, workload.microbatches, par.virtual_stages)
     if costs is None:
         from llmsim.costs import HardwareCosts
+        from llmsim.costs.jitter import jittered
 
-        costs = HardwareCosts.from_scenario(scenario, plan)
+        # The step's jitter (step 0 of the scenario's seed): a transform of the durations
+        # the cost model prices, identity without noise (llmsim.costs.jitter).
+        costs = jittered(HardwareCosts.from_scenario(scenario, plan), scenario)
     devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
     p2p_units = tuple(posted_p2p_units(scenario.system, workload.pp_message_bytes, within)
                       for within in (False, True))
@@ -69,7 +72,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     """Simulate one training step of ``scenario``.
 
     ``costs`` replaces the hardware cost model (e.g. to price communication at zero in
-    a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`.
+    a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`, with the
+    scenario's ``jitter`` (step 0 of its seed) when it has any.
     ``progress(share)`` is called every few seconds of a long run with the share of its
     pipeline actions begun (``Engine.run``); it changes no result.
     """

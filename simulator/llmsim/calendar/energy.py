@@ -5,9 +5,10 @@ says: compute (split into GEMM-like — GEMMs and fused attention — and memory
 kernels in the proportion the stage's compute stream ran them), exposed TP / PP / DP
 communication, bubble (waiting) and optimizer (memory-bound). Each part draws the
 device's power for that kind of work (:class:`llmsim.specs.DevicePower`); nodes and
-network add their power for the whole step, and the facility multiplies it all by its
-PUE. A run adds, at idle power, the time it stops for checkpoints and restarts, and at
-step power the work it redoes after failures.
+network add their power for the whole step, the power conversion in the racks divides it
+all by its efficiency, and the facility multiplies it by its PUE. A run adds, at idle
+power, the time it stops for checkpoints and restarts, and at step power the work it
+redoes after failures.
 """
 
 from __future__ import annotations
@@ -50,11 +51,15 @@ class StepEnergy:
     idle_power_w: float
     """The job's power while it holds its nodes and runs nothing (devices idle, nodes
     and network on, PUE included), W."""
+    conversion_efficiency: float = 1.0
+    """Share of the IT input power that reaches the parts (rectifiers, regulators)."""
 
     @property
     def it_j(self) -> float:
-        """Devices, nodes and network, joules."""
-        return self.gemm_j + self.memory_j + self.comm_j + self.wait_j + self.nodes_j
+        """Devices, nodes and network at the rack's input (conversion losses included),
+        joules."""
+        parts = self.gemm_j + self.memory_j + self.comm_j + self.wait_j + self.nodes_j
+        return parts / self.conversion_efficiency
 
     @property
     def total_j(self) -> float:
@@ -118,9 +123,10 @@ def step_energy(result: Result) -> StepEnergy | None:
         wait += per_stage * power.wait_w * b.bubble_s
     facility = s.system.facility
     node_w = s.nodes_used * (facility.node_overhead_w + facility.network_w_per_node)
-    idle_w = (s.devices * power.idle_w + node_w) * facility.pue
+    idle_w = ((s.devices * power.idle_w + node_w) / facility.conversion_efficiency
+              * facility.pue)
     return StepEnergy(gemm, memory, comm, wait, node_w * result.step_time_s, facility.pue,
-                      result.step_time_s, idle_w)
+                      result.step_time_s, idle_w, facility.conversion_efficiency)
 
 
 @dataclass(frozen=True)

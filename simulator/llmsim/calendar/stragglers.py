@@ -1,9 +1,10 @@
-"""An analytical straggler estimate: a synchronous step waits for its slowest rank.
+"""Stragglers: the step time's mean and tail over seeded steps simulated with per-op
+noise and slow devices (:func:`step_spread`; the noise itself is drawn by the cost model,
+:mod:`llmsim.costs.jitter`), and an analytical estimate beside it.
 
-Not in the engine: the engine's step is deterministic, and per-op noise inside it is a
-separate piece of work (design §13). This module answers the simpler question "if each of
-n ranks' step time varied independently around the simulated one, how much longer would
-the synchronous step be on average?" with the expected maximum of n normal draws.
+The analytical estimate answers the simpler question "if each of n ranks' step time
+varied independently around the simulated one, how much longer would the synchronous step
+be on average?" with the expected maximum of n normal draws.
 
 Blom's approximation of the expected largest of n standard normal order statistics
 (Blom 1958, "Statistical estimates and transformed beta-variables"; Harter 1961 tabulates
@@ -17,9 +18,17 @@ estimate does not describe.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import NormalDist
 
+import numpy as np
+
+from llmsim.costs import HardwareCosts
+from llmsim.costs.jitter import jittered
 from llmsim.errors import UserError
+from llmsim.plan import Plan
+from llmsim.simulation import simulate
+from llmsim.specs import Jitter, Scenario
 
 
 def expected_max_standard_normal(n: int) -> float:
@@ -36,3 +45,50 @@ def straggler_step_s(step_time_s: float, cv: float, participants: int) -> float:
     if cv < 0:
         raise UserError(f"stragglers: cv = {cv}; give a coefficient of variation ≥ 0")
     return step_time_s * (1 + cv * expected_max_standard_normal(participants))
+
+
+@dataclass(frozen=True)
+class StepSpread:
+    """The step time over seeded steps of a scenario with jitter (llmsim.costs.jitter)."""
+
+    step_times_s: tuple[float, ...]
+    """Each seeded step's time, seconds (step 0 is what :func:`llmsim.simulate` gives)."""
+    deterministic_s: float
+    """The step without noise, seconds."""
+
+    @property
+    def mean_s(self) -> float:
+        """Mean step time, seconds."""
+        return float(np.mean(self.step_times_s))
+
+    def percentile_s(self, q: float) -> float:
+        """The ``q``-th percentile of the step time (linear interpolation), seconds."""
+        return float(np.percentile(self.step_times_s, q))
+
+    @property
+    def slowdown(self) -> float:
+        """Mean step time over the deterministic one (1: no straggler cost)."""
+        return self.mean_s / self.deterministic_s
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Plain JSON-able values, units in the key names."""
+        return {"steps": len(self.step_times_s), "deterministic_s": self.deterministic_s,
+                "mean_s": self.mean_s, "p50_s": self.percentile_s(50),
+                "p90_s": self.percentile_s(90), "p99_s": self.percentile_s(99),
+                "slowdown": self.slowdown}
+
+
+def step_spread(scenario: Scenario, steps: int | None = None,
+                deterministic_s: float | None = None) -> StepSpread:
+    """Simulate ``steps`` seeded steps of ``scenario`` (default ``jitter.steps``), each
+    with its own draws of the per-op noise and the seed's slow devices, and the step
+    without noise (or take it as ``deterministic_s``)."""
+    steps = steps or scenario.jitter.steps
+    plan = Plan.from_scenario(scenario)
+    times = tuple(
+        simulate(scenario, costs=jittered(HardwareCosts.from_scenario(scenario, plan),
+                                          scenario, step)).step_time_s
+        for step in range(steps))
+    if deterministic_s is None:
+        deterministic_s = simulate(scenario.model_copy(update={"jitter": Jitter()})).step_time_s
+    return StepSpread(times, deterministic_s)

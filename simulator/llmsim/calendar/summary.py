@@ -136,3 +136,21 @@ def summarize(result: Result, runs: int | None = None) -> CalendarSummary | None
                             s.calendar.grid_gco2_per_kwh, s.calendar.price_per_kwh)
     return CalendarSummary(days, failures, cost, plan, expected, p10, median, p90, runs,
                            s.seed, step, energy)
+
+
+TABLE_COLUMNS = ("calendar_days", "calendar_days_p10", "calendar_days_p90", "goodput",
+                 "run_mwh")
+"""What :func:`table_columns` gives: expected calendar days, the Monte Carlo's 10th and
+90th percentiles, goodput (0–1) and the run's energy (MWh)."""
+
+
+def table_columns(result: Result, runs: int | None = None) -> dict[str, float | None]:
+    """``result``'s whole run as columns of a table of machines (the days-to-GPT-4 table,
+    :mod:`llmsim.gpt4`): :data:`TABLE_COLUMNS`, each None where the scenario gives no run
+    size (all of them) or the accelerator no power figures (``run_mwh``)."""
+    cal = summarize(result, runs)
+    if cal is None:
+        return dict.fromkeys(TABLE_COLUMNS)
+    return {"calendar_days": cal.calendar_days, "calendar_days_p10": cal.days_p10,
+            "calendar_days_p90": cal.days_p90, "goodput": cal.goodput,
+            "run_mwh": cal.energy.mwh if cal.energy is not None else None}

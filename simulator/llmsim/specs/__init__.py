@@ -4,6 +4,7 @@ from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.collectives import CollectiveLibrary
+from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
 from llmsim.specs.network import Dragonfly, FatTree, Network, Torus
 from llmsim.specs.node import FabricTier, Node
@@ -28,6 +29,7 @@ __all__ = [
     "Facility",
     "FatTree",
     "GemmModel",
+    "Jitter",
     "Model",
     "Network",
     "Node",

@@ -57,6 +57,10 @@ class Facility(Spec):
     conversion), W, drawn whenever the job holds the node. 0: not counted."""
     network_w_per_node: NonNegativeFloat = 0.0
     """Network switches' power per node, W. 0: not counted."""
+    conversion_efficiency: float = Field(default=1.0, gt=0, le=1)
+    """Share of the power a node and its network draw at the rack's input that reaches
+    their parts (rectifiers, voltage regulators), 0–1. 1.0: conversion losses not
+    counted."""
     pue: float = Field(default=1.0, ge=1.0)
     """Power usage effectiveness of the data centre (facility power over IT power).
     1.0: cooling and power delivery not counted."""

@@ -9,6 +9,7 @@ from pydantic import Field, PositiveInt, model_validator
 from llmsim.partition import chunk_layers
 from llmsim.specs._base import Spec
 from llmsim.specs.calendar import Calendar
+from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
 from llmsim.specs.system import System
@@ -34,13 +35,16 @@ class Scenario(Spec):
     """Batch, sequence, precision and run size."""
     seed: int = 0
     """Seed for random draws: the Monte Carlo of the whole run (llmsim.calendar) draws its
-    failures from it; the step simulation itself is deterministic."""
+    failures from it, and the step's per-op noise (``jitter``, when given) its factors;
+    without jitter the step simulation is deterministic."""
     fidelity: Literal["reduced", "full"] = "reduced"
     """``reduced`` simulates one device per pipeline stage; ``full`` every device."""
     calibration: str | None = None
     """Path to a calibration profile (measured GEMM / collective tables)."""
     calendar: Calendar = Field(default_factory=Calendar)
     """Checkpointing, the Monte Carlo of the whole run, CO₂ and price (llmsim.calendar)."""
+    jitter: Jitter = Field(default_factory=Jitter)
+    """Per-op duration noise and slow devices (llmsim.costs.jitter); none by default."""
     max_sim_passes: PositiveInt = 1_000_000
     """Largest step llmsim simulates before refusing, in layer passes: the devices
     simulated (one per stage, every device with ``fidelity: full``) × micro-batches per
