@@ -8,7 +8,7 @@ many groups of the axis share a node's NICs) and a message; llmsim prices the sa
 collective on a plan of that shape. The tolerance of each point is in the file (25 %).
 
 Points where llmsim is off by more than that are expected failures, each with the measured
-and modelled time in its reason (docs/validation.md, "LUMI and Frontier"): the 8-GCD
+and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)"): the 8-GCD
 all-gather inside a node is 2.5x faster than llmsim's ring over one 50 GB/s
 Infinity Fabric link, and the transfers between nodes are 1.7-2.4x slower than 90 % of
 the NICs' line rate. They are strict: a model that comes within the tolerance fails
