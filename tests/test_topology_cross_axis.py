@@ -78,3 +78,40 @@ def test_running_axes_at_once_never_speeds_a_group(dims: list[int], tp: int, pp:
         if a is None or s is None:
             continue
         assert 0 < s.inter_bytes_per_s <= a.inter_bytes_per_s * (1 + 1e-12)
+
+
+# -- fat-tree and dragonfly: the axes' flows that leave a leaf or a group add up ------------
+
+
+def leaving_layout(network: dict[str, object], overlap: bool) -> float:
+    """8 one-device nodes, DP = 4 (neighbours) and PP = 2 (stride 4), two nodes per leaf
+    or dragonfly group: the DP ring leaves a leaf once, the two pipeline chains of its
+    nodes leave it too; DP's network bandwidth with or without the reduction overlapped."""
+    model = costs(system(network, 8, nics=1, nic_gbit=100), 8, pp=2,
+                  overlap_dp_comm=overlap)
+    path = model.collectives.path("dp")
+    assert path is not None
+    return path.inter_bytes_per_s
+
+
+@pytest.mark.parametrize("kind", ["fat_tree", "dragonfly"])
+def test_flows_of_an_overlapped_axis_share_the_tapered_links(kind: str) -> None:
+    """Uplinks (global links) of half the leaf's (group's) injection: DP's one flow alone
+    fits; with the two pipeline flows of its nodes at once the three would need 3 NICs'
+    worth, the two nodes inject at most 2, so DP keeps half its rate."""
+    network: dict[str, object] = (
+        {"kind": "fat_tree", "nodes_per_leaf": 2, "oversubscription": 2.0}
+        if kind == "fat_tree" else
+        {"kind": "dragonfly", "nodes_per_group": 2, "global_taper": 2.0})
+    network = {**network, "hop_latency_us": 0.0, "efficiency": 1.0}
+    alone, together = leaving_layout(network, False), leaving_layout(network, True)
+    assert together == pytest.approx(alone / 2)
+
+
+def test_a_non_blocking_fat_tree_is_not_slowed_by_an_overlapped_axis() -> None:
+    """The same layout on full-bisection uplinks: the nodes cannot inject more than the
+    uplinks carry, so overlapping the reduction changes nothing (the NVIDIA validation
+    rows' fabrics)."""
+    network = {"kind": "fat_tree", "nodes_per_leaf": 2, "oversubscription": 1.0,
+               "hop_latency_us": 0.0, "efficiency": 1.0}
+    assert leaving_layout(network, True) == leaving_layout(network, False)
