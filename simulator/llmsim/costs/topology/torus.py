@@ -27,8 +27,9 @@ shift, each link carries on average as many flows as a step has hops, so the gro
 **Contention between axes.** Where the schedule runs two axes' transfers at once
 (:func:`~llmsim.costs.topology.base.concurrent_axes`: the overlapped gradient reduction
 beside the backward's TP collectives and pipeline sends), their ring flows can cross the
-same links. Each step of the worst group and of every group, of its own axis or a
-concurrent one, with a member on the nodes those steps pass, is routed link by link
+same links. The first steps of the worst group (:data:`CROSS_AXIS_STEPS`), and the steps
+of every group, of its own axis or a concurrent one, that start or end on the nodes
+those steps pass, are routed link by link
 (dimension order); on each directed link the group's axis keeps its own flows' part of
 all the flows (max-min fair sharing of equal flows), and the group keeps the least of
 those parts over its links, on top of its own axis's sharing. Groups whose boxes lie
@@ -53,6 +54,12 @@ from llmsim.specs import Torus
 
 TOFU_NAMES = ("X", "Y", "Z", "a", "b", "c")
 """Tofu-D's dimension labels, in the order the catalog lists them."""
+
+CROSS_AXIS_STEPS = 16
+"""Ring steps of the worst group whose links the contention between axes examines: the
+groups of an axis repeat along the torus, so the first steps' links stand for the rest,
+and the work stays bounded for groups of thousands of nodes (a layout search prices
+hundreds of layouts)."""
 
 
 def job_shape(dims: list[int], nodes: int) -> list[int]:
@@ -190,13 +197,16 @@ class TorusTopology:
                 links.append((before, self.node_at(here)))
         return links
 
-    def _flows(self, plan: Plan, axis: str, groups: list[list[int]]) -> Counter[tuple[int, int]]:
-        """Ring (or chain) flows of ``groups`` of ``axis`` on each directed link."""
+    def _flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
+        """Ring (or chain) flows of the groups of ``axis`` on each directed link, from the
+        steps that start or end on one of the ``near`` nodes."""
         dpn = plan.system.node.devices_per_node
+        close = set(near)
         load: Counter[tuple[int, int]] = Counter()
-        for group in groups:
+        for group in groups_touching(plan, axis, near):
             for a, b in ring_edges([r // dpn for r in group], closed=not is_chain(axis)):
-                load.update(self.links_between(a, b))
+                if a in close or b in close:
+                    load.update(self.links_between(a, b))
         return load
 
     def cross_axis_share(self, plan: Plan, axis: str, first_rank: int,
@@ -207,16 +217,16 @@ class TorusTopology:
         dpn = plan.system.node.devices_per_node
         nodes = [r // dpn for r in plan.members(axis, first_rank)]
         used = set()
-        for a, b in ring_edges(nodes, closed=not is_chain(axis)):
+        for a, b in ring_edges(nodes, closed=not is_chain(axis))[:CROSS_AXIS_STEPS]:
             used.update(self.links_between(a, b))
         if not used:
             return 1.0, []
         near = sorted({n for link in used for n in link})
-        own = self._flows(plan, axis, groups_touching(plan, axis, near))
+        own = self._flows(plan, axis, near)
         share, crossed = 1.0, []
         foreign: Counter[tuple[int, int]] = Counter()
         for other in others:
-            load = self._flows(plan, other, groups_touching(plan, other, near))
+            load = self._flows(plan, other, near)
             if any(load[link] for link in used):
                 crossed.append(other)
                 foreign.update(load)
