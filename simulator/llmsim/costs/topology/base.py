@@ -12,10 +12,12 @@ from its collective algorithms).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from llmsim.plan import GroupPlacement, Plan
+from llmsim.specs import Parallelism
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,7 @@ def is_chain(axis: str) -> bool:
     return axis == "pp"
 
 
-def groups_touching(plan: Plan, axis: str, nodes: range) -> list[list[int]]:
+def groups_touching(plan: Plan, axis: str, nodes: Iterable[int]) -> list[list[int]]:
     """Every group of ``axis`` with a member on one of ``nodes``, each as its ranks."""
     dpn = plan.system.node.devices_per_node
     seen: set[int] = set()
@@ -128,3 +130,18 @@ def rank_steps(plan: Plan, group: list[int], chain: bool = False) -> list[tuple[
         last_on[r // dpn] = r
     return [(last_on[a], first_on[b])
             for a, b in ring_edges([r // dpn for r in group], closed=not chain)]
+
+
+def concurrent_axes(parallelism: Parallelism, axis: str) -> tuple[str, ...]:
+    """The other axes whose traffic runs while ``axis``'s does, by the schedule's switches.
+
+    The gradient reduction overlapped with the backward (``overlap_dp_comm``) runs while
+    the backward's TP collectives and pipeline sends do; pipeline sends overlapped with
+    compute (``overlap_pp_comm``) run while the TP collectives of the next pass do. With
+    neither switch the axes' transfers take turns with the compute that waits for them,
+    and share no link in time. Context and expert parallelism are left out (no rule).
+    """
+    dp, pp = parallelism.overlap_dp_comm, parallelism.overlap_pp_comm
+    pairs = {("dp", "tp"): dp, ("dp", "pp"): dp, ("pp", "tp"): pp}
+    out = [b if a == axis else a for (a, b), on in pairs.items() if on and axis in (a, b)]
+    return tuple(out)

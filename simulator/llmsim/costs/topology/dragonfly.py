@@ -14,7 +14,10 @@ once, and the ring flows leaving the worst group's dragonfly group share its glo
   half as much of it (Valiant routing's factor of two, Kim et al. 2008 §4).
 
 The group keeps the lowest share any of these limits leaves it
-(:func:`~llmsim.costs.topology.base.shared_share`).
+(:func:`~llmsim.costs.topology.base.shared_share`). Where the schedule runs another axis's
+transfers at the same time (:func:`~llmsim.costs.topology.base.concurrent_axes`), that
+axis's flows leaving the dragonfly group load the same global links: each limit is then
+taken over both axes' demand, at most what the group's nodes can inject.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 
 from llmsim.costs.topology.base import (
     Route,
+    concurrent_axes,
     groups_touching,
     is_chain,
     rank_steps,
@@ -46,12 +50,7 @@ class DragonflyTopology:
         members = plan.members(placement.axis, placement.first_rank)
         home = plan.location(members[0])[0] // size
         home_nodes = range(home * size, min((home + 1) * size, plan.nodes))
-        to_group: Counter[int] = Counter()
-        for group in groups_touching(plan, placement.axis, home_nodes):
-            for a, b in rank_steps(plan, group, is_chain(placement.axis)):
-                node_a, node_b = plan.location(a)[0], plan.location(b)[0]
-                if node_a in home_nodes and node_b // size != home:
-                    to_group[node_b // size] += 1
+        to_group = self._leaving(plan, placement.axis, home_nodes, home)
         where = (f"{placement.members_per_node} per node on {placement.nodes_spanned} nodes in "
                  f"{placement.domains_spanned} dragonfly group(s) of {size} nodes")
         if not to_group:
@@ -67,4 +66,51 @@ class DragonflyTopology:
                 share = min(share, shared_share(direct + indirect, flows, flow_rate))
         detail = (f"{where}; {sum(to_group.values())} ring flows leave the group "
                   f"({net.routing} routing): {100 * share:.0f} % of line rate")
+        both, crossed = self._with_concurrent(plan, placement.axis, home_nodes, home,
+                                              to_group, flow_rate)
+        if both < share:
+            share = both
+            detail += f"; with the {'/'.join(crossed)} flows that run at once: {100 * share:.0f} %"
         return Route("dragonfly global links", 3, share, detail=detail)
+
+    def _leaving(self, plan: Plan, axis: str, home_nodes: range, home: int) -> Counter[int]:
+        """Ring (or chain) steps of every group of ``axis`` that leave dragonfly group
+        ``home`` (its ``home_nodes``), counted by the group they go to."""
+        size = self.network.nodes_per_group
+        to_group: Counter[int] = Counter()
+        for group in groups_touching(plan, axis, home_nodes):
+            for a, b in rank_steps(plan, group, is_chain(axis)):
+                node_a, node_b = plan.location(a)[0], plan.location(b)[0]
+                if node_a in home_nodes and node_b // size != home:
+                    to_group[node_b // size] += 1
+        return to_group
+
+    def _with_concurrent(self, plan: Plan, axis: str, home_nodes: range, home: int,
+                         to_group: Counter[int], flow_rate: float) -> tuple[float, list[str]]:
+        """The share the global links leave ``axis``'s flows (``to_group``, each at
+        ``flow_rate``) when the axes that run at once send theirs too (1.0 when none
+        leaves the group), and those axes."""
+        net, node = self.network, plan.system.node
+        demand_to: Counter[int] = Counter({g: f * flow_rate for g, f in to_group.items()})
+        crossed = []
+        for other in concurrent_axes(plan.parallelism, axis):
+            if plan.degrees[other] < 2:
+                continue
+            leaving = self._leaving(plan, other, home_nodes, home)
+            if leaving:
+                crossed.append(other)
+                k = plan.placement(other).members_per_node
+                rate = node.injection_bytes_per_s * min(1.0, k / node.devices_per_node)
+                demand_to.update({g: f * rate for g, f in leaving.items()})
+        if not crossed:
+            return 1.0, []
+        injection = len(home_nodes) * node.injection_bytes_per_s
+        global_bw = net.nodes_per_group * node.injection_bytes_per_s / net.global_taper
+        share = shared_share(global_bw, 1, min(sum(demand_to.values()), injection))
+        if net.global_links_per_group_pair is not None:
+            direct = net.global_links_per_group_pair * node.nic_gbit * 1e9 / 8
+            indirect = 0.0 if net.routing == "minimal" else max(0.0, global_bw - direct) / 2
+            for dest in to_group:
+                share = min(share, shared_share(direct + indirect, 1,
+                                                min(demand_to[dest], injection)))
+        return share, crossed

@@ -13,6 +13,12 @@ On a rail-optimised fabric a step between members on different local slots (a gr
 one member per node whose stride is not a multiple of the node's devices) joins two rails,
 which meet only at the spine: it crosses the spine even inside one leaf's nodes. On a
 fabric that is not rail-optimised every NIC of a node sits on the node's own leaf.
+
+Where the schedule runs another axis's transfers at the same time
+(:func:`~llmsim.costs.topology.base.concurrent_axes`), that axis's ring flows leaving the
+leaf load the same uplinks: the group keeps ``capacity / demand`` of its rate, the demand
+of both axes together and at most what the leaf's nodes can inject (their NICs are not
+modelled as shared between the axes), so a non-blocking fabric still slows no group.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 
 from llmsim.costs.topology.base import (
     Route,
+    concurrent_axes,
     groups_touching,
     is_chain,
     rank_steps,
@@ -52,10 +59,7 @@ class FatTreeTopology:
         leaf = plan.location(members[0])[0] // net.nodes_per_leaf
         leaf_nodes = range(leaf * net.nodes_per_leaf,
                            min((leaf + 1) * net.nodes_per_leaf, plan.nodes))
-        flows = 0
-        for group in groups_touching(plan, placement.axis, leaf_nodes):
-            flows += sum(1 for a, b in rank_steps(plan, group, is_chain(placement.axis))
-                         if plan.location(a)[0] in leaf_nodes and self._crosses(plan, a, b, k))
+        flows = self._leaving(plan, placement.axis, leaf_nodes, k)
         if flows == 0:
             return Route("leaf switch", 1, 1.0, detail=_leaf_detail(placement, net))
         flow_rate = node.injection_bytes_per_s * min(1.0, k / node.devices_per_node)
@@ -64,7 +68,33 @@ class FatTreeTopology:
         detail = (f"{_leaf_detail(placement, net)}; {flows} ring flows leave the leaf "
                   f"on uplinks of 1/{net.oversubscription:g} its injection: "
                   f"{100 * share:.0f} % of line rate")
+        demand, crossed = flows * flow_rate, []
+        for other in concurrent_axes(plan.parallelism, placement.axis):
+            if plan.degrees[other] < 2:
+                continue
+            k_other = plan.placement(other).members_per_node
+            other_flows = self._leaving(plan, other, leaf_nodes, k_other)
+            if other_flows:
+                crossed.append(other)
+                demand += other_flows * node.injection_bytes_per_s * min(
+                    1.0, k_other / node.devices_per_node)
+        if crossed:
+            injected = min(demand, len(leaf_nodes) * node.injection_bytes_per_s)
+            both = min(share, shared_share(capacity, 1, injected))
+            if both < share:
+                share = both
+                detail += (f"; with the {'/'.join(crossed)} flows that run at once: "
+                           f"{100 * share:.0f} %")
         return Route("fat-tree spine", 3, share, detail=detail)
+
+    def _leaving(self, plan: Plan, axis: str, leaf_nodes: range, k: int) -> int:
+        """Ring (or chain) steps of every group of ``axis`` that leave the leaf holding
+        ``leaf_nodes`` for the spine (``k``: the axis's members per node)."""
+        flows = 0
+        for group in groups_touching(plan, axis, leaf_nodes):
+            flows += sum(1 for a, b in rank_steps(plan, group, is_chain(axis))
+                         if plan.location(a)[0] in leaf_nodes and self._crosses(plan, a, b, k))
+        return flows
 
 
 def _leaf_detail(placement: GroupPlacement, net: FatTree) -> str:

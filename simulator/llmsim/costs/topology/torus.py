@@ -23,18 +23,43 @@ whose members do not form a box (a stride that cuts across dimensions) sends eac
 over several hops by dimension-order routing; when every group of the axis does the same
 shift, each link carries on average as many flows as a step has hops, so the group keeps
 1/(mean hops of its steps) of its rate, and a step's latency pays the longest one.
+
+**Contention between axes.** Where the schedule runs two axes' transfers at once
+(:func:`~llmsim.costs.topology.base.concurrent_axes`: the overlapped gradient reduction
+beside the backward's TP collectives and pipeline sends), their ring flows can cross the
+same links. The first steps of the worst group (:data:`CROSS_AXIS_STEPS`), and the steps
+of every group, of its own axis or a concurrent one, that start or end on the nodes
+those steps pass, are routed link by link
+(dimension order); on each directed link the group's axis keeps its own flows' part of
+all the flows (max-min fair sharing of equal flows), and the group keeps the least of
+those parts over its links, on top of its own axis's sharing. Groups whose boxes lie
+along different dimensions use different links and do not slow each other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
-from llmsim.costs.topology.base import Route, TorusDimension, is_chain, ring_edges
+from llmsim.costs.topology.base import (
+    Route,
+    TorusDimension,
+    concurrent_axes,
+    groups_touching,
+    is_chain,
+    ring_edges,
+)
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Torus
 
 TOFU_NAMES = ("X", "Y", "Z", "a", "b", "c")
 """Tofu-D's dimension labels, in the order the catalog lists them."""
+
+CROSS_AXIS_STEPS = 16
+"""Ring steps of the worst group whose links the contention between axes examines: the
+groups of an axis repeat along the torus, so the first steps' links stand for the rest,
+and the work stays bounded for groups of thousands of nodes (a layout search prices
+hundreds of layouts)."""
 
 
 def job_shape(dims: list[int], nodes: int) -> list[int]:
@@ -115,10 +140,99 @@ class TorusTopology:
         """The worst route among (up to 64 of) the axis's groups: the one that keeps the
         least of its line rate, then the longest steps. Groups of one axis can differ on a
         torus: a degree that does not divide the Tofu unit cuts some groups across it."""
-        routes = [self.group_route(plan, placement.axis, first)
-                  for first in plan.group_first_ranks(placement.axis)]
-        return min(routes, key=lambda r: (r.bandwidth_fraction * r.ring_links, -r.hops,
-                                          len(r.dims)))
+        firsts = plan.group_first_ranks(placement.axis)
+        routes = [self.group_route(plan, placement.axis, first) for first in firsts]
+        worst = min(range(len(routes)), key=lambda i: (
+            routes[i].bandwidth_fraction * routes[i].ring_links, -routes[i].hops,
+            len(routes[i].dims)))
+        route = routes[worst]
+        others = concurrent_axes(plan.parallelism, placement.axis)
+        others = tuple(a for a in others if plan.degrees[a] > 1
+                       and not self._apart(plan, route, a))
+        if not others:
+            return route
+        share, crossed = self.cross_axis_share(plan, placement.axis, firsts[worst], others)
+        if share >= 1.0:
+            return route
+        detail = (f"{route.detail}; {'/'.join(crossed)} rings run at once on its links: "
+                  f"{100 * share:.0f} % of them")
+        return replace(route, bandwidth_fraction=route.bandwidth_fraction * share,
+                       detail=detail)
+
+    def _apart(self, plan: Plan, route: Route, other: str) -> bool:
+        """Whether ``route``, a box, and (up to 8 of) the groups of ``other``, boxes too,
+        lie along different dimensions: their rings then use different links."""
+        if not route.dims:
+            return False
+        mine = {d.name for d in route.dims}
+        for first in plan.group_first_ranks(other, limit=8):
+            theirs = self.group_route(plan, other, first)
+            if theirs.hops and (not theirs.dims or mine & {d.name for d in theirs.dims}):
+                return False
+        return True
+
+    def node_at(self, coords: list[int]) -> int:
+        """The node of the job at ``coords`` (the inverse of :meth:`coords`)."""
+        node = 0
+        for c, extent in zip(coords, self.shape, strict=True):
+            node = node * extent + c
+        return node
+
+    def links_between(self, a: int, b: int) -> list[tuple[int, int]]:
+        """The directed links (node, next node) a message from node ``a`` to node ``b``
+        crosses by dimension-order routing, first dimension first, the short way round
+        where a dimension closes into a ring."""
+        here, there = self.coords(a), self.coords(b)
+        links = []
+        for i, (extent, full) in enumerate(zip(self.shape, self.network.dims, strict=True)):
+            closes = extent == full and full >= 3
+            while here[i] != there[i]:
+                if closes:
+                    forward = (there[i] - here[i]) % extent
+                    step = 1 if forward <= extent - forward else -1
+                else:
+                    step = 1 if there[i] > here[i] else -1
+                before = self.node_at(here)
+                here[i] = (here[i] + step) % extent
+                links.append((before, self.node_at(here)))
+        return links
+
+    def _flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
+        """Ring (or chain) flows of the groups of ``axis`` on each directed link, from the
+        steps that start or end on one of the ``near`` nodes."""
+        dpn = plan.system.node.devices_per_node
+        close = set(near)
+        load: Counter[tuple[int, int]] = Counter()
+        for group in groups_touching(plan, axis, near):
+            for a, b in ring_edges([r // dpn for r in group], closed=not is_chain(axis)):
+                if a in close or b in close:
+                    load.update(self.links_between(a, b))
+        return load
+
+    def cross_axis_share(self, plan: Plan, axis: str, first_rank: int,
+                         others: tuple[str, ...]) -> tuple[float, list[str]]:
+        """The part of its links the group of ``axis`` holding ``first_rank`` keeps when
+        the ``others`` axes' rings run at once: over its links, the least of its axis's
+        flows over all flows; and the other axes that cross them."""
+        dpn = plan.system.node.devices_per_node
+        nodes = [r // dpn for r in plan.members(axis, first_rank)]
+        used = set()
+        for a, b in ring_edges(nodes, closed=not is_chain(axis))[:CROSS_AXIS_STEPS]:
+            used.update(self.links_between(a, b))
+        if not used:
+            return 1.0, []
+        near = sorted({n for link in used for n in link})
+        own = self._flows(plan, axis, near)
+        share, crossed = 1.0, []
+        foreign: Counter[tuple[int, int]] = Counter()
+        for other in others:
+            load = self._flows(plan, other, near)
+            if any(load[link] for link in used):
+                crossed.append(other)
+                foreign.update(load)
+        for link in used:
+            share = min(share, own[link] / (own[link] + foreign[link]))
+        return share, crossed
 
     def group_route(self, plan: Plan, axis: str, first_rank: int) -> Route:
         """The group of ``axis`` holding ``first_rank``: its dimensions, its ring's links
