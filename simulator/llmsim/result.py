@@ -97,9 +97,15 @@ class Result:
 
     @property
     def peak_flops_per_device(self) -> float:
-        """Dense peak of the training dtype, FLOP/s."""
-        accel = self.scenario.system.node.accelerator
-        return accel.peak_flops(self.scenario.training.precision)
+        """Dense peak of the training dtype, FLOP/s (a heterogeneous job's mean over its
+        devices)."""
+        sc = self.scenario
+        if sc.placement is not None:
+            groups = sc.group_systems()
+            return sum(devices * groups[name].node.accelerator.peak_flops(
+                sc.training.precision) for name, (_, devices) in sc.group_nodes().items()
+            ) / sc.devices
+        return sc.system.node.accelerator.peak_flops(sc.training.precision)
 
     @property
     def model_tflops_per_device(self) -> float:
