@@ -39,7 +39,8 @@ from llmsim.workload.build import pass_ops
 
 
 def balance_layers(layers: int, seconds_per_layer: Sequence[float],
-                   extra_s: Sequence[float] | None = None) -> list[int]:
+                   extra_s: Sequence[float] | None = None,
+                   most: Sequence[int] | None = None) -> list[int]:
     """Transformer layers per stage that make the slowest stage as fast as possible.
 
     Stage ``s`` takes ``e_s + n_s · t_s`` for ``n_s`` layers of ``t_s`` seconds each
@@ -51,20 +52,28 @@ def balance_layers(layers: int, seconds_per_layer: Sequence[float],
     for unit jobs on machines of different speeds (Q|p_j=1|C_max; Dessouky, Lageweg,
     Lenstra and van de Velde 1990). Without extra work, where the proportional shares
     ``layers · (1/t_s) / Σ_r (1/t_r)`` are whole numbers, it returns exactly them.
+
+    ``most`` caps each stage's layers (what fits in its devices' memory): a full stage
+    takes no more, which keeps the rule optimal (it still picks the ``layers`` earliest
+    finishing slots ``e_s + k · t_s``, ``k ≤ most_s``); caps that cannot hold every layer
+    between them are ignored, and the memory model reports the stage that does not fit.
     """
     stages = len(seconds_per_layer)
     extra = list(extra_s) if extra_s is not None else [0.0] * stages
+    caps = list(most) if most is not None and sum(max(1, m) for m in most) >= layers \
+        else [layers] * stages
     if stages == 0 or layers < stages:
         raise ValueError(f"{layers} layers cannot give each of {stages} stages one")
     if any(not t > 0 for t in seconds_per_layer):
         raise ValueError(f"seconds per layer {list(seconds_per_layer)} must be positive")
     counts = [1] * stages
-    heap = [(extra[s] + 2 * t, s) for s, t in enumerate(seconds_per_layer)]
+    heap = [(extra[s] + 2 * t, s) for s, t in enumerate(seconds_per_layer) if caps[s] > 1]
     heapq.heapify(heap)
     for _ in range(layers - stages):
         _, s = heapq.heappop(heap)
         counts[s] += 1
-        heapq.heappush(heap, (extra[s] + (counts[s] + 1) * seconds_per_layer[s], s))
+        if counts[s] < caps[s]:
+            heapq.heappush(heap, (extra[s] + (counts[s] + 1) * seconds_per_layer[s], s))
     return counts
 
 
@@ -173,12 +182,37 @@ def balanced(scenario: Scenario) -> Scenario:
     extra[0] += per_group[groups[0]][1]
     extra[-1] += per_group[groups[-1]][2]
     try:
-        split = balance_layers(scenario.model.layers,
-                               [per_group[g][0] for g in groups], extra)
+        split = balance_layers(scenario.model.layers, [per_group[g][0] for g in groups],
+                               extra, most_layers_that_fit(scenario))
     except ValueError as exc:
         raise UserError(f"placement: {exc}; use fewer stages") from None
     par = scenario.parallelism.model_copy(update={"layers_per_stage": split})
     return scenario.model_copy(update={"parallelism": par})
+
+
+def most_layers_that_fit(scenario: Scenario) -> list[int]:
+    """Per stage, the most layers its devices hold by the memory model
+    (:func:`llmsim.memory.memory_per_stage`, with its micro-batches in flight), found by
+    pricing every stage with 1, 2, … layers until none more fits (0: not even one)."""
+    assert scenario.placement is not None
+    groups = scenario.placement.group_of_stage()
+    par = scenario.parallelism
+    most = [0] * len(groups)
+    open_stages = set(range(len(groups)))
+    for n in range(1, scenario.model.layers + 1):
+        model = scenario.model.model_copy(update={"layers": n * par.pp})
+        trial = par.model_copy(update={"layers_per_stage": None})
+        rows = {name: memory_per_stage(model, trial, scenario.training, scenario.dp,
+                                       system.node.accelerator)
+                for name, system in scenario.group_systems().items()}
+        for s in list(open_stages):
+            if rows[groups[s]][s].fits:
+                most[s] = n
+            else:
+                open_stages.discard(s)
+        if not open_stages or n * len(groups) >= scenario.model.layers * 2:
+            break
+    return most
 
 
 def node_of(scenario: Scenario) -> Callable[[Device, int], int]:
@@ -207,3 +241,39 @@ def group_memory(scenario: Scenario) -> list[StageMemory]:
     rows = {name: memory_per_stage(*args, system.node.accelerator)
             for name, system in scenario.group_systems().items()}
     return [rows[g][s] for s, g in enumerate(scenario.placement.group_of_stage())]
+
+
+def border_sends(scenario: Scenario, message_bytes: float) -> list[dict[str, object]]:
+    """Each border between stages on different node groups, with the time a pipeline send
+    of ``message_bytes`` takes on each side's own path and across (the slower side's)."""
+    assert scenario.placement is not None
+    groups = scenario.placement.group_of_stage()
+    costs = group_costs(scenario)
+    op = CommOp("pp_send", "send_recv", "pp", "F", message_bytes)
+    out: list[dict[str, object]] = []
+    for s in range(len(groups) - 1):
+        a, b = groups[s], groups[s + 1]
+        if a != b:
+            out.append({"stage": s, "from": a, "to": b, "from_s": costs[a].comm_s(op),
+                        "to_s": costs[b].comm_s(op),
+                        "across_s": SlowerPath(costs[a], costs[b]).comm_s(op)})
+    return out
+
+
+def group_rows(scenario: Scenario) -> list[dict[str, object]]:
+    """One row per node group the placement uses: its stages, layers, nodes, devices and
+    accelerator (the scenario balanced, :func:`balanced`)."""
+    assert scenario.placement is not None
+    groups = scenario.placement.group_of_stage()
+    layers = scenario.parallelism.layers_per_stage or []
+    used = scenario.group_nodes()
+    rows: list[dict[str, object]] = []
+    for name, system in scenario.group_systems().items():
+        stages = [s for s, g in enumerate(groups) if g == name]
+        nodes, devices = used[name]
+        rows.append({"group": name, "stages": f"{stages[0]}–{stages[-1]}" if len(stages) > 1
+                     else str(stages[0]), "layers": sorted({layers[s] for s in stages})
+                     if layers else [], "nodes": nodes, "of_nodes": system.nodes,
+                     "devices": devices, "accelerator": system.node.accelerator.name,
+                     "network": system.network.name})
+    return rows
