@@ -211,3 +211,20 @@ def test_unknown_group_system_is_a_one_line_error(tmp_path, capsys) -> None:
     path.write_text(yaml.safe_dump(raw))
     code, _, err = run_cli(["run", str(path)], capsys)
     assert code == 2 and "system.groups[0].system" in err and len(err.strip().splitlines()) == 1
+
+
+def test_system_of_groups_takes_its_first_groups_nodes(tmp_path, capsys) -> None:
+    raw = mixed()
+    raw["system"] = {**twin_system(2), "nodes": 3}
+    raw["placement"] = TWIN_PLACEMENT
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    code, _, err = run_cli(["run", str(path)], capsys)
+    assert code == 2 and "differ from its first group's ('left')" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_search_refuses_a_placement(capsys) -> None:
+    code, _, err = run_cli(["search", "abci", "--max-layouts", "3", "--workers", "1"], capsys)
+    assert code == 2 and "the layout search does not vary" in err
+    assert len(err.strip().splitlines()) == 1

@@ -77,6 +77,13 @@ class System(Spec):
             raise ValueError(
                 f"system {self.name!r}: groups are named {names}; give each a different name"
             )
+        first = self.groups[0].system if self.groups else self
+        if (self.nodes, self.node, self.network) != (first.nodes, first.node, first.network):
+            raise ValueError(
+                f"system {self.name!r}: its nodes, node and network differ from its first "
+                f"group's ({self.groups[0].name!r}); leave them out, a system of groups "
+                "takes its first group's"
+            )
         return self
 
     @model_validator(mode="after")
