@@ -143,8 +143,13 @@ def test_each_stage_is_priced_on_its_groups_hardware() -> None:
     for stage, group in ((1, "a100"), (2, "v100")):
         alone = Block.of(engine.work.chunks[(stage, 0)].forward, costs[group])
         assert forward[stage] == alone.compute_s
-    memory = simulate(scenario).memory
-    assert [round(m.capacity_bytes / 1e9) for m in memory] == [40, 40, 16, 16]
+    result = simulate(scenario)
+    assert [round(m.capacity_bytes / 1e9) for m in result.memory] == [40, 40, 16, 16]
+    placed = result.to_dict()["placement"]  # result.json
+    assert placed["groups"] == {
+        "a100": {"stages": 2, "nodes": 2, "devices": 16, "accelerator": "a100-sxm4-40gb"},
+        "v100": {"stages": 2, "nodes": 4, "devices": 16, "accelerator": "v100-sxm2-16gb"}}
+    assert placed["layers_per_stage"] == [2, 2, 2, 2] and placed["balance"] == "given"
     assert scenario.devices == 32 and scenario.nodes_used == 2 + 4  # 8 a node, 4 a node
 
 
