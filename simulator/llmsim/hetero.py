@@ -210,8 +210,8 @@ def most_layers_that_fit(scenario: Scenario) -> list[int]:
                 most[s] = n
             else:
                 open_stages.discard(s)
-        if not open_stages or n * len(groups) >= scenario.model.layers * 2:
-            break
+        if not open_stages or n > scenario.model.layers - len(groups):
+            break  # no stage can take more: the others hold one layer each
     return most
 
 

@@ -177,10 +177,13 @@ class Scenario(Spec):
                 "placement.balance: given needs parallelism.layers_per_stage; give the "
                 "layers of each stage, or use balance: throughput"
             )
-        if placement.balance == "throughput" and par.layers_per_stage is not None:
+        if placement.balance == "throughput" and (
+                par.layers_per_stage is not None or par.first_stage_layers is not None
+                or par.last_stage_layers is not None):
             raise ValueError(
                 "placement.balance: throughput computes parallelism.layers_per_stage; "
-                "remove that field, or set balance: given"
+                "remove that field and first_stage_layers / last_stage_layers, or set "
+                "balance: given"
             )
         if placement.balance == "throughput" and par.virtual_stages > 1:
             raise ValueError(
