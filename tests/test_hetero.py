@@ -176,6 +176,7 @@ def test_abci_scenario_is_the_sources_whole_job(capsys) -> None:
     assert code == 0, err
     assert "960 × a100-sxm4-40gb (120 nodes) + 4,352 × v100-sxm2-16gb (1,088 nodes)" in out
     assert "Node groups of abci" in out and "between groups: a pipeline send" in out
+    assert "no validation run resembles this scenario" in out
     assert "does not fit" not in out
 
 
