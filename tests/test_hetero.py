@@ -65,6 +65,26 @@ def test_two_identical_groups_equal_the_homogeneous_run(schedule: str) -> None:
     assert twin.scenario.nodes_used == homo.scenario.nodes_used == 4
 
 
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from([(2, [4, 4]), (4, [2, 2, 2, 2]), (4, [1, 3, 3, 1])]),
+       st.integers(1, 3), st.sampled_from([2, 4]), st.sampled_from([0, 1, 2, 3]),
+       st.sampled_from(["1f1b", "gpipe", "zb-h1"]))
+def test_identical_groups_equal_homogeneous_for_any_layout(pp_split, cut, dp, zero,
+                                                           schedule) -> None:
+    """Any split of the stages between two identical groups, any dp, ZeRO stage and
+    schedule: the same step time and stage breakdown as on one group."""
+    pp, split = pp_split
+    cut = min(cut, pp - 1)
+    par = {"pp": pp, "dp": dp, "zero": zero, "schedule": schedule, "layers_per_stage": split}
+    nodes = pp * 4 * dp // 8  # a stage on tp·dp = 4·dp devices: whole A100 nodes
+    homo = simulate(loader.load_scenario(tiny(a100_nodes(nodes), parallelism=par)))
+    twin = simulate(loader.load_scenario(tiny(
+        twin_system(nodes), parallelism=par,
+        placement={"stages": [{"group": "left", "stages": cut},
+                              {"group": "right", "stages": pp - cut}], "balance": "given"})))
+    assert twin.step_time_s == homo.step_time_s and twin.stages == homo.stages
+
+
 def test_identical_groups_balance_as_the_homogeneous_job_would() -> None:
     """By throughput, identical groups split as the rule splits one group's stages: the
     embedding's and head's extra work moves layers off the first and last stage only."""
