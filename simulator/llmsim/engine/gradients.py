@@ -234,8 +234,8 @@ class GradientTraffic:
         """Whether any bucket of ``chunk`` runs kernels on the compute stream first."""
         key = (chunk.stage, chunk.chunk)
         if key not in self.chunk_has_prep:
-            self.chunk_has_prep[key] = any(self._prep(op, chunk.stage)
-                                               for op in self._grad_ops(chunk))
+            self.chunk_has_prep[key] = any(
+                self._prep(op, chunk.stage) for op in self._grad_ops(chunk))
         return self.chunk_has_prep[key]
 
     def _launch(self, dev: Device, op: CommOp,

@@ -42,7 +42,6 @@ class PipelineMessages:
     recv_posted: dict[object, simpy.Event]
     rendezvous: bool
     p2p_units: tuple[int, int]
-    pp_send_s: dict[bool, float]
     pp_send_op: dict[bool, CommOp]
     pair_send_s: dict[tuple[int, int, bool], float]
     pair_costs: Callable[[int, int], CostModel]

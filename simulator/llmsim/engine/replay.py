@@ -132,7 +132,6 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                            within_node=within, two_rank=self.posted_singly)
             for within in (False, True)
         }
-        self.pp_send_s = {within: costs.comm_s(op) for within, op in self.pp_send_op.items()}
         self.pair_send_s: dict[tuple[int, int, bool], float] = {}
         """(stage, stage, within a node) → a send's time between them, priced once."""
         # Sliced pipeline messages (Megatron's scatter/gather, DeepSpeed's partitioned
