@@ -41,8 +41,7 @@ def test_source_method_counts_packages_in_llmsim_devices():
     ("lumi", 2_978, 40_960),      # 20,480 packages = 40,960 GCDs > 2,978 nodes × 8
     ("aurora", 10_624, 127_488),  # 63,744 GPUs = 127,488 stacks = 10,624 nodes × 12
     ("fugaku", 158_976, 158_976),
-    ("abci", 120, 960),           # the A100 part alone
-])
+])  # abci: the catalog's heterogeneous hand layout, no search (test_cli_end_to_end...)
 def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, source_devices):
     row = next(r for r in gpt4.SOURCE_TABLE if r.system == system)
     catalog, base, devices = gpt4.whole_machine(row)
@@ -91,7 +90,8 @@ def test_cli_end_to_end_on_one_machine(tmp_path, capsys):
     row = rows[0]
     assert float(row["source_days"]) == 770
     assert float(row["days_over_source"]) == pytest.approx(float(row["days"]) / 770)
-    assert int(row["devices"]) + int(row["idle_devices"]) == 960
+    assert int(row["devices"]) + int(row["idle_devices"]) == 960 + 4_352  # the whole job
+    assert int(row["idle_devices"]) == 0 and row["catalog_layout_won"] == "True"
     assert 0 < float(row["mfu"]) < 1 and 0 < float(row["memory_gb"]) <= 40
     # the whole run (llmsim.calendar): failures and checkpoints only add days
     assert float(row["days"]) <= float(row["calendar_days_p10"]) \

@@ -49,6 +49,9 @@ def _tiny(**changes: object) -> llmsim.specs.Scenario:
 @pytest.mark.parametrize("name", catalog.names("scenarios"))
 def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -> None:
     scenario = llmsim.load_scenario(name)
+    if scenario.placement is not None:
+        pytest.skip("a heterogeneous job: the search refuses it and the estimator prices one "
+                    "node group (docs/heterogeneous.md)")
     estimate = Estimator().estimate(scenario)
     result = simulate(scenario)
     assert estimate.step_time_s == pytest.approx(result.step_time_s, rel=0.05)

@@ -90,7 +90,8 @@ def best_yaml(result: gpt4.SystemResult) -> str:
     raw["description"] = (f"llmsim gpt4's best layout for {row.label} "
                           f"({best.devices:,} devices): {gpt4.compact_of(best)}; "
                           f"from the catalog scenario {row.scenario}")
-    raw["nodes"] = best.nodes_used
+    if best.placement is None:  # a placement says the nodes of each group itself
+        raw["nodes"] = best.nodes_used
     # Every field the best layout sets away from its default, so that settings the layout
     # rules out (apply drops them) and uneven stage splits of another pp are gone too.
     fields = best.parallelism.model_dump(mode="json")

@@ -163,7 +163,10 @@ def load_residuals(path: Path = TABLE_PATH) -> list[Residual]:
 
 
 def scenario_band(scenario: Scenario) -> Band | None:
-    """The band of a scenario from the stored table (None: no run resembles it)."""
+    """The band of a scenario from the stored table (None: no run resembles it; no
+    validation run is a heterogeneous job, stages on node groups of different devices)."""
+    if scenario.placement is not None:
+        return None
     return band_for(likeness(scenario), load_residuals())
 
 

@@ -83,6 +83,10 @@ class SourceRow:
     """What else makes llmsim's row differ from the source's (one clause)."""
     max_tp: int | None = None
     """Largest TP degree searched (None: the search's default, a node's devices or 8)."""
+    hand_layout: bool = False
+    """Run the catalog scenario's own layout through the engine instead of searching
+    (:func:`run_hand_layout`): the search does not place pipeline stages on node groups,
+    so a heterogeneous machine's row is its hand layout."""
 
 
 GPU_FACTOR = 2.0
@@ -105,7 +109,9 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
               770, False, GPU_FACTOR, False,
-              "A100 part alone: heterogeneous (A100 + V100) jobs do not exist in llmsim yet"),
+              "the heterogeneous job (15 A100 + 68 V100 pipeline stages, FP16) is the catalog "
+              "scenario's hand layout run by the engine: the search does not place stages on "
+              "node groups", hand_layout=True),
 )
 """The source's table (brief.md: machine, accelerators, days) and its method's factors."""
 
@@ -344,6 +350,8 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
 
     import pandas as pd
 
+    if row.hand_layout:
+        return run_hand_layout(row)
     from llmsim.calendar.summary import table_columns
     from llmsim.search import search
     from llmsim.search.confirm import layout_of_row
@@ -443,3 +451,35 @@ def days_table(systems: str | None = None, *, max_layouts: int | None = DEFAULT_
                                   out=None if out is None else out / row.system,
                                   confirm_timeout_s=confirm_timeout_s))
     return to_frame(results), results
+
+
+def run_hand_layout(row: SourceRow) -> SystemResult:
+    """``row``'s catalog scenario, layout and all, through the engine (no search): the row
+    of a heterogeneous machine (:attr:`SourceRow.hand_layout`)."""
+    import time
+
+    from llmsim import loader
+    from llmsim.calendar.summary import table_columns
+    from llmsim.search.space import layout_of
+    from llmsim.simulation import simulate
+
+    started = time.perf_counter()
+    catalog = loader.load_scenario(row.scenario)
+    result = simulate(catalog.model_copy(update={"fidelity": "reduced"}))
+    calendar = table_columns(result)  # failures, checkpoints, energy (llmsim.calendar)
+    peak = sum(part_peak_flops(p) for p in row.parts)
+    method = source_method_days(catalog.training.flops or 0.0, peak, row.factor)
+    source_devices = sum(p.packages * p.devices_per_package for p in row.parts)
+    parts = {k: v for k, v in result.breakdown_s.items() if k != "compute"}
+    name, seconds = max(parts.items(), key=lambda kv: kv[1])
+    bottleneck = (f"most lost to {name.replace('_', ' ')}, "
+                  f"{100 * seconds / result.step_time_s:.0f} % of the step")
+    layout = layout_of(catalog)
+    engine = {**layout.as_dict(), "key": layout.key, "step_time_s": result.step_time_s,
+              "mfu": result.mfu, "days": result.days_to_train,
+              "memory_gb": max(m.total_bytes for m in result.memory) / 1e9,
+              "fits": result.fits, "devices": catalog.devices,
+              "idle_devices": source_devices - catalog.devices}
+    return SystemResult(row, source_devices, source_devices, peak, method,
+                        catalog if result.fits else None, engine, True, bottleneck, 0, 0,
+                        time.perf_counter() - started, calendar)

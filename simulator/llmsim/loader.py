@@ -70,6 +70,13 @@ def _resolve(raw: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
         if isinstance(parent, dict) and isinstance(parent.get(path[-1]), str):
             name = parent[path[-1]]
             parent[path[-1]] = read_yaml(catalog.path_of(kind, name, field=".".join(path)))
+    system = raw.get("system") if isinstance(raw.get("system"), dict) else raw
+    for i, group in enumerate(system.get("groups") or []):  # a heterogeneous system's
+        if isinstance(group, dict) and isinstance(group.get("system"), str):
+            field = f"system.groups[{i}].system"
+            group["system"] = read_yaml(catalog.path_of("systems", group["system"], field=field))
+        if isinstance(group, dict) and isinstance(group.get("system"), dict):
+            _resolve(group["system"])
     model = raw.get("model")
     if isinstance(model, dict) and "from_hf" in model:
         given = dict(model)

@@ -35,6 +35,8 @@ def stage_layers(layers: int, par: Parallelism) -> list[int]:
     """
     p, v = par.pp, par.virtual_stages
     first, last = par.first_stage_layers, par.last_stage_layers
+    if par.layers_per_stage is not None:
+        return _given_stage_layers(layers, par.layers_per_stage, v)
     if first is None and last is None:
         if layers % (p * v):
             raise ValueError(
@@ -64,6 +66,23 @@ def stage_layers(layers: int, par: Parallelism) -> list[int]:
                 "middle stages; change virtual_stages or the first/last stage layers"
             )
     return out
+
+
+def _given_stage_layers(layers: int, given: list[int], v: int) -> list[int]:
+    """``parallelism.layers_per_stage`` checked: it holds every layer, and each stage's
+    count splits over its ``v`` model chunks."""
+    if sum(given) != layers:
+        raise ValueError(
+            f"parallelism.layers_per_stage: {given} sum to {sum(given)}, not model.layers="
+            f"{layers}; give counts that add up to {layers}"
+        )
+    uneven = [n for n in given if n % v]
+    if uneven:
+        raise ValueError(
+            f"parallelism.virtual_stages: {v} does not divide the {uneven[0]} layers a stage "
+            "holds in parallelism.layers_per_stage; change virtual_stages or the counts"
+        )
+    return list(given)
 
 
 def chunk_layers(layers: int, par: Parallelism) -> list[list[int]]:

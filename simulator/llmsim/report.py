@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from llmsim import hetero
 from llmsim.calendar import CalendarSummary
 from llmsim.calendar.energy import JOULES_PER_KWH
 from llmsim.calendar.stragglers import StepSpread
@@ -50,6 +51,17 @@ def _stage_split(layers: list[int]) -> str:
     return " · layers " + " + ".join(parts)
 
 
+def _runs(layers: list[int]) -> str:
+    """``'2 + 3×14 + 1×53 + 2×15'``: a split as runs of equal counts."""
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return " + ".join(str(n) if k == 1 else f"{n}×{k}" for n, k in runs)
+
+
 def _overlaps(par: Parallelism) -> str:
     """The communication overlaps switched on, named as in the scenario."""
     names = [("DP", par.overlap_dp_comm), ("TP", par.overlap_tp_comm),
@@ -76,13 +88,50 @@ def _kernel_switches(result: Result) -> str:
     return "".join(f", {name}" for name, on in names if on)
 
 
+def _render_groups(result: Result, console: Console) -> None:
+    """A heterogeneous job's node groups: the stages, layers, nodes and devices of each,
+    and the pipeline sends across their borders (:mod:`llmsim.hetero`)."""
+    s = result.scenario
+    rule = ("balanced by throughput" if s.placement and s.placement.balance == "throughput"
+            else "as given")
+    table = Table(title=f"Node groups of {s.system.name} (layers {rule})",
+                  title_justify="left")
+    for col in ("group", "stages", "layers per stage", "nodes", "devices", "accelerator",
+                "network"):
+        table.add_column(col, justify="right" if col in ("nodes", "devices") else "left")
+    for row in hetero.group_rows(s):
+        table.add_row(str(row["group"]), str(row["stages"]),
+                      ", ".join(map(str, row["layers"])),  # type: ignore[call-overload]
+                      f"{row['nodes']:,} of {row['of_nodes']:,}", f"{row['devices']:,}",
+                      str(row["accelerator"]), str(row["network"]))
+    console.print(table)
+    for b in hetero.border_sends(s, result.workload.pp_message_bytes):
+        console.print(f"between groups: a pipeline send from stage {b['stage']} ({b['from']}) "
+                      f"to {b['stage'] + 1} ({b['to']}) takes {fmt_seconds(b['across_s'])}, "
+                      f"the slower side's path ({b['from']}: {fmt_seconds(b['from_s'])}, "
+                      f"{b['to']}: {fmt_seconds(b['to_s'])})")
+
+
 def _render_placement(result: Result, console: Console) -> None:
     """Where each parallel group sits: ranks per node, nodes, the network level and hops
     of its ring's steps, and its route (leaves / dragonfly groups / torus dimensions)."""
-    rows = placement_rows(Plan.from_scenario(result.scenario))
+    s = result.scenario
+    if s.placement is not None:
+        _render_groups(result, console)
+        for name in s.group_systems():
+            system = hetero.job_system(s, name)
+            plan = Plan(system, s.devices // system.node.devices_per_node, s.parallelism, s.dp)
+            _placement_table(placement_rows(plan), console, f" on group {name}")
+        return
+    _placement_table(placement_rows(Plan.from_scenario(s)), console)
+
+
+def _placement_table(rows: list[dict[str, object]], console: Console, where: str = "") -> None:
+    """The placement table of :func:`_render_placement`."""
     if not rows:
         return
-    table = Table(title="Placement (the worst group of each axis)", title_justify="left")
+    table = Table(title=f"Placement{where} (the worst group of each axis)",
+                  title_justify="left")
     for col in ("axis", "size", "ranks", "per node", "nodes", "level", "hops", "route"):
         table.add_column(col, justify="right" if col in ("size", "per node", "nodes", "hops")
                          else "left")
@@ -99,17 +148,21 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     s = result.scenario
     par = s.parallelism
     accel = s.system.node.accelerator
+    machine = (f"{s.devices:,} × {accel.name} ({s.nodes_used:,} nodes of {s.system.name})"
+               if s.placement is None else " + ".join(
+                   f"{d:,} × {s.system.group(g).node.accelerator.name} ({n:,} nodes)"
+                   for g, (n, d) in s.group_nodes().items()) + f" of {s.system.name}")
     console.print(
         f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params"
         + (f", {s.model.active_params_per_token / 1e9:,.1f} B active per token"
-           if s.model.moe is not None else "") + ") on "
-        f"{s.devices:,} × {accel.name} ({s.nodes_used:,} nodes of {s.system.name})"
+           if s.model.moe is not None else "") + ") on " + machine
     )
     console.print(
         f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
         + "".join(f" · {a} {d}" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
-        + _stage_split(stage_layers(s.model.layers, par))
+        + (_stage_split(stage_layers(s.model.layers, par)) if s.placement is None
+           else " · layers " + _runs(stage_layers(s.model.layers, par)))
         + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
         f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
         f"{s.training.precision}, {_overlaps(par)}{_kernel_switches(result)}"

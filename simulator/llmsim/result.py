@@ -97,9 +97,15 @@ class Result:
 
     @property
     def peak_flops_per_device(self) -> float:
-        """Dense peak of the training dtype, FLOP/s."""
-        accel = self.scenario.system.node.accelerator
-        return accel.peak_flops(self.scenario.training.precision)
+        """Dense peak of the training dtype, FLOP/s (a heterogeneous job's mean over its
+        devices)."""
+        sc = self.scenario
+        if sc.placement is not None:
+            groups = sc.group_systems()
+            return sum(devices * groups[name].node.accelerator.peak_flops(
+                sc.training.precision) for name, (_, devices) in sc.group_nodes().items()
+            ) / sc.devices
+        return sc.system.node.accelerator.peak_flops(sc.training.precision)
 
     @property
     def model_tflops_per_device(self) -> float:
@@ -172,6 +178,13 @@ class Result:
                        "micro_batch": s.parallelism.micro_batch,
                        "microbatches": s.micro_batches, "schedule": s.parallelism.schedule,
                        "zero": s.parallelism.zero, "recompute": s.parallelism.recompute},
+            **({"placement": {
+                "groups": {name: {"stages": stages, "nodes": s.group_nodes()[name][0],
+                                  "devices": s.group_nodes()[name][1],
+                                  "accelerator": s.system.group(name).node.accelerator.name}
+                           for name, stages in s.placement.stage_counts().items()},
+                "layers_per_stage": s.parallelism.layers_per_stage,
+                "balance": s.placement.balance}} if s.placement is not None else {}),
             "params": s.model.params,
             "active_params_per_token": s.model.active_params_per_token,
             "step_time_s": self.step_time_s,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from llmsim import schedules
+from llmsim import hetero, schedules
 from llmsim.costs.collectives import posted_p2p_units
 from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
 from llmsim.errors import UserError
@@ -17,11 +17,18 @@ from llmsim.workload import build_workload, step_traffic
 
 
 def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
-    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run."""
+    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run.
+
+    With a ``placement`` (a heterogeneous job) each stage is priced on its node group's
+    hardware and the layers are split by :func:`llmsim.hetero.balanced` first."""
+    scenario = hetero.balanced(scenario)
     plan = Plan.from_scenario(scenario)
     par = scenario.parallelism
     workload = build_workload(scenario.model, par, scenario.training, scenario.dp)
     schedule = schedules.build(par.schedule, par.pp, workload.microbatches, par.virtual_stages)
+    stage_costs = None
+    if scenario.placement is not None and costs is None:
+        stage_costs = costs = hetero.staged_costs(scenario)
     if costs is None:
         from llmsim.costs import HardwareCosts
         from llmsim.costs.jitter import jittered
@@ -37,10 +44,12 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                     overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                     prefetch_weights=par.prefetch_weights,
                     regather_for_recompute=workload.regather_for_recompute,
-                    node_of=_node_of(plan),
+                    node_of=(_node_of(plan) if scenario.placement is None
+                             else hetero.node_of(scenario)),
                     collective_units=scenario.system.node.collective_units,
                     p2p_units=p2p_units,
-                    aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
+                    aligned_grad_sync=par.grad_reduce_launch == "pp_aligned",
+                    stage_costs=stage_costs)
     if engine.rendezvous:
         check_posted_units(scenario)
     return engine
@@ -77,6 +86,7 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     ``progress(share)`` is called every few seconds of a long run with the share of its
     pipeline actions begun (``Engine.run``); it changes no result.
     """
+    scenario = hetero.balanced(scenario)
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
     trace = engine.run(progress)
@@ -89,8 +99,9 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
         )
     reps = _representatives(trace)
     stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
-    memory = memory_per_stage(scenario.model, par, trn, scenario.dp,
-                              scenario.system.node.accelerator)
+    memory = (memory_per_stage(scenario.model, par, trn, scenario.dp,
+                               scenario.system.node.accelerator)
+              if scenario.placement is None else hetero.group_memory(scenario))
     return Result(
         scenario=scenario,
         workload=workload,

@@ -110,12 +110,18 @@ def step_energy(result: Result) -> StepEnergy | None:
     figures."""
     s = result.scenario
     power = device_power(s.system.node.accelerator)
-    if power is None:
+    # A heterogeneous job's stages draw their own group's accelerator's power.
+    powers = ([device_power(s.system.group(g).node.accelerator)
+               for g in s.placement.group_of_stage()] if s.placement is not None
+              else [power] * s.parallelism.pp)
+    if power is None or any(p is None for p in powers):
         return None
     per_stage = s.devices / s.parallelism.pp
     gemm = memory = comm = wait = 0.0
     shares = memory_shares(result)
     for b in result.stages:
+        power = powers[b.stage]
+        assert power is not None
         mem_share = shares[b.stage]
         gemm += per_stage * power.gemm_w * b.compute_s * (1 - mem_share)
         memory += per_stage * power.memory_w * (b.compute_s * mem_share + b.optimizer_s)
@@ -123,8 +129,9 @@ def step_energy(result: Result) -> StepEnergy | None:
         wait += per_stage * power.wait_w * b.bubble_s
     facility = s.system.facility
     node_w = s.nodes_used * (facility.node_overhead_w + facility.network_w_per_node)
-    idle_w = ((s.devices * power.idle_w + node_w) / facility.conversion_efficiency
-              * facility.pue)
+    devices_idle_w = (s.devices * power.idle_w if s.placement is None
+                      else sum(per_stage * p.idle_w for p in powers if p is not None))
+    idle_w = (devices_idle_w + node_w) / facility.conversion_efficiency * facility.pue
     return StepEnergy(gemm, memory, comm, wait, node_w * result.step_time_s, facility.pue,
                       result.step_time_s, idle_w, facility.conversion_efficiency)
 

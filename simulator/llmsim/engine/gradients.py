@@ -48,7 +48,7 @@ class BucketRun:
         """Launch bucket ``op`` at ``at_s`` (now, or later in a pass priced ahead)."""
         engine, dev = self.engine, self.dev
         start_s = max(at_s, engine.dp_free_s.get(dev.id, -math.inf))
-        end_s = engine.dp_free_s[dev.id] = start_s + engine._comm_s(op)
+        end_s = engine.dp_free_s[dev.id] = start_s + engine._comm_s(op, dev.stage)
         engine.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
                                      start_s, end_s))
         self.left -= 1
@@ -86,22 +86,25 @@ class GradientTraffic:
     split_backward: bool
     collective_units: int
     bucket_ops: dict[tuple[int, int], list[CommOp]]
-    prep_s: dict[int, tuple[CommOp, tuple[tuple[str, float], ...]]]
+    prep_s: dict[tuple[int, int], tuple[CommOp, tuple[tuple[str, float], ...]]]
     closed_form: dict[int, bool]
     hooks_closed_form: bool
     dp_closed_until: dict[int, float]
     open_runs: dict[int, int]
     dp_free_s: dict[int, float]
     dp_run_end: dict[int, simpy.Event]
-    comm_s_of: dict[int, tuple[CommOp, float]]
+    comm_s_of: dict[tuple[int, int], tuple[CommOp, float]]
+    stage_costs: list[CostModel]
     chunk_has_prep: dict[tuple[int, int], bool]
 
-    def _comm_s(self, op: CommOp) -> float:
-        """Seconds ``op`` takes, priced once per op object (the engine builds each chunk's
-        buckets and gathers once; the cost model prices equal collectives once)."""
-        priced = self.comm_s_of.get(id(op))
+    def _comm_s(self, op: CommOp, stage: int) -> float:
+        """Seconds ``op`` takes on ``stage``'s devices, priced once per op object and stage
+        (the engine builds each chunk's buckets and gathers once; the cost model prices
+        equal collectives once)."""
+        priced = self.comm_s_of.get((id(op), stage))
         if priced is None or priced[0] is not op:
-            priced = self.comm_s_of[id(op)] = (op, self.costs.comm_s(op))
+            priced = self.comm_s_of[(id(op), stage)] = (
+                op, self.stage_costs[stage].comm_s(op))
         return priced[1]
 
     def _closed_form_pass(self, dev: Device, block: Block, marks: list[Mark],
@@ -144,7 +147,7 @@ class GradientTraffic:
         end_s = env.now
         for at_s, op in launches:
             start_s = max(at_s, end_s)
-            end_s = start_s + self._comm_s(op)
+            end_s = start_s + self._comm_s(op, dev.stage)
             self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
                                        start_s, end_s))
         yield timeout_until(env, end_s)
@@ -165,7 +168,7 @@ class GradientTraffic:
             yield self.barrier.arrive((key, op.name, tag), members)
         start = self.env.now
         self.contention[dev.id].hold(collective=self.collective_units)
-        yield self.env.timeout(self._comm_s(op))
+        yield self.env.timeout(self._comm_s(op, dev.stage))
         self.contention[dev.id].hold(collective=-self.collective_units)
         self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
                                    start, self.env.now))
@@ -217,27 +220,29 @@ class GradientTraffic:
             carried.setdefault((act.chunk, act.microbatch), []).extend(later)
         return own
 
-    def _prep(self, op: CommOp) -> tuple[tuple[str, float], ...]:
+    def _prep(self, op: CommOp, stage: int) -> tuple[tuple[str, float], ...]:
         """(name, seconds) of each kernel the compute stream runs on gradient bucket ``op``
         before its reduction (:meth:`Workload.grad_sync_prep`), priced once."""
-        priced = self.prep_s.get(id(op))
+        priced = self.prep_s.get((id(op), stage))
         if priced is None or priced[0] is not op:  # kept with it: its id is not reused
-            priced = self.prep_s[id(op)] = (op, tuple(
-                (k.name, self.costs.compute_s(k)) for k in self.work.grad_sync_prep(op)))
+            costs = self.stage_costs[stage]
+            priced = self.prep_s[(id(op), stage)] = (op, tuple(
+                (k.name, costs.compute_s(k)) for k in self.work.grad_sync_prep(op)))
         return priced[1]
 
     def _has_prep(self, chunk: Chunk) -> bool:
         """Whether any bucket of ``chunk`` runs kernels on the compute stream first."""
         key = (chunk.stage, chunk.chunk)
         if key not in self.chunk_has_prep:
-            self.chunk_has_prep[key] = any(self._prep(op) for op in self._grad_ops(chunk))
+            self.chunk_has_prep[key] = any(
+                self._prep(op, chunk.stage) for op in self._grad_ops(chunk))
         return self.chunk_has_prep[key]
 
     def _launch(self, dev: Device, op: CommOp,
                 grad_ops: list[simpy.Process]) -> Iterator[simpy.Event] | None:
         """Launch gradient bucket ``op``'s reduction into ``grad_ops``; or, when the compute
         stream first runs kernels on the bucket, return that work, which launches it."""
-        if self._prep(op):
+        if self._prep(op, dev.stage):
             return self._prepared(dev, op, grad_ops)
         grad_ops.append(self.env.process(self._collective(dev, op)))
         return None
@@ -257,7 +262,7 @@ class GradientTraffic:
                   launched: list[simpy.Process]) -> Iterator[simpy.Event]:
         """Run bucket ``op``'s kernels on the compute stream (recorded as kind "D"), then
         launch its reduction into ``launched``."""
-        for name, duration_s in self._prep(op):
+        for name, duration_s in self._prep(op, dev.stage):
             start = self.env.now
             yield self.env.timeout(duration_s)
             self.records.append(Record(dev.id, dev.stage, "compute", name, "D", -1, -1,

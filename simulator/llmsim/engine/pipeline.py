@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterator
 
 import simpy
 
+from llmsim.blocks import CostModel
 from llmsim.engine.devices import Device
 from llmsim.engine.streams import Contention, Fifo, timeout_until
+from llmsim.ops import CommOp
 from llmsim.schedules import Action
 from llmsim.trace import Record
 from llmsim.workload import Workload
@@ -40,7 +42,9 @@ class PipelineMessages:
     recv_posted: dict[object, simpy.Event]
     rendezvous: bool
     p2p_units: tuple[int, int]
-    pp_send_s: dict[bool, float]
+    pp_send_op: dict[bool, CommOp]
+    pair_send_s: dict[tuple[int, int, bool], float]
+    pair_costs: Callable[[int, int], CostModel]
     pp_gather_s: float
     node_of: Callable[[Device, int], int] | None
     _within: dict[tuple[object, int, int], bool]
@@ -64,7 +68,7 @@ class PipelineMessages:
             return self.env.process(self._send(dev, key, mb, chunk, to_stage))
         within = self._within_node(dev, to_stage)
         start_s = max(self.env.now, self.pp_free_s.get(dev.id, -math.inf))
-        end_s = self.pp_free_s[dev.id] = start_s + self.pp_send_s[within]
+        end_s = self.pp_free_s[dev.id] = start_s + self._send_s(dev.stage, to_stage, within)
         self.message_start[key] = start_s
         self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", key[1], mb, chunk,
                                    start_s, end_s))
@@ -87,7 +91,7 @@ class PipelineMessages:
             yield self._recv_posted(key)
         start = self.env.now
         self.message_start[key] = start
-        yield self.env.timeout(self.pp_send_s[within])
+        yield self.env.timeout(self._send_s(dev.stage, to_stage, within))
         self.records.append(Record(dev.id, dev.stage, "pp", "pp_send", key[1], mb, chunk,
                                    start, self.env.now))
         if self.rendezvous:
@@ -161,6 +165,16 @@ class PipelineMessages:
         self.records.append(Record(dev.id, dev.stage, "pp", "pp_gather", "recv",
                                    act.microbatch, act.chunk, start, self.env.now))
         self.pp_waits.append((dev.id, start, self.env.now, start))
+
+    def _send_s(self, stage: int, to_stage: int, within: bool) -> float:
+        """Seconds a pipeline send from ``stage`` to ``to_stage`` takes: priced on the pair's
+        cost model (:attr:`pair_costs`, the slower group's path across node groups), once."""
+        key = (stage, to_stage, within)
+        priced = self.pair_send_s.get(key)
+        if priced is None:
+            priced = self.pair_send_s[key] = self.pair_costs(stage, to_stage).comm_s(
+                self.pp_send_op[within])
+        return priced
 
     def _within_node(self, dev: Device, to_stage: int) -> bool:
         """Whether ``dev`` and its pipeline's ``to_stage`` share a node (memoised)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import simpy
 
@@ -27,6 +28,13 @@ from llmsim.trace import Record, Trace
 from llmsim.workload import Chunk, Workload
 
 
+class StageCosts(Protocol):
+    """Cost models per pipeline stage: a heterogeneous job's (:mod:`llmsim.hetero`)."""
+
+    def for_stage(self, stage: int) -> CostModel: ...
+    def between(self, stage: int, other: int) -> CostModel: ...
+
+
 class Engine(PipelineMessages, GradientTraffic, WeightGathers):
     """Replays one step; build it, then call :meth:`run`."""
 
@@ -37,8 +45,18 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
                  collective_units: int = 0, p2p_units: tuple[int, int] = (0, 0),
-                 aligned_grad_sync: bool = False) -> None:
+                 aligned_grad_sync: bool = False,
+                 stage_costs: StageCosts | None = None) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
+        self.stage_costs: list[CostModel] = (
+            [costs] * workload.stages if stage_costs is None
+            else [stage_costs.for_stage(s) for s in range(workload.stages)])
+        """Stage → the cost model of the node group it runs on (a heterogeneous job's
+        ``stage_costs``; ``costs`` for every stage otherwise)."""
+        self.pair_costs: Callable[[int, int], CostModel] = (
+            (lambda a, b: costs) if stage_costs is None else stage_costs.between)
+        """(stage, stage) → the cost model of a message between them (across node groups:
+        :meth:`llmsim.hetero.StagedCosts.between`)."""
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
         # Zero-Bubble schedules split B from W and send right after B.
@@ -59,7 +77,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         """(stage, chunk) → its per-layer weight gathers, built once."""
         self.bucket_ops: dict[tuple[int, int], list[CommOp]] = {}
         """(stage, chunk) → its gradient buckets' reductions, built once."""
-        self.prep_s: dict[int, tuple[CommOp, tuple[tuple[str, float], ...]]] = {}
+        self.prep_s: dict[tuple[int, int], tuple[CommOp, tuple[tuple[str, float], ...]]] = {}
         """id of a gradient bucket → it and its compute-stream kernels before the
         reduction, priced."""
         self.grad_syncs: dict[int, dict[int, list[int]] | None] = {}
@@ -109,12 +127,13 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         self.pp_free_s: dict[int, float] = {}
         """Device → when the last send on its ``pp`` link ends (sends in closed form)."""
         self.dp_stream = {d.id: Fifo(self.env) for d in devices}
-        self.pp_send_s = {  # posted one by one: on the pair's own communicator
-            within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
-                                        workload.pp_message_bytes, within_node=within,
-                                        two_rank=self.posted_singly))
+        self.pp_send_op = {  # posted one by one: on the pair's own communicator
+            within: CommOp("pp_send", "send_recv", "pp", "F", workload.pp_message_bytes,
+                           within_node=within, two_rank=self.posted_singly)
             for within in (False, True)
         }
+        self.pair_send_s: dict[tuple[int, int, bool], float] = {}
+        """(stage, stage, within a node) → a send's time between them, priced once."""
         # Sliced pipeline messages (Megatron's scatter/gather, DeepSpeed's partitioned
         # tensors): the receivers rebuild each over their TP group with a tensor-list
         # all_gather (a flat buffer, then one copy out per rank's slice).
@@ -140,7 +159,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         """Device → when the last bucket of its bucket runs ends."""
         self.dp_run_end: dict[int, simpy.Event] = {}
         """Device → the event that ends its last bucket run."""
-        self.comm_s_of: dict[int, tuple[CommOp, float]] = {}
+        self.comm_s_of: dict[tuple[int, int], tuple[CommOp, float]] = {}
         """id of a collective → it and its duration (kept, so the id is not reused)."""
         self.chunk_has_prep: dict[tuple[int, int], bool] = {}
         """(stage, chunk) → whether its buckets run kernels before their reductions."""
@@ -163,7 +182,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         if block is None:
             ops = {"F": work.forward, "B": work.backward, "w": work.weight,
                    "W": work.weight + work.accumulate}
-            block = self.priced[key] = Block.of(ops[kind], self.costs, self.overlap_tp, held)
+            block = self.priced[key] = Block.of(ops[kind], self.stage_costs[stage],
+                                                self.overlap_tp, held)
         return block
 
     @property
@@ -306,7 +326,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         if tied is not None and dev.stage in (0, p - 1):
             yield self.barrier.arrive((dev.pipe, tied.name), 2)
             start = env.now
-            yield env.timeout(self.costs.comm_s(tied))
+            yield env.timeout(self.pair_costs(0, p - 1).comm_s(tied))
             self.records.append(Record(dev.id, dev.stage, "pp", tied.name, "O", -1, -1,
                                        start, env.now))
         # Gradient-norm clipping all-reduces over every stage: the optimizer of each
@@ -316,7 +336,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             self.stage_ready.succeed()
         yield self.stage_ready
         start = env.now
-        yield env.timeout(self.costs.compute_s(work.optimizer[dev.stage]))
+        yield env.timeout(self.stage_costs[dev.stage].compute_s(work.optimizer[dev.stage]))
         self.records.append(Record(dev.id, dev.stage, "compute", "optimizer", "O", -1, -1,
                                    start, env.now))
         for gather in work.dp_param_gathers(dev.stage):  # dense weights', then experts'

@@ -111,6 +111,10 @@ def search(
                         "(a share of device memory, e.g. 0.1)")
     if top < 0:
         raise UserError(f"--top: {top} must be 0 or more")
+    if scenario.placement is not None:
+        raise UserError(f"scenario {scenario.name!r}: its placement puts pipeline stages on "
+                        "node groups, which the layout search does not vary; remove placement "
+                        "to search the system's first group (docs/heterogeneous.md)")
     fixed = parse_fix(fix) if isinstance(fix, list) else dict(fix or {})
     if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
         raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "

@@ -64,6 +64,11 @@ class Parallelism(Spec):
     last_stage_layers: NonNegativeInt | None = None
     """Transformer layers on the last stage, which also runs the LM head and loss
     (Megatron-Core ``--decoder-last-pipeline-num-layers``)."""
+    layers_per_stage: list[PositiveInt] | None = None
+    """Transformer layers on each pipeline stage, first to last, when stages hold unequal
+    shares (a heterogeneous job's stages on node groups of different speeds, balanced by
+    :func:`llmsim.hetero.balance_layers`); None: the split above (even, or
+    ``first_stage_layers`` / ``last_stage_layers``)."""
     micro_batch: PositiveInt = 1
     """Sequences per micro-batch."""
     zero: int = Field(default=0, ge=0, le=3)
@@ -282,6 +287,14 @@ class Parallelism(Spec):
                         f"parallelism.{field}: {getattr(self, field)} needs pp ≥ 2 (one stage "
                         "holds every layer); remove it or raise pp"
                     )
+        if self.layers_per_stage is not None and (
+                len(self.layers_per_stage) != self.pp or self.first_stage_layers is not None
+                or self.last_stage_layers is not None):
+            raise ValueError(
+                f"parallelism.layers_per_stage: {self.layers_per_stage} must give one count "
+                f"per stage (pp = {self.pp}) and replaces first_stage_layers / "
+                "last_stage_layers; give pp counts and remove those two"
+            )
         if sorted(self.rank_order) != sorted(["tp", "cp", "ep", "dp", "pp"]):
             raise ValueError(
                 f"parallelism.rank_order: {self.rank_order} must list each of tp, cp, ep, dp, pp "

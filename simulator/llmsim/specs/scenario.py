@@ -12,6 +12,7 @@ from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
+from llmsim.specs.placement import Placement
 from llmsim.specs.system import System
 from llmsim.specs.training import Training
 
@@ -31,6 +32,9 @@ class Scenario(Spec):
     """The model (catalog name or inline spec)."""
     parallelism: Parallelism = Field(default_factory=Parallelism)
     """Parallel layout."""
+    placement: Placement | None = None
+    """Which node group of the system runs which pipeline stages (a heterogeneous job,
+    docs/heterogeneous.md); None: every stage on the system's own (first) group."""
     training: Training
     """Batch, sequence, precision and run size."""
     seed: int = 0
@@ -60,6 +64,8 @@ class Scenario(Spec):
                 f"nodes: {self.nodes} is more than {sysm.name} has ({sysm.nodes}); "
                 f"use at most {sysm.nodes}"
             )
+        if self.placement is not None:
+            self._check_placement()
         devices = self.devices
         fixed = par.tp * par.pp * par.cp * par.ep
         degrees = f"tp({par.tp})·pp({par.pp})" + "".join(
@@ -91,7 +97,15 @@ class Scenario(Spec):
                 f"parallelism.tp: {par.tp} does not divide model.ffn_hidden={mdl.ffn_hidden}; "
                 "choose a tp that divides it"
             )
-        chunk_layers(mdl.layers, par)  # raises a ValueError naming the field
+        if self._layers_wait_for_balance:
+            if mdl.layers < par.pp:
+                raise ValueError(
+                    f"parallelism.pp: {par.pp} stages for model.layers={mdl.layers}; a "
+                    "balanced placement gives every stage a layer — use at most "
+                    f"{mdl.layers} stages"
+                )
+        else:
+            chunk_layers(mdl.layers, par)  # raises a ValueError naming the field
         per_step = par.micro_batch * self.dp * par.ep
         if trn.global_batch % per_step:
             named = "micro_batch·dp·ep" if par.ep > 1 else "micro_batch·dp"
@@ -112,13 +126,15 @@ class Scenario(Spec):
                 "micro-batches, layers or devices, fidelity: reduced, a larger "
                 "parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
             )
+        for accel in {g.node.accelerator.name: g.node.accelerator
+                      for g in self.group_systems().values()}.values():
+            if not accel.supports(trn.precision):
+                have = [k for k, v in accel.dense_tflops.model_dump().items() if v]
+                raise ValueError(
+                    f"training.precision: {trn.precision} is not supported by {accel.name}; "
+                    f"use one of {', '.join(have)}"
+                )
         accel = sysm.node.accelerator
-        if not accel.supports(trn.precision):
-            have = [k for k, v in accel.dense_tflops.model_dump().items() if v]
-            raise ValueError(
-                f"training.precision: {trn.precision} is not supported by {accel.name}; "
-                f"use one of {', '.join(have)}"
-            )
         units = accel.gemm.compute_units
         held = sysm.node.collective_units  # beside a data-parallel collective as well
         for field, sms in par.tp_overlap_units.items():
@@ -129,6 +145,85 @@ class Scenario(Spec):
                     f"use fewer than {units - held}"
                 )
         return self
+
+    def _check_placement(self) -> None:
+        """A heterogeneous placement names known groups, covers the stages and fits."""
+        par, placement = self.parallelism, self.placement
+        assert placement is not None
+        if self.nodes is not None:
+            raise ValueError(
+                f"nodes: {self.nodes} with a placement; the placement's stages say how many "
+                "nodes of each group the job uses — remove nodes"
+            )
+        if par.dp == "auto":
+            raise ValueError(
+                "parallelism.dp: auto with a placement; give the data-parallel degree "
+                "(every stage runs on tp·cp·ep·dp devices of its group)"
+            )
+        staged = sum(run.stages for run in placement.stages)
+        if staged != par.pp:
+            raise ValueError(
+                f"placement.stages: the runs hold {staged} stages but parallelism.pp is "
+                f"{par.pp}; make the stages add up to pp"
+            )
+        if par.rank_order[-1] != "pp":
+            raise ValueError(
+                f"parallelism.rank_order: {par.rank_order} with a placement; pp must come "
+                "last (each stage on whole nodes of one group)"
+            )
+        if par.pp_scatter_gather != "none":
+            raise ValueError(
+                f"parallelism.pp_scatter_gather: {par.pp_scatter_gather} with a placement is "
+                "not modelled (the sliced messages' gather would run on two groups); set none"
+            )
+        if placement.balance == "given" and par.layers_per_stage is None:
+            raise ValueError(
+                "placement.balance: given needs parallelism.layers_per_stage; give the "
+                "layers of each stage, or use balance: throughput"
+            )
+        if placement.balance == "throughput" and (
+                par.layers_per_stage is not None or par.first_stage_layers is not None
+                or par.last_stage_layers is not None):
+            raise ValueError(
+                "placement.balance: throughput computes parallelism.layers_per_stage; "
+                "remove that field and first_stage_layers / last_stage_layers, or set "
+                "balance: given"
+            )
+        if placement.balance == "throughput" and par.virtual_stages > 1:
+            raise ValueError(
+                f"parallelism.virtual_stages: {par.virtual_stages} with placement.balance: "
+                "throughput, which splits layers per stage only; use 1, or balance: given"
+            )
+        per_stage = par.tp * par.cp * par.ep * par.dp
+        for i, (name, stages) in enumerate(placement.stage_counts().items()):
+            try:
+                group = self.system.group(name)
+            except ValueError as exc:
+                raise ValueError(f"placement.stages[{i}].group: {exc}") from None
+            dpn = group.node.devices_per_node
+            if per_stage % dpn:
+                raise ValueError(
+                    f"placement.stages: a stage's tp·cp·ep·dp = {per_stage} devices do not "
+                    f"fill whole nodes of group {name!r} ({dpn} devices each); change tp or dp"
+                )
+            if stages * per_stage > group.devices:
+                raise ValueError(
+                    f"placement.stages: {stages} stages × {per_stage} devices = "
+                    f"{stages * per_stage} on group {name!r}, which has {group.devices}; "
+                    f"use at most {group.devices // per_stage} stages there"
+                )
+
+    @property
+    def _layers_wait_for_balance(self) -> bool:
+        """Whether the layer split is computed later, by the throughput balance."""
+        return (self.placement is not None and self.placement.balance == "throughput"
+                and self.parallelism.layers_per_stage is None)
+
+    def group_systems(self) -> dict[str, System]:
+        """The node groups the job runs on, by name (the system itself without placement)."""
+        if self.placement is None:
+            return {self.system.name: self.system}
+        return {name: self.system.group(name) for name in self.placement.stage_counts()}
 
     def _check_experts_and_context(self) -> None:
         """Expert and context parallelism as Megatron-Core accepts them."""
@@ -187,13 +282,28 @@ class Scenario(Spec):
 
     @property
     def nodes_used(self) -> int:
-        """Nodes the job runs on."""
+        """Nodes the job runs on (of every group its placement names)."""
+        if self.placement is not None:
+            return sum(n for n, _ in self.group_nodes().values())
         return self.nodes if self.nodes is not None else self.system.nodes
 
     @property
     def devices(self) -> int:
         """Devices the job runs on."""
+        if self.placement is not None:
+            return sum(d for _, d in self.group_nodes().values())
         return self.nodes_used * self.system.node.devices_per_node
+
+    def group_nodes(self) -> dict[str, tuple[int, int]]:
+        """Per node group of the placement: (nodes, devices) the job uses there."""
+        assert self.placement is not None
+        par = self.parallelism
+        per_stage = par.tp * par.cp * par.ep * (par.dp if isinstance(par.dp, int) else 1)
+        out = {}
+        for name, stages in self.placement.stage_counts().items():
+            dpn = self.system.group(name).node.devices_per_node
+            out[name] = (-(-stages * per_stage // dpn), stages * per_stage)
+        return out
 
     @property
     def dp(self) -> int:
