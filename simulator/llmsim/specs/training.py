@@ -86,6 +86,16 @@ class Training(Spec):
     """With ``precision: fp8``: weights kept in FP8 for the forward, so the distributed
     optimizer's and ZeRO-3's weight all-gathers move 1 byte per weight, not 2
     (Megatron-LM ``--fp8-param-gather``, TE ``fp8_model_init``)."""
+    fp8_weight_cast: Literal["per_step", "per_microbatch"] = "per_step"
+    """With ``precision: fp8``: how often Transformer Engine casts each weight to FP8 (the
+    copy and its transpose). ``per_step``: on the first micro-batch of each step, the copy
+    kept for the others (the framework passes ``is_first_microbatch``, as Megatron-LM and
+    NeMo do); ``per_microbatch``: before every forward (``is_first_microbatch=None``, a
+    plain TE model)."""
+    fp8_amax_history_len: PositiveInt = 1024
+    """With ``precision: fp8`` and delayed scaling: FP32 amaxes of past iterations kept per
+    FP8 tensor, rolled at the end of each forward and backward region (Transformer Engine's
+    ``DelayedScaling.amax_history_len``, default 1024 in TE 1.x)."""
     cuda_graphs: bool = False
     """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
     a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel
