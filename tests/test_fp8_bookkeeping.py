@@ -111,3 +111,22 @@ def test_the_bookkeeping_lengthens_the_step() -> None:
     short = simulate(make_scenario(system="eos", training__precision="fp8",
                                    training__fp8_amax_history_len=1)).step_time_s
     assert per_mb > per_step > short
+
+
+@pytest.mark.parametrize(("history", "reduction", "per_module"), [
+    (1, False, 2), (1, True, 3), (16, False, 3), (16, True, 4)])
+def test_per_module_updates_launch_two_to_four_kernels_per_te_module(
+        history: int, reduction: bool, per_module: int) -> None:
+    """TE 0.8: each of a layer's three modules (LayerNormLinear, Linear, LayerNormMLP)
+    runs the fused update and the history's fill, the roll with a history above one, the
+    copy of the reduced amax with the reduction; the bytes are those of the region form."""
+    overrides = {"training__fp8_amax_history_len": history,
+                 "training__fp8_amax_reduction": reduction}
+    _, region = workload(**overrides)
+    _, module = workload(training__fp8_amax_update="per_module", **overrides)
+    chunk = module.chunks[(0, 0)]
+    for pass_ops in ("forward", "backward"):
+        (a,) = named(getattr(region.chunks[(0, 0)], pass_ops), "fp8_amax_update")
+        (b,) = named(getattr(chunk, pass_ops), "fp8_amax_update")
+        assert b.bytes == a.bytes and a.splits == 2
+        assert b.splits == 3 * chunk.layers * per_module

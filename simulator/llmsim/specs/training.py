@@ -96,6 +96,11 @@ class Training(Spec):
     """With ``precision: fp8`` and delayed scaling: FP32 amaxes of past iterations kept per
     FP8 tensor, rolled at the end of each forward and backward region (Transformer Engine's
     ``DelayedScaling.amax_history_len``, default 1024 in TE 1.x)."""
+    fp8_amax_update: Literal["per_region", "per_module"] = "per_region"
+    """With ``precision: fp8`` and delayed scaling: how Transformer Engine updates the amax
+    histories and scales. ``per_region`` (TE 1.x): once per ``fp8_autocast`` region's
+    forward and backward, two kernels for all its tensors; ``per_module`` (TE 0.x): each
+    TE module before its own forward and backward, two to four small kernels each."""
     cuda_graphs: bool = False
     """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
     a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel

@@ -29,7 +29,12 @@ from llmsim.specs import Model, Parallelism, Training
 if TYPE_CHECKING:
     pass
 
-from llmsim.workload.fp8 import amax_history_updates, step_weight_casts, weight_elements
+from llmsim.workload.fp8 import (
+    FP8_LINEARS_PER_LAYER,
+    amax_history_updates,
+    step_weight_casts,
+    weight_elements,
+)
 from llmsim.workload.layer import LayerBuilder, _as_phase
 from llmsim.workload.step import Chunk, Op, Workload
 
@@ -70,9 +75,6 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
                                                      par.grad_reduce_dtype)))
 
 
-FP8_LINEARS_PER_LAYER = 4
-"""Transformer Engine's FP8 linear layers in a transformer layer: QKV, attention output,
-and the MLP's two (a gated MLP's gate and up matrices are one GEMM)."""
 
 
 def _amax_reductions(training: Training, layers: int) -> tuple[list[Op], list[Op]]:

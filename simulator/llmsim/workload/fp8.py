@@ -19,6 +19,12 @@ FP8_TENSORS_FORWARD = 3
 FP8_TENSORS_BACKWARD = 2
 """FP8 tensors per linear layer in the backward's: output gradient, input gradient
 (``fp8_meta["scaling_bwd"]``, ``num_gemms * 2``)."""
+FP8_LINEARS_PER_LAYER = 4
+"""FP8 linear layers (GEMMs) per transformer layer: QKV, attention output, MLP up, down."""
+FP8_MODULES_PER_LAYER = 3
+"""Transformer Engine modules per transformer layer, each with its own scaling state:
+``LayerNormLinear`` (QKV), ``Linear`` (attention output), ``LayerNormMLP`` (both MLP GEMMs;
+TE's ``TransformerLayer``)."""
 AMAX_BYTES = 4
 """An amax, a scale and an inverse scale are FP32 values."""
 
@@ -63,25 +69,45 @@ def step_weight_casts(training: Training, elements: int, matrices: int) -> Compu
 
 def amax_history_updates(training: Training, linears: int
                          ) -> tuple[list[ComputeOp], list[ComputeOp]]:
-    """The amax-history and scale update that ends each ``fp8_autocast`` region's forward
-    and backward under delayed scaling, or none.
+    """The amax-history and scale updates of a chunk's forward and backward under delayed
+    scaling (``training.fp8_amax_update``), or none.
 
-    Transformer Engine (``FP8GlobalStateManager.reduce_and_update_fp8_tensors``, TE 1.x
-    ``fp8.py``) concatenates the latest amax of every FP8 tensor of the region
-    (``torch.cat``: reads and writes one FP32 each), all-reduces it where asked
-    (``training.fp8_amax_reduction``, priced apart), then runs one fused kernel
-    (``fused_amax_and_scale_update_after_reduction``) that rolls each tensor's history of
-    ``fp8_amax_history_len`` FP32 values (reads and writes it), takes its max, and writes
-    the scale and inverse scale. Two kernels per pass, each sized by the tensors.
+    ``per_region`` (Transformer Engine 1.x, ``FP8GlobalStateManager.
+    reduce_and_update_fp8_tensors`` in ``fp8.py``): at the end of each ``fp8_autocast``
+    region's pass, ``torch.cat`` gathers the latest amax of every FP8 tensor of the region
+    (reads and writes one FP32 each), the all-reduce follows where asked
+    (``training.fp8_amax_reduction``, priced apart), then one fused kernel
+    (``fused_amax_and_scale_update_after_reduction``) rolls each tensor's history of
+    ``fp8_amax_history_len`` FP32 values (reads and writes it), takes its max and writes
+    the scale and inverse scale: two kernels per pass.
+
+    ``per_module`` (Transformer Engine 0.8, ``module.py``: ``prepare_forward`` and
+    ``_prepare_backward``): each TE module (:data:`FP8_MODULES_PER_LAYER` per layer)
+    updates its own state before its forward and its backward: with the amax reduction
+    ``copy_amax_from_global_buffer`` copies the reduced amax into its history (one
+    kernel), and the TorchScript ``fused_amax_and_scale_update`` (nvFuser enabled by TE's
+    ``set_jit_fusion_options``) takes the amax (``clone`` or ``max`` over the history),
+    rolls the history when it holds more than one value (``torch.roll``), zeroes its first
+    row (``fill_``, in place: not fused) and computes the scale and inverse scale: counted
+    as one fused kernel for the amax and the scales, the roll and the fill: 2–4 kernels per
+    module and pass, the same bytes as above. llmsim runs a chunk's updates together at
+    the end of its pass (the same time on the same stream).
     """
     if training.precision != "fp8" or training.fp8_scaling != "delayed" or not linears:
         return [], []
+    history = training.fp8_amax_history_len
 
     def update(name: str, phase: str, tensors: int) -> ComputeOp:
-        history = 2 * training.fp8_amax_history_len   # roll: read and write
-        per_tensor = 2 + history + 2 * 2               # cat; history; scale, inverse scale
+        per_tensor = 2 + 2 * history + 2 * 2  # cat (or copy-in); roll; scale, inverse scale
+        if training.fp8_amax_update == "per_region":
+            kernels = 2
+        else:
+            modules = linears * FP8_MODULES_PER_LAYER // FP8_LINEARS_PER_LAYER
+            per_module = (1 + (history > 1) + 1
+                          + (1 if training.fp8_amax_reduction else 0))
+            kernels = modules * per_module
         return ComputeOp(name, "memory", phase, 0.0, float(AMAX_BYTES * per_tensor * tensors),
-                         splits=2)
+                         splits=kernels)
 
     return ([update("fp8_amax_update", "F", FP8_TENSORS_FORWARD * linears)],
             [update("fp8_amax_update_bwd", "B", FP8_TENSORS_BACKWARD * linears)])
