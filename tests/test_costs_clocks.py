@@ -162,3 +162,14 @@ def test_catalog_timed_shapes_run_at_their_measured_rate() -> None:
         assert at_limit / raised == pytest.approx(
             clocks.rates_at_mhz["gemm_fp8"]
             / sustained_mhz(clocks, "gemm_fp8", clocks.power_limit_w), rel=1e-12)
+
+
+def test_a_calibration_profile_replaces_the_catalog_timed_shapes() -> None:
+    from llmsim.calibration import GemmPoint
+    from llmsim.costs.compute import GemmTable
+
+    m, n, k, _ = H100.gemm.measured_tflops["fp8"][0]
+    table = GemmTable([GemmPoint(m=m, n=n, k=k, dtype="fp8", tflops=500.0)])
+    op = ComputeOp("g", "gemm", "F", 2.0 * m * n * k, 0.0, mnk=(m, n, k))
+    seconds = ComputeModel(H100, "fp8", gemm_table=table).math_s(op)
+    assert 2.0 * m * n * k / seconds / 1e12 == pytest.approx(500.0, rel=1e-12)
