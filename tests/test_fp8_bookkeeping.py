@@ -81,8 +81,8 @@ def test_weight_casts_scale_with_the_hidden_size_not_the_tokens(factor: int) -> 
 def test_amax_history_update_ends_each_chunk_pass_and_scales_with_its_length() -> None:
     s, work = workload()
     chunk = work.chunks[(0, 0)]
-    (fwd,), (bwd,) = named(chunk.forward, "fp8_amax_update"), named(chunk.backward,
-                                                                     "fp8_amax_update")
+    (fwd,), (bwd,) = named(chunk.forward, "fp8_scale_update"), named(chunk.backward,
+                                                                     "fp8_scale_update")
     linears = LINEARS_PER_LAYER * chunk.layers
     tensors_f, tensors_b = 3 * linears, 2 * linears
     assert fwd.splits == bwd.splits == 2
@@ -90,7 +90,7 @@ def test_amax_history_update_ends_each_chunk_pass_and_scales_with_its_length() -
     assert fwd.bytes == 4 * tensors_f * (2 + 2 * history + 4)
     assert bwd.bytes == 4 * tensors_b * (2 + 2 * history + 4)
     _, longer = workload(training__fp8_amax_history_len=2 * history)
-    (fwd2,) = named(longer.chunks[(0, 0)].forward, "fp8_amax_update")
+    (fwd2,) = named(longer.chunks[(0, 0)].forward, "fp8_scale_update")
     assert fwd2.bytes - fwd.bytes == 4 * tensors_f * 2 * history
 
 
@@ -100,7 +100,7 @@ def test_no_history_update_under_current_scaling_or_without_fp8() -> None:
     plain = build_workload(bf16.model, bf16.parallelism, bf16.training, bf16.dp)
     for w in (current, plain):
         for chunk in w.chunks.values():
-            assert not named(chunk.forward + chunk.backward, "fp8_amax_update")
+            assert not named(chunk.forward + chunk.backward, "fp8_scale_update")
 
 
 def test_the_bookkeeping_lengthens_the_step() -> None:
@@ -126,7 +126,7 @@ def test_per_module_updates_launch_two_to_four_kernels_per_te_module(
     _, module = workload(training__fp8_amax_update="per_module", **overrides)
     chunk = module.chunks[(0, 0)]
     for pass_ops in ("forward", "backward"):
-        (a,) = named(getattr(region.chunks[(0, 0)], pass_ops), "fp8_amax_update")
-        (b,) = named(getattr(chunk, pass_ops), "fp8_amax_update")
+        (a,) = named(getattr(region.chunks[(0, 0)], pass_ops), "fp8_scale_update")
+        (b,) = named(getattr(chunk, pass_ops), "fp8_scale_update")
         assert b.bytes == a.bytes and a.splits == 2
         assert b.splits == 3 * chunk.layers * per_module

@@ -37,14 +37,20 @@ def weight_cast_bytes_per_element(training: Training) -> int:
     return 4 + (2 if training.fp8_scaling == "current" else 0)
 
 
+_NOT_FP8_LINEARS = ("attn_scores", "attn_context", "lm_head")
+"""GEMMs of a forward that are no FP8 linear layer: the unfused attention's products (no
+weights; batched, unless one head of one sequence) and the framework's own LM head."""
+
+
 def weight_elements(forward_ops: Iterable[object]) -> int:
     """Weight elements of the FP8 linear layers among a pass's ops: every GEMM with one
-    (M, N, K) problem (the weight is K × N) but the attention's batched products and the
-    LM head, which the framework runs in 16 bits outside Transformer Engine."""
+    (M, N, K) problem (the weight is K × N) but the unfused attention's products (no
+    weights) and the LM head, which the framework runs in 16 bits outside Transformer
+    Engine."""
     total = 0
     for op in forward_ops:
         if (isinstance(op, ComputeOp) and op.kind == "gemm" and op.mnk is not None
-                and op.batch == 1 and op.name != "lm_head"):
+                and op.batch == 1 and op.name not in _NOT_FP8_LINEARS):
             _, n, k = op.mnk
             total += n * k
     return total
@@ -109,5 +115,5 @@ def amax_history_updates(training: Training, linears: int
         return ComputeOp(name, "memory", phase, 0.0, float(AMAX_BYTES * per_tensor * tensors),
                          splits=kernels)
 
-    return ([update("fp8_amax_update", "F", FP8_TENSORS_FORWARD * linears)],
-            [update("fp8_amax_update_bwd", "B", FP8_TENSORS_BACKWARD * linears)])
+    return ([update("fp8_scale_update", "F", FP8_TENSORS_FORWARD * linears)],
+            [update("fp8_scale_update_bwd", "B", FP8_TENSORS_BACKWARD * linears)])
