@@ -42,7 +42,25 @@ def gemm_tflops(accelerator: Accelerator, dtype: str, power_limit_w: float | Non
 
 
 def unclocked(accelerator: Accelerator) -> Accelerator:
-    return accelerator.model_copy(update={"clocks": None})
+    """The accelerator at the catalog's rates with no clock model: its shapes timed on the
+    board (``gemm.measured_tflops``) at the rate they would have at the clock of those
+    rates (``rates_at_mhz``)."""
+    clocks = accelerator.clocks
+    assert clocks is not None
+    measured = {
+        dtype: [(m, n, k, tflops * clocks.rates_at_mhz[kind]
+                 / sustained_mhz(clocks, kind, clocks.power_limit_w))
+                for m, n, k, tflops in points]
+        for dtype, points in accelerator.gemm.measured_tflops.items()
+        for kind in ["gemm_fp8" if dtype == "fp8" else "gemm"]}
+    gemm = accelerator.gemm.model_copy(update={"measured_tflops": measured})
+    return accelerator.model_copy(update={"clocks": None, "gemm": gemm})
+
+
+def analytic(accelerator: Accelerator) -> Accelerator:
+    """The accelerator's GEMM model alone, without its shapes timed on the board."""
+    gemm = accelerator.gemm.model_copy(update={"measured_tflops": {}})
+    return accelerator.model_copy(update={"gemm": gemm})
 
 
 @pytest.mark.parametrize(("dtype", "measured"), [("bf16", MEASURED_BF16_8192_TFLOPS),
@@ -103,7 +121,8 @@ def test_raised_limit_reproduces_a_whole_step(precision: str) -> None:
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_measured_training_shapes_agree_with_the_clocked_model(dtype: str) -> None:
-    """The 334 shapes of gemm.csv whose dimensions are multiples of 8 (the misaligned ones
+    """The model without the catalog's timed shapes (``gemm.measured_tflops``), on the
+    334 shapes of gemm.csv whose dimensions are multiples of 8 (the misaligned ones
     run a slow non-tensor-memory-accelerator path, docs/cost-models.md): the model's time
     over the measured time has a geometric mean within 5 % of 1 with the clocks (3.8 % slow
     in BF16, 1.7 % in FP8) and is further off without them (3.8 % and 11 % fast)."""
@@ -121,7 +140,36 @@ def test_measured_training_shapes_agree_with_the_clocked_model(dtype: str) -> No
             logs.append(math.log(model.compute_s(op) / (float(r["time_us"]) * 1e-6)))
         return math.exp(sum(logs) / len(logs))
 
-    clocked, catalog = geo_mean_ratio(H100), geo_mean_ratio(unclocked(H100))
+    clocked, catalog = geo_mean_ratio(analytic(H100)), geo_mean_ratio(unclocked(analytic(H100)))
     assert len(rows) > 100
     assert clocked == pytest.approx(1.0, abs=0.05)
     assert abs(math.log(clocked)) < abs(math.log(catalog))
+
+
+def test_catalog_timed_shapes_run_at_their_measured_rate() -> None:
+    """A GEMM of a shape in ``gemm.measured_tflops`` takes the measured time at the board's
+    limit, and under a limit above the draw that rate times the ratio of the clock of the
+    catalog's rates to the sustained one (the catalog's rates, never faster)."""
+    points = H100.gemm.measured_tflops["fp8"]
+    assert len(points) == 121
+    clocks = H100.clocks
+    assert clocks is not None
+    for m, n, k, tflops in points[::10]:
+        op = ComputeOp("g", "gemm", "F", 2.0 * m * n * k, 0.0, mnk=(m, n, k))
+        at_limit = ComputeModel(H100, "fp8").math_s(op)
+        raised = ComputeModel(H100, "fp8", power_limit_w=1e5).math_s(op)
+        assert 2.0 * m * n * k / at_limit / 1e12 == pytest.approx(tflops, rel=1e-12)
+        assert at_limit / raised == pytest.approx(
+            clocks.rates_at_mhz["gemm_fp8"]
+            / sustained_mhz(clocks, "gemm_fp8", clocks.power_limit_w), rel=1e-12)
+
+
+def test_a_calibration_profile_replaces_the_catalog_timed_shapes() -> None:
+    from llmsim.calibration import GemmPoint
+    from llmsim.costs.compute import GemmTable
+
+    m, n, k, _ = H100.gemm.measured_tflops["fp8"][0]
+    table = GemmTable([GemmPoint(m=m, n=n, k=k, dtype="fp8", tflops=500.0)])
+    op = ComputeOp("g", "gemm", "F", 2.0 * m * n * k, 0.0, mnk=(m, n, k))
+    seconds = ComputeModel(H100, "fp8", gemm_table=table).math_s(op)
+    assert 2.0 * m * n * k / seconds / 1e12 == pytest.approx(500.0, rel=1e-12)

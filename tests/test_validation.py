@@ -119,9 +119,11 @@ FAST_IDS = [
 # 14.6B interleaved rows spend elsewhere. Each step waiting for the previous step's send
 # of its direction, as Megatron-LM's schedule waits on all of a step's requests, to 7.65 %.
 # The H100's sustained clocks under its 700 W limit (GEMMs at 1,350 / 1,230 MHz, measured)
-# and its measured streaming bandwidth, to 6.76 %, with seven rows worse than 20 %.
+# and its measured streaming bandwidth, to 6.76 %, with seven rows worse than 20 %. The
+# MLPerf rows' FP8 as run (GEMM rates measured by shape, weights cast once per step, TE
+# 0.8's per-module amax updates) moved them by -0.1 ... +0.2 points: 6.7631 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.8
+TARGET_MAPE_CEILING_PCT = 6.77
 ZB24_ORDERS_REPRODUCED = 8
 
 

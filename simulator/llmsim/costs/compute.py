@@ -21,7 +21,9 @@ A GEMM op with ``splits`` runs as that many GEMMs of ⌈M/splits⌉ rows, and on
 comm-GEMM overlap, see :func:`gemm_math_s`).
 
 A measured GEMM table (:class:`llmsim.calibration.Calibration`) replaces η_gemm by the
-achieved TFLOP/s interpolated among the measured shapes (:class:`GemmTable`).
+achieved TFLOP/s interpolated among the measured shapes (:class:`GemmTable`); without
+one, a shape the catalog timed on the board (``gemm.measured_tflops``) takes its measured
+rate (:func:`measured_shape_rates`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.calibration import GemmPoint
-from llmsim.costs.clocks import slowdown, slowdowns
+from llmsim.costs.clocks import compute_kind, slowdown, slowdowns, sustained_mhz
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel
 
@@ -210,6 +212,30 @@ class GemmTable:
         return tflops * 1e12
 
 
+def measured_shape_rates(accelerator: Accelerator) -> dict[tuple[str, int, int, int], float]:
+    """The accelerator's GEMMs timed by shape (``gemm.measured_tflops``) as FLOP/s at the
+    clock its catalog rates are given at, keyed by (dtype, M, N, K).
+
+    A shape was timed at the sustained clock of its kind under the board's own power
+    limit (``clocks.measured``, :func:`llmsim.costs.clocks.sustained_mhz`); the rate is
+    scaled to the clock of the catalog's rates (``clocks.rates_at_mhz``) so that the
+    clock model (:mod:`llmsim.costs.clocks`) slows it exactly as it slows the model's:
+    at the board's own power limit the shape runs at its measured rate, under another
+    limit at that rate times the ratio of the clocks (at most that of the rates' clock).
+    Without both clocks the measured rate is used as it is.
+    """
+    rates: dict[tuple[str, int, int, int], float] = {}
+    for dtype, points in accelerator.gemm.measured_tflops.items():
+        kind = compute_kind("gemm", dtype)
+        clocks = accelerator.clocks
+        scale = 1.0
+        if clocks is not None and kind in clocks.measured and kind in clocks.rates_at_mhz:
+            scale = clocks.rates_at_mhz[kind] / sustained_mhz(clocks, kind, clocks.power_limit_w)
+        for m, n, k, tflops in points:
+            rates[(dtype, m, n, k)] = tflops * 1e12 * scale
+    return rates
+
+
 def flash_attention_flops(
     curve: Mapping[int, Mapping[int, float]], seq_len: int, head_dim: int
 ) -> float:
@@ -265,6 +291,9 @@ class ComputeModel:
         """Launch cost of each compute kernel, s: none where the step's kernels replay from
         captured CUDA graphs (``training.cuda_graphs``)."""
         self.gemm_table = gemm_table
+        self.measured_shapes = measured_shape_rates(accelerator)
+        """FLOP/s of the catalog's GEMMs timed by shape (``gemm.measured_tflops``), at the
+        clock the catalog's rates are given at; keyed by (dtype, M, N, K)."""
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
             "gemm": self.gemm_math_s,
@@ -311,7 +340,8 @@ class ComputeModel:
         return op.dtype or self.dtype  # type: ignore[return-value]
 
     def gemm_math_s(self, op: ComputeOp) -> float:
-        """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput.
+        """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput (a calibration
+        table, else the catalog's own measured shape, :func:`measured_shape_rates`).
 
         A GEMM in ``splits`` chunks is priced as that many GEMMs of ⌈M/splits⌉ rows, up to
         ``concurrent_splits`` of them at once, on the compute units its neighbours'
@@ -331,6 +361,10 @@ class ComputeModel:
             achieved = self.gemm_table.achieved_flops(rows, n, k, op.batch, dtype)
             units = gemm.compute_units
             return op.executed_flops / achieved * units / (units - op.reserved_units)
+        measured = self.measured_shapes.get((dtype, rows, n, k)) if op.batch == 1 else None
+        if measured is not None:
+            units = gemm.compute_units
+            return op.executed_flops / measured * units / (units - op.reserved_units)
         return op.executed_fraction * gemm_math_s(
             m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
             op.concurrent_splits, memory_bytes_per_s=self.memory_bytes_per_s)

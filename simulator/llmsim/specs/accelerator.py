@@ -30,6 +30,10 @@ class DenseTflops(Spec):
     """FP8 tensor peak, dense, TFLOP/s."""
 
 
+MeasuredGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
+"""One GEMM timed on a board: M, N, K and its achieved TFLOP/s."""
+
+
 class GemmModel(Spec):
     """Achieved GEMM throughput model: best-case fraction of peak, then tile effects.
 
@@ -60,6 +64,12 @@ class GemmModel(Spec):
     """The library splits K into up to ⌊units / tiles⌋ parts, one thread block per tile
     and part, when a GEMM's tiles fill less than one wave (parallel split-K: each block
     writes an FP32 partial sum, a reduction kernel adds them), where that is faster."""
+
+    measured_tflops: dict[Dtype, list[MeasuredGemm]] = Field(default_factory=dict)
+    """GEMMs timed on the board, by dtype: (M, N, K, achieved TFLOP/s) at the sustained
+    clock of the accelerator's ``clocks.measured`` point for its kind (at the board's power
+    limit). A GEMM of one of these shapes runs at its measured rate instead of the model's
+    (:class:`llmsim.costs.compute.ComputeModel`); every other shape keeps the model."""
 
     def tiles(self) -> list[tuple[int, int]]:
         """Every output tile (rows, columns) the library runs, the main one first."""

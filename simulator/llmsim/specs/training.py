@@ -86,6 +86,22 @@ class Training(Spec):
     """With ``precision: fp8``: weights kept in FP8 for the forward, so the distributed
     optimizer's and ZeRO-3's weight all-gathers move 1 byte per weight, not 2
     (Megatron-LM ``--fp8-param-gather``, TE ``fp8_model_init``)."""
+    fp8_weight_cast: Literal["per_step", "per_microbatch"] = "per_step"
+    """With ``precision: fp8``: how often Transformer Engine casts each weight to FP8 (the
+    copy and its transpose). ``per_step``: on the first micro-batch of each step, the copy
+    kept for the others (the framework passes ``is_first_microbatch``, as Megatron-LM and
+    NeMo do); ``per_microbatch``: before every forward (``is_first_microbatch=None``, a
+    plain TE model)."""
+    fp8_amax_history_len: PositiveInt = 1024
+    """With ``precision: fp8`` and delayed scaling: FP32 amaxes of past iterations kept per
+    FP8 tensor, rolled at the end of each forward and backward region (Transformer Engine's
+    ``DelayedScaling.amax_history_len``, whose default is 1024 from v0.8 on; NeMo's GPT
+    configurations of 2023 set 1)."""
+    fp8_amax_update: Literal["per_region", "per_module"] = "per_region"
+    """With ``precision: fp8`` and delayed scaling: how Transformer Engine updates the amax
+    histories and scales. ``per_region`` (TE 1.x): once per ``fp8_autocast`` region's
+    forward and backward, two kernels for all its tensors; ``per_module`` (TE 0.x): each
+    TE module before its own forward and backward, two to four small kernels each."""
     cuda_graphs: bool = False
     """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
     a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel

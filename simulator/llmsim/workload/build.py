@@ -29,6 +29,12 @@ from llmsim.specs import Model, Parallelism, Training
 if TYPE_CHECKING:
     pass
 
+from llmsim.workload.fp8 import (
+    FP8_LINEARS_PER_LAYER,
+    amax_history_updates,
+    step_weight_casts,
+    weight_elements,
+)
 from llmsim.workload.layer import LayerBuilder, _as_phase
 from llmsim.workload.step import Chunk, Op, Workload
 
@@ -69,9 +75,6 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
                                                      par.grad_reduce_dtype)))
 
 
-FP8_LINEARS_PER_LAYER = 4
-"""Transformer Engine's FP8 linear layers in a transformer layer: QKV, attention output,
-and the MLP's two (a gated MLP's gate and up matrices are one GEMM)."""
 
 
 def _amax_reductions(training: Training, layers: int) -> tuple[list[Op], list[Op]]:
@@ -89,6 +92,15 @@ def _amax_reductions(training: Training, layers: int) -> tuple[list[Op], list[Op
     linears = FP8_LINEARS_PER_LAYER * layers
     return ([CommOp("fp8_amax_reduce", "all_reduce", "stage", "F", 4.0 * 3 * linears)],
             [CommOp("fp8_amax_reduce_bwd", "all_reduce", "stage", "B", 4.0 * 2 * linears)])
+
+
+def _amax_bookkeeping(training: Training, layers: int) -> tuple[list[Op], list[Op]]:
+    """The end of a chunk's forward and backward under FP8: the amax all-reduce where the
+    run asks for it, then the delayed-scaling history and scale update
+    (:func:`llmsim.workload.fp8.amax_history_updates`)."""
+    reduce_f, reduce_b = _amax_reductions(training, layers)
+    update_f, update_b = amax_history_updates(training, FP8_LINEARS_PER_LAYER * layers)
+    return [*reduce_f, *update_f], [*reduce_b, *update_b]
 
 
 
@@ -152,7 +164,7 @@ def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int
                  ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
     """A chunk's ops besides its blocks, embedding and head: the FP8 amax reductions of its
     forward and backward, and its gradient accumulation (:attr:`Chunk.accumulate`)."""
-    amax_f, amax_b = _amax_reductions(training, layers)
+    amax_f, amax_b = _amax_bookkeeping(training, layers)
     return (tuple(amax_f), tuple(amax_b),
             _accumulation(model, par, training, layers, first, last, first_layer))
 
@@ -253,4 +265,20 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
                       for (s, _), c in chunks.items() if s == stage)
         work.optimizer[stage] = optimizer_step(par, training, work.stage_params(stage),
                                                tensors, shard_ranks(work, stage))
+        stage_chunks = [c for (s, _), c in chunks.items() if s == stage]
+        casts = step_weight_casts(
+            training, weight_elements(op for c in stage_chunks for op in c.forward),
+            FP8_LINEARS_PER_LAYER * sum(c.layers for c in stage_chunks))
+        if casts is not None:
+            work.optimizer[stage] = _with_weight_casts(work.optimizer[stage], casts)
     return work
+
+
+def _with_weight_casts(optimizer: ComputeOp, casts: ComputeOp) -> ComputeOp:
+    """The stage's optimizer step followed by the FP8 copies of its weights for the next
+    step (:func:`llmsim.workload.fp8.step_weight_casts`), as one priced op: Transformer
+    Engine makes them in the next step's first forward of each chunk, llmsim at the end of
+    this step on the same device (the same time per step; the few milliseconds by which
+    the casts also delay the pipeline's fill are not modelled)."""
+    return replace(optimizer, bytes=optimizer.bytes + casts.bytes,
+                   splits=optimizer.splits + casts.splits)

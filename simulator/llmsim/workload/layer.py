@@ -26,6 +26,7 @@ from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 if TYPE_CHECKING:
     pass
 
+from llmsim.workload.fp8 import weight_cast_bytes_per_element
 from llmsim.workload.step import Op
 
 _TE_DEFAULT_METHOD: dict[str, Literal["ring_exchange", "pipeline", "bulk"]] = {
@@ -118,17 +119,26 @@ class LayerBuilder:
         it reads the 16-bit tensor and writes the FP8 copy and its transpose (the
         transpose feeds the weight-gradient GEMM): 2 + 1 + 1 bytes per element. With
         ``training.fp8_scaling: current`` an amax kernel reads the tensor first (2 bytes per
-        element); with delayed scaling the cast records the amax as it goes.
+        element); with delayed scaling the cast records the amax as it goes. With
+        ``training.fp8_weight_cast: per_microbatch`` the forward also casts the weight
+        (:func:`llmsim.workload.fp8.weight_cast_bytes_per_element`); per step, the casts are
+        the stage's (:func:`llmsim.workload.fp8.step_weight_casts`).
         """
         if not self.fp8 or gemm.mnk is None:
             return []
         m, n, k = gemm.mnk
         elements = m * (k if operand == "input" else n)
         cast = ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements)
+        casts = [cast]
         if self.fp8_scaling == "current":  # the amax of this very tensor: one more read
-            return [ComputeOp(f"fp8_amax_{gemm.name}", "memory", gemm.phase, 0.0,
-                              2.0 * elements), cast]
-        return [cast]
+            casts.insert(0, ComputeOp(f"fp8_amax_{gemm.name}", "memory", gemm.phase, 0.0,
+                                      2.0 * elements))
+        if operand == "input" and self.trn.fp8_weight_cast == "per_microbatch":
+            # The weight too, before every forward (no is_first_microbatch): llmsim.workload.fp8.
+            casts.insert(0, ComputeOp(
+                f"fp8_weight_cast_{gemm.name}", "memory", gemm.phase, 0.0,
+                float(n * k * weight_cast_bytes_per_element(self.trn))))
+        return casts
 
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
                  pairs_with: Literal["next", "previous"] | None = None) -> list[CommOp]:

@@ -1,0 +1,119 @@
+"""Transformer Engine's FP8 bookkeeping around the GEMMs: the weights' FP8 copies and the
+delayed-scaling amax history (the activations' casts are in :mod:`llmsim.workload.layer`).
+
+Sizes come from the tensors: a weight's cast reads its 16-bit copy and writes the FP8
+copy and its transpose; the amax history holds ``training.fp8_amax_history_len`` FP32
+values per FP8 tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from llmsim.ops import ComputeOp
+from llmsim.specs import Training
+
+FP8_TENSORS_FORWARD = 3
+"""FP8 tensors per linear layer in the forward's scaling state: input, weight, output
+(Transformer Engine's ``fp8_meta["scaling_fwd"]``, ``num_gemms * 3``)."""
+FP8_TENSORS_BACKWARD = 2
+"""FP8 tensors per linear layer in the backward's: output gradient, input gradient
+(``fp8_meta["scaling_bwd"]``, ``num_gemms * 2``)."""
+FP8_LINEARS_PER_LAYER = 4
+"""FP8 linear layers (GEMMs) per transformer layer: QKV, attention output, MLP up, down."""
+FP8_MODULES_PER_LAYER = 3
+"""Transformer Engine modules per transformer layer, each with its own scaling state:
+``LayerNormLinear`` (QKV), ``Linear`` (attention output), ``LayerNormMLP`` (both MLP GEMMs;
+TE's ``TransformerLayer``)."""
+AMAX_BYTES = 4
+"""An amax, a scale and an inverse scale are FP32 values."""
+
+
+def weight_cast_bytes_per_element(training: Training) -> int:
+    """HBM bytes to cast one weight element to FP8 for the forward and the input-gradient
+    GEMMs: Transformer Engine's ``fp8_cast_transpose_fused`` reads the 16-bit weight (2)
+    and writes the FP8 copy (1) and its transpose (1); with current scaling
+    (``training.fp8_scaling: current``) an amax kernel reads the weight first (2 more)."""
+    return 4 + (2 if training.fp8_scaling == "current" else 0)
+
+
+_NOT_FP8_LINEARS = ("attn_scores", "attn_context", "lm_head")
+"""GEMMs of a forward that are no FP8 linear layer: the unfused attention's products (no
+weights; batched, unless one head of one sequence) and the framework's own LM head."""
+
+
+def weight_elements(forward_ops: Iterable[object]) -> int:
+    """Weight elements of the FP8 linear layers among a pass's ops: every GEMM with one
+    (M, N, K) problem (the weight is K × N) but the unfused attention's products (no
+    weights) and the LM head, which the framework runs in 16 bits outside Transformer
+    Engine."""
+    total = 0
+    for op in forward_ops:
+        if (isinstance(op, ComputeOp) and op.kind == "gemm" and op.mnk is not None
+                and op.batch == 1 and op.name not in _NOT_FP8_LINEARS):
+            _, n, k = op.mnk
+            total += n * k
+    return total
+
+
+def step_weight_casts(training: Training, elements: int, matrices: int) -> ComputeOp | None:
+    """The FP8 copies of a stage's weights made once per step
+    (``training.fp8_weight_cast: per_step``), or None.
+
+    Megatron-LM and NeMo pass ``is_first_microbatch`` to Transformer Engine's layers
+    (True on the first micro-batch of each step); TE then casts each weight once and keeps
+    the FP8 copy and its transpose for the step's other micro-batches (``weight_fp8`` /
+    ``weight_t_fp8``; NeMo's ``ParallelTransformer``: "Cache FP8 weight and transpose at
+    the first micro-batch in each global-batch"). One kernel per weight matrix.
+    """
+    if training.precision != "fp8" or training.fp8_weight_cast != "per_step" or not elements:
+        return None
+    return ComputeOp("fp8_weight_cast", "memory", "O", 0.0,
+                     float(elements * weight_cast_bytes_per_element(training)),
+                     splits=max(1, matrices))
+
+
+def amax_history_updates(training: Training, linears: int
+                         ) -> tuple[list[ComputeOp], list[ComputeOp]]:
+    """The amax-history and scale updates of a chunk's forward and backward under delayed
+    scaling (``training.fp8_amax_update``), or none.
+
+    ``per_region`` (Transformer Engine 1.x, ``FP8GlobalStateManager.
+    reduce_and_update_fp8_tensors`` in ``fp8.py``): at the end of each ``fp8_autocast``
+    region's pass, ``torch.cat`` gathers the latest amax of every FP8 tensor of the region
+    (reads and writes one FP32 each), the all-reduce follows where asked
+    (``training.fp8_amax_reduction``, priced apart), then one fused kernel
+    (``fused_amax_and_scale_update_after_reduction``) rolls each tensor's history of
+    ``fp8_amax_history_len`` FP32 values (reads and writes it), takes its max and writes
+    the scale and inverse scale: two kernels per pass.
+
+    ``per_module`` (Transformer Engine 0.8, ``module.py``: ``prepare_forward`` and
+    ``_prepare_backward``): each TE module (:data:`FP8_MODULES_PER_LAYER` per layer)
+    updates its own state before its forward and its backward: with the amax reduction
+    ``copy_amax_from_global_buffer`` copies the reduced amax into its history (one
+    kernel), and the TorchScript ``fused_amax_and_scale_update`` (nvFuser enabled by TE's
+    ``set_jit_fusion_options``) takes the amax (``clone`` or ``max`` over the history),
+    rolls the history when it holds more than one value (``torch.roll``), zeroes its first
+    row (``fill_``, in place: not fused) and computes the scale and inverse scale: counted
+    as one fused kernel for the amax and the scales, the roll and the fill: 2–4 kernels per
+    module and pass, the same bytes as above. llmsim runs a chunk's updates together at
+    the end of its pass (the same time on the same stream).
+    """
+    if training.precision != "fp8" or training.fp8_scaling != "delayed" or not linears:
+        return [], []
+    history = training.fp8_amax_history_len
+
+    def update(name: str, phase: str, tensors: int) -> ComputeOp:
+        per_tensor = 2 + 2 * history + 2 * 2  # cat (or copy-in); roll; scale, inverse scale
+        if training.fp8_amax_update == "per_region":
+            kernels = 2
+        else:
+            modules = linears * FP8_MODULES_PER_LAYER // FP8_LINEARS_PER_LAYER
+            per_module = (1 + (history > 1) + 1
+                          + (1 if training.fp8_amax_reduction else 0))
+            kernels = modules * per_module
+        return ComputeOp(name, "memory", phase, 0.0, float(AMAX_BYTES * per_tensor * tensors),
+                         splits=kernels)
+
+    return ([update("fp8_scale_update", "F", FP8_TENSORS_FORWARD * linears)],
+            [update("fp8_scale_update_bwd", "B", FP8_TENSORS_BACKWARD * linears)])
