@@ -8,7 +8,12 @@ from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_
 
 from llmsim.specs._base import Spec
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
+                       "chimera", "pipedream"]
+NOT_REPLAYED = ("zb-v", "chimera", "pipedream")
+"""Schedules ``llmsim schedule show`` draws and the layout search prices in closed form,
+but the engine does not replay yet (their stage-to-device placement, Chimera's weight
+replicas and PipeDream's run without a flush need engine support)."""
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 TpOverlapGemmName = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
                             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
@@ -231,6 +236,12 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
+        if self.schedule in NOT_REPLAYED:
+            raise ValueError(
+                f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "
+                "and priced by the layout search's closed forms, but the engine does not "
+                "replay it yet; use gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-h2"
+            )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(
                 "parallelism.virtual_stages: 1 with schedule interleaved-1f1b; "
