@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable
 
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action, Kind
-from llmsim.schedules.route import Hop, Route
+from llmsim.schedules.route import Route
 
 
 def require_one_chunk(name: str, chunks: int) -> None:
@@ -62,86 +63,86 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     """The per-stage orders a list scheduler makes with fixed pass times ``times``
     (F, B, W; unit times by default) and free communication.
 
-    Whenever a stage is free it starts, first, the B whose input gradient is
-    in (the earliest forward first); else the F whose input is in (lowest micro-batch,
-    then earliest virtual stage) if ``may_forward`` allows it; else its oldest pending W.
+    Whenever a stage is free it starts, first, the B whose input gradient is in (the
+    earliest forward first); else the F whose input is in (lowest micro-batch, then
+    earliest virtual stage) if ``may_forward`` allows it; else its oldest pending W.
     With ``fused`` the W runs right after its B (one backward). This is the greedy rule
     of Qi et al. 2024 §3.2 (B before F before W, F bounded by the memory limit) with
     equal pass times, the setting in which their handcrafted schedules are drawn.
+    Event-driven: O(passes · (p + log passes)).
     """
-    hops = {mb: route(mb) for mb in range(microbatches)}
-    index: dict[tuple[Hop, ...], dict[Hop, int]] = {}
-    for path in hops.values():
-        index.setdefault(path, {hop: k for k, hop in enumerate(path)})
-    chunks = 1 + max(c for path in hops.values() for _, c in path)
-    # Per stage and chunk, its forwards in micro-batch order: within a chunk they become
-    # ready in that order, so only the first of each can be the next one.
-    forwards: list[list[deque[tuple[int, int]]]] = [
-        [deque() for _ in range(chunks)] for _ in range(stages)]
-    for mb, path in hops.items():
-        for k, (s, c) in enumerate(path):
-            forwards[s][c].append((mb, k))
-    done: dict[Action, int] = {}
+    hops = [route(mb) for mb in range(microbatches)]
+    chunks = 1 + max(c for path in hops for _, c in path)
+    duration = dict(zip("FBW", times, strict=True))
     rows: list[list[Action]] = [[] for _ in range(stages)]
     held = [[0] * chunks for _ in range(stages)]
-    backwards: list[list[Action]] = [[] for _ in range(stages)]
+    # Per stage: ready forwards per chunk (heap of (mb, k)), ready backwards (heap of
+    # (the stage's forward count when its F ran, mb, chunk, k)), pending weight passes.
+    ready_f: list[list[list[tuple[int, int]]]] = [[[] for _ in range(chunks)]
+                                                   for _ in range(stages)]
+    ready_b: list[list[tuple[int, int, int, int]]] = [[] for _ in range(stages)]
     weights: list[deque[Action]] = [deque() for _ in range(stages)]
-    left = 3 * sum(len(path) for path in hops.values())
+    order_of: dict[tuple[int, int], int] = {}  # (mb, k) → its stage's forward count
+    forwards_run = [0] * stages
+    free_at = [0] * stages
+    events: list[tuple[int, int, str, int, int]] = []  # (end, seq, kind, mb, k)
+    seq = 0
+    for mb, path in enumerate(hops):
+        heapq.heappush(ready_f[path[0][0]][path[0][1]], (mb, 0))
+    left = 3 * sum(len(path) for path in hops)
     now = 0
-    duration = dict(zip("FBW", times, strict=True))
-
-    def ready(action: Action) -> bool:
-        path = hops[action.microbatch]
-        k = index[path][(action.stage, action.chunk)]
-        if action.kind == "F":
-            if k == 0:
-                return True
-            before = Action(path[k - 1][0], "F", action.microbatch, path[k - 1][1])
-        elif k < len(path) - 1:
-            before = Action(path[k + 1][0], "B", action.microbatch, path[k + 1][1])
-        else:
-            before = Action(action.stage, "F", action.microbatch, action.chunk)
-        return done.get(before, now + 1) <= now
-
     while left:
-        moved = False
+        while events and events[0][0] <= now:  # what has ended makes its successors ready
+            _, _, kind, mb, k = heapq.heappop(events)
+            path = hops[mb]
+            if kind == "F" and k + 1 < len(path):
+                heapq.heappush(ready_f[path[k + 1][0]][path[k + 1][1]], (mb, k + 1))
+            elif kind == "F" or (kind == "B" and k > 0):
+                j = k if kind == "F" else k - 1
+                s, c = path[j]
+                heapq.heappush(ready_b[s], (order_of[(mb, j)], mb, c, j))
         for s in range(stages):
-            if rows[s] and done[rows[s][-1]] > now:
-                moved = True
+            if free_at[s] > now:
                 continue
-            choice = next((a for a in backwards[s] if ready(a)), None)
-            if choice is not None:
-                backwards[s].remove(choice)
+            choice: Action | None = None
+            if ready_b[s]:
+                _, mb, c, k = heapq.heappop(ready_b[s])
+                choice = Action(s, "B", mb, c)
             else:
-                heads = sorted((queue[0], c) for c, queue in enumerate(forwards[s]) if queue)
-                for (mb, _), c in heads:
-                    action = Action(s, "F", mb, c)
-                    if may_forward(s, c, held[s]) and ready(action):
-                        forwards[s][c].popleft()
-                        choice = action
+                heads = sorted((queue[0], c) for c, queue in enumerate(ready_f[s]) if queue)
+                for (mb, k), c in heads:
+                    if may_forward(s, c, held[s]):
+                        heapq.heappop(ready_f[s][c])
+                        choice = Action(s, "F", mb, c)
                         held[s][c] += 1
-                        backwards[s].append(Action(s, "B", mb, c))
+                        order_of[(mb, k)] = forwards_run[s]
+                        forwards_run[s] += 1
                         break
             if choice is None and weights[s]:
                 choice = weights[s].popleft()
+                held[s][choice.chunk] -= 1
             if choice is None:
                 continue
             rows[s].append(choice)
-            done[choice] = now + duration[choice.kind]
             left -= 1
-            moved = True
+            free_at[s] = now + duration[choice.kind]
             if choice.kind == "B":
                 weight = Action(s, "W", choice.microbatch, choice.chunk)
                 if fused:
                     rows[s].append(weight)
-                    done[weight] = now + duration["B"] + duration["W"]
-                    held[s][choice.chunk] -= 1
                     left -= 1
+                    held[s][choice.chunk] -= 1
+                    free_at[s] += duration["W"]
                 else:
                     weights[s].append(weight)
-            elif choice.kind == "W":
-                held[s][choice.chunk] -= 1
-        if not moved:
+            if choice.kind != "W":
+                heapq.heappush(events, (now + duration[choice.kind], seq, choice.kind,
+                                        choice.microbatch, k))
+                seq += 1
+        upcoming = [t for t in free_at if t > now]
+        if events:
+            upcoming.append(events[0][0])
+        if not upcoming:
             raise ValueError("greedy_order: no stage can move (the memory limit is too low)")
-        now = min((t for t in done.values() if t > now), default=now + 1)
+        now = min(upcoming)
     return rows

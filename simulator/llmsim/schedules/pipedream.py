@@ -7,9 +7,9 @@ from llmsim.schedules.registry import register
 
 
 @register("pipedream",
-          peak_forwards=lambda p, i, m, v: min(p - i, m),
+          peak_forwards=lambda p, i, m, v: p - i,
           bubble=lambda p, m, v, f, b, w: 0.0,
-          weight_versions=lambda p, i, m: min(p - i, m),
+          weight_versions=lambda p, i, m: p - i,
           replayed=False)
 def pipedream(stages: int, microbatches: int, chunks: int) -> list:
     """PipeDream 1F1B without a flush (Narayanan et al. 2019 §3.2–3.3).
@@ -20,8 +20,10 @@ def pipedream(stages: int, microbatches: int, chunks: int) -> list:
     training run, not once per step, so in the steady state a stage is never idle with
     equal stages: m micro-batches take m·(t_F + t_B + t_W), and unequal stages run at
     the slowest one's pace. Weight stashing (§3.3) keeps the weight version each
-    in-flight micro-batch's forward used for its backward: stage i holds min(p − i, m)
-    versions of its weights and as many activation sets.
+    in-flight micro-batch's forward used for its backward: in the steady state stage i
+    holds p − i versions of its weights (one per micro-batch in flight, the live one
+    among them) and as many activation sets, whatever the micro-batches per step, as
+    the micro-batches of consecutive steps overlap.
 
     One step's order is 1F1B's; the steady state is that order for a run of steps
     with no flush between them.
