@@ -125,6 +125,16 @@ class Parallelism(Spec):
     layer ahead of its compute. False: a layer's all-gather starts only when the layer is
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
+    dp_mode: Literal["all_reduce", "parameter_server"] = "all_reduce"
+    """How data-parallel ranks combine their gradients: collectives among them
+    (``all_reduce``), or through parameter servers (``parameter_server``, synchronous):
+    each rank pushes every gradient bucket to the servers, which sum it, and pulls the sum
+    back before its own optimizer step (Li et al. 2014, OSDI, §3; MXNet's ``dist_sync``
+    kvstore with ``update_on_kvstore=False``)."""
+    parameter_servers: PositiveInt = 1
+    """With ``dp_mode: parameter_server``: server processes, one on each of the first
+    nodes of the job; each bucket is split evenly over them, and each server's traffic
+    goes through its node's network injection."""
     grad_all_reduce: bool = False
     """Reduce the gradients through a flattened copy: each bucket flattened into a new
     buffer, scaled, all-reduced and copied back (three passes through device memory).
@@ -236,6 +246,12 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
+        if self.dp_mode == "parameter_server" and (self.zero or self.ep > 1 or self.cp > 1):
+            raise ValueError(
+                f"parallelism.dp_mode: parameter_server with zero {self.zero}, ep {self.ep}, "
+                f"cp {self.cp}; the servers hold whole gradients of dense replicas: set zero "
+                "to 0 and ep and cp to 1, or use dp_mode all_reduce"
+            )
         if self.schedule in NOT_REPLAYED:
             raise ValueError(
                 f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "

@@ -206,6 +206,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         gather_host_s=(dp * par.tensor_list_host_us_per_rank
                        + par.tensor_list_host_us_per_call) * 1e-6 if tensor_list else 0.0,
         grad_all_reduce=par.grad_all_reduce,
+        parameter_server=par.dp_mode == "parameter_server",
         grad_bucket_nan_check=par.grad_bucket_nan_check,
         grad_bucket_prescale=par.grad_bucket_prescale,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
