@@ -63,6 +63,14 @@ def test_estimator_agrees_with_the_engine_on_zb_h2() -> None:
         simulate(scenario).step_time_s, rel=0.01)
 
 
+def test_estimator_agrees_with_the_engine_through_parameter_servers() -> None:
+    scenario = llmsim.load_scenario("selene-gpt3", overrides=[
+        "parallelism.zero=0", "parallelism.dp_mode=parameter_server",
+        "parallelism.parameter_servers=8"])
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.01)
+
+
 def _target_runs(every: int) -> list:
     from llmsim.validation import load_runs
 
