@@ -52,7 +52,8 @@ class ScheduleInfo:
     route: Callable[[int, int, int], Route] | None = None
     """``(p, m, v)`` → the micro-batches' route; None: looping (c·p + s)."""
     weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1
-    """``(p, stage i, m)`` → copies of the stage's weights it holds (PipeDream's stash)."""
+    """``(p, stage i, m)`` → copies of the stage's weights it holds (PipeDream's stash,
+    Chimera's two replicas); one for the others."""
     replayed: bool = True
     """Whether the engine replays it (``parallelism.schedule`` accepts it)."""
 
@@ -77,17 +78,16 @@ the gradient leaves the stage only after W."""
 def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
              split_backward: bool = False,
              route: Callable[[int, int, int], Route] | None = None,
-             weight_versions: Callable[[int, int, int], int] | None = None,
+             weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1,
              replayed: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
     """Decorator: ``@register("1f1b", peak_forwards=…, bubble=…)`` adds the function below
-    it to :data:`SCHEDULES` with its closed forms."""
+    it to :data:`SCHEDULES` with its closed forms (the fields of :class:`ScheduleInfo`)."""
 
     def decorator(fn: ScheduleFn) -> ScheduleFn:
         if name in SCHEDULES:
             raise ValueError(f"schedule {name!r} is registered twice")
-        extra = {} if weight_versions is None else {"weight_versions": weight_versions}
         SCHEDULES[name] = ScheduleInfo(name, fn, peak_forwards, bubble, split_backward,
-                                       route, replayed=replayed, **extra)
+                                       route, weight_versions, replayed)
         if split_backward:
             SPLIT_BACKWARD.add(name)
         return fn
