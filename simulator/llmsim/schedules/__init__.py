@@ -35,6 +35,7 @@ from llmsim.schedules.registry import (
     ScheduleFn,
     ScheduleInfo,
     build,
+    placement,
     register,
     route_of,
 )
@@ -49,6 +50,6 @@ from llmsim.schedules.timing import (
 __all__ = [
     "SCHEDULES", "SPLIT_BACKWARD", "Action", "Kind", "Schedule", "ScheduleFn", "ScheduleInfo",
     "Timeline", "aligned_grad_syncs", "build", "chunks_at_peak", "format_grid",
-    "idle_fractions", "peak_in_flight", "register", "route_of", "to_dataframe",
+    "idle_fractions", "peak_in_flight", "placement", "register", "route_of", "to_dataframe",
     "unit_timeline",
 ]

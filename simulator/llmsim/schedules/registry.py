@@ -111,6 +111,16 @@ def build(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedul
     return schedule
 
 
+def placement(name: str, stages: int, chunks: int) -> tuple[tuple[int, int], ...]:
+    """Virtual stage → (stage, chunk) of a schedule whose chunks are not placed at
+    ``c·p + s`` (its route, the same for every micro-batch of a replayed schedule);
+    empty for the looping placement."""
+    info = SCHEDULES[name]
+    if info.route is None:
+        return ()
+    return tuple(info.route(stages, 1, chunks)(0))
+
+
 def route_of(schedule: list[list[Action]]) -> Route:
     """A schedule's route: its own (:class:`Schedule`), else looping over its chunks."""
     route = getattr(schedule, "route", None)

@@ -19,8 +19,7 @@ def _require_two_chunks(chunks: int) -> None:
 @register("zb-v", split_backward=True,
           route=lambda p, m, v: v_shape(p),
           peak_forwards=lambda p, i, m, v: min(2 * p, 2 * m),
-          bubble=lambda p, m, v, f, b, w: (p - 1) * f / v,
-          replayed=False)
+          bubble=lambda p, m, v, f, b, w: (p - 1) * f / v)
 def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     """ZB-V: stage s holds virtual stages s and 2p − 1 − s, so a micro-batch goes down
     the stages and back up (the V), and stage 0 runs both the first forward and the

@@ -10,10 +10,9 @@ from llmsim.specs._base import Spec
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
                        "chimera", "pipedream"]
-NOT_REPLAYED = ("zb-v", "chimera", "pipedream")
-"""Schedules ``llmsim schedule show`` draws and the layout search prices in closed form,
-but the engine does not replay yet (their stage-to-device placement, Chimera's weight
-replicas and PipeDream's run without a flush need engine support)."""
+NOT_REPLAYED = ("chimera", "pipedream")
+"""Schedules ``llmsim schedule show`` draws but the engine does not replay yet (Chimera's
+two pipelines with their weight replicas, PipeDream's run without a flush)."""
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 TpOverlapGemmName = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
                             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
@@ -255,15 +254,20 @@ class Parallelism(Spec):
         if self.schedule in NOT_REPLAYED:
             raise ValueError(
                 f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "
-                "and priced by the layout search's closed forms, but the engine does not "
-                "replay it yet; use gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-h2"
+                "but the engine does not replay it yet; use gpipe, 1f1b, interleaved-1f1b, "
+                "zb-h1, zb-h2 or zb-v"
             )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(
                 "parallelism.virtual_stages: 1 with schedule interleaved-1f1b; "
                 "set virtual_stages to 2 or more, or use schedule 1f1b"
             )
-        if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
+        if self.schedule == "zb-v" and self.virtual_stages != 2:
+            raise ValueError(
+                f"parallelism.virtual_stages: {self.virtual_stages} with schedule zb-v, which "
+                "places exactly two model chunks on each stage; set virtual_stages to 2"
+            )
+        if self.schedule not in ("interleaved-1f1b", "zb-v") and self.virtual_stages != 1:
             raise ValueError(
                 f"parallelism.virtual_stages: {self.virtual_stages} needs schedule "
                 f"interleaved-1f1b (got {self.schedule}); change one of them"

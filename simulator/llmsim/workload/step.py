@@ -117,6 +117,9 @@ class Workload:
     embedding_grad_allreduce: CommOp | None = None
     """Tied embeddings with ``pp > 1``: the first and the last stage each hold a copy of
     the word embedding and all-reduce its gradient before the optimizer step."""
+    hops: tuple[tuple[int, int], ...] = ()
+    """Virtual stage k → the (stage, chunk) that runs it, when the schedule places chunks
+    otherwise than ``c·p + s`` (ZB-V's V, :mod:`llmsim.schedules.route`); empty: looping."""
     ep: int = 1
     """Expert-parallel degree: the ep ranks hold different sequences (more replicas of the
     dense weights) and different routed experts."""
@@ -143,6 +146,12 @@ class Workload:
     def stages(self) -> int:
         """Pipeline stages."""
         return 1 + max(s for s, _ in self.chunks)
+
+    def stage_of(self, virtual_stage: int) -> int:
+        """The pipeline stage that runs ``virtual_stage``."""
+        if self.hops:
+            return self.hops[virtual_stage][0]
+        return virtual_stage % self.stages
 
     @property
     def chunks_per_stage(self) -> int:
