@@ -60,7 +60,7 @@ class Parallelism(Spec):
     schedule: ScheduleName = "1f1b"
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1
-    """Model chunks per pipeline stage (interleaved 1F1B)."""
+    """Model chunks per pipeline stage (interleaved 1F1B; 2 for ZB-V)."""
     first_stage_layers: NonNegativeInt | None = None
     """Transformer layers on the first stage, which also runs the embedding (default: an
     even split). The stages without a count split the remaining layers evenly
