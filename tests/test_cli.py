@@ -240,6 +240,27 @@ def test_unknown_catalog_kind(capsys):
 def test_schedule_show_rejects_bad_combinations(capsys):
     _error(["schedule", "show", "interleaved-1f1b", "--stages", "4", "--microbatches", "6",
             "--chunks", "2"], capsys)
+    assert "even number of stages" in _error(
+        ["schedule", "show", "chimera", "--stages", "3", "--microbatches", "6"], capsys)
+
+
+@pytest.mark.parametrize(("args", "peaks", "copies"), [
+    (["zb-h2", "--stages", "4", "--microbatches", "8"], "7 7 7 7", None),
+    (["zb-v", "--stages", "4", "--microbatches", "8", "--chunks", "2"], "8 8 8 8", None),
+    (["chimera", "--stages", "4", "--microbatches", "4"], "3 4 4 3", "2 2 2 2"),
+    (["pipedream", "--stages", "4", "--microbatches", "8"], "4 3 2 1", "4 3 2 1"),
+])
+def test_schedule_show_draws_the_new_schedules_with_their_memory(args, peaks, copies, capsys):
+    code, out, _ = run_cli(["schedule", "show", *args], capsys)
+    assert code == 0 and "stage 3" in out
+    assert f"peak in flight per stage (micro-batch-chunks): {peaks}" in out
+    assert (f"weight copies per stage: {copies}" in out) if copies else "weight" not in out
+
+
+def test_a_schedule_the_engine_does_not_replay_is_a_one_line_error(tmp_path, capsys):
+    message = _error(["run", str(tiny_file(tmp_path)), "--set", "parallelism.schedule=chimera"],
+                     capsys)
+    assert "does not replay it yet" in message
 
 
 DATA = Path(__file__).parent / "data"

@@ -209,14 +209,15 @@ def test_in_flight_interleaved_matches_korthikanti(p: int, v: int) -> None:
 
 def test_in_flight_matches_the_schedules_when_available() -> None:
     schedules = pytest.importorskip("llmsim.schedules")
-    for name, p, m, v in [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2)]:
+    for name, p, m, v in [("gpipe", 4, 8, 1), ("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2),
+                          ("zb-h2", 4, 8, 1), ("zb-v", 4, 8, 2)]:
         peaks = schedules.peak_in_flight(schedules.build(name, p, m, v))
         assert [sum(c) for c in in_flight_chunks(name, p, m, v)] == peaks
 
 
 def test_unknown_schedule_is_a_user_error() -> None:
     with pytest.raises(UserError, match="schedule"):
-        in_flight_chunks("chimera", 4, 8)
+        in_flight_chunks("dualpipe", 4, 8)
 
 
 # ---------------------------------------------------------------- the whole device

@@ -23,10 +23,12 @@ from llmsim.schedules import (
     format_grid,
     idle_fractions,
     peak_in_flight,
+    route_of,
     to_dataframe,
     unit_timeline,
 )
 from llmsim.specs import ScheduleName
+from llmsim.specs.parallelism import NOT_REPLAYED
 
 FLAT = ("gpipe", "1f1b", "zb-h1")
 
@@ -38,7 +40,10 @@ def configurations(draw: st.DrawFn) -> tuple[str, int, int, int]:
     stages = draw(st.integers(1, 8))
     if name == "interleaved-1f1b":
         return name, stages, stages * draw(st.integers(1, 4)), draw(st.integers(2, 4))
-    return name, stages, draw(st.integers(1, 20)), 1
+    if name == "chimera":  # two pipelines: an even p, whole units of p micro-batches
+        stages = 2 * draw(st.integers(1, 4))
+        return name, stages, stages * draw(st.integers(1, 3)), 1
+    return name, stages, draw(st.integers(1, 20)), 2 if name == "zb-v" else 1
 
 
 def _step(timeline: Timeline) -> Fraction:
@@ -74,6 +79,7 @@ def test_action_is_a_frozen_hashable_value() -> None:
 
 def test_registry_matches_the_names_the_specs_accept() -> None:
     assert set(SCHEDULES) == set(get_args(ScheduleName))
+    assert {n for n, info in SCHEDULES.items() if not info.replayed} == set(NOT_REPLAYED)
 
 
 # ---------------------------------------------------------------- structure
@@ -87,27 +93,35 @@ def test_every_microbatch_chunk_gets_one_f_one_b_one_w_per_stage(
     name, p, m, v = config
     schedule = build(name, p, m, v)
     assert len(schedule) == p
+    # Every micro-batch visits each (stage, chunk) of its route once; with the looping
+    # placement that is every chunk of every stage.
+    route = route_of(schedule)
     expected = Counter(
-        (s, kind, mb, c) for s in range(p) for kind in "FBW" for mb in range(m) for c in range(v)
+        (s, kind, mb, c) for mb in range(m) for s, c in route(mb) for kind in "FBW"
     )
+    if SCHEDULES[name].route is None:
+        assert expected == Counter(
+            (s, kind, mb, c) for s in range(p) for kind in "FBW" for mb in range(m)
+            for c in range(v))
     seen = Counter((a.stage, a.kind, a.microbatch, a.chunk) for row in schedule for a in row)
     assert seen == expected
     assert all(a.stage == s for s, row in enumerate(schedule) for a in row)
 
 
 def _dependencies_met(schedule: Schedule, timeline: Timeline) -> None:
-    """Restates the dependency rules on virtual stages c·p + s (Narayanan et al. §2.2)."""
-    p = len(schedule)
-    v = 1 + max(a.chunk for row in schedule for a in row)
-    last = p * v - 1
+    """Restates the dependency rules on the virtual stages of each micro-batch's route
+    (c·p + s for the looping placement, Narayanan et al. §2.2)."""
+    route = route_of(schedule)
     times = {a: (start, end) for row in timeline for start, end, a in row}
 
     def at(kind: str, virtual: int, mb: int) -> Action:
-        return Action(virtual % p, kind, mb, virtual // p)  # type: ignore[arg-type]
+        stage, chunk = route(mb)[virtual]
+        return Action(stage, kind, mb, chunk)  # type: ignore[arg-type]
 
     for action, (start, _) in times.items():
-        virtual = action.chunk * p + action.stage
         mb = action.microbatch
+        virtual = route(mb).index((action.stage, action.chunk))
+        last = len(route(mb)) - 1
         if action.kind == "F" and virtual > 0:
             assert start >= times[at("F", virtual - 1, mb)][1]
         if action.kind == "B":
@@ -258,8 +272,8 @@ def test_to_dataframe_has_one_row_per_action_with_unit_times() -> None:
 
 
 def test_unknown_schedule_lists_the_registered_ones() -> None:
-    with pytest.raises(UserError, match="unknown name 'pipedream'") as info:
-        build("pipedream", 4, 8)
+    with pytest.raises(UserError, match="unknown name 'dualpipe'") as info:
+        build("dualpipe", 4, 8)
     assert all(name in str(info.value) for name in SCHEDULES)
 
 

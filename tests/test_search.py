@@ -60,6 +60,20 @@ def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -
         assert estimate.days_to_train == pytest.approx(result.days_to_train, rel=0.05)
 
 
+def test_estimator_agrees_with_the_engine_on_zb_h2() -> None:
+    scenario = llmsim.load_scenario("selene-gpt3", overrides=["parallelism.schedule=zb-h2"])
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.01)
+
+
+def test_estimator_agrees_with_the_engine_through_parameter_servers() -> None:
+    scenario = llmsim.load_scenario("selene-gpt3", overrides=[
+        "parallelism.zero=0", "parallelism.dp_mode=parameter_server",
+        "parallelism.parameter_servers=8"])
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.01)
+
+
 def _target_runs(every: int) -> list:
     from llmsim.validation import load_runs
 
@@ -105,6 +119,22 @@ def test_zb_h1_closed_form_equals_its_bubble() -> None:
     assert total == pytest.approx(m * (f + b + w) + (p - 1) * (f + b - w))
     timeline = schedules.unit_timeline(schedules.build("zb-h1", p, m, 1), f=f, b=b, w=w)
     assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4])
+@pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (1.0, 2.0, 1.0)])
+def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: float) -> None:
+    """ZB-H2 with equal stages, m ≥ 2p − 1: m·(F+B+W) + (p−1)·max(F, F+B−2W), the
+    reference timeline's step (the parallelogram of Qi et al. 2024 §2.2 and the
+    optimizer's synchronisation)."""
+    m = 2 * p + 1
+    stages = [StageTimes(f=f, b=b, w=w) for _ in range(p)]
+    total, ends = pipeline_s("zb-h2", stages, m, 1, blocking=True, posted_singly=False,
+                             zero3=False, prefetch=True)
+    assert total == pytest.approx(m * (f + b + w) + (p - 1) * max(f, f + b - 2 * w))
+    timeline = schedules.unit_timeline(schedules.build("zb-h2", p, m, 1), f=f, b=b, w=w)
+    assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
+    assert ends == [total] * p
 
 
 # -- the space and its pruning -------------------------------------------------------------

@@ -193,7 +193,8 @@ MAX_GRID_CELLS = 16_384
 
 @schedule_app.command("show")
 def schedule_show(
-    name: Annotated[str, typer.Argument(help="gpipe, 1f1b, interleaved-1f1b or zb-h1.")],
+    name: Annotated[str, typer.Argument(help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
+                                             "zb-v (--chunks 2), chimera or pipedream.")],
     stages: Annotated[int, typer.Option(min=1, help="Pipeline stages p.")] = 4,
     microbatches: Annotated[int, typer.Option(min=1, help="Micro-batches m.")] = 8,
     chunks: Annotated[int, typer.Option(min=1, help="Chunks per stage v (interleaved).")] = 1,
@@ -207,6 +208,12 @@ def schedule_show(
                         f"{MAX_GRID_CELLS:,} a printed grid shows; use smaller numbers")
     plan = schedules.build(name, stages, microbatches, chunks)
     out.print(schedules.format_grid(plan), highlight=False)
+    info = schedules.SCHEDULES[name]
+    peaks = " ".join(str(n) for n in schedules.peak_in_flight(plan))
+    out.print(f"peak in flight per stage (micro-batch-chunks): {peaks}", highlight=False)
+    versions = [info.weight_versions(stages, i, microbatches) for i in range(stages)]
+    if any(n != 1 for n in versions):
+        out.print("weight copies per stage: " + " ".join(map(str, versions)), highlight=False)
 
 
 ProfileOption = Annotated[

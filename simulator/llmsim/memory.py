@@ -27,6 +27,7 @@ from llmsim.params import (
     stage_layers_params,
 )
 from llmsim.partition import chunk_first_layer, chunk_layers
+from llmsim.schedules import placement
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 RUNTIME_CONTEXT_BYTES = 1.0e9
@@ -310,8 +311,13 @@ def memory_per_stage(
     moe_delta = moe_activation_bytes_delta(model, parallelism, training,
                                            _activation_bytes(training))
     layer_params = layer_params_per_device(model, t)
-    embedding_params, head_params = (embedding_params_per_device(model, t),
-                                     head_params_per_device(model, t, p))
+    hops = placement(parallelism.schedule, p, v)
+    # The stages of the first and the last virtual stage (0 and p − 1 unless the schedule
+    # places its chunks otherwise: ZB-V's V puts both on stage 0, one tied embedding).
+    first_stage, last_stage = (hops[0][0], hops[-1][0]) if hops else (0, p - 1)
+    embedding_params, head_params = (
+        embedding_params_per_device(model, t),
+        head_params_per_device(model, t, p if first_stage != last_stage else 1))
     embedding_acts = embedding_activation_bytes(model, parallelism, training)
     output_acts = output_activation_bytes(model, parallelism, training)
     # Stages with the same chunks, micro-batches in flight and ends of the model need the
@@ -319,9 +325,10 @@ def memory_per_stage(
     distinct: dict[tuple, StageMemory] = {}
     stages = []
     for i in range(p):
-        first_layers = tuple(chunk_first_layer(split, i, c) for c in range(v)) \
-            if model.moe is not None else ()
-        key = (tuple(split[i]), tuple(chunks[i]), i == 0, i == p - 1, first_layers)
+        first_layers = tuple(chunk_first_layer(split, i, c, hops or None)
+                             for c in range(v)) if model.moe is not None else ()
+        key = (tuple(split[i]), tuple(chunks[i]), i == first_stage, i == last_stage,
+               first_layers)
         known = distinct.get(key)
         if known is not None:
             stages.append(replace(known, stage=i))
@@ -331,17 +338,17 @@ def memory_per_stage(
             dense, expert = layers * layer_params, 0
         else:
             dense, expert = stage_layers_params(model, t, ep, split, i)
-        params = dense + expert + (embedding_params if i == 0 else 0) \
-            + (head_params if i == p - 1 else 0)
+        params = dense + expert + (embedding_params if i == first_stage else 0) \
+            + (head_params if i == last_stage else 0)
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))
         expert_state = _state_bytes(expert, groups[1], zero, (w_b, g_b, o_b))
         weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
                                                           strict=True))
         held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
         activations = held * per_layer + (rematerialised if held else 0.0)
-        if i == 0:
+        if i == first_stage:
             activations += chunks[i][0] * embedding_acts
-        if i == p - 1:
+        if i == last_stage:
             activations += chunks[i][-1] * output_acts
         # the MoE delta is per rank already (of its s/cp tokens)
         activations = activations / cp + moe_layers_in_flight(model, split, chunks[i], i) \

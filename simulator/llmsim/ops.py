@@ -12,7 +12,8 @@ from typing import Literal
 ComputeKind = Literal["gemm", "attention", "memory"]
 Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
-Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all"]
+Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all",
+                     "push_pull"]
 Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp"]
 """A parallel axis; ``stage``: every rank of one pipeline stage (all axes but pp); or a
 group spanning several axes, named by them: ``cp+ep+dp`` the ranks that hold the same

@@ -110,10 +110,15 @@ def chunk_layers(layers: int, par: Parallelism) -> list[list[int]]:
     return out
 
 
-def chunk_first_layer(split: list[list[int]], stage: int, chunk: int) -> int:
+def chunk_first_layer(split: list[list[int]], stage: int, chunk: int,
+                      hops: tuple[tuple[int, int], ...] | None = None) -> int:
     """Index of the first transformer layer of model chunk ``chunk`` of ``stage``, given
-    :func:`chunk_layers`' split: the virtual stages ``chunk·pp + stage`` hold the layers
-    in order (Narayanan et al. 2021 §2.2.2)."""
+    :func:`chunk_layers`' split: the virtual stages hold the layers in order, virtual
+    stage ``k`` being ``hops[k]`` (stage, chunk) — by default ``chunk·pp + stage``
+    (Narayanan et al. 2021 §2.2.2); ZB-V's V places them otherwise."""
     p = len(split)
-    vs = chunk * p + stage
-    return sum(split[v % p][v // p] for v in range(vs))
+    if hops is None:
+        vs = chunk * p + stage
+        return sum(split[v % p][v // p] for v in range(vs))
+    vs = hops.index((stage, chunk))
+    return sum(split[s][c] for s, c in hops[:vs])

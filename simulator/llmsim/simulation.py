@@ -60,7 +60,8 @@ def check_posted_units(scenario: Scenario) -> None:
     its two neighbours at once; the compute must keep some units beside them and the
     other kernels that hold units (raises :class:`UserError` when it cannot)."""
     par, node = scenario.parallelism, scenario.system.node
-    if not (par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1):
+    if not (par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1) \
+            or schedules.placement(par.schedule, par.pp, par.virtual_stages):
         return  # sends are batched on the pipeline group: nothing is posted singly
     message = step_traffic(scenario.model, par, scenario.training, scenario.dp).pp_message_bytes
     posted = 2 * max(posted_p2p_units(scenario.system, message, within)

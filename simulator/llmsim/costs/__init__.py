@@ -24,6 +24,7 @@ from llmsim.costs.collectives import (
     group_path,
 )
 from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
+from llmsim.costs.parameter_server import ParameterServerModel
 from llmsim.errors import UserError
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.plan import Plan
@@ -69,6 +70,7 @@ class HardwareCosts:
         attention_kernel: AttentionKernel = "flash",
         power_limit_w: float | None = None,
         cuda_graphs: bool = False,
+        parameter_servers: int = 1,
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -96,6 +98,10 @@ class HardwareCosts:
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
         self.all_to_all = AllToAllModel(system, plan, launch_s=accelerator.kernel_launch_us * 1e-6)
+        self.parameter_server = (
+            ParameterServerModel(system, plan, parameter_servers,
+                                 launch_s=accelerator.kernel_launch_us * 1e-6)
+            if plan.parallelism.dp_mode == "parameter_server" else None)
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, plan: Plan) -> HardwareCosts:
@@ -103,7 +109,8 @@ class HardwareCosts:
         calibration = load_calibration(scenario.calibration) if scenario.calibration else None
         training = scenario.training
         return cls(scenario.system, plan, training.precision, calibration,
-                   training.attention_kernel, training.power_limit_w, training.cuda_graphs)
+                   training.attention_kernel, training.power_limit_w, training.cuda_graphs,
+                   scenario.parallelism.parameter_servers)
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""
@@ -124,4 +131,8 @@ class HardwareCosts:
                      + message_passes * op.bytes / self.compute.memory_bytes_per_s)
         if op.collective == "all_to_all":  # costs/alltoall.py: not a ring or a tree
             return self.all_to_all.comm_s(op.axis, op.bytes) + staging_s + op.host_s
+        if op.collective == "push_pull":  # costs/parameter_server.py: through the servers
+            if self.parameter_server is None:
+                raise ValueError("a push_pull op needs parallelism.dp_mode parameter_server")
+            return self.parameter_server.comm_s(op.bytes) + staging_s + op.host_s
         return self.collectives.comm_s(op) + staging_s + op.host_s

@@ -135,20 +135,22 @@ class PipelineMessages:
         The first forward's receive comes before any pass; the first backward's after the
         last warmup forward, the one before the first steady-state step's forward (or,
         when every forward is a warmup one, right before the backward)."""
-        p, last_vs = self.work.stages, self.work.stages * self.work.chunks_per_stage - 1
+        last_vs = self.work.stages * self.work.chunks_per_stage - 1
         posts: dict[int, list[tuple[object, int]]] = defaultdict(list)
         last = {"F": -1, "B": -1}
         forwards = sum(act.kind == "F" for act in actions)
         for j, act in enumerate(actions):
             vs = self.work.chunks[(dev.stage, act.chunk)].virtual_stage
             if act.kind == "F" and vs > 0:
-                posts[last["F"]].append(((dev.pipe, "F", vs, act.microbatch), (vs - 1) % p))
+                posts[last["F"]].append(((dev.pipe, "F", vs, act.microbatch),
+                                          self.work.stage_of(vs - 1)))
             elif act.kind == "B" and vs < last_vs:
                 after = last["B"]
                 if after < 0:
                     warmup_only = sum(a.kind == "F" for a in actions[:j]) == forwards
                     after = j - 1 if warmup_only else j - 2
-                posts[after].append(((dev.pipe, "B", vs, act.microbatch), (vs + 1) % p))
+                posts[after].append(((dev.pipe, "B", vs, act.microbatch),
+                                     self.work.stage_of(vs + 1)))
             if act.kind == "F":
                 last["F"] = j
             elif act.kind == self.backward_step:

@@ -95,10 +95,10 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         self.collective_units = collective_units if workload.grad_ranks > 1 else 0
         """Compute units a data-parallel collective holds while it runs beside the compute."""
         self.posted_singly = (overlap_pp and workload.chunks_per_stage > 1
-                              and workload.stages > 1)
+                              and workload.stages > 1 and not workload.hops)
         """Whether pipeline sends and receives are posted one by one, each on the pair's
         own communicator (Megatron-LM's overlapped interleaved schedule), not batched on
-        the pipeline group's."""
+        the pipeline group's (ZB-V's V is not Megatron's interleaving: batched)."""
         self.rendezvous = self.posted_singly and node_of is not None
         """Whether the sends and receives are posted where Megatron-LM posts them, each
         completing when its peer has posted the other half (:meth:`_recv_posts`), and each
@@ -286,10 +286,10 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             send: simpy.Event | None = None
             if act.kind == "F" and vs < last_vs:
                 send = self._post_send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
-                                       act.microbatch, act.chunk, (vs + 1) % p)
+                                       act.microbatch, act.chunk, work.stage_of(vs + 1))
             if vs > 0 and act.kind == self.backward_step:
                 send = self._post_send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
-                                       act.microbatch, act.chunk, (vs - 1) % p)
+                                       act.microbatch, act.chunk, work.stage_of(vs - 1))
             for key, peer in recvs:
                 if (key, peer) not in first:
                     env.process(self._recv(dev, key, peer))

@@ -13,6 +13,11 @@ micro-batches over ``p`` stages takes
   drain shrink by v (Narayanan et al. 2021 §2.2: bubble (p−1)/(v·m));
 - ZB-H1: ``(m−1)·max C + Σ_s (F_s + B_s − W_s) − (p−2)·min W`` — with equal stages
   ``m·(F+B+W) + (p−1)(F+B−W)``, Qi et al. 2024 Table 2;
+- ZB-H2: ``m·max C + (p−1)·max_s max(F_s, F_s + B_s − 2W_s)`` — with equal stages the
+  parallelogram of Qi et al. 2024 §2.2 closed by the optimizer's synchronisation
+  (``llmsim.schedules.zb_h2``), for m ≥ 2p − 1 and W ≤ F, B; unequal stages are
+  approximated by the costliest stage's lag, and every stage is taken to end with the
+  last (its deferred W passes fill the tail);
 
 plus the pipeline hops where sends do not block (a blocking send is in its stage's pass
 time already). With equal stages and free communication each equals the bubble closed
@@ -132,6 +137,9 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                                                                          strict=True))
                  - (p - 2) * min(ws))
         total = max(total, m * top)
+    elif schedule == "zb-h2":
+        lag = max(max(f, f + b - 2 * w) for f, b, w in passes)
+        total = m * top + (p - 1) * lag
     else:  # 1f1b, and one stage of anything
         total = (m - 1) * top + sum(c * n for c, n in zip(cycle, counts, strict=True))
     total += hops + max(st.first_forward_gather for st, _ in runs)
@@ -144,6 +152,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         def end(stage: int, lag: float, w: float = w) -> float:
             if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
                 lag = max(0.0, lag - stage * w)
+            elif schedule == "zb-h2":  # the weight passes moved to the tail fill it
+                lag = 0.0
             return total - lag
 
         ends.append((end(s, behind), end(s + n - 1, behind + (n - 1) * step)))

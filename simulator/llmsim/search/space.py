@@ -23,7 +23,7 @@ from llmsim.specs import Scenario
 SWITCHES = ("overlap_dp_comm", "overlap_tp_comm", "overlap_pp_comm", "overlap_param_gather")
 """The overlap switches the search varies."""
 
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2")
 """The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
 the same as any other)."""
 

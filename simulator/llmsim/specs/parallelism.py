@@ -8,7 +8,11 @@ from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_
 
 from llmsim.specs._base import Spec
 
-ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]
+ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
+                       "chimera", "pipedream"]
+NOT_REPLAYED = ("chimera", "pipedream")
+"""Schedules ``llmsim schedule show`` draws but the engine does not replay yet (Chimera's
+two pipelines with their weight replicas, PipeDream's run without a flush)."""
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 TpOverlapGemmName = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
                             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
@@ -56,7 +60,7 @@ class Parallelism(Spec):
     schedule: ScheduleName = "1f1b"
     """Pipeline schedule."""
     virtual_stages: PositiveInt = 1
-    """Model chunks per pipeline stage (interleaved 1F1B)."""
+    """Model chunks per pipeline stage (interleaved 1F1B; 2 for ZB-V)."""
     first_stage_layers: NonNegativeInt | None = None
     """Transformer layers on the first stage, which also runs the embedding (default: an
     even split). The stages without a count split the remaining layers evenly
@@ -125,6 +129,16 @@ class Parallelism(Spec):
     layer ahead of its compute. False: a layer's all-gather starts only when the layer is
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
     2021), which synchronised the device around every parameter all-gather."""
+    dp_mode: Literal["all_reduce", "parameter_server"] = "all_reduce"
+    """How data-parallel ranks combine their gradients: collectives among them
+    (``all_reduce``), or through parameter servers (``parameter_server``, synchronous):
+    each rank pushes every gradient bucket to the servers, which sum it, and pulls the sum
+    back before its own optimizer step (Li et al. 2014, OSDI, §3; MXNet's ``dist_sync``
+    kvstore with ``update_on_kvstore=False``)."""
+    parameter_servers: PositiveInt = 1
+    """With ``dp_mode: parameter_server``: server processes, one on each of the first
+    nodes of the job; each bucket is split evenly over them, and each server's traffic
+    goes through its node's network injection."""
     grad_all_reduce: bool = False
     """Reduce the gradients through a flattened copy: each bucket flattened into a new
     buffer, scaled, all-reduced and copied back (three passes through device memory).
@@ -236,12 +250,29 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
+        if self.dp_mode == "parameter_server" and (self.zero or self.ep > 1 or self.cp > 1):
+            raise ValueError(
+                f"parallelism.dp_mode: parameter_server with zero {self.zero}, ep {self.ep}, "
+                f"cp {self.cp}; the servers hold whole gradients of dense replicas: set zero "
+                "to 0 and ep and cp to 1, or use dp_mode all_reduce"
+            )
+        if self.schedule in NOT_REPLAYED:
+            raise ValueError(
+                f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "
+                "but the engine does not replay it yet; use gpipe, 1f1b, interleaved-1f1b, "
+                "zb-h1, zb-h2 or zb-v"
+            )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(
                 "parallelism.virtual_stages: 1 with schedule interleaved-1f1b; "
                 "set virtual_stages to 2 or more, or use schedule 1f1b"
             )
-        if self.schedule != "interleaved-1f1b" and self.virtual_stages != 1:
+        if self.schedule == "zb-v" and self.virtual_stages != 2:
+            raise ValueError(
+                f"parallelism.virtual_stages: {self.virtual_stages} with schedule zb-v, which "
+                "places exactly two model chunks on each stage; set virtual_stages to 2"
+            )
+        if self.schedule not in ("interleaved-1f1b", "zb-v") and self.virtual_stages != 1:
             raise ValueError(
                 f"parallelism.virtual_stages: {self.virtual_stages} needs schedule "
                 f"interleaved-1f1b (got {self.schedule}); change one of them"

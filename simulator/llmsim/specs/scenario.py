@@ -66,6 +66,12 @@ class Scenario(Spec):
             )
         if self.placement is not None:
             self._check_placement()
+        if par.dp_mode == "parameter_server" and par.parameter_servers > self.nodes_used:
+            raise ValueError(
+                f"parallelism.parameter_servers: {par.parameter_servers} servers on a job of "
+                f"{self.nodes_used} nodes; the servers run one per node of the job, so use at "
+                f"most {self.nodes_used}"
+            )
         devices = self.devices
         fixed = par.tp * par.pp * par.cp * par.ep
         degrees = f"tp({par.tp})·pp({par.pp})" + "".join(

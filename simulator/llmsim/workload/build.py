@@ -24,6 +24,7 @@ from llmsim.params import (
     param_tensors,
 )
 from llmsim.partition import chunk_first_layer, chunk_layers
+from llmsim.schedules import placement
 from llmsim.specs import Model, Parallelism, Training
 
 if TYPE_CHECKING:
@@ -67,8 +68,9 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
     ``S`` bytes once in each direction (a ring's 2(n−1)/n·S at n = 2), so it is priced as
     an exchange of ``S`` bytes between the two stages on the pipeline path.
     """
-    if not model.tied_embeddings or par.pp < 2:
-        return None
+    hops = placement(par.schedule, par.pp, par.virtual_stages)
+    if not model.tied_embeddings or par.pp < 2 or (hops and hops[0][0] == hops[-1][0]):
+        return None  # one copy of the embedding (ZB-V: the first and last chunks on stage 0)
     words = math.ceil(model.vocab / par.tp) * model.hidden
     return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
                   float(words * grad_bytes_per_param(training.precision,
@@ -218,6 +220,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         gather_host_s=(dp * par.tensor_list_host_us_per_rank
                        + par.tensor_list_host_us_per_call) * 1e-6 if tensor_list else 0.0,
         grad_all_reduce=par.grad_all_reduce,
+        parameter_server=par.dp_mode == "parameter_server",
         grad_bucket_nan_check=par.grad_bucket_nan_check,
         grad_bucket_prescale=par.grad_bucket_prescale,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
@@ -233,12 +236,16 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     ops = pass_ops(model, par, training)
     (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
     split = chunk_layers(model.layers, par)
+    hops = placement(par.schedule, p, v)
+    virtual = {hop: k for k, hop in enumerate(hops)} if hops else {}
+    # A separate LM head copy exists only when the first and last chunks sit apart.
+    head_p = 1 if hops and hops[0][0] == hops[-1][0] else p
     chunks: dict[tuple[int, int], Chunk] = {}
     for stage in range(p):
         for c in range(v):
-            vs, n = c * p + stage, split[stage][c]
+            vs, n = virtual.get((stage, c), c * p + stage), split[stage][c]
             first, last = vs == 0, vs == p * v - 1
-            start = chunk_first_layer(split, stage, c)
+            start = chunk_first_layer(split, stage, c, hops or None)
             amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
                                                       start)
             fwd: tuple[Op, ...] = emb_f if first else ()
@@ -256,12 +263,13 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
-                chunk_params(model, par.tp, n, first, last, p, par.ep, start),
+                chunk_params(model, par.tp, n, first, last, head_p, par.ep, start),
                 fwd, bwd, wgt, accumulate, expert_params=experts,
             )
-    work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={})
+    work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
+                   hops=hops)
     for stage in range(p):
-        tensors = sum(param_tensors(model, c.layers, c.first, c.last, p)
+        tensors = sum(param_tensors(model, c.layers, c.first, c.last, head_p)
                       for (s, _), c in chunks.items() if s == stage)
         work.optimizer[stage] = optimizer_step(par, training, work.stage_params(stage),
                                                tensors, shard_ranks(work, stage))

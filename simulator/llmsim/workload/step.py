@@ -84,6 +84,9 @@ class Workload:
     grad_all_reduce: bool = False
     """Gradients reduced through a flattened, scaled copy of each bucket, copied back, with
     ZeRO-1/2/3 by a full all-reduce (``parallelism.grad_all_reduce``)."""
+    parameter_server: bool = False
+    """Gradient buckets pushed to parameter servers and the sums pulled back
+    (``parallelism.dp_mode: parameter_server``) instead of all-reduced."""
     grad_bucket_nan_check: bool = False
     """Each gradient bucket checked for NaN before its reduction
     (``parallelism.grad_bucket_nan_check``)."""
@@ -114,6 +117,9 @@ class Workload:
     embedding_grad_allreduce: CommOp | None = None
     """Tied embeddings with ``pp > 1``: the first and the last stage each hold a copy of
     the word embedding and all-reduce its gradient before the optimizer step."""
+    hops: tuple[tuple[int, int], ...] = ()
+    """Virtual stage k → the (stage, chunk) that runs it, when the schedule places chunks
+    otherwise than ``c·p + s`` (ZB-V's V, :mod:`llmsim.schedules.route`); empty: looping."""
     ep: int = 1
     """Expert-parallel degree: the ep ranks hold different sequences (more replicas of the
     dense weights) and different routed experts."""
@@ -141,6 +147,12 @@ class Workload:
         """Pipeline stages."""
         return 1 + max(s for s, _ in self.chunks)
 
+    def stage_of(self, virtual_stage: int) -> int:
+        """The pipeline stage that runs ``virtual_stage``."""
+        if self.hops:
+            return self.hops[virtual_stage][0]
+        return virtual_stage % self.stages
+
     @property
     def chunks_per_stage(self) -> int:
         """Model chunks per stage (virtual stages)."""
@@ -163,6 +175,8 @@ class Workload:
                      (expert_axis, expert_ranks, chunk.expert_params, "_experts")]
         all_reduce = self.zero == 0 or self.grad_all_reduce
         kind = "all_reduce" if all_reduce else "reduce_scatter"
+        if self.parameter_server:
+            kind = "push_pull"
         # DeepSpeed's allreduce_and_copy, Megatron's local DDP without contiguous buffers:
         # flatten the bucket, scale it, copy it back.
         staging = 3 if self.grad_all_reduce else 0
@@ -173,7 +187,8 @@ class Workload:
             total = params * self.grad_bytes_per_param
             buckets = max(1, math.ceil(total / self.bucket_bytes))
             groups.append((buckets, CommOp(
-                f"dp_{'ar' if all_reduce else 'rs'}{tag}_c{chunk.virtual_stage}_b0", kind,
+                f"dp_{'ps' if self.parameter_server else 'ar' if all_reduce else 'rs'}{tag}"
+                f"_c{chunk.virtual_stage}_b0", kind,
                 axis, "W", total / buckets, staging_passes=staging)))
         return groups
 
