@@ -47,7 +47,7 @@ extra = {
     "interleaved-overlap": ["parallelism.schedule=interleaved-1f1b",
                             "parallelism.virtual_stages=2", "parallelism.overlap_pp_comm=true"],
     "zero3": ["parallelism.schedule=1f1b", "parallelism.zero=3"],
-    "full": ["parallelism.schedule=1f1b", "fidelity=full"],
+    "full": ["parallelism.schedule=1f1b", "fidelity=full", "max_sim_passes=2000000"],
 }[case]
 if measure:
     tracemalloc.start()
