@@ -37,7 +37,8 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                     node_of=_node_of(plan),
                     collective_units=scenario.system.node.collective_units,
                     p2p_units=p2p_units,
-                    aligned_grad_sync=par.grad_reduce_launch == "pp_aligned")
+                    aligned_grad_sync=par.grad_reduce_launch == "pp_aligned",
+                    schedule_name=par.schedule)
     if engine.rendezvous:
         check_posted_units(scenario)
     return engine

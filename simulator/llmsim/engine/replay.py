@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import simpy
 
 from llmsim.blocks import Block, CostModel, block_kind
+from llmsim.engine import uncontended
 from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
 from llmsim.engine.gradients import GradientTraffic, Launch
@@ -37,8 +38,14 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
                  collective_units: int = 0, p2p_units: tuple[int, int] = (0, 0),
-                 aligned_grad_sync: bool = False) -> None:
+                 aligned_grad_sync: bool = False, schedule_name: str = "") -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
+        self.schedule_name = schedule_name
+        """The registered name of the schedule (:mod:`llmsim.schedules`); "" if unknown."""
+        self.tight_loop = True
+        """Whether :meth:`run` may replay the step without SimPy where nothing contends
+        (:mod:`~llmsim.engine.uncontended`; off: SimPy always, the reference the tests
+        compare with)."""
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
         # Zero-Bubble schedules split B from W and send right after B.
@@ -350,6 +357,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         the clock at simulated instants it spaces out by itself, and changes nothing the
         devices do.
         """
+        if uncontended.applies(self):
+            return uncontended.replay(self, progress, every_s)
         procs = [self.env.process(self._device(d)) for d in self.devices]
         if progress is not None:
             total = sum(len(self.schedule[d.stage]) for d in self.devices)
