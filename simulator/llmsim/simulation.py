@@ -8,6 +8,7 @@ from collections.abc import Callable
 from llmsim import schedules
 from llmsim.costs.collectives import posted_p2p_units
 from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
+from llmsim.engine.devices import fold_identical_tp_ranks
 from llmsim.errors import UserError
 from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
@@ -16,8 +17,11 @@ from llmsim.specs import Scenario
 from llmsim.workload import build_workload, step_traffic
 
 
-def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
-    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run."""
+def build_engine(scenario: Scenario, costs: CostModel | None = None,
+                 fold_identical: bool = True) -> Engine:
+    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run;
+    in full fidelity, with identical tensor-parallel ranks simulated once
+    (``fold_identical``, :func:`~llmsim.engine.devices.fold_identical_tp_ranks`)."""
     plan = Plan.from_scenario(scenario)
     par = scenario.parallelism
     workload = build_workload(scenario.model, par, scenario.training, scenario.dp)
@@ -27,6 +31,10 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
 
         costs = HardwareCosts.from_scenario(scenario, plan)
     devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
+    node_of = _node_of(plan)
+    replicas: dict[int, tuple[int, ...]] = {}
+    if scenario.fidelity == "full" and fold_identical:
+        devices, replicas = fold_identical_tp_ranks(devices, par.pp, node_of)
     p2p_units = tuple(posted_p2p_units(scenario.system, workload.pp_message_bytes, within)
                       for within in (False, True))
     engine = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
@@ -34,11 +42,11 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                     overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                     prefetch_weights=par.prefetch_weights,
                     regather_for_recompute=workload.regather_for_recompute,
-                    node_of=_node_of(plan),
+                    node_of=node_of,
                     collective_units=scenario.system.node.collective_units,
                     p2p_units=p2p_units,
                     aligned_grad_sync=par.grad_reduce_launch == "pp_aligned",
-                    schedule_name=par.schedule)
+                    schedule_name=par.schedule, replicas=replicas)
     if engine.rendezvous:
         check_posted_units(scenario)
     return engine

@@ -38,8 +38,11 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
                  collective_units: int = 0, p2p_units: tuple[int, int] = (0, 0),
-                 aligned_grad_sync: bool = False, schedule_name: str = "") -> None:
+                 aligned_grad_sync: bool = False, schedule_name: str = "",
+                 replicas: dict[int, tuple[int, ...]] | None = None) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
+        self.replicas = replicas or {}
+        """Simulated device → the devices it stands for (:attr:`Trace.replicas`)."""
         self.schedule_name = schedule_name
         """The registered name of the schedule (:mod:`llmsim.schedules`); "" if unknown."""
         self.tight_loop = True
@@ -379,6 +382,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             dp_waits=self.dp_waits,
             pp_slowed_s={d: c.p2p_slowed_s for d, c in self.contention.items()
                          if c.p2p_slowed_s},
+            replicas=self.replicas,
         )
 
 

@@ -328,4 +328,5 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
         pp_waits=sorted(state.pp_waits, key=lambda w: w[1]),
         dp_waits=[],
         pp_slowed_s={},
+        replicas=engine.replicas,
     )
