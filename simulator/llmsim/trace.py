@@ -6,6 +6,7 @@ import math
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -56,6 +57,10 @@ class Record(NamedTuple):
         """Wall time of this record over its share of ``block``'s time (1: not slowed)."""
         share_s = block.duration_s * self.block_share(block)
         return 1.0 + self.slowed_s(block) / share_s if share_s > 0 else 1.0
+
+
+by_device_start_stream = itemgetter(0, 7, 2)
+"""Sort key of the trace's records: (device, start_s, stream)."""
 
 
 @dataclass

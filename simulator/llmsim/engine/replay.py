@@ -24,7 +24,7 @@ from llmsim.engine.pipeline import PipelineMessages
 from llmsim.engine.streams import Barrier, Contention, Fifo, Mark, Pause
 from llmsim.ops import CommOp
 from llmsim.schedules import Action, aligned_grad_syncs
-from llmsim.trace import Record, Trace
+from llmsim.trace import Record, Trace, by_device_start_stream
 from llmsim.workload import Chunk, Workload
 
 
@@ -152,6 +152,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         """Device → the event that ends its last bucket run."""
         self.comm_s_of: dict[int, tuple[CommOp, float]] = {}
         """id of a collective → it and its duration (kept, so the id is not reused)."""
+        self.durations_of: dict[int, tuple[list[CommOp], list[float]]] = {}
+        """id of a list of collectives → it and their durations."""
         self.chunk_has_prep: dict[tuple[int, int], bool] = {}
         """(stage, chunk) → whether its buckets run kernels before their reductions."""
         self.last_compute: dict[int, float] = {}
@@ -370,7 +372,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         by_stage = stage_devices(self.devices)
         opt = [r.start_s for r in self.records if r.name == "optimizer"]
         return Trace(
-            records=sorted(self.records, key=lambda r: (r.device, r.start_s, r.stream)),
+            records=sorted(self.records, key=by_device_start_stream),
             blocks=self.blocks,
             accumulate_from_microbatch=self.work.accumulate_from_microbatch,
             stage_last_compute_s={s: max(self.last_compute[d] for d in ids)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device, stage_devices
-from llmsim.trace import Record, Trace
+from llmsim.trace import Record, Trace, by_device_start_stream
 
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
@@ -314,7 +314,7 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
     state.run(progress, every_s)
     step_end = state.finish()
     records = state.records
-    records.sort(key=lambda r: (r.device, r.start_s, r.stream))
+    records.sort(key=by_device_start_stream)
     by_stage = stage_devices(engine.devices)
     return Trace(
         records=records,
