@@ -32,6 +32,8 @@ SWITCHES = [
     {"parallelism__zero": 2, "parallelism__overlap_dp_comm": False},
     {"parallelism__grad_reduce_launch": "pp_aligned"},
     {"model__tied_embeddings": True},
+    {"parallelism__pp_scatter_gather": "megatron"},
+    {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
 ]
 
 

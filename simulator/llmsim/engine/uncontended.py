@@ -44,12 +44,12 @@ def applies(engine: Engine) -> bool:
     """Whether the step of ``engine`` can be replayed by :func:`replay`: a known schedule,
     every simulated device alone in its tensor- and data-parallel groups, nothing holding
     compute units, sends on each device's ``pp`` link priced in closed form (not posted on
-    a pair's communicator, not sliced), no weight gathers on the ``dp`` stream and no
-    kernels before a gradient bucket's reduction."""
+    a pair's communicator), no weight gathers on the ``dp`` stream and no kernels before a
+    gradient bucket's reduction."""
     work = engine.work
     if engine.schedule_name not in KNOWN_SCHEDULES or not engine.tight_loop:
         return False
-    if engine.rendezvous or engine.pp_gather_s or not engine.closed_form_sends:
+    if engine.rendezvous or not engine.closed_form_sends:
         return False
     if not engine.hooks_closed_form or not all(engine.closed_form.values()):
         return False
@@ -155,6 +155,7 @@ class _Replay:
         syncs = engine.grad_syncs.get(dev.stage)
         fused = not engine.split_backward
         backward_step = engine.backward_step
+        gather_s = engine.pp_gather_s
         link = _Stream()
         now = 0.0
         w_seen = [0] * work.chunks_per_stage
@@ -177,6 +178,14 @@ class _Replay:
                 if arrival > now:
                     pp_waits.append((dev.id, now, arrival, self.sent_s[need]))
                     now = arrival
+            if gather_s:  # sliced messages: the received one, DeepSpeed's own output
+                regather = work.pp_regather_output and act.kind == "B" and vs < last_vs
+                count = int(need is not None) + int(regather)
+                if count:
+                    start, now = now, now + count * gather_s
+                    records.append(Record(dev.id, dev.stage, "pp", "pp_gather", "recv",
+                                          act.microbatch, act.chunk, start, now))
+                    pp_waits.append((dev.id, start, now, start))
             block = engine._block(dev, act)
             start = now
             launches = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
