@@ -79,24 +79,6 @@ class _Stream:
         return start_s, self.free_s
 
 
-def mark_times(now_s: float, duration_s: float,
-               shares: list[float]) -> tuple[list[float], float]:
-    """When a pass of ``duration_s`` starting at ``now_s`` has done each of ``shares``
-    (sorted) of its work, and its end: the sums
-    :meth:`~llmsim.engine.streams.Contention.mark_times` makes."""
-    times: list[float] = []
-    t, done, i = now_s, 0.0, 0
-    while True:
-        while i < len(shares) and shares[i] <= done + 1e-12:
-            times.append(t)
-            i += 1
-        if done >= 1.0 - 1e-12:
-            return times, t
-        target = shares[i] if i < len(shares) else 1.0
-        t += (target - done) * duration_s
-        done = target
-
-
 class _Replay:
     """The state of one tight-loop replay of ``engine``'s step."""
 
@@ -138,13 +120,6 @@ class _Replay:
             records.append(Record(dev.id, dev.stage, "dp", name, "W", -1, -1, start_s, end_s))
         return end_s
 
-    def send(self, key: MessageKey, at_s: float, end_s: float) -> None:
-        """Message ``key``, sent at ``at_s``, is in at ``end_s``; wake its receiver."""
-        self.sent_s[key], self.arrival_s[key] = at_s, end_s
-        waiter = self.waiting.pop(key, None)
-        if waiter is not None:
-            self.ready.append(waiter)
-
     def device(self, dev: Device) -> Iterator[MessageKey]:
         """Walk ``dev``'s actions as :meth:`Engine._device` does, up to its gradients;
         yields the key of a message not yet sent, and goes on once it is."""
@@ -153,9 +128,17 @@ class _Replay:
         last_vs = p * work.chunks_per_stage - 1
         actions = engine.schedule[dev.stage]
         syncs = engine.grad_syncs.get(dev.stage)
-        fused = not engine.split_backward
+        # the last micro-batch's backward launches the buckets (overlap_dp_comm's hooks):
+        # its B pass where the backward is fused, its W pass where it is split
+        hooked = (("W" if engine.split_backward else "B")
+                  if engine.overlap_dp and work.zero != 3 and syncs is None else None)
         backward_step = engine.backward_step
         gather_s = engine.pp_gather_s
+        overlap_pp, overlap_dp = engine.overlap_pp, engine.overlap_dp
+        block_of, send_s = engine._block, engine.pp_send_s
+        device, stage, pipe = dev.id, dev.stage, dev.pipe
+        virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
+        within: dict[int, bool] = {}
         link = _Stream()
         now = 0.0
         w_seen = [0] * work.chunks_per_stage
@@ -163,72 +146,99 @@ class _Replay:
         deferred: list[tuple[int, int]] = []
         grads_end = -math.inf
         records, pp_waits = self.records, self.pp_waits
+        arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
         for i, act in enumerate(actions):
             engine.passes_started += 1
-            vs = work.chunks[(dev.stage, act.chunk)].virtual_stage
+            kind, mb, chunk = act.kind, act.microbatch, act.chunk
+            vs = virtual[chunk]
             need: MessageKey | None = None
-            if act.kind == "F" and vs > 0:
-                need = (dev.pipe, "F", vs, act.microbatch)
-            elif act.kind == "B" and vs < last_vs:
-                need = (dev.pipe, "B", vs, act.microbatch)
+            if kind == "F" and vs > 0:
+                need = (pipe, "F", vs, mb)
+            elif kind == "B" and vs < last_vs:
+                need = (pipe, "B", vs, mb)
             if need is not None:
-                if need not in self.arrival_s:
+                if need not in arrival_s:
                     yield need
-                arrival = self.arrival_s[need]
+                arrival = arrival_s[need]
                 if arrival > now:
-                    pp_waits.append((dev.id, now, arrival, self.sent_s[need]))
+                    pp_waits.append((device, now, arrival, sent_s[need]))
                     now = arrival
             if gather_s:  # sliced messages: the received one, DeepSpeed's own output
-                regather = work.pp_regather_output and act.kind == "B" and vs < last_vs
+                regather = work.pp_regather_output and kind == "B" and vs < last_vs
                 count = int(need is not None) + int(regather)
                 if count:
                     start, now = now, now + count * gather_s
-                    records.append(Record(dev.id, dev.stage, "pp", "pp_gather", "recv",
-                                          act.microbatch, act.chunk, start, now))
-                    pp_waits.append((dev.id, start, now, start))
-            block = engine._block(dev, act)
+                    records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
+                                          start, now))
+                    pp_waits.append((device, start, now, start))
+            duration_s = block_of(dev, act).duration_s
             start = now
-            launches = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
-            if (engine.overlap_dp and work.zero != 3 and syncs is None
-                    and w_seen[act.chunk] + 1 == m
-                    and act.kind == ("B" if fused else "W")):
-                launches += self.bucket_marks(dev, actions, i, carried)
+            launches = carried.pop((chunk, mb), None) if kind == "W" else None
+            if kind == hooked and w_seen[chunk] + 1 == m:
+                launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
             if launches:
-                times, now = mark_times(now, block.duration_s, [s for s, _, _ in launches])
-                grads_end = max(grads_end, self.queue_buckets(
-                    dev, [(at, name, d) for at, (_, name, d) in zip(times, launches,
-                                                                  strict=True)]))
+                now, last_end = self.marked_pass(dev, now, duration_s, launches)
+                grads_end = max(grads_end, last_end)
             else:
-                now = now + block.duration_s
-            records.append(Record(dev.id, dev.stage, "compute", _label(act), act.kind,
-                                  act.microbatch, act.chunk, start, now, 0.0, math.inf))
-            for c in syncs.get(i, ()) if syncs else ():
-                grads_end = max(grads_end, self.queue_buckets(
-                    dev, [(now, name, d) for name, d in self.bucket_list(dev.stage, c)]))
-            to: int | None = None
-            if act.kind == "F" and vs < last_vs:
-                key, to = (dev.pipe, "F", vs + 1, act.microbatch), (vs + 1) % p
-            elif vs > 0 and act.kind == backward_step:
-                key, to = (dev.pipe, "B", vs - 1, act.microbatch), (vs - 1) % p
-            if to is not None:
-                within = engine._within_node(dev, to)
-                sent, end = link.run(now, engine.pp_send_s[within])
-                records.append(Record(dev.id, dev.stage, "pp", "pp_send", key[1],
-                                      act.microbatch, act.chunk, sent, end))
-                self.send(key, sent, end)
-                if not engine.overlap_pp:  # a blocking send: the stage waits for it
-                    pp_waits.append((dev.id, now, end, now))
+                now = now + duration_s
+            records.append(Record(device, stage, "compute",
+                                  f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}", kind,
+                                  mb, chunk, start, now, 0.0, math.inf))
+            if syncs:
+                for c in syncs.get(i, ()):
+                    grads_end = max(grads_end, self.queue_buckets(
+                        dev, [(now, name, d) for name, d in self.bucket_list(stage, c)]))
+            to = -1
+            if kind == "F" and vs < last_vs:
+                key, to = (pipe, "F", vs + 1, mb), (vs + 1) % p
+            elif vs > 0 and kind == backward_step:
+                key, to = (pipe, "B", vs - 1, mb), (vs - 1) % p
+            if to >= 0:
+                near = within.get(to)
+                if near is None:
+                    near = within[to] = engine._within_node(dev, to)
+                sent, end = link.run(now, send_s[near])
+                records.append(Record(device, stage, "pp", "pp_send", key[1], mb, chunk,
+                                      sent, end))
+                sent_s[key], arrival_s[key] = sent, end  # the message is in: wake its receiver
+                waiter = waiting.pop(key, None)
+                if waiter is not None:
+                    ready.append(waiter)
+                if not overlap_pp:  # a blocking send: the stage waits for it
+                    pp_waits.append((device, now, end, now))
                     now = end
-            if act.kind == "W":
-                w_seen[act.chunk] += 1
-                if not engine.overlap_dp:
-                    deferred.append((act.chunk, w_seen[act.chunk]))
+            if kind == "W":
+                w_seen[chunk] += 1
+                if not overlap_dp:
+                    deferred.append((chunk, w_seen[chunk]))
         self.last_compute[dev.id] = now
         for c, count in deferred:  # without overlap: reduced after the last pass
             if count == m:
                 grads_end = max(grads_end, self.queue_buckets(
                     dev, [(now, name, d) for name, d in self.bucket_list(dev.stage, c)]))
         self.now_s[dev.id] = self.dp_done[dev.id] = max(now, grads_end)
+
+    def marked_pass(self, dev: Device, now_s: float, duration_s: float,
+                    launches: list[tuple[float, str, float]]) -> tuple[float, float]:
+        """A pass of ``duration_s`` from ``now_s`` whose marks (share of the pass, name,
+        seconds; shares sorted) launch gradient buckets onto ``dev``'s ``dp`` stream, each
+        recorded: (the pass's end, the last bucket's end). The times are the sums
+        :meth:`~llmsim.engine.streams.Contention.mark_times` makes, in one loop with the
+        queueing."""
+        stream, append = self.dp[dev.id], self.records.append
+        device, stage = dev.id, dev.stage
+        t, done, free = now_s, 0.0, stream.free_s
+        for share, name, bucket_s in launches:
+            if share > done + 1e-12:
+                t += (share - done) * duration_s
+                done = share
+            start = t if t > free else free
+            free = start + bucket_s
+            append(Record(device, stage, "dp", name, "W", -1, -1, start, free))
+        stream.free_s = free
+        if done < 1.0 - 1e-12:
+            t += (1.0 - done) * duration_s
+        return t, free
 
     def bucket_marks(self, dev: Device, actions: list, i: int,
                      carried: dict[tuple[int, int], list[tuple[float, str, float]]],
@@ -309,10 +319,6 @@ class _Replay:
                                       start, end))
             step_end = max(step_end, end)
         return step_end
-
-
-def _label(act) -> str:
-    return f"{act.kind}{act.microbatch}" + (f"c{act.chunk}" if act.chunk else "")
 
 
 def replay(engine: Engine, progress: Callable[[float], None] | None = None,
