@@ -174,16 +174,19 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     records, waits, dp_waits = rep
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
+    shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
     for r in records:
         if r.kind == "W" and r.stream == "dp":  # a gradient bucket: in dp's tail below
             continue
         block = trace.block_of(r)
         if block is not None:
-            share = r.block_share(block)
-            compute += block.compute_s * share
-            tp += block.tp_s * share
-            a2a += block.a2a_s * share
-            cp += block.cp_s * share
+            whole = r.block_from_s == 0.0 and r.block_to_s >= block.duration_s > 0
+            share = 1.0 if whole else r.block_share(block)
+            ran = shares.get(id(block))
+            if ran is None:
+                shares[id(block)] = [block, share]
+            else:
+                ran[1] += share
             dp += r.slowed_s(block)  # the compute units other kernels held meanwhile
         elif r.kind == "D":  # a gradient bucket's kernels before its reduction
             if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
@@ -195,6 +198,11 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                 pp += r.end_s - r.start_s
             else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
                 dp += r.end_s - r.start_s
+    for block, share in shares.values():
+        compute += block.compute_s * share
+        tp += block.tp_s * share
+        a2a += block.a2a_s * share
+        cp += block.cp_s * share
     dp += trace.stage_dp_done_s[stage] - trace.stage_last_compute_s[stage]
     pp += sum(end - max(start, sent) for _, start, end, sent in waits)
     # Of the passes' slowed time, what posted sends and receives held is pipeline time.
