@@ -10,7 +10,7 @@ its CPU time (``process_time``: on a machine shared with other work the wall tim
 fresh process varies twofold, its CPU time much less), the SimPy events the engine
 scheduled, the events per CPU second of ``simulate``, the peak resident memory of the
 timed process (``getrusage``) and the peak Python heap, and how the cost grows from 1,024
-to ~25,000 GPUs.
+to ~100,000 GPUs.
 
 The timed runs are plain: ``tracemalloc`` slows a simulation about fourfold, so the heap
 is measured in one separate run, which also counts the events (each call of
@@ -47,7 +47,7 @@ extra = {
     "interleaved-overlap": ["parallelism.schedule=interleaved-1f1b",
                             "parallelism.virtual_stages=2", "parallelism.overlap_pp_comm=true"],
     "zero3": ["parallelism.schedule=1f1b", "parallelism.zero=3"],
-    "full": ["parallelism.schedule=1f1b", "fidelity=full"],
+    "full": ["parallelism.schedule=1f1b", "fidelity=full", "max_sim_passes=2000000"],
 }[case]
 if measure:
     tracemalloc.start()
@@ -56,7 +56,7 @@ s = llmsim.load_scenario("selene-gpt3" if nodes <= 560 else "openai-a100", [
     f"nodes={nodes}", "model=gpt3-175b", "parallelism.tp=8", "parallelism.pp=8",
     f"parallelism.dp={dp}", *extra, "parallelism.micro_batch=1",
     f"training.global_batch={batch}", "training.seq_len=2048",
-    "training.precision=bf16"])
+    "training.precision=bf16", *([f"system.nodes={nodes}"] if nodes > 3125 else [])])
 t2, c2 = time.perf_counter(), time.process_time()
 r = llmsim.simulate(s)
 sim, sim_cpu = time.perf_counter() - t2, time.process_time() - c2
@@ -84,6 +84,8 @@ CASES: dict[str, tuple[int, int, int, str, bool]] = {
     "dp128": (1024, 128, 12288, "1f1b", False),
     "dp390": (3120, 390, 37440, "1f1b", False),
     "dp390-b1560": (3120, 390, 1560, "1f1b", False),
+    # ~100,000 GPUs: openai-a100's machine grown to 12,480 nodes (system.nodes)
+    "dp1560": (12480, 1560, 149760, "1f1b", False),
     "interleaved": (128, 16, 1536, "interleaved", False),
     "interleaved-overlap": (128, 16, 1536, "interleaved-overlap", False),
     "zero3": (128, 16, 1536, "zero3", True),
@@ -126,7 +128,8 @@ def main(names: list[str]) -> None:
               f"{r['events'] / r['simulate_cpu_s']:>9,.0f} "
               f"{r['max_rss_mb']:>7.0f} {r['peak_traced_mb']:>8.1f} {r['import_s']:>9.2f} "
               f"{r['step_time_s']:>8.4f}")
-    scaling = [rows[n] for n in ("dp16", "dp64", "dp128", "dp390", "dp390-b1560") if n in rows]
+    scaling = [rows[n] for n in ("dp16", "dp64", "dp128", "dp390", "dp390-b1560", "dp1560")
+               if n in rows]
     for r in scaling[1:]:
         base = scaling[0]
         print(f"cost ratio {r['devices']:,} vs {base['devices']:,} GPUs: "

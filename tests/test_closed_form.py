@@ -6,7 +6,8 @@ prices it in one process or as the marks launch it (``Engine._closed_form_run``,
 ``BucketRun``), and a send on a ``pp`` link as it is sent (``Engine._post_send``); with
 ``Engine.closed_form`` and ``Engine.closed_form_sends`` switched off it runs one SimPy
 process per bucket and per send. Both must record the same trace, to 1e-9, over a grid of
-schedules, ZeRO stages, launch points and overlap switches.
+schedules, ZeRO stages, launch points and overlap switches. Both run on SimPy here
+(``Engine.tight_loop`` off): tests/test_uncontended.py compares the loop without SimPy.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def _trace(extra: dict, closed_form: bool, events: list | None = None):
     """The trace of one step (each event the engine schedules appended to ``events``)."""
     engine = build_engine(make_scenario(nodes=2, training__global_batch=32,
                                         parallelism__dp_bucket_mb=4, **extra))
+    engine.tight_loop = False
     if not closed_form:
         engine.closed_form = dict.fromkeys(engine.closed_form, False)
         engine.closed_form_sends = False

@@ -381,6 +381,31 @@ def test_from_scenario_loads_the_calibration(tmp_path: Path) -> None:
     assert price(model, "all_reduce", "tp", 8589934592) == pytest.approx(64816.8e-6, rel=1e-4)
 
 
+def test_the_calibration_is_read_when_the_scenario_loads(tmp_path: Path, monkeypatch) -> None:
+    """A scenario's profile is read and checked by load_scenario; the cost model reuses it
+    at simulate time without reading the file again."""
+    import llmsim.loader
+
+    path = tmp_path / "profile.yaml"
+    path.write_text("gemm: not a list\n", encoding="utf-8")
+    raw = {"system": system(nodes=2).model_dump(),
+           "model": {"name": "m", "layers": 4, "hidden": 512, "heads": 8,
+                     "ffn_hidden": 2048, "vocab": 1024},
+           "parallelism": {"tp": 8, "pp": 2},
+           "training": {"global_batch": 8, "seq_len": 512, "tokens": 1e9},
+           "calibration": str(path)}
+    with pytest.raises(UserError, match=r"profile\.yaml"):
+        load_scenario(raw)  # a bad profile is a load error
+    save_calibration(Calibration(collectives=parse_nccl_tests(
+        DATA / "nccl_all_reduce_8xa100.txt")), path)
+    scenario = load_scenario(raw)
+    reads: list[Path] = []
+    monkeypatch.setattr(llmsim.loader, "read_yaml", lambda p: reads.append(p) or {})
+    model = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    assert model.calibration is not None and model.calibration.collectives
+    assert reads == []
+
+
 # -- monotonicity ---------------------------------------------------------------------------
 
 LAYOUTS = [  # (nodes, tp, pp, network)

@@ -196,3 +196,45 @@ def test_plan_of_the_selene_gpt3_template() -> None:
     # Stage 1's DP group sits on nodes 16-31, across two leaves.
     assert rows["dp"]["level"] == "fat-tree spine"
     assert rows["pp"]["nodes_spanned"] == 8
+
+
+# ---------------------------------------------------------------- placement in closed form
+
+
+@settings(max_examples=80, deadline=None)
+@given(tp=st.sampled_from([1, 2, 3, 4, 8, 16]), pp=st.sampled_from([1, 2, 3, 4, 8]),
+       dp=st.integers(1, 40), cp=st.sampled_from([1, 2, 3]),
+       order=st.permutations(AXES), dragonfly=st.booleans())
+def test_placement_in_closed_form_is_the_enumerated_one(selene, frontier_like, tp, pp, dp,
+                                                        cp, order, dragonfly):
+    """Every group of evenly spaced ranks measured in closed form has the shape its ranks,
+    enumerated, give: nodes and domains spanned, most members on a node, widest span."""
+    system = frontier_like if dragonfly else selene
+    devices = tp * pp * dp * cp
+    nodes = -(-devices // system.node.devices_per_node)
+    p = Plan(system, nodes, Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, rank_order=order), dp)
+    checked = 0
+    for axis in (*AXES, "stage", "cp+dp"):
+        progression = p._progression(axis)
+        if progression is None:
+            continue
+        for first in p._first_rank_of_groups(axis):
+            members = p.members(axis, first)
+            assert progression[1] == len(members)
+            assert p._progression_shape(first, *progression) == p._enumerated_shape(members)
+            checked += 1
+        for rank in range(0, devices, max(1, devices // 16)):
+            assert p.group_first(axis, rank) == min(p.members(axis, rank))
+    assert checked > 0
+
+
+def test_placement_of_a_hundred_thousand_gpus_takes_no_time_per_gpu(selene):
+    """A data-parallel group of 12,500 nodes is measured without listing its ranks."""
+    import time
+
+    p = plan(selene, 8, 1, 12_500)
+    start = time.process_time()
+    g = p.placement("dp")
+    assert time.process_time() - start < 0.05
+    assert (g.size, g.nodes_spanned, g.members_per_node) == (12_500, 12_500, 1)
+    assert g.domains_spanned == -(-12_500 // selene.network.nodes_per_leaf)

@@ -10,7 +10,7 @@ communication overlapped with its GEMM keeps only its exposed part
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from llmsim.context import ring_exposed_s
 from llmsim.ops import CommOp, ComputeOp
@@ -24,9 +24,9 @@ class CostModel(Protocol):
     def comm_s(self, op: CommOp) -> float: ...
 
 
-@dataclass(frozen=True, slots=True)
-class OpSpan:
-    """Where one op of a block sits inside the block, relative to its start."""
+class OpSpan(NamedTuple):
+    """Where one op of a block sits inside the block, relative to its start (a frozen
+    row, a named tuple: a step's blocks lay out thousands)."""
 
     name: str
     stream: str
@@ -65,8 +65,7 @@ class Block:
         if reserved_units:
             ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
                         if isinstance(op, ComputeOp) else op for op in ops)
-        durations = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
-                     for op in ops]
+        durations = _prices(ops, costs)
         for i, op in enumerate(ops):  # a context-parallel ring beside the next op
             if isinstance(op, CommOp) and op.ring_steps > 1 and i + 1 < len(ops):
                 durations[i] = ring_exposed_s(durations[i], durations[i + 1], op.ring_steps)
@@ -98,6 +97,20 @@ class Block:
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
         return cls(tuple(spans), t, compute, tp, a2a, cp)
+
+
+def _prices(ops: tuple[Op, ...], costs: CostModel) -> list[float]:
+    """Seconds each of ``ops`` takes, from ``costs``; an op object that recurs (a chunk's
+    layers share theirs) is priced once."""
+    priced: dict[int, float] = {}
+    out = []
+    for op in ops:
+        duration_s = priced.get(id(op))
+        if duration_s is None:
+            duration_s = priced[id(op)] = (costs.compute_s(op) if isinstance(op, ComputeOp)
+                                           else costs.comm_s(op))
+        out.append(duration_s)
+    return out
 
 
 def exposed_overlap_s(comm_s: float, gemm_s: float, chunks: int) -> float:

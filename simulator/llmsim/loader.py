@@ -276,4 +276,29 @@ def load_scenario(
     for keys, value in pairs:
         apply_override(raw, keys, value)
         raw = _resolve(raw)  # an override's from_hf path is the working directory's
-    return validate(Scenario, raw, label)
+    scenario = validate(Scenario, raw, label)
+    if scenario.calibration:  # read now: a bad profile is a load error, and simulate reuses it
+        calibration_profile(scenario.calibration)
+    return scenario
+
+
+_PROFILES: dict[tuple[str, int, int], Any] = {}
+"""(resolved path, modification time ns, size) of a calibration profile → it, validated."""
+
+
+def calibration_profile(path: str | Path) -> Any:
+    """The :class:`~llmsim.calibration.Calibration` profile at ``path``, read and validated
+    once per version of the file: :func:`load_scenario` reads a scenario's profile when
+    it loads it, and the cost model (``HardwareCosts.from_scenario``) takes it from here."""
+    from llmsim.calibration.points import Calibration  # the package imports this module
+
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError:
+        return validate(Calibration, read_yaml(path), path.name)  # its error names the file
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    profile = _PROFILES.get(key)
+    if profile is None:
+        profile = _PROFILES[key] = validate(Calibration, read_yaml(path), path.name)
+    return profile

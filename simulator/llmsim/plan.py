@@ -128,6 +128,13 @@ class Plan:
         base = rank - self.coords(rank)[axis] * stride
         return [base + j * stride for j in range(size)]
 
+    def group_first(self, axis: str, rank: int) -> int:
+        """Lowest rank of the ``axis`` group that contains ``rank`` (the first of
+        :meth:`members`, without listing them)."""
+        coords = self.coords(rank)
+        axes = [a for a in AXES if a != "pp"] if axis == "stage" else self.axes_of(axis)
+        return rank - sum(coords[a] * self.strides[a] for a in axes)
+
     def _domain(self, node: int) -> int:
         net = self.system.network
         if isinstance(net, FatTree):
@@ -178,22 +185,26 @@ class Plan:
         return self._first_rank_of_groups(axis, limit)
 
     def placement(self, axis: str) -> GroupPlacement:
-        """Placement of the worst group of ``axis``."""
-        dpn = self.system.node.devices_per_node
+        """Placement of the worst group of ``axis``.
+
+        A group whose ranks are evenly spaced (one axis, or axes nested in the rank
+        order: ``stage``, ``cp+dp``) is measured in closed form
+        (:meth:`_progression_shape`), in time independent of its size; any other is
+        enumerated rank by rank (:meth:`_enumerated_shape`)."""
+        progression = self._progression(axis)
         worst: GroupPlacement | None = None
         for first in self._first_rank_of_groups(axis):
-            members = self.members(axis, first)
-            per_node: dict[int, list[int]] = {}
-            for m in members:
-                node, slot = divmod(m, dpn)
-                per_node.setdefault(node, []).append(slot)
-            nodes = len(per_node)
-            domains = len({self._domain(n) for n in per_node})
-            local = max(len(s) for s in per_node.values())
-            span = max(max(s) - min(s) + 1 for s in per_node.values())
+            if progression is not None:
+                size = progression[1]
+                nodes, domains, local, span = self._progression_shape(first, *progression)
+            else:
+                members = self.members(axis, first)
+                size = len(members)
+                nodes, domains, local, span = self._enumerated_shape(members)
+            dpn = self.system.node.devices_per_node
             placement = GroupPlacement(
                 axis=axis,
-                size=len(members),
+                size=size,
                 stride=min(self.strides[a] for a in self.axes_of(axis)) if "+" in axis
                 else self.strides.get(axis, 1),
                 members_per_node=local,
@@ -212,6 +223,79 @@ class Plan:
                 worst = placement
         assert worst is not None
         return worst
+
+    def _progression(self, axis: str) -> tuple[int, int] | None:
+        """(stride, size) where every group of ``axis`` is the ranks ``first + j·stride``,
+        ``j < size``: one axis, or axes each of whose stride is the one before's times its
+        degree (``stage`` when pp is the outermost axis); None otherwise."""
+        axes = sorted((a for a in self.axes_of(axis) if self.degrees[a] > 1),
+                      key=lambda a: self.strides[a])
+        if not axes:
+            return 1, 1
+        stride = size = None
+        for a in axes:
+            if stride is None:
+                stride, size = self.strides[a], self.degrees[a]
+            elif self.strides[a] == stride * size:
+                size *= self.degrees[a]
+            else:
+                return None
+        return stride, size
+
+    def _enumerated_shape(self, members: list[int]) -> tuple[int, int, int, int]:
+        """(nodes spanned, domains spanned, most members on a node, widest span of
+        device slots on a node) of a group, from its ranks."""
+        dpn = self.system.node.devices_per_node
+        per_node: dict[int, list[int]] = {}
+        for m in members:
+            node, slot = divmod(m, dpn)
+            per_node.setdefault(node, []).append(slot)
+        return (len(per_node), len({self._domain(n) for n in per_node}),
+                max(len(s) for s in per_node.values()),
+                max(max(s) - min(s) + 1 for s in per_node.values()))
+
+    def _progression_shape(self, first: int, stride: int,
+                           size: int) -> tuple[int, int, int, int]:
+        """:meth:`_enumerated_shape` of the ranks ``first + j·stride``, ``j < size``, in
+        closed form. Consecutive members are ``stride`` apart: with ``stride`` at least a
+        node's devices each is on a node of its own, else no node between the first's and
+        the last's is skipped, and the members' slots on a node repeat with the node's
+        index modulo ``stride`` — so the first node, ``stride`` nodes after it and the
+        last node hold every per-node count and span there is."""
+        dpn = self.system.node.devices_per_node
+        last = first + (size - 1) * stride
+        first_node, last_node = first // dpn, last // dpn
+        if stride >= dpn:
+            nodes, local, span = size, 1, 1
+        else:
+            nodes = last_node - first_node + 1
+            local = span = 0
+            sample = list(range(first_node, min(last_node, first_node + stride + 1) + 1))
+            for node in (*sample, last_node):
+                lo = max(first, node * dpn)  # the node's first member
+                lo += (first - lo) % stride
+                hi = min(last, node * dpn + dpn - 1)
+                hi -= (hi - first) % stride  # … and its last
+                if hi >= lo:
+                    local = max(local, (hi - lo) // stride + 1)
+                    span = max(span, hi - lo + 1)
+        per_domain = self._nodes_per_domain()
+        if per_domain is None:
+            domains = 1
+        elif stride >= dpn * per_domain:
+            domains = size
+        else:
+            domains = last_node // per_domain - first_node // per_domain + 1
+        return nodes, domains, local, span
+
+    def _nodes_per_domain(self) -> int | None:
+        """Nodes under one leaf switch / in one dragonfly group (None: one domain)."""
+        net = self.system.network
+        if isinstance(net, FatTree):
+            return net.nodes_per_leaf
+        if isinstance(net, Dragonfly):
+            return net.nodes_per_group
+        return None
 
     @cached_property
     def placements(self) -> dict[str, GroupPlacement]:

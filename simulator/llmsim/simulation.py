@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import math
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from operator import itemgetter
 
 from llmsim import hetero, schedules
 from llmsim.costs.collectives import posted_p2p_units
 from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
+from llmsim.engine.devices import fold_identical_tp_ranks
 from llmsim.errors import UserError
 from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
@@ -16,8 +21,11 @@ from llmsim.specs import Scenario
 from llmsim.workload import build_workload, step_traffic
 
 
-def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
-    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run.
+def build_engine(scenario: Scenario, costs: CostModel | None = None,
+                 fold_identical: bool = True) -> Engine:
+    """The engine that replays one step of ``scenario`` (see :func:`simulate`), not run;
+    in full fidelity, with identical tensor-parallel ranks simulated once
+    (``fold_identical``, :func:`~llmsim.engine.devices.fold_identical_tp_ranks`).
 
     With a ``placement`` (a heterogeneous job) each stage is priced on its node group's
     hardware and the layers are split by :func:`llmsim.hetero.balanced` first."""
@@ -37,6 +45,10 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
         # the cost model prices, identity without noise (llmsim.costs.jitter).
         costs = jittered(HardwareCosts.from_scenario(scenario, plan), scenario)
     devices = devices_for(scenario.fidelity, par.pp, par.tp, scenario.dp)
+    node_of = _node_of(plan) if scenario.placement is None else hetero.node_of(scenario)
+    replicas: dict[int, tuple[int, ...]] = {}
+    if scenario.fidelity == "full" and fold_identical:
+        devices, replicas = fold_identical_tp_ranks(devices, par.pp, node_of)
     p2p_units = tuple(posted_p2p_units(scenario.system, workload.pp_message_bytes, within)
                       for within in (False, True))
     engine = Engine(workload, schedule, costs, devices, par.overlap_dp_comm,
@@ -44,12 +56,11 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None) -> Engine:
                     overlap_pp=par.overlap_pp_comm, overlap_tp=par.overlap_tp_comm,
                     prefetch_weights=par.prefetch_weights,
                     regather_for_recompute=workload.regather_for_recompute,
-                    node_of=(_node_of(plan) if scenario.placement is None
-                             else hetero.node_of(scenario)),
+                    node_of=node_of,
                     collective_units=scenario.system.node.collective_units,
                     p2p_units=p2p_units,
                     aligned_grad_sync=par.grad_reduce_launch == "pp_aligned",
-                    stage_costs=stage_costs)
+                    stage_costs=stage_costs, schedule_name=par.schedule, replicas=replicas)
     if engine.rendezvous:
         check_posted_units(scenario)
     return engine
@@ -90,7 +101,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     scenario = hetero.balanced(scenario)
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
-    trace = engine.run(progress)
+    with _collector_paused():
+        trace = engine.run(progress)
     step = trace.step_end_s + trn.step_overhead_s
     if not 0 < step < math.inf:
         raise UserError(
@@ -115,6 +127,20 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     )
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while the engine records a step: its records
+    are up to hundreds of thousands of new tuples, none in a reference cycle, and the
+    collector's passes over them took a third of a ZeRO-3 step's time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _node_of(plan: Plan) -> Callable[[Device, int], int]:
     """The node that holds ``stage`` of a device's pipeline (its tp and dp coordinates;
     the reduced fidelity's one pipeline is the first)."""
@@ -129,14 +155,20 @@ _Representative = tuple[list, list, list]
 
 
 def _representatives(trace: Trace) -> dict[int, _Representative]:
-    """Per stage, its first device's records and pipeline waits, in one pass over the trace."""
+    """Per stage, its first device's records and pipeline waits (the records are sorted
+    by device: each device's are one slice, found by bisection)."""
     first: dict[int, int] = {}
-    for r in trace.records:
-        first[r.stage] = min(first.get(r.stage, r.device), r.device)
-    by_device: dict[int, _Representative] = {d: ([], [], []) for d in first.values()}
-    for r in trace.records:
-        if r.device in by_device:
-            by_device[r.device][0].append(r)
+    records = trace.records
+    i = 0
+    while i < len(records):  # one step per device
+        device, stage = records[i].device, records[i].stage
+        first.setdefault(stage, device)
+        i = bisect_right(records, device, lo=i, key=_device_of)
+    by_device: dict[int, _Representative] = {}
+    for device in first.values():
+        lo = bisect_left(records, device, key=_device_of)
+        hi = bisect_right(records, device, lo=lo, key=_device_of)
+        by_device[device] = (records[lo:hi], [], [])
     for wait in trace.pp_waits:
         if wait[0] in by_device:
             by_device[wait[0]][1].append(wait)
@@ -146,20 +178,29 @@ def _representatives(trace: Trace) -> dict[int, _Representative]:
     return {stage: by_device[device] for stage, device in first.items()}
 
 
+_device_of = itemgetter(0)
+"""A record's device."""
+
+
 def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> StageBreakdown:
     """Split ``step_s`` of one stage's representative device into its parts."""
     records, waits, dp_waits = rep
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
+    shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
     for r in records:
+        if r.kind == "W" and r.stream == "dp":  # a gradient bucket: in dp's tail below
+            continue
         block = trace.block_of(r)
         if block is not None:
-            share = r.block_share(block)
-            compute += block.compute_s * share
-            tp += block.tp_s * share
-            a2a += block.a2a_s * share
-            cp += block.cp_s * share
+            whole = r.block_from_s == 0.0 and r.block_to_s >= block.duration_s > 0
+            share = 1.0 if whole else r.block_share(block)
+            ran = shares.get(id(block))
+            if ran is None:
+                shares[id(block)] = [block, share]
+            else:
+                ran[1] += share
             dp += r.slowed_s(block)  # the compute units other kernels held meanwhile
         elif r.kind == "D":  # a gradient bucket's kernels before its reduction
             if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
@@ -171,6 +212,11 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                 pp += r.end_s - r.start_s
             else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
                 dp += r.end_s - r.start_s
+    for block, share in shares.values():
+        compute += block.compute_s * share
+        tp += block.tp_s * share
+        a2a += block.a2a_s * share
+        cp += block.cp_s * share
     dp += trace.stage_dp_done_s[stage] - trace.stage_last_compute_s[stage]
     pp += sum(end - max(start, sent) for _, start, end, sent in waits)
     # Of the passes' slowed time, what posted sends and receives held is pipeline time.

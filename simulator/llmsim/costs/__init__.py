@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from llmsim.calibration import Calibration, load_calibration
+from llmsim.calibration import Calibration
 from llmsim.costs.alltoall import AllToAllModel
 from llmsim.costs.collectives import (
     ALGORITHMS,
@@ -26,6 +26,7 @@ from llmsim.costs.collectives import (
 from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
 from llmsim.costs.parameter_server import ParameterServerModel
 from llmsim.errors import UserError
+from llmsim.loader import calibration_profile
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.plan import Plan
 from llmsim.specs import AttentionKernel, Dtype, Scenario, System
@@ -105,8 +106,10 @@ class HardwareCosts:
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, plan: Plan) -> HardwareCosts:
-        """Costs of a validated scenario, with its calibration profile if it names one."""
-        calibration = load_calibration(scenario.calibration) if scenario.calibration else None
+        """Costs of a validated scenario, with its calibration profile if it names one (read
+        when the scenario loaded: :func:`llmsim.loader.calibration_profile`)."""
+        calibration = (calibration_profile(scenario.calibration) if scenario.calibration
+                       else None)
         training = scenario.training
         return cls(scenario.system, plan, training.precision, calibration,
                    training.attention_kernel, training.power_limit_w, training.cuda_graphs,

@@ -95,6 +95,7 @@ class GradientTraffic:
     dp_run_end: dict[int, simpy.Event]
     comm_s_of: dict[tuple[int, int], tuple[CommOp, float]]
     stage_costs: list[CostModel]
+    durations_of: dict[tuple[int, int], tuple[list[CommOp], list[float]]]
     chunk_has_prep: dict[tuple[int, int], bool]
 
     def _comm_s(self, op: CommOp, stage: int) -> float:
@@ -130,13 +131,23 @@ class GradientTraffic:
                 and not self._has_prep(chunk)
                 and (last is None or last.triggered or last is self.dp_run_end.get(dev.id)))
 
-    def _closed_form_run(self, dev: Device,
-                         launches: list[tuple[float, CommOp]]) -> Iterator[simpy.Event]:
+    def _durations(self, ops: list[CommOp], stage: int) -> list[float]:
+        """Seconds each of ``ops`` takes on ``stage`` (:meth:`_comm_s`), listed once per
+        list of ops and stage."""
+        key = (id(ops), stage)
+        priced = self.durations_of.get(key)
+        if priced is None or priced[0] is not ops:  # kept with it: its id is not reused
+            priced = self.durations_of[key] = (ops, [self._comm_s(op, stage) for op in ops])
+        return priced[1]
+
+    def _closed_form_run(self, dev: Device, launches: list[tuple[float, CommOp]],
+                         durations: list[float] | None = None) -> Iterator[simpy.Event]:
         """Collectives launched at known times (non-decreasing) onto ``dev``'s ``dp``
         stream, in one process: each starts when it is launched and the one before it has
-        ended, and takes its priced time, the sums :meth:`_collective` makes with one
-        process and timeout each. Valid where :attr:`closed_form` holds and nothing else
-        queues on the stream between the first launch and the last (checked there)."""
+        ended, and takes its priced time (``durations``, else :meth:`_comm_s`), the sums
+        :meth:`_collective` makes with one process and timeout each. Valid where
+        :attr:`closed_form` holds and nothing else queues on the stream between the first
+        launch and the last (checked there)."""
         env = self.env
         if launches[0][0] > env.now:
             yield timeout_until(env, launches[0][0])
@@ -145,11 +156,13 @@ class GradientTraffic:
             yield before
         self.dp_closed_until[dev.id] = launches[-1][0]
         end_s = env.now
-        for at_s, op in launches:
-            start_s = max(at_s, end_s)
-            end_s = start_s + self._comm_s(op, dev.stage)
-            self.records.append(Record(dev.id, dev.stage, "dp", op.name, op.phase, -1, -1,
-                                       start_s, end_s))
+        if durations is None:
+            durations = [self._comm_s(op, dev.stage) for _, op in launches]
+        append, device, stage = self.records.append, dev.id, dev.stage
+        for (at_s, op), duration_s in zip(launches, durations, strict=True):
+            start_s = at_s if at_s > end_s else end_s
+            end_s = start_s + duration_s
+            append(Record(device, stage, "dp", op.name, op.phase, -1, -1, start_s, end_s))
         yield timeout_until(env, end_s)
         ended.succeed()
 
@@ -286,7 +299,8 @@ class GradientTraffic:
             return []
         if self.closed_form[dev.id]:
             now = self.env.now
-            return [self.env.process(self._closed_form_run(dev, [(now, op) for op in ops]))]
+            return [self.env.process(self._closed_form_run(dev, [(now, op) for op in ops],
+                                                           self._durations(ops, dev.stage)))]
         return [self.env.process(self._collective(dev, op, tag=tag)) for op in ops]
 
     def _grad_ops(self, chunk: Chunk) -> list[CommOp]:

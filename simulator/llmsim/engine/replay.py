@@ -17,6 +17,7 @@ from typing import Protocol
 import simpy
 
 from llmsim.blocks import Block, CostModel, block_kind
+from llmsim.engine import uncontended
 from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
 from llmsim.engine.gradients import GradientTraffic, Launch
@@ -24,7 +25,7 @@ from llmsim.engine.pipeline import PipelineMessages
 from llmsim.engine.streams import Barrier, Contention, Fifo, Mark, Pause
 from llmsim.ops import CommOp
 from llmsim.schedules import Action, aligned_grad_syncs
-from llmsim.trace import Record, Trace
+from llmsim.trace import Record, Trace, by_device_start_stream
 from llmsim.workload import Chunk, Workload
 
 
@@ -46,7 +47,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                  node_of: Callable[[Device, int], int] | None = None,
                  collective_units: int = 0, p2p_units: tuple[int, int] = (0, 0),
                  aligned_grad_sync: bool = False,
-                 stage_costs: StageCosts | None = None) -> None:
+                 stage_costs: StageCosts | None = None, schedule_name: str = "",
+                 replicas: dict[int, tuple[int, ...]] | None = None) -> None:
         self.work, self.schedule, self.costs = workload, schedule, costs
         self.stage_costs: list[CostModel] = (
             [costs] * workload.stages if stage_costs is None
@@ -57,6 +59,14 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             (lambda a, b: costs) if stage_costs is None else stage_costs.between)
         """(stage, stage) → the cost model of a message between them (across node groups:
         :meth:`llmsim.hetero.StagedCosts.between`)."""
+        self.replicas = replicas or {}
+        """Simulated device → the devices it stands for (:attr:`Trace.replicas`)."""
+        self.schedule_name = schedule_name
+        """The registered name of the schedule (:mod:`llmsim.schedules`); "" if unknown."""
+        self.tight_loop = stage_costs is None
+        """Whether :meth:`run` may replay the step without SimPy where nothing contends
+        (:mod:`~llmsim.engine.uncontended`; off: SimPy always, the reference the tests
+        compare with, and for a heterogeneous job's per-stage cost models)."""
         # With a fused backward (PyTorch autograd) the input gradient leaves the stage
         # only when the whole backward, weight gradients included, has returned; only
         # Zero-Bubble schedules split B from W and send right after B.
@@ -161,6 +171,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         """Device → the event that ends its last bucket run."""
         self.comm_s_of: dict[tuple[int, int], tuple[CommOp, float]] = {}
         """id of a collective → it and its duration (kept, so the id is not reused)."""
+        self.durations_of: dict[tuple[int, int], tuple[list[CommOp], list[float]]] = {}
+        """(id of a list of collectives, stage) → it and their durations."""
         self.chunk_has_prep: dict[tuple[int, int], bool] = {}
         """(stage, chunk) → whether its buckets run kernels before their reductions."""
         self.last_compute: dict[int, float] = {}
@@ -370,6 +382,8 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         the clock at simulated instants it spaces out by itself, and changes nothing the
         devices do.
         """
+        if uncontended.applies(self):
+            return uncontended.replay(self, progress, every_s)
         procs = [self.env.process(self._device(d)) for d in self.devices]
         if progress is not None:
             total = sum(len(self.schedule[d.stage]) for d in self.devices)
@@ -378,7 +392,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         by_stage = stage_devices(self.devices)
         opt = [r.start_s for r in self.records if r.name == "optimizer"]
         return Trace(
-            records=sorted(self.records, key=lambda r: (r.device, r.start_s, r.stream)),
+            records=sorted(self.records, key=by_device_start_stream),
             blocks=self.blocks,
             accumulate_from_microbatch=self.work.accumulate_from_microbatch,
             stage_last_compute_s={s: max(self.last_compute[d] for d in ids)
@@ -390,6 +404,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             dp_waits=self.dp_waits,
             pp_slowed_s={d: c.p2p_slowed_s for d, c in self.contention.items()
                          if c.p2p_slowed_s},
+            replicas=self.replicas,
         )
 
 

@@ -60,6 +60,22 @@ def timeout_until(env: simpy.Environment, time_s: float) -> simpy.Timeout:
     return env.timeout(delay)
 
 
+def _first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """An event that succeeds when the first of ``a`` and ``b`` has been processed: what
+    ``a | b`` (a ``simpy.AnyOf``) does, scheduled at the same points (so every event of a
+    step keeps its order), without building the condition's value, which a pass slowed
+    by every hold and release of compute units paid once per change."""
+    first = env.event()
+
+    def wake(_: simpy.Event) -> None:
+        if not first.triggered:
+            first.succeed()
+
+    a.callbacks.append(wake)
+    b.callbacks.append(wake)
+    return first
+
+
 Mark = tuple[float, Callable[[], Iterator[simpy.Event] | None]]
 """(share of a pass's work, what to call when the pass has done that share). The call may
 return work that the compute stream runs first, the pass paused until it ends."""
@@ -151,7 +167,7 @@ class Contention:
             if self.change is None:
                 self.change = env.event()
             start, reach = env.now, env.timeout((target - done) * rate_s)
-            yield reach | self.change
+            yield _first_of(env, reach, self.change)
             elapsed = env.now - start
             done = target if reach.processed else done + elapsed / rate_s
             if posted and rate_s > alone_s:

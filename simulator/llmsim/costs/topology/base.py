@@ -113,10 +113,10 @@ def groups_touching(plan: Plan, axis: str, nodes: Iterable[int]) -> list[list[in
     out = []
     for node in nodes:
         for rank in range(node * dpn, min((node + 1) * dpn, plan.devices)):
-            members = plan.members(axis, rank)
-            if members[0] not in seen:
-                seen.add(members[0])
-                out.append(members)
+            first = plan.group_first(axis, rank)
+            if first not in seen:  # listed once, not once per member on these nodes
+                seen.add(first)
+                out.append(plan.members(axis, first))
     return out
 
 

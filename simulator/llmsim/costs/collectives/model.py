@@ -1,0 +1,91 @@
+"""The collective cost model: the fastest applicable algorithm on the path a group uses
+(:func:`algorithm_times_s`, like NCCL's tuner), plus a launch; a measured table where one
+covers the collective."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmsim.costs.collectives.algorithms import ALGORITHMS
+from llmsim.costs.collectives.library import library_times_s
+from llmsim.costs.collectives.table import CollectiveTable
+from llmsim.costs.paths import (
+    INF,
+    GroupPath,
+    group_path,
+    pair_p2p_channels,
+)
+from llmsim.ops import Collective, CommOp
+from llmsim.plan import Plan
+from llmsim.specs import CollectiveLibrary, System
+
+
+def algorithm_times_s(collective: Collective, nbytes: float, path: GroupPath,
+                      library: CollectiveLibrary | None = None) -> dict[str, float]:
+    """Time of every applicable algorithm (without the launch cost), by name.
+
+    With a ``library`` the collectives are its own algorithms and protocols
+    (:func:`library_times_s`, named ``ring/ll128`` and so on); a send/recv is always
+    :func:`point_to_point_s`.
+    """
+    if library is not None and collective != "send_recv":
+        return library_times_s(collective, nbytes, path, library)
+    times = {name: algo(collective, nbytes, path) for name, algo in ALGORITHMS.items()}
+    return {name: t for name, t in times.items() if t is not None}
+
+
+class CollectiveModel:
+    """Prices communication ops of a plan on a system (memoised per op)."""
+
+    def __init__(
+        self,
+        system: System,
+        plan: Plan,
+        launch_s: float = 0.0,
+        table: CollectiveTable | None = None,
+    ) -> None:
+        self.system, self.plan, self.launch_s, self.table = system, plan, launch_s, table
+        self._paths: dict[str, GroupPath | None] = {}
+        self._cache: dict[tuple[str, str, float], float] = {}
+
+    def path(self, axis: str) -> GroupPath | None:
+        """The path of ``axis``'s groups, or None when the axis has one rank."""
+        if axis not in self._paths:
+            placement = self.plan.placements.get(axis) or self.plan.placement(axis)
+            self._paths[axis] = (group_path(self.system, placement, self.plan)
+                                 if placement is not None and placement.size > 1 else None)
+        return self._paths[axis]
+
+    def comm_s(self, op: CommOp) -> float:
+        """Duration of ``op`` in seconds (0 for a one-rank group or an empty message)."""
+        key = (op.collective, op.axis, op.bytes, op.within_node, op.two_rank)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self._price(op.collective, op.axis, op.bytes,
+                                                    op.within_node, op.two_rank)
+        return cached
+
+    def _pair_bytes_per_s(self, nbytes: float) -> float:
+        """What a two-rank communicator's channels carry between two devices of a node."""
+        node = self.system.node
+        tier = node.tier_for(2) if node.fabric else None
+        channels = pair_p2p_channels(self.system, nbytes, within_node=True)
+        if tier is None or tier.link_gbps is None or channels == 0:
+            return INF
+        return channels / 2 * tier.link_gbps * 1e9
+
+    def _price(self, collective: Collective, axis: str, nbytes: float,
+               within_node: bool = False, two_rank: bool = False) -> float:
+        path = self.path(axis)
+        if path is None or nbytes <= 0:
+            return 0.0
+        if within_node and collective == "send_recv" and path.per_node > 1:
+            path = replace(path, ranks=2, nodes=1)
+            if two_rank:  # the pair's own channels, c/2 links of the fabric
+                path = replace(path, pair_intra_bytes_per_s=self._pair_bytes_per_s(nbytes))
+        if self.table is not None and self.table.covers(collective):
+            if collective == "send_recv":  # a pair of neighbours, on one node or two
+                return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
+            return self.table.time_s(collective, path.ranks, path.nodes, nbytes)
+        library = self.system.network.collectives
+        return min(algorithm_times_s(collective, nbytes, path, library).values()) + self.launch_s

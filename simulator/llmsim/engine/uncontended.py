@@ -1,0 +1,347 @@
+"""The tight loop: a step replayed without SimPy where nothing contends.
+
+Where no device shares anything with another but its pipeline messages — one device per
+stage (reduced fidelity: no group members to wait for), no posted sends holding compute
+units, no data-parallel collective holding units beside the compute, no weight gathers
+and no compute-stream kernels before the gradient reductions — every time in the step is
+a sum and a maximum of priced durations: a pass starts when the pass before it ends and
+its input message is in; a send or a collective starts when it is issued and the one
+queued on its stream before it ends. :func:`replay` computes those times by walking each
+device's actions in order, one plain generator per device that stops only where a
+message it needs has not been sent yet, with the sums :class:`~llmsim.engine.Engine`'s
+SimPy processes make (its timeouts add the same durations in the same order), so both
+paths give the same trace (``tests/test_uncontended.py`` compares them over a grid of
+schedules, layouts and overlap switches).
+
+:func:`applies` says where the loop is exact; everywhere else, and for any schedule it
+does not know (:data:`KNOWN_SCHEDULES`), the engine runs SimPy. The durations come from
+the engine's priced blocks and its ``_comm_s``, the same as on the SimPy path.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from llmsim.engine.devices import Device, stage_devices
+from llmsim.trace import Record, Trace, by_device_start_stream
+
+if TYPE_CHECKING:
+    from llmsim.engine.replay import Engine
+
+KNOWN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"})
+"""Schedules whose replay :meth:`Engine._device` and this loop make the same way; a new
+schedule runs on SimPy until it is added here and to the grid of the equality test."""
+
+MessageKey = tuple[object, str, int, int]
+"""(pipeline, direction "F"/"B", receiving virtual stage, micro-batch)."""
+
+
+def applies(engine: Engine) -> bool:
+    """Whether the step of ``engine`` can be replayed by :func:`replay`: a known schedule,
+    every simulated device alone in its tensor- and data-parallel groups, nothing holding
+    compute units, sends on each device's ``pp`` link priced in closed form (not posted on
+    a pair's communicator), no weight gathers on the ``dp`` stream and no kernels before a
+    gradient bucket's reduction."""
+    work = engine.work
+    if engine.schedule_name not in KNOWN_SCHEDULES or not engine.tight_loop:
+        return False
+    if engine.rendezvous or not engine.closed_form_sends:
+        return False
+    if not engine.hooks_closed_form or not all(engine.closed_form.values()):
+        return False
+    if any(d.tp_group[1] > 1 for d in engine.devices):
+        return False
+    if any(c.variable for c in engine.contention.values()):
+        return False
+    if work.embedding_grad_allreduce is not None and work.stages == 1:
+        return False
+    return not any(work.grad_sync_prep(first)
+                   for chunk in work.chunks.values()
+                   for _, first in work.dp_grad_buckets(chunk))
+
+
+class _Stream:
+    """A stream that runs one transfer at a time in the order queued: when it is free."""
+
+    __slots__ = ("free_s",)
+
+    def __init__(self) -> None:
+        self.free_s = -math.inf
+
+    def run(self, at_s: float, duration_s: float) -> tuple[float, float]:
+        """Queue a transfer issued at ``at_s``: its (start, end)."""
+        start_s = at_s if at_s > self.free_s else self.free_s
+        self.free_s = start_s + duration_s
+        return start_s, self.free_s
+
+
+class _Replay:
+    """The state of one tight-loop replay of ``engine``'s step."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.records: list[Record] = []
+        self.pp_waits: list[tuple[int, float, float, float]] = []
+        self.arrival_s: dict[MessageKey, float] = {}
+        self.sent_s: dict[MessageKey, float] = {}
+        self.waiting: dict[MessageKey, tuple[Device, Iterator[MessageKey]]] = {}
+        self.ready: deque[tuple[Device, Iterator[MessageKey]]] = deque()
+        self.now_s: dict[int, float] = {}
+        self.last_compute: dict[int, float] = {}
+        self.dp_done: dict[int, float] = {}
+        self.dp = {d.id: _Stream() for d in engine.devices}
+        self.buckets: dict[tuple[int, int], list[tuple[str, float]]] = {}
+        self.ready_s = 0.0
+        """When every stage has its gradients: the optimizers start."""
+
+    def bucket_list(self, stage: int, chunk: int) -> list[tuple[str, float]]:
+        """(name, seconds) of each gradient bucket of a chunk, last layer's first
+        (:meth:`Workload.dp_grad_ops`'s names); a group of equal buckets priced once."""
+        key = (stage, chunk)
+        out = self.buckets.get(key)
+        if out is None:
+            out = self.buckets[key] = []
+            for count, first in self.engine.work.dp_grad_buckets(self.engine.work.chunks[key]):
+                stem, duration_s = first.name.removesuffix("_b0"), self.engine._comm_s(first, stage)
+                out += [(f"{stem}_b{i}", duration_s) for i in range(count)]
+        return out
+
+    def queue_buckets(self, dev: Device, launches: list[tuple[float, str, float]]) -> float:
+        """Queue gradient buckets (launch time, name, seconds) on ``dev``'s ``dp`` stream,
+        recording each; returns when the last ends."""
+        stream, records = self.dp[dev.id], self.records
+        end_s = -math.inf
+        for at_s, name, duration_s in launches:
+            start_s, end_s = stream.run(at_s, duration_s)
+            records.append(Record(dev.id, dev.stage, "dp", name, "W", -1, -1, start_s, end_s))
+        return end_s
+
+    def device(self, dev: Device) -> Iterator[MessageKey]:
+        """Walk ``dev``'s actions as :meth:`Engine._device` does, up to its gradients;
+        yields the key of a message not yet sent, and goes on once it is."""
+        engine, work = self.engine, self.engine.work
+        p, m = work.stages, work.microbatches
+        last_vs = p * work.chunks_per_stage - 1
+        actions = engine.schedule[dev.stage]
+        syncs = engine.grad_syncs.get(dev.stage)
+        # the last micro-batch's backward launches the buckets (overlap_dp_comm's hooks):
+        # its B pass where the backward is fused, its W pass where it is split
+        hooked = (("W" if engine.split_backward else "B")
+                  if engine.overlap_dp and work.zero != 3 and syncs is None else None)
+        backward_step = engine.backward_step
+        gather_s = engine.pp_gather_s
+        overlap_pp, overlap_dp = engine.overlap_pp, engine.overlap_dp
+        block_of, send_s = engine._block, engine.pp_send_s
+        device, stage, pipe = dev.id, dev.stage, dev.pipe
+        virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
+        within: dict[int, bool] = {}
+        link = _Stream()
+        now = 0.0
+        w_seen = [0] * work.chunks_per_stage
+        carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
+        deferred: list[tuple[int, int]] = []
+        grads_end = -math.inf
+        records, pp_waits = self.records, self.pp_waits
+        arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
+        for i, act in enumerate(actions):
+            engine.passes_started += 1
+            kind, mb, chunk = act.kind, act.microbatch, act.chunk
+            vs = virtual[chunk]
+            need: MessageKey | None = None
+            if kind == "F" and vs > 0:
+                need = (pipe, "F", vs, mb)
+            elif kind == "B" and vs < last_vs:
+                need = (pipe, "B", vs, mb)
+            if need is not None:
+                if need not in arrival_s:
+                    yield need
+                arrival = arrival_s[need]
+                if arrival > now:
+                    pp_waits.append((device, now, arrival, sent_s[need]))
+                    now = arrival
+            if gather_s:  # sliced messages: the received one, DeepSpeed's own output
+                regather = work.pp_regather_output and kind == "B" and vs < last_vs
+                count = int(need is not None) + int(regather)
+                if count:
+                    start, now = now, now + count * gather_s
+                    records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
+                                          start, now))
+                    pp_waits.append((device, start, now, start))
+            duration_s = block_of(dev, act).duration_s
+            start = now
+            launches = carried.pop((chunk, mb), None) if kind == "W" else None
+            if kind == hooked and w_seen[chunk] + 1 == m:
+                launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
+            if launches:
+                now, last_end = self.marked_pass(dev, now, duration_s, launches)
+                grads_end = max(grads_end, last_end)
+            else:
+                now = now + duration_s
+            records.append(Record(device, stage, "compute",
+                                  f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}", kind,
+                                  mb, chunk, start, now, 0.0, math.inf))
+            if syncs:
+                for c in syncs.get(i, ()):
+                    grads_end = max(grads_end, self.queue_buckets(
+                        dev, [(now, name, d) for name, d in self.bucket_list(stage, c)]))
+            to = -1
+            if kind == "F" and vs < last_vs:
+                key, to = (pipe, "F", vs + 1, mb), (vs + 1) % p
+            elif vs > 0 and kind == backward_step:
+                key, to = (pipe, "B", vs - 1, mb), (vs - 1) % p
+            if to >= 0:
+                near = within.get(to)
+                if near is None:
+                    near = within[to] = engine._within_node(dev, to)
+                sent, end = link.run(now, send_s[near])
+                records.append(Record(device, stage, "pp", "pp_send", key[1], mb, chunk,
+                                      sent, end))
+                sent_s[key], arrival_s[key] = sent, end  # the message is in: wake its receiver
+                waiter = waiting.pop(key, None)
+                if waiter is not None:
+                    ready.append(waiter)
+                if not overlap_pp:  # a blocking send: the stage waits for it
+                    pp_waits.append((device, now, end, now))
+                    now = end
+            if kind == "W":
+                w_seen[chunk] += 1
+                if not overlap_dp:
+                    deferred.append((chunk, w_seen[chunk]))
+        self.last_compute[dev.id] = now
+        for c, count in deferred:  # without overlap: reduced after the last pass
+            if count == m:
+                grads_end = max(grads_end, self.queue_buckets(
+                    dev, [(now, name, d) for name, d in self.bucket_list(dev.stage, c)]))
+        self.now_s[dev.id] = self.dp_done[dev.id] = max(now, grads_end)
+
+    def marked_pass(self, dev: Device, now_s: float, duration_s: float,
+                    launches: list[tuple[float, str, float]]) -> tuple[float, float]:
+        """A pass of ``duration_s`` from ``now_s`` whose marks (share of the pass, name,
+        seconds; shares sorted) launch gradient buckets onto ``dev``'s ``dp`` stream, each
+        recorded: (the pass's end, the last bucket's end). The times are the sums
+        :meth:`~llmsim.engine.streams.Contention.mark_times` makes, in one loop with the
+        queueing."""
+        stream, append = self.dp[dev.id], self.records.append
+        device, stage = dev.id, dev.stage
+        t, done, free = now_s, 0.0, stream.free_s
+        for share, name, bucket_s in launches:
+            if share > done + 1e-12:
+                t += (share - done) * duration_s
+                done = share
+            start = t if t > free else free
+            free = start + bucket_s
+            append(Record(device, stage, "dp", name, "W", -1, -1, start, free))
+        stream.free_s = free
+        if done < 1.0 - 1e-12:
+            t += (1.0 - done) * duration_s
+        return t, free
+
+    def bucket_marks(self, dev: Device, actions: list, i: int,
+                     carried: dict[tuple[int, int], list[tuple[float, str, float]]],
+                     ) -> list[tuple[float, str, float]]:
+        """The buckets the last micro-batch's backward launches as it makes them final,
+        as (share of pass ``actions[i]``, name, seconds) — the shares
+        :meth:`GradientTraffic._bucket_marks` gives; those of the W pass after a fused
+        B go to ``carried``."""
+        engine, act = self.engine, actions[i]
+        ops = self.bucket_list(dev.stage, act.chunk)
+        if not ops:
+            return []
+        own_s, next_s = engine._block(dev, act).duration_s, 0.0
+        if act.kind == "B":
+            next_s = engine._block(dev, actions[i + 1]).duration_s
+        own, later = [], []
+        n = len(ops)
+        for k, (name, duration_s) in enumerate(ops):
+            at = (k + 1) / n * (own_s + next_s)
+            if at <= own_s or next_s == 0:
+                own.append((at / own_s if own_s > 0 else 1.0, name, duration_s))
+            else:
+                later.append(((at - own_s) / next_s, name, duration_s))
+        if later:
+            carried.setdefault((act.chunk, act.microbatch), []).extend(later)
+        return own
+
+    def run(self, progress: Callable[[float], None] | None, every_s: float) -> None:
+        """Run every device's walk, each as far as its messages allow, until all end."""
+        ready = self.ready
+        ready.extend((d, self.device(d)) for d in self.engine.devices)
+        total = max(sum(len(self.engine.schedule[d.stage]) for d in self.engine.devices), 1)
+        reported = time.monotonic()
+        while ready:
+            dev, walk = ready.popleft()
+            key = next(walk, None)
+            if key is not None:
+                if key in self.arrival_s:  # sent meanwhile
+                    ready.append((dev, walk))
+                else:
+                    self.waiting[key] = (dev, walk)
+            if progress is not None and time.monotonic() - reported >= every_s:
+                progress(min(self.engine.passes_started / total, 1.0))
+                reported = time.monotonic()
+        if self.waiting:
+            dev = next(iter(self.waiting.values()))[0]
+            raise RuntimeError(f"the schedule deadlocks: device {dev.id} waits for a "
+                               "message no stage sends")
+
+    def finish(self) -> float:
+        """The step's end: the tied embedding's exchange, the barrier before the
+        optimizer, the optimizer and ZeRO-1/2's weight gathers, as :meth:`Engine._device`
+        ends; returns the time the last device ends."""
+        engine, work, records = self.engine, self.engine.work, self.records
+        p, now = work.stages, self.now_s
+        tied = work.embedding_grad_allreduce
+        if tied is not None:
+            ends: dict[object, list[Device]] = {}
+            for d in engine.devices:
+                if d.stage in (0, p - 1):
+                    ends.setdefault(d.pipe, []).append(d)
+            tied_s = engine.costs.comm_s(tied)
+            for pair in ends.values():
+                start = max(now[d.id] for d in pair)
+                for d in pair:
+                    now[d.id] = start + tied_s
+                    records.append(Record(d.id, d.stage, "pp", tied.name, "O", -1, -1,
+                                          start, now[d.id]))
+        ready_s = self.ready_s = max(now.values())
+        step_end = -math.inf
+        for d in engine.devices:
+            end = ready_s + engine.costs.compute_s(work.optimizer[d.stage])
+            records.append(Record(d.id, d.stage, "compute", "optimizer", "O", -1, -1,
+                                  ready_s, end))
+            for gather in work.dp_param_gathers(d.stage):
+                start, end = self.dp[d.id].run(end, engine._comm_s(gather, d.stage))
+                records.append(Record(d.id, d.stage, "dp", gather.name, gather.phase, -1, -1,
+                                      start, end))
+            step_end = max(step_end, end)
+        return step_end
+
+
+def replay(engine: Engine, progress: Callable[[float], None] | None = None,
+           every_s: float = 5.0) -> Trace:
+    """Replay ``engine``'s step in the tight loop (where :func:`applies`): the trace
+    :meth:`Engine.run` makes with SimPy."""
+    state = _Replay(engine)
+    state.run(progress, every_s)
+    step_end = state.finish()
+    records = state.records
+    records.sort(key=by_device_start_stream)
+    by_stage = stage_devices(engine.devices)
+    return Trace(
+        records=records,
+        blocks=engine.blocks,
+        accumulate_from_microbatch=engine.work.accumulate_from_microbatch,
+        stage_last_compute_s={s: max(state.last_compute[d] for d in ids)
+                              for s, ids in by_stage.items()},
+        stage_dp_done_s={s: max(state.dp_done[d] for d in ids) for s, ids in by_stage.items()},
+        optimizer_start_s=state.ready_s,
+        step_end_s=step_end,
+        pp_waits=sorted(state.pp_waits, key=lambda w: w[1]),
+        dp_waits=[],
+        pp_slowed_s={},
+        replicas=engine.replicas,
+    )

@@ -1,0 +1,152 @@
+"""The tight loop and SimPy replay a step where nothing contends into the same trace.
+
+``Engine.run`` replays a step without SimPy (:mod:`llmsim.engine.uncontended`) where no
+device shares anything with another but its pipeline messages; with ``Engine.tight_loop``
+off the same engine runs its SimPy processes. Over a grid of schedules, layouts (stages,
+chunks, micro-batches, data-parallel degree, nodes) and overlap switches both must give
+every record's start and end, the waits, the stage times and the step time to 1e-9; where
+something contends the loop must not be taken.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from helpers import make_scenario
+
+from llmsim import simulate
+from llmsim.engine import uncontended
+from llmsim.simulation import build_engine
+
+SCHEDULES = [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)]
+LAYOUTS = [  # (nodes, pp, global batch): dp follows from the nodes
+    (1, 4, 16), (2, 4, 32), (2, 2, 16), (2, 8, 24),
+]
+SWITCHES = [
+    {},
+    {"parallelism__overlap_dp_comm": False},
+    {"parallelism__overlap_pp_comm": False},
+    {"parallelism__overlap_pp_comm": True},
+    {"parallelism__zero": 1},
+    {"parallelism__zero": 2, "parallelism__overlap_dp_comm": False},
+    {"parallelism__grad_reduce_launch": "pp_aligned"},
+    {"model__tied_embeddings": True},
+    {"parallelism__pp_scatter_gather": "megatron"},
+    {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
+]
+
+
+def _grid():
+    for (schedule, v), (nodes, pp, batch), switch in itertools.product(SCHEDULES, LAYOUTS,
+                                                                       SWITCHES):
+        if switch.get("parallelism__grad_reduce_launch") and schedule not in (
+                "1f1b", "interleaved-1f1b"):
+            continue
+        if schedule == "interleaved-1f1b" and switch.get("parallelism__overlap_pp_comm"):
+            continue  # Megatron-LM's posted sends hold compute units: SimPy (tested below)
+        yield {"nodes": nodes, "parallelism__pp": pp, "training__global_batch": batch,
+               "parallelism__schedule": schedule, "parallelism__virtual_stages": v,
+               "model__layers": 2 * pp * v, "parallelism__dp_bucket_mb": 4, **switch}
+
+
+GRID = list(_grid())
+
+
+def _engine(overrides: dict, tight: bool):
+    engine = build_engine(make_scenario(**overrides))
+    engine.tight_loop = tight
+    return engine
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-300) or a == b
+
+
+def _key(r):
+    return (r.device, r.stream, r.name, r.kind, r.microbatch, r.chunk, round(r.start_s, 9))
+
+
+def assert_same_trace(fast, slow) -> None:
+    assert _close(fast.step_end_s, slow.step_end_s)
+    assert _close(fast.optimizer_start_s, slow.optimizer_start_s)
+    assert len(fast.records) == len(slow.records)
+    for a, b in zip(sorted(fast.records, key=_key), sorted(slow.records, key=_key),
+                    strict=True):
+        assert (a.device, a.stage, a.stream, a.name, a.kind, a.microbatch, a.chunk,
+                a.block_from_s, a.block_to_s) == (b.device, b.stage, b.stream, b.name,
+                                                  b.kind, b.microbatch, b.chunk,
+                                                  b.block_from_s, b.block_to_s)
+        assert _close(a.start_s, b.start_s) and _close(a.end_s, b.end_s), (a, b)
+    # the trace lists each device's records by start time
+    assert [(r.device, r.start_s) for r in fast.records] == \
+        sorted((r.device, r.start_s) for r in fast.records)
+    for stage, t in slow.stage_last_compute_s.items():
+        assert _close(fast.stage_last_compute_s[stage], t)
+        assert _close(fast.stage_dp_done_s[stage], slow.stage_dp_done_s[stage])
+    waits = [sorted(w for w in trace.pp_waits if w[2] > w[1]) for trace in (fast, slow)]
+    assert len(waits[0]) == len(waits[1])
+    for a, b in zip(*waits, strict=True):
+        assert a[0] == b[0] and all(_close(x, y) for x, y in zip(a[1:], b[1:], strict=True))
+    assert fast.dp_waits == slow.dp_waits == []
+    assert fast.pp_slowed_s == slow.pp_slowed_s == {}
+
+
+@pytest.mark.parametrize("overrides", GRID, ids=lambda o: "-".join(
+    str(v) for k, v in o.items() if k != "parallelism__dp_bucket_mb"))
+def test_tight_loop_and_simpy_record_the_same_step(overrides):
+    engine = _engine(overrides, tight=True)
+    assert uncontended.applies(engine)
+    fast = engine.run()
+    assert engine.env.now == 0  # no SimPy event ran
+    slow_engine = _engine(overrides, tight=False)
+    assert not uncontended.applies(slow_engine)
+    assert_same_trace(fast, slow_engine.run())
+
+
+def test_the_step_has_what_the_grid_means_to_cover():
+    """The grid reaches gradient buckets launched inside passes, data-parallel groups
+    and sends within and between nodes (else it would compare little)."""
+    engine = _engine(GRID[len(SWITCHES)], tight=True)  # 1f1b on 2 nodes, pp 4: dp 2
+    trace = engine.run()
+    assert engine.work.grad_ranks > 1
+    names = {r.name for r in trace.records}
+    assert any(n.startswith("dp_ar") for n in names) and "pp_send" in names
+    assert len({engine._within_node(d, s) for d in engine.devices
+                for s in range(engine.work.stages)}) == 2
+
+
+@pytest.mark.parametrize("overrides", [
+    {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
+     "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True},  # posted sends
+    {"fidelity": "full", "nodes": 2},                        # group members to wait for
+    {"parallelism__zero": 3, "parallelism__pp": 1, "parallelism__tp": 4},  # weight gathers
+    {"parallelism__grad_bucket_nan_check": True, "nodes": 2},  # kernels before reductions
+    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True, "nodes": 2},
+])
+def test_where_something_contends_simpy_runs(overrides):
+    engine = _engine(overrides, tight=True)
+    assert not uncontended.applies(engine)
+    trace = engine.run()
+    assert engine.env.now == trace.step_end_s > 0
+
+
+def test_an_unknown_schedule_runs_on_simpy():
+    engine = _engine({"nodes": 2}, tight=True)
+    assert uncontended.applies(engine)
+    engine.schedule_name = "a-schedule-added-later"
+    assert not uncontended.applies(engine)
+
+
+def test_a_whole_result_is_the_same_on_both_paths(monkeypatch):
+    scenario = make_scenario(nodes=2, training__global_batch=32,
+                             parallelism__dp_bucket_mb=4)
+    fast = simulate(scenario)
+    monkeypatch.setattr(uncontended, "applies", lambda engine: False)
+    slow = simulate(scenario)
+    assert _close(fast.step_time_s, slow.step_time_s)
+    for a, b in zip(fast.stages, slow.stages, strict=True):
+        for x, y in zip(vars(a).values(), vars(b).values(), strict=True):
+            assert x == pytest.approx(y, rel=1e-9, abs=1e-15)
+    assert fast.bubble_fraction_per_stage == pytest.approx(slow.bubble_fraction_per_stage,
+                                                           rel=1e-9, abs=1e-15)
