@@ -178,6 +178,12 @@ class PipelineMessages:
                 self.pp_send_op[within])
         return priced
 
+    @property
+    def pp_send_s(self) -> dict[bool, float]:
+        """Seconds of a pipeline send between nodes (False) and within one (True) where
+        every stage prices alike (the tight loop's, :mod:`~llmsim.engine.uncontended`)."""
+        return {within: self._send_s(0, 0, within) for within in (False, True)}
+
     def _within_node(self, dev: Device, to_stage: int) -> bool:
         """Whether ``dev`` and its pipeline's ``to_stage`` share a node (memoised)."""
         if self.node_of is None:
