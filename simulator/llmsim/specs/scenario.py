@@ -157,16 +157,16 @@ class Scenario(Spec):
                 "shared experts and ep > 1 (it hides the shared experts behind the token "
                 "all-to-alls); turn it off, or set model.moe.shared_experts and ep"
             )
-        if par.zero == 3 and (par.ep > 1 or par.cp > 1):
+        if par.zero == 3 and par.ep > 1:
             raise ValueError(
-                f"parallelism.zero: 3 with ep {par.ep} and cp {par.cp} is not modelled (its "
-                "weight gathers would span two groups); use zero 1 or 2, or ep = cp = 1"
+                f"parallelism.zero: 3 with ep {par.ep} is not modelled (its weight gathers "
+                "would span the dense and the expert groups); use zero 1 or 2, or ep = 1"
             )
-        if par.overlap_param_gather and (par.ep > 1 or par.cp > 1):
+        if par.overlap_param_gather and par.ep > 1:
             raise ValueError(
-                f"parallelism.overlap_param_gather: true with ep {par.ep} and cp {par.cp} is "
-                "not modelled (its per-layer gathers would span two groups); turn it off, or "
-                "use ep = cp = 1"
+                f"parallelism.overlap_param_gather: true with ep {par.ep} is not modelled (its "
+                "per-layer gathers would span the dense and the expert groups); turn it off, "
+                "or use ep = 1"
             )
         if par.cp > 1 and not trn.fused_attention:
             raise ValueError(

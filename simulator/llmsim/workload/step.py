@@ -131,6 +131,17 @@ class Workload:
         return ("cp+ep+dp", self.dp * self.ep * self.cp), ("cp+dp", self.dp * self.cp)
 
     @property
+    def gather_group(self) -> tuple[str, int]:
+        """(axis, ranks) of the per-layer weight all-gathers (ZeRO-3, and ZeRO-1/2 with
+        ``overlap_param_gather``): ``dp``, or with context parallelism the cp·dp ranks
+        that shard the weights (Megatron-Core's data-parallel group with context
+        parallelism). Only without expert parallelism, whose experts shard over another
+        group (the scenario rejects the combination)."""
+        if self.cp == 1:
+            return "dp", self.dp
+        return "cp+ep+dp", self.dp * self.ep * self.cp
+
+    @property
     def grad_ranks(self) -> int:
         """Ranks of the widest gradient group (dp when ep = cp = 1): above 1, the step
         reduces gradients over the network."""
@@ -238,7 +249,7 @@ class Workload:
         weights the last optimizer step updated (Megatron-LM dispatches the next bucket's
         all-gather from the forward pre-hook of the current one).
         """
-        if self.dp == 1 or kind == "W":
+        if self.gather_group[1] == 1 or kind == "W":
             return False
         if self.zero == 3:
             return True
@@ -260,11 +271,12 @@ class Workload:
 
     def weight_gather(self, chunk: Chunk) -> CommOp | None:
         """The first of :meth:`weight_gathers` (they differ only in their names), or None."""
-        if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
+        axis, ranks = self.gather_group
+        if ranks == 1 or not (self.zero == 3 or self.overlap_param_gather):
             return None
         prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
         nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
-        return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", "dp", "F",
+        return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", axis, "F",
                       nbytes, copies=self.gather_copies,
                       fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
 
