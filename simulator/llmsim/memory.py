@@ -330,7 +330,8 @@ def memory_per_stage(
         if model.moe is None:
             dense, expert = layers * layer_params, 0
         else:
-            dense, expert = stage_layers_params(model, t, ep, split, i)
+            dense, expert = stage_layers_params(model, t, parallelism.expert_ranks, split, i,
+                                                parallelism.etp)
         params = dense + expert + (embedding_params if i == 0 else 0) \
             + (head_params if i == p - 1 else 0)
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))

@@ -1,0 +1,141 @@
+"""Expert tensor parallelism different from tp (``parallelism.expert_tp``) and the
+all-to-all/computation overlap (``parallelism.moe_a2a_overlap``): llmsim.moe,
+llmsim.experts, llmsim.params."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import llmsim
+from llmsim.blocks import Block, exposed_overlap_s
+from llmsim.costs import HardwareCosts
+from llmsim.errors import UserError
+from llmsim.experts import busiest_rank_factor, expert_rows
+from llmsim.plan import Plan
+from llmsim.workload import build_workload
+
+MOE = {"experts": 8, "top_k": 2, "ffn_hidden": 1024}
+BASE = {"nodes": 1, "model__moe": MOE, "model__bias": False, "parallelism__pp": 1,
+        "parallelism__tp": 2, "parallelism__ep": 2, "parallelism__sequence_parallel": True}
+
+
+def workload(**extra):
+    s = make_scenario(**(BASE | extra))
+    return s, build_workload(s.model, s.parallelism, s.training, s.dp)
+
+
+def forward(work):
+    return {op.name: op for op in work.chunks[(0, 0)].forward}
+
+
+# -- expert_tp ----------------------------------------------------------------------------
+
+
+def test_expert_tp_equal_to_tp_is_the_default_exactly():
+    a, b = make_scenario(**BASE), make_scenario(**BASE, parallelism__expert_tp=2)
+    assert b.parallelism.etp == 2 and b.parallelism.expert_ranks == 2
+    ra, rb = llmsim.simulate(a), llmsim.simulate(b)
+    assert rb.step_time_s == ra.step_time_s
+    assert [m.total_bytes for m in rb.memory] == [m.total_bytes for m in ra.memory]
+
+
+def test_whole_experts_join_the_tp_ranks_to_the_expert_group():
+    """expert_tp 1, tp 2, ep 2: the 8 experts split over tp·ep = 4 ranks, 2 whole ones
+    each; no TP collective of the routed rows; the all-to-alls over the tp+ep group."""
+    s, work = workload(parallelism__expert_tp=1)
+    assert s.parallelism.expert_ranks == 4
+    ops = forward(work)
+    assert "tp_ag_moe" not in ops and "tp_moe" not in ops
+    dispatch = ops["moe_dispatch"]
+    assert dispatch.axis == "tp+ep"
+    assert Plan.from_scenario(s).placement("tp+ep").size == 4
+    # Each rank routes its own T/t = 256 tokens, k = 2 copies each: T/t·k·λ(4)·h·e bytes.
+    T, t, k, h, e = 512, 2, 2, 512, 2
+    lam = busiest_rank_factor(4 * T / t * k, 4)
+    assert dispatch.bytes == pytest.approx(T / t * k * lam * h * e, rel=1e-12)
+    local, rows = expert_rows(s.model, s.parallelism, s.training)
+    assert local == 2 and rows == pytest.approx(T / t * k * lam / 2, rel=1e-12)
+    # Full-width expert GEMMs (SwiGLU off: up n = f, down k = f), 2 experts batched.
+    up, down = ops["expert_up"], ops["expert_down"]
+    assert (up.mnk[1], up.mnk[2], up.batch) == (1024, h, 2)
+    assert (down.mnk[1], down.mnk[2]) == (h, 1024)
+
+
+def test_expert_tp_1_moves_no_flops_and_no_weights():
+    """The same expert FLOPs and (without biases) the same expert parameters per device:
+    experts/(tp·ep) whole experts hold as many weights as experts/ep split over tp."""
+    s1, split = workload()
+    s2, whole = workload(parallelism__expert_tp=1)
+    assert whole.model_flops() == pytest.approx(split.model_flops(), rel=1e-12)
+    a, b = split.chunks[(0, 0)], whole.chunks[(0, 0)]
+    assert b.expert_params == a.expert_params > 0
+    assert b.params == a.params
+    r1, r2 = llmsim.simulate(s1), llmsim.simulate(s2)
+    assert r2.model_flops_per_step == pytest.approx(r1.model_flops_per_step, rel=1e-12)
+    assert sum(r2.breakdown_s.values()) == pytest.approx(r2.step_time_s, rel=1e-9)
+    assert r2.breakdown_s["ep_all_to_all"] > 0
+
+
+def test_expert_tp_1_at_ep_1_still_exchanges_tokens_over_tp():
+    s, work = workload(parallelism__ep=1, parallelism__expert_tp=1)
+    assert s.parallelism.expert_ranks == 2
+    assert forward(work)["moe_dispatch"].axis == "tp+ep"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"parallelism__tp": 4, "parallelism__expert_tp": 2}, r"parallelism\.expert_tp: 2 with tp 4"),
+    ({"parallelism__tp": 8, "parallelism__ep": 1, "parallelism__expert_tp": 1,
+      "model__moe": MOE | {"experts": 4}}, r"parallelism\.expert_tp: 1 splits the experts"),
+    ({"model__moe": None, "parallelism__ep": 1, "parallelism__expert_tp": 1},
+     r"parallelism\.expert_tp: 1 needs a mixture-of-experts model"),
+    ({"parallelism__expert_tp": 1, "parallelism__zero": 3}, r"parallelism\.zero: 3 with 4"),
+])
+def test_impossible_expert_layouts_are_one_sentence_errors(overrides, message):
+    with pytest.raises(UserError, match=message):
+        make_scenario(**(BASE | overrides))
+
+
+# -- the all-to-all overlap -----------------------------------------------------------------
+
+
+def test_a2a_overlap_prices_each_all_to_all_beside_its_expert_gemm():
+    """Each all-to-all costs max(c, g) − g beside the expert GEMM it is paired with: the
+    dispatch the first after it, the combine the last before it (forward and backward)."""
+    s, work = workload(parallelism__moe_a2a_overlap=True, nodes=2, parallelism__ep=8)
+    costs = HardwareCosts.from_scenario(s, Plan.from_scenario(s))
+    chunk = work.chunks[(0, 0)]
+    for ops, pairs in ((chunk.forward, {"moe_dispatch": "expert_up",
+                                        "moe_combine": "expert_down"}),
+                       (chunk.backward, {"moe_combine_bwd": "expert_down_dx",
+                                         "moe_dispatch_bwd": "expert_up_dx"})):
+        block = Block.of(ops, costs)
+        names = [op.name for op in ops]
+        for comm, gemm in pairs.items():
+            i, j = names.index(comm), names.index(gemm)
+            assert abs(i - j) == 1
+            c, g = costs.comm_s(ops[i]), costs.compute_s(ops[j])
+            assert block.spans[i].duration_s == pytest.approx(exposed_overlap_s(c, g, 1),
+                                                              rel=1e-12)
+
+
+@given(ep=st.sampled_from([2, 4, 8]), etp=st.sampled_from([None, 1]),
+       zero=st.integers(0, 2))
+@settings(max_examples=8, deadline=None)
+def test_a2a_overlap_never_slows_the_step_nor_changes_the_work(ep, etp, zero):
+    extra = {"nodes": 2, "parallelism__ep": ep, "parallelism__expert_tp": etp,
+             "parallelism__zero": zero, "model__moe": MOE | {"experts": 16}}
+    plain = llmsim.simulate(make_scenario(**(BASE | extra)))
+    hidden = llmsim.simulate(make_scenario(**(BASE | extra),
+                                           parallelism__moe_a2a_overlap=True))
+    assert hidden.breakdown_s["ep_all_to_all"] <= plain.breakdown_s["ep_all_to_all"]
+    assert hidden.step_time_s <= plain.step_time_s * (1 + 1e-12)
+    assert hidden.model_flops_per_step == plain.model_flops_per_step
+    assert sum(hidden.breakdown_s.values()) == pytest.approx(hidden.step_time_s, rel=1e-9)
+
+
+def test_a2a_overlap_needs_an_all_to_all():
+    with pytest.raises(UserError, match=r"moe_a2a_overlap: true without expert parallelism"):
+        make_scenario(**(BASE | {"parallelism__ep": 1, "parallelism__moe_a2a_overlap": True}))
