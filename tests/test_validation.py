@@ -140,7 +140,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 126
+    assert len(RUNS) == len(BY_ID) == 128
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",
@@ -152,10 +152,13 @@ def test_rows_are_the_published_ones_with_a_full_layout():
         "VOCABPP",
         "FUGAKU-DEV",
         "MLPERF-v3.0",
+        "MBRIDGE-2511",
+        "MBRIDGE-2604",
     }
     for r in RUNS:
         tp, pp, dp = (int(r.row[k]) for k in ("tp", "pp", "dp"))
-        assert tp * pp * dp == r.gpus, r.id
+        cp = int(r.row["cp"] or 1)  # Megatron-Core's count: the row's dp excludes cp
+        assert tp * pp * cp * dp == r.gpus, r.id
         assert r.metric in v.METRICS and r.measured > 0, r.id
         assert r.row["source"] and r.row["verified"] == "yes", r.id
 

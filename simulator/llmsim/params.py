@@ -23,7 +23,7 @@ def layer_params_per_device(model: Model, tp: int) -> int:
     ``tp > kv_heads``. With ``tp = 1`` this equals ``Model.params_per_layer``.
     """
     h, f = model.hidden, model.ffn_hidden
-    q, kv, f_rank = h // tp, kv_dim_per_rank(model, tp), f // tp
+    q, kv, f_rank = model.q_dim // tp, kv_dim_per_rank(model, tp), f // tp
     attention = h * (q + 2 * kv) + q * h if model.mla is None else mla_params_per_device(model, tp)
     matrices = attention + model.mlp_matrices * h * f_rank
     biases = (q + 2 * kv) + (model.mlp_matrices - 1) * f_rank + 2 * h if model.bias else 0

@@ -100,6 +100,9 @@ def scenario_mapping(run: Run) -> dict[str, Any]:
             "add parallelism.micro_batch to choices.yaml"
         )
     par: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": int(micro)}
+    cp = _int(row.get("cp", ""))
+    if cp and cp > 1:  # the row's dp excludes cp, as Megatron-Core counts it
+        par["cp"] = cp
     training: dict[str, Any] = {"global_batch": int(row["global_batch"]), "seq_len": seq}
     parts = {"model": model, "parallelism": par, "training": training}
     precision = run.value("training.precision")
