@@ -91,7 +91,8 @@ def test_expert_tp_1_at_ep_1_still_exchanges_tokens_over_tp():
       "model__moe": MOE | {"experts": 4}}, r"parallelism\.expert_tp: 1 splits the experts"),
     ({"model__moe": None, "parallelism__ep": 1, "parallelism__expert_tp": 1},
      r"parallelism\.expert_tp: 1 needs a mixture-of-experts model"),
-    ({"parallelism__expert_tp": 1, "parallelism__zero": 3}, r"parallelism\.zero: 3 with 4"),
+    ({"parallelism__moe_a2a_overlap": True, "model__moe": None, "parallelism__ep": 1},
+     r"parallelism\.moe_a2a_overlap: True needs a mixture-of-experts model"),
 ])
 def test_impossible_expert_layouts_are_one_sentence_errors(overrides, message):
     with pytest.raises(UserError, match=message):
@@ -139,3 +140,39 @@ def test_a2a_overlap_never_slows_the_step_nor_changes_the_work(ep, etp, zero):
 def test_a2a_overlap_needs_an_all_to_all():
     with pytest.raises(UserError, match=r"moe_a2a_overlap: true without expert parallelism"):
         make_scenario(**(BASE | {"parallelism__ep": 1, "parallelism__moe_a2a_overlap": True}))
+
+
+# -- ZeRO-3 and the overlapped parameter gather with expert parallelism -------------------
+
+
+@pytest.mark.parametrize("extra", [{"parallelism__zero": 3},
+                                   {"parallelism__zero": 1,
+                                    "parallelism__overlap_param_gather": True}])
+def test_weight_gathers_split_into_the_dense_and_the_expert_groups(extra):
+    """Each layer's gather: its dense weights' share over the dp·ep·cp ranks that shard
+    them, then its routed experts' share over the dp·cp ranks of their own group."""
+    s, work = workload(nodes=2, **extra)
+    assert s.dp == 4
+    chunk = work.chunks[(0, 0)]
+    op = work.weight_gathers(chunk)[0]
+    assert (op.axis, work.gather_group) == ("cp+ep+dp", ("cp+ep+dp", 8))
+    dense, experts = work.gather_parts(chunk, op)
+    assert (dense.axis, experts.axis) == ("cp+ep+dp", "cp+dp")
+    whole = chunk.params * work.param_bytes_per_param / chunk.units / work.gather_messages
+    assert dense.bytes == pytest.approx(whole * (1 - chunk.expert_params / chunk.params),
+                                        rel=1e-12)
+    assert experts.bytes == pytest.approx(whole * chunk.expert_params / chunk.params,
+                                          rel=1e-12)
+    result = llmsim.simulate(s)
+    assert sum(result.breakdown_s.values()) == pytest.approx(result.step_time_s, rel=1e-9)
+    assert {"moe_dispatch", op.name, experts.name} <= set(result.to_dataframe()["name"])
+
+
+def test_experts_held_whole_by_their_group_need_no_gather():
+    """dp·cp = 1: every rank of the expert-parallel group holds its experts whole."""
+    s, work = workload(nodes=1, parallelism__ep=4, parallelism__zero=3,
+                       model__moe=MOE | {"experts": 8})
+    assert s.dp == 1
+    chunk = work.chunks[(0, 0)]
+    (dense,) = work.gather_parts(chunk, work.weight_gathers(chunk)[0])
+    assert dense.axis == "cp+ep+dp"

@@ -180,19 +180,6 @@ class Scenario(Spec):
                 "shared experts and ep > 1 (it hides the shared experts behind the token "
                 "all-to-alls); turn it off, or set model.moe.shared_experts and ep"
             )
-        if par.zero == 3 and par.expert_ranks > 1:
-            raise ValueError(
-                f"parallelism.zero: 3 with {par.expert_ranks} expert-parallel ranks is not "
-                "modelled (its weight gathers "
-                "would span the dense and the expert groups); use zero 1 or 2, or ep = 1"
-            )
-        if par.overlap_param_gather and par.expert_ranks > 1:
-            raise ValueError(
-                f"parallelism.overlap_param_gather: true with {par.expert_ranks} expert-parallel "
-                "ranks is not modelled (its "
-                "per-layer gathers would span the dense and the expert groups); turn it off, "
-                "or use ep = 1"
-            )
         if par.cp > 1 and not trn.fused_attention:
             raise ValueError(
                 f"parallelism.cp: {par.cp} needs a fused attention kernel (ring attention "

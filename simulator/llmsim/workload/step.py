@@ -133,13 +133,11 @@ class Workload:
     @property
     def gather_group(self) -> tuple[str, int]:
         """(axis, ranks) of the per-layer weight all-gathers (ZeRO-3, and ZeRO-1/2 with
-        ``overlap_param_gather``): ``dp``, or with context parallelism the cp·dp ranks
-        that shard the weights (Megatron-Core's data-parallel group with context
-        parallelism). Only without expert parallelism, whose experts shard over another
-        group (the scenario rejects the combination)."""
-        if self.cp == 1:
-            return "dp", self.dp
-        return "cp+ep+dp", self.dp * self.ep * self.cp
+        ``overlap_param_gather``): the dense weights' group of :attr:`grad_groups`,
+        ``dp``, or with context or expert parallelism the dp·ep·cp ranks that shard them
+        (Megatron-Core's data-parallel group with context parallelism); the routed
+        experts' share gathers over their own group (:meth:`gather_parts`)."""
+        return self.grad_groups[0]
 
     @property
     def grad_ranks(self) -> int:
@@ -279,6 +277,21 @@ class Workload:
         return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", axis, "F",
                       nbytes, copies=self.gather_copies,
                       fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
+
+    def gather_parts(self, chunk: Chunk, op: CommOp) -> tuple[CommOp, ...]:
+        """One of :meth:`weight_gathers` as the all-gathers it is made of: ``op`` itself;
+        with expert parallelism its dense weights' share over the dense group, then its
+        routed experts' share over the expert-data-parallel group (none when that group
+        is one rank, which holds its experts whole)."""
+        _, (expert_axis, expert_ranks) = self.grad_groups
+        if not chunk.expert_params or self.ep == 1:  # one group holds all the weights
+            return (op,)
+        share = chunk.expert_params / chunk.params
+        dense = replace(op, bytes=op.bytes * (1 - share))
+        if expert_ranks == 1:
+            return (dense,)
+        return dense, replace(op, name=f"{op.name}_experts", axis=expert_axis,
+                              bytes=op.bytes * share)
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
