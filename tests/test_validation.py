@@ -336,6 +336,12 @@ def test_markdown_tables_hold_every_row_and_the_schedule_order(target):
     assert f"| **target set** | {len(df)} | {mape:.1f} |" in md
 
 
+def test_the_plot_has_a_colour_for_every_source(tmp_path):
+    """More sources than a colour map's colours (14 at this commit) still plot."""
+    df = _judged([(f"S{i}-01", f"S{i}", float(i), False, "1f1b") for i in range(25)])
+    assert v.plot_validation(df, tmp_path / "v.png").stat().st_size > 0
+
+
 # ---------------------------------------------------------------- accuracy
 
 

@@ -243,7 +243,8 @@ def plot_validation(df: pd.DataFrame, path: str | Path) -> Path:
 
     metrics = [m for m in METRICS if (df["metric"] == m).any()]
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.8), squeeze=False)
-    colours = dict(zip(df["source"].unique(), plt.get_cmap("tab10").colors, strict=False))
+    palette = plt.get_cmap("tab20").colors  # more sources than colours would repeat them
+    colours = {src: palette[i % len(palette)] for i, src in enumerate(df["source"].unique())}
     units = {
         "iteration_time_s": "iteration time, s",
         "tflops_per_gpu": "TFLOP/s per GPU",
