@@ -4,6 +4,8 @@ llmsim.experts, llmsim.params."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from helpers import make_scenario
 from hypothesis import given, settings
@@ -176,3 +178,33 @@ def test_experts_held_whole_by_their_group_need_no_gather():
     chunk = work.chunks[(0, 0)]
     (dense,) = work.gather_parts(chunk, work.weight_gathers(chunk)[0])
     assert dense.axis == "cp+ep+dp"
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("override, message", [
+    ("parallelism.expert_tp=4", "parallelism.expert_tp: 4 with tp 8"),
+    ("parallelism.expert_tp=1", "parallelism.expert_tp: 1 splits the experts over tp·ep"),
+])
+def test_cli_rejects_impossible_expert_layouts_in_one_line(override, message, capsys):
+    """gpt4-proxy-moe has 16 experts: tp 8 · ep 16 whole-expert ranks cannot split them."""
+    from test_cli import run_cli
+
+    code, _, err = run_cli(["run", "openai-a100-moe", "--set", override], capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_cli_runs_the_all_to_all_overlap(capsys):
+    from test_cli import run_cli
+
+    args = ["run", "openai-a100-moe", "--json"]
+    code, out, err = run_cli(args, capsys)
+    assert code == 0, err
+    plain = json.loads(out)
+    code, out, err = run_cli([*args, "--set", "parallelism.moe_a2a_overlap=true"], capsys)
+    assert code == 0, err
+    hidden = json.loads(out)
+    assert (hidden["layout"]["moe_a2a_overlap"], hidden["layout"]["expert_tp"]) == (True, 8)
+    assert hidden["breakdown_s"]["ep_all_to_all"] < plain["breakdown_s"]["ep_all_to_all"]
+    assert hidden["step_time_s"] <= plain["step_time_s"]
