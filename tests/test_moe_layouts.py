@@ -208,3 +208,13 @@ def test_cli_runs_the_all_to_all_overlap(capsys):
     assert (hidden["layout"]["moe_a2a_overlap"], hidden["layout"]["expert_tp"]) == (True, 8)
     assert hidden["breakdown_s"]["ep_all_to_all"] < plain["breakdown_s"]["ep_all_to_all"]
     assert hidden["step_time_s"] <= plain["step_time_s"]
+
+
+def test_cli_reports_whole_experts_over_tp_ep_ranks(capsys):
+    from test_cli import run_cli
+
+    code, out, err = run_cli(["run", "openai-a100-moe", "--set", "parallelism.expert_tp=1",
+                              "--set", "parallelism.ep=2", "--set", "parallelism.dp=104"], capsys)
+    assert code == 0, err
+    assert "· expert tp 1 ·" in out
+    assert "routed experts: 1 of 16 per device and MoE layer (whole, over tp·ep = 16 ranks)" in out
