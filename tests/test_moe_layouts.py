@@ -218,3 +218,22 @@ def test_cli_reports_whole_experts_over_tp_ep_ranks(capsys):
     assert code == 0, err
     assert "· expert tp 1 ·" in out
     assert "routed experts: 1 of 16 per device and MoE layer (whole, over tp·ep = 16 ranks)" in out
+
+
+@given(tp=st.sampled_from([1, 2]), ep=st.sampled_from([1, 2]), cp=st.sampled_from([1, 2]),
+       etp=st.sampled_from([None, 1]), pp=st.sampled_from([1, 2]))
+@settings(max_examples=20, deadline=None)
+def test_model_flops_do_not_depend_on_the_layout(tp, ep, cp, etp, pp):
+    """The step's model FLOPs are the model's: the same whatever splits the tokens, the
+    experts or their matrices (16 GPUs, 16 sequences of 1,024 tokens)."""
+    base = {"nodes": 2, "model__moe": MOE | {"experts": 16}, "model__bias": False,
+            "training__seq_len": 1024, "parallelism__sequence_parallel": True}
+
+    def flops(**layout):
+        s = make_scenario(**base, **layout)
+        return build_workload(s.model, s.parallelism, s.training, s.dp).model_flops()
+
+    reference = flops(parallelism__tp=1, parallelism__pp=1)
+    assert flops(parallelism__tp=tp, parallelism__pp=pp, parallelism__ep=ep,
+                 parallelism__cp=cp, parallelism__expert_tp=etp) == pytest.approx(
+        reference, rel=1e-12)
