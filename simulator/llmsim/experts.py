@@ -58,6 +58,9 @@ def expert_rows(model: Model, par: Parallelism, training: Training) -> tuple[int
     assert moe is not None
     tokens = expert_group_tokens(par, training)
     ranks = par.expert_ranks
+    if moe.experts % ranks:
+        raise ValueError(f"parallelism: {ranks} expert-parallel ranks (tp·ep/expert_tp) do "
+                         f"not divide the {moe.experts} experts; change ep or expert_tp")
     local = moe.experts // ranks
     assignments = ranks * tokens * moe.top_k
     if moe.capacity_factor is not None:
