@@ -91,3 +91,30 @@ def test_cp_needs_a_fused_attention_kernel():
     with pytest.raises(UserError, match=r"parallelism\.cp: 2 needs a fused attention kernel"):
         make_scenario(parallelism__pp=2, parallelism__cp=2,
                       training__attention_kernel="unfused")
+
+
+@pytest.mark.parametrize("extra", [{"parallelism__zero": 3},
+                                   {"parallelism__zero": 1,
+                                    "parallelism__overlap_param_gather": True}])
+def test_weight_gathers_span_the_cp_dp_group(extra):
+    """ZeRO-3's, and the overlapped ZeRO-1 parameter gather's, per-layer all-gathers run
+    over the cp·dp ranks that shard the weights (Megatron-Core's data-parallel group
+    with context parallelism), each the chunk's weights over its layers."""
+    s, work = workload(2, **extra)
+    chunk = work.chunks[(0, 0)]
+    gathers = work.weight_gathers(chunk)
+    assert len(gathers) == chunk.units
+    assert {op.axis for op in gathers} == {"cp+ep+dp"}
+    assert work.gather_group == ("cp+ep+dp", 2 * s.dp)
+    assert gathers[0].bytes == pytest.approx(
+        chunk.params * work.param_bytes_per_param / chunk.units / work.gather_messages,
+        rel=1e-12)
+    assert work.gathers_before("F", 0)
+    result = llmsim.simulate(s)
+    assert sum(result.breakdown_s.values()) == pytest.approx(result.step_time_s, rel=1e-9)
+
+
+def test_weight_gathers_without_cp_are_over_dp():
+    s, work = workload(1, parallelism__zero=3)
+    assert work.gather_group == ("dp", s.dp)
+    assert {op.axis for op in work.weight_gathers(work.chunks[(0, 0)])} == {"dp"}

@@ -35,6 +35,20 @@ def test_imported_models_have_the_published_parameter_count(file, params, left_o
     assert ("q, k, v biases" in model.notes) == (left_out > 0)
 
 
+def test_heads_wider_than_hidden_over_heads_are_kv_channels(tmp_path):
+    """Qwen3's heads are head_dim wide, not hidden/heads: the query and output projections
+    are heads·head_dim, so a layer holds h·(q + 2·kv) + q·h attention weights."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "qwen3", "hidden_size": 1024,
+                                "num_attention_heads": 16, "num_key_value_heads": 8,
+                                "head_dim": 128, "intermediate_size": 3072,
+                                "num_hidden_layers": 2, "vocab_size": 1000}), encoding="utf-8")
+    m = Model(**model_fields(path))
+    assert (m.kv_channels, m.head_dim, m.q_dim, m.kv_dim) == (128, 128, 2048, 1024)
+    h, q, kv = 1024, 2048, 1024
+    assert m.params_per_layer == h * (q + 2 * kv) + q * h + 3 * h * 3072 + 2 * h
+
+
 def test_llama3_8b_matches_the_catalog_entry():
     imported, catalog = Model(**model_fields(HF / "llama3-8b.json")), load_spec("models",
                                                                                  "llama3-8b")
@@ -88,7 +102,7 @@ def test_import_hf_prints_or_writes_a_catalog_entry(tmp_path, capsys):
     (json.dumps({"model_type": "t5"}), "not one llmsim reads"),
     (json.dumps({"model_type": "llama", "num_hidden_layers": -3}), "num_hidden_layers"),
     (json.dumps({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16,
-                 "head_dim": 128}), "head_dim"),
+                 "head_dim": "wide"}), "head_dim"),
     ("[" * 100_000, "not valid JSON"),
 ])
 def test_configs_llmsim_cannot_read_are_one_line_errors(content, message, tmp_path, capsys):

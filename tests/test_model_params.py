@@ -125,3 +125,18 @@ def test_parameter_tensors_in_megatron_layout() -> None:
     assert param_tensors(gpt2, 24, False, True, stages=2) == 12 * 24 + 2 + 1  # head copy
     llama = load_spec("models", "llama3-8b")
     assert param_tensors(llama, 32, True, True, stages=1) == 6 * 32 + 1 + 1 + 1
+
+
+def test_qwen3_moe_heads_wider_than_hidden_over_heads():
+    """Qwen3 Technical Report (arXiv:2505.09388, its MoE architecture table):
+    Qwen3-235B-A22B holds 235 B
+    parameters, 22 B activated; its 64 query heads are 128 wide on a 4,096-wide model
+    (``kv_channels``), so each layer's attention holds h·(64·128 + 2·4·128) + 64·128·h
+    weights. The per-head q/k RMSNorms (256 weights a layer) are not counted."""
+    m = Model(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4,
+              kv_channels=128, ffn_hidden=12288, vocab=151936, activation="swiglu",
+              position_embedding="rope", norm="rmsnorm", bias=False,
+              moe={"experts": 128, "top_k": 8, "ffn_hidden": 1536})
+    assert (m.head_dim, m.q_dim, m.kv_dim) == (128, 8192, 512)
+    assert m.params == pytest.approx(235e9, rel=1e-3)
+    assert m.active_params_per_token == pytest.approx(22e9, rel=1e-2)

@@ -142,7 +142,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 135
+    assert len(RUNS) == len(BY_ID) == 139
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",
@@ -155,10 +155,15 @@ def test_rows_are_the_published_ones_with_a_full_layout():
         "FUGAKU-DEV",
         "MLPERF-v3.0",
         "LUMI23",
+        "MBRIDGE-2511",
+        "MBRIDGE-2604",
+        "MBRIDGE-2511-MOE",
+        "MBRIDGE-2604-MOE",
     }
     for r in RUNS:
         tp, pp, dp = (int(r.row[k]) for k in ("tp", "pp", "dp"))
-        assert tp * pp * dp == r.gpus, r.id
+        cp = int(r.row["cp"] or 1)  # Megatron-Core's count: the row's dp excludes cp
+        assert tp * pp * cp * dp == r.gpus, r.id
         assert r.metric in v.METRICS and r.measured > 0, r.id
         assert r.row["source"] and r.row["verified"] == "yes", r.id
 
@@ -197,7 +202,9 @@ def test_every_row_is_a_valid_scenario_on_the_run_s_devices():
     for r in RUNS:
         s = v.scenario_for(r)
         assert s.devices == r.gpus, r.id
-        assert s.model.vocab % (128 * s.parallelism.tp) == 0, r.id
+        multiple = int(r.value("vocab_pad_multiple"))  # 128, or 1 where nothing pads
+        assert s.model.vocab % (multiple * s.parallelism.tp) == 0, r.id
+        assert multiple == 128 or not r.target, r.id
         assert s.model.vocab >= v.base_vocab(r), r.id
         assert s.training.global_batch == int(r.row["global_batch"]), r.id
 
@@ -330,6 +337,12 @@ def test_markdown_tables_hold_every_row_and_the_schedule_order(target):
     assert len(v.marginal_costs(df)) == 12
     mape = df["error_pct"].abs().mean()
     assert f"| **target set** | {len(df)} | {mape:.1f} |" in md
+
+
+def test_the_plot_has_a_colour_for_every_source(tmp_path):
+    """More sources than a colour map's colours (14 at this commit) still plot."""
+    df = _judged([(f"S{i}-01", f"S{i}", float(i), False, "1f1b") for i in range(25)])
+    assert v.plot_validation(df, tmp_path / "v.png").stat().st_size > 0
 
 
 # ---------------------------------------------------------------- accuracy

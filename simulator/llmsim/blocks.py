@@ -86,7 +86,7 @@ class Block:
                 stream = "compute"
                 compute += d
             elif op.collective == "all_to_all":
-                stream = op.axis
+                stream = "ep"  # the MoE all-to-alls' stream, whatever group runs them
                 a2a += d
             elif op.ring_steps:
                 stream = op.axis

@@ -120,7 +120,8 @@ class Band:
 def likeness(scenario: Scenario) -> Likeness:
     """The :class:`Likeness` of a scenario."""
     par = scenario.parallelism
-    axes = [name for name, degree in (("tp", par.tp), ("pp", par.pp), ("dp", scenario.dp))
+    axes = [name for name, degree in (("tp", par.tp), ("cp", par.cp), ("ep", par.ep),
+                                      ("pp", par.pp), ("dp", scenario.dp))
             if degree > 1]
     if par.zero == 3:
         axes.append("zero3")

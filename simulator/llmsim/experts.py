@@ -1,13 +1,15 @@
 """Expert routing arithmetic: how many token rows each expert-parallel rank computes,
 and what a mixture-of-experts block stores for its backward.
 
-Conventions (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` with expert tensor
-parallelism equal to ``tp``): one micro-batch puts ``T`` tokens through each
-tensor-parallel group; the ``ep`` groups of one expert-parallel group route their
-``ep·T`` tokens, ``top_k`` assignments each, to ``experts`` experts, ``experts / ep`` of
-them on each rank. Routing is balanced in expectation (the load-balancing loss, or
-DeepSeek-V3's bias adjustment, keeps every expert's expected share equal), so a rank
-receives ``T·top_k`` rows on average; the busiest rank sets the pace of the step's
+Conventions (Megatron-Core's ``MoEAlltoAllTokenDispatcher``): one micro-batch puts
+``T`` tokens through each tensor-parallel group; with expert tensor parallelism equal to
+``tp`` the ``ep`` groups of one expert-parallel group route their ``ep·T`` tokens,
+``top_k`` assignments each, to ``experts`` experts, ``experts / ep`` of them on each
+rank; with ``expert_tp`` 1 the ``tp·ep`` ranks route ``T/tp`` tokens each (the same
+``ep·T`` in all) to ``experts / (tp·ep)`` whole experts each. Routing is balanced in
+expectation (the load-balancing loss, or DeepSeek-V3's bias adjustment, keeps every
+expert's expected share equal), so a rank receives ``T·top_k`` rows on average (``T/tp``
+times that with ``expert_tp`` 1); the busiest rank sets the pace of the step's
 all-to-alls and grouped GEMMs (:func:`busiest_rank_factor`).
 """
 
@@ -49,16 +51,34 @@ def expert_rows(model: Model, par: Parallelism, training: Training) -> tuple[int
     over its experts. With a capacity factor ``C`` every expert computes exactly
     ``⌈C·ep·T·k/experts⌉`` rows, dropped tokens and padding included (Megatron-Core
     ``--moe-pad-expert-input-to-capacity``; Fedus et al. 2022, Switch Transformer §2.2).
+    With ``expert_tp`` 1 the ``tp·ep`` ranks (:attr:`Parallelism.expert_ranks`) take the
+    place of ``ep`` and each routes ``T/tp`` tokens (:func:`expert_group_tokens`).
     """
     moe = model.moe
     assert moe is not None
-    tokens = par.micro_batch * training.seq_len // par.cp  # on this rank
-    local = moe.experts // par.ep
-    assignments = par.ep * tokens * moe.top_k
+    tokens = expert_group_tokens(par, training)
+    ranks = par.expert_ranks
+    if moe.experts % ranks:
+        raise ValueError(f"parallelism: {ranks} expert-parallel ranks (tp·ep/expert_tp) do "
+                         f"not divide the {moe.experts} experts; change ep or expert_tp")
+    local = moe.experts // ranks
+    assignments = ranks * tokens * moe.top_k
     if moe.capacity_factor is not None:
         return local, float(math.ceil(moe.capacity_factor * assignments / moe.experts))
-    per_rank = tokens * moe.top_k * busiest_rank_factor(assignments, par.ep)
+    per_rank = tokens * moe.top_k * busiest_rank_factor(assignments, ranks)
     return local, per_rank / local
+
+
+def expert_group_tokens(par: Parallelism, training: Training) -> float:
+    """Tokens of one micro-batch that one expert-tensor-parallel group routes: the ``T``
+    tokens of a TP group (``s/cp`` of each sequence) when the experts are split like the
+    dense MLP (``expert_tp`` = tp); with ``expert_tp`` 1 and sequence parallelism each
+    rank routes its own ``T/tp`` (Megatron-Core's ``MoEAlltoAllTokenDispatcher`` skips
+    the TP all-gather then), ``T·expert_tp/tp`` in general."""
+    tokens = par.micro_batch * training.seq_len // par.cp
+    if par.sequence_parallel and par.tp > 1:
+        return tokens * par.etp / par.tp
+    return float(tokens)
 
 
 def routed_rows(model: Model, par: Parallelism, training: Training) -> float:
@@ -78,7 +98,8 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     The dense MLP's TP-sharded tensors, ``e·sb·(g + 1)·f/t`` (``g`` = 2 activation
     inputs for SwiGLU, else 1; see :func:`llmsim.memory.activation_bytes_per_layer`),
     give way to: the routed experts' activation inputs and down-projection input
-    ``e·R·(g + 1)·f_e/t`` (``R`` = :func:`routed_rows`), the shared experts'
+    ``e·R·(g + 1)·f_e/t_e`` (``R`` = :func:`routed_rows`, ``t_e`` the experts' TP
+    degree, :attr:`Parallelism.etp`), the shared experts'
     ``e·sb·(g + 1)·s·f_e/t`` and, when there is routing to do (more than one expert),
     the permuted expert input rows ``e·R·h`` (kept whole on each TP rank for the weight
     gradient) and the router's FP32 probabilities, ``4·sb·experts`` (÷t with sequence
@@ -92,7 +113,7 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     g = 2 if model.activation == "swiglu" else 1
     dense = element_bytes * sb * (g + 1) * model.ffn_hidden / t
     rows = routed_rows(model, par, training)
-    routed = element_bytes * rows * (g + 1) * moe.ffn_hidden / t
+    routed = element_bytes * rows * (g + 1) * moe.ffn_hidden / par.etp
     shared = element_bytes * sb * (g + 1) * moe.shared_experts * moe.ffn_hidden / t
     routing = 0.0
     if moe.experts > 1:

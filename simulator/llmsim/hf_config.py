@@ -87,10 +87,9 @@ def model_fields(path: str | Path, name: str | None = None) -> dict[str, Any]:
         hidden = _get(config, "hidden_size", 4096, where)
         heads = _get(config, "num_attention_heads", 32, where)
         head_dim = config.get("head_dim")
-        if head_dim is not None and heads * head_dim != hidden:
-            raise UserError(f"{where}: head_dim = {echo(head_dim)} × num_attention_heads = "
-                            f"{heads} ≠ hidden_size = {hidden}; llmsim's heads are "
-                            "hidden/heads wide, so this model cannot be expressed yet")
+        if head_dim is not None and not (isinstance(head_dim, int) and head_dim > 0):
+            raise UserError(f"{where}: head_dim = {echo(head_dim)} is not a positive whole "
+                            "number; fix it or remove it")
         act = str(config.get("hidden_act", "silu"))
         if act not in ("silu", "swish"):
             raise UserError(f"{where}: hidden_act = {echo(act)}; llmsim prices SwiGLU (silu) "
@@ -109,6 +108,8 @@ def model_fields(path: str | Path, name: str | None = None) -> dict[str, Any]:
             "bias": bool(config.get("attention_bias", False) and config.get("mlp_bias", False)),
             "max_seq_len": _get(config, "max_position_embeddings", 2048, where),
         }
+        if head_dim is not None and heads * head_dim != hidden:
+            fields["kv_channels"] = head_dim  # heads of head_dim, not hidden/heads, wide
         if kind == "qwen2":
             kv = fields["kv_heads"] * hidden // heads
             notes.append(f"q, k, v biases ({hidden + 2 * kv:,} parameters a layer) not "

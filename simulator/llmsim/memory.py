@@ -159,8 +159,9 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
       inputs 2·e·sbh, QKV-GEMM input e·sbh, MLP-up input e·sbh, two dropout masks 2·sbh
       → 10·sbh (8·sbh without hidden dropout);
     * TP-sharded: Q e·sbh/t, K and V 2·e·sb·kv, attention output (out-projection input)
-      e·sbh/t, activation input e·sbf/t (SwiGLU: gate and up, 2·e·sbf/t), MLP-down input
-      e·sbf/t → 24·sbh/t for MHA with f = 4h and GeLU;
+      e·sbh/t (``heads·kv_channels`` for ``h`` in these two when the model sets it),
+      activation input e·sbf/t (SwiGLU: gate and up, 2·e·sbf/t), MLP-down input e·sbf/t
+      → 24·sbh/t for MHA with f = 4h and GeLU;
     * attention core (unfused, no selective recompute): softmax output, its dropout
       mask and dropout output, (2e + 1)·a·s²·b/t = 5·a·s²·b/t (the softmax output alone,
       e·a·s²·b/t, without attention dropout);
@@ -180,7 +181,8 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     masks = DROPOUT_MASK_BYTES if training.hidden_dropout > 0 else 0
     outside_tp = (4 * e + 2 * masks) * sb * h / (t if sp else 1)
     act_inputs = 2 if model.activation == "swiglu" else 1
-    sharded = e * sb * (2 * h / t + 2 * kv_dim_per_rank(model, t) + (act_inputs + 1) * f / t)
+    sharded = e * sb * (2 * model.q_dim / t + 2 * kv_dim_per_rank(model, t)
+                        + (act_inputs + 1) * f / t)
     core = 0.0
     if parallelism.recompute == "none":
         heads = model.heads / t
@@ -337,7 +339,8 @@ def memory_per_stage(
         if model.moe is None:
             dense, expert = layers * layer_params, 0
         else:
-            dense, expert = stage_layers_params(model, t, ep, split, i)
+            dense, expert = stage_layers_params(model, t, parallelism.expert_ranks, split, i,
+                                                parallelism.etp)
         params = dense + expert + (embedding_params if i == first_stage else 0) \
             + (head_params if i == last_stage else 0)
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))

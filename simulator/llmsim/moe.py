@@ -1,8 +1,11 @@
 """The ops of a mixture-of-experts MLP, for one micro-batch on one device.
 
 A MoE layer is the dense block (:mod:`llmsim.workload`) with its MLP replaced by
-(Megatron-Core ``MoELayer`` with the ``alltoall`` token dispatcher and expert tensor
-parallelism equal to ``tp``; Lepikhin et al. 2021, GShard §2.2):
+(Megatron-Core ``MoELayer`` with the ``alltoall`` token dispatcher; Lepikhin et al. 2021,
+GShard §2.2) the ops below, for expert tensor parallelism equal to ``tp``. With
+``parallelism.expert_tp`` 1 every expert is whole on one rank: the TP collectives of the
+routed rows go, each rank routes its own ``T/t`` tokens, and the all-to-alls run over
+the ``tp·ep`` ranks that split the experts (``tp+ep``):
 
 forward
     router GEMM (tokens × experts) and its top-k selection; permutation of the token rows
@@ -21,6 +24,16 @@ backward
     the same in reverse, each all-to-all and TP collective once more; weight gradients
     of the grouped GEMMs, router and shared experts in the W pass.
 
+With ``parallelism.moe_a2a_overlap`` (Megatron-Core ``--overlap-moe-expert-parallel-comm``,
+the 1F1B overlap that DeepSeek-V3's DualPipe introduced: one micro-batch's forward
+chunk runs beside another's backward chunk, each all-to-all beside the other's
+attention or MLP computation) every all-to-all costs only what exceeds a GEMM
+(:func:`llmsim.blocks.exposed_overlap_s`, in bulk): the dispatch the first expert GEMM
+after it, the combine the last before it. That GEMM stands in for the other
+micro-batch's sub-module, which is at least as long (the MLP's backward is about twice
+its forward); the warm-up and cool-down passes of the pipeline, which have no partner,
+are priced as overlapped too.
+
 One expert (top-1) is the dense MLP: no router, no permutation, and no all-to-all
 without expert parallelism, so its ops price exactly as the dense block's. Sizes:
 ``T`` tokens per micro-batch, ``T_s = T/t`` with sequence parallelism (the rows a rank
@@ -32,8 +45,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from llmsim.experts import FP32_BYTES, expert_rows
-from llmsim.ops import CommOp, ComputeOp
+from llmsim.experts import FP32_BYTES, expert_group_tokens, expert_rows
+from llmsim.ops import Axis, CommOp, ComputeOp
 
 if TYPE_CHECKING:
     from llmsim.workload import LayerBuilder, Op
@@ -51,19 +64,25 @@ class MoeBlock:
         m, par = b.m, b.par
         assert m.moe is not None
         self.moe = m.moe
-        self.ep = par.ep
+        self.ep = par.expert_ranks
+        self.etp = par.etp
+        # Experts split over the TP group (the TP collectives of the routed rows), or
+        # whole on each rank with the TP ranks in the all-to-all's group instead.
+        self.split = self.etp > 1
+        self.axis: Axis = "ep" if self.etp == par.tp else "tp+ep"
         self.routing = self.moe.experts > 1
         self.tokens_routed = b.T / b.t if b.sp else float(b.T)  # T_s
         local, rows = expert_rows(m, par, b.trn)
         self.local = local
         # Mean rows per expert (the model FLOPs) and the busiest rank's excess over it.
-        mean = par.ep * b.T * self.moe.top_k / self.moe.experts
+        mean = self.ep * expert_group_tokens(par, b.trn) * self.moe.top_k / self.moe.experts
         self.mean_rows = mean
         self.excess = rows / mean
         self.rows = local * rows  # R
         g = 2 if m.activation == "swiglu" else 1
-        self.up_n = self.moe.ffn_hidden * g // b.t
-        self.down_k = self.moe.ffn_hidden // b.t
+        self.up_n = self.moe.ffn_hidden * g // self.etp
+        self.down_k = self.moe.ffn_hidden // self.etp
+        self.overlap_a2a = par.moe_a2a_overlap
 
     # -- pieces -------------------------------------------------------------------
     def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:
@@ -80,11 +99,14 @@ class MoeBlock:
         routed rows, ``R·h·e`` (÷t with sequence parallelism)."""
         if self.ep == 1:
             return []
-        nbytes = self.rows / (self.b.t if self.b.sp else 1) * self.b.m.hidden * self.b.e
-        return [CommOp(name, "all_to_all", "ep", phase, nbytes)]
+        nbytes = self.rows / (self.etp if self.b.sp else 1) * self.b.m.hidden * self.b.e
+        return [CommOp(name, "all_to_all", self.axis, phase, nbytes)]
 
     def _tp(self, name: str, kind: str, phase: str) -> list[CommOp]:
-        """A TP collective of the routed rows, ``R·h·e`` bytes."""
+        """A TP collective of the routed rows, ``R·h·e`` bytes (none when the experts are
+        whole on each rank)."""
+        if not self.split:
+            return []
         return self.b._tp_comm(name, kind, phase, self.rows * self.b.m.hidden * self.b.e)
 
     def _tp_exit(self, name: str, phase: str) -> list[CommOp]:
@@ -157,12 +179,21 @@ class MoeBlock:
         (shared_in, shared_up, shared_down, shared_out), shared_b, shared_w = self._shared()
         overlap = b.par.moe_shared_expert_overlap and bool(shared_up) and self.ep > 1
         dispatch, combine = self._a2a("moe_dispatch", "F"), self._a2a("moe_combine", "F")
+        # With the all-to-all overlap each all-to-all sits next to the expert GEMM it is
+        # priced against (before the TP gather, after the TP reduce-scatter: the order of
+        # a pass's serial ops does not change its time).
+        a2a_overlap = self.overlap_a2a and not overlap
+        exit_f = self._tp_exit("tp_moe", "F")
         if overlap:  # each all-to-all beside the shared expert's next GEMM
             dispatch = [replace(op, pairs_with="next") for op in dispatch]
             combine = [replace(op, pairs_with="next") for op in combine]
             beside_dispatch, beside_combine, after = shared_up, shared_down, []
         else:
             beside_dispatch, beside_combine, after = [], [], shared_up + shared_down
+        if a2a_overlap:
+            dispatch = [*gather, *(replace(op, pairs_with="next") for op in dispatch)]
+            combine = [*(replace(op, pairs_with="previous") for op in combine), *exit_f]
+            gather, exit_f = [], []
         fwd: list[Op] = [
             *(shared_in if overlap else []),
             *self._router("F"), *self._permute("moe_permute", "F"),
@@ -170,21 +201,27 @@ class MoeBlock:
             *self._fp8("expert_up", "F", h), up,
             b._mem("expert_act", "F", act_elements, act_passes),
             *self._fp8("expert_down", "F", self.down_k), down,
-            *self._tp_exit("tp_moe", "F"),
+            *exit_f,
             *combine, *beside_combine, *self._permute("moe_unpermute", "F", True),
             *([] if overlap else shared_in), *after, *shared_out,
         ]
         gather_b = self._tp("tp_ag_moe_bwd", "all_gather", "B") if b.sp else []
+        combine_b, exit_b = self._a2a("moe_combine_bwd", "B"), self._tp_exit("tp_moe_bwd", "B")
+        dispatch_b = self._a2a("moe_dispatch_bwd", "B")
+        if self.overlap_a2a:
+            combine_b = [*gather_b, *(replace(op, pairs_with="next") for op in combine_b)]
+            dispatch_b = [*(replace(op, pairs_with="previous") for op in dispatch_b), *exit_b]
+            gather_b, exit_b = [], []
         bwd: list[Op] = [
             *shared_b,
-            *self._permute("moe_unpermute_bwd", "B", True), *self._a2a("moe_combine_bwd", "B"),
+            *self._permute("moe_unpermute_bwd", "B", True), *combine_b,
             *gather_b, *self._fp8("expert_down_grad", "B", h),
             self._grouped("expert_down_dx", "B", mean, self.down_k, h),
             b._mem("expert_act_bwd", "B", act_elements, act_passes + 1),
             *self._fp8("expert_up_grad", "B", self.up_n),
             self._grouped("expert_up_dx", "B", mean, h, self.up_n),
-            *self._tp_exit("tp_moe_bwd", "B"),
-            *self._a2a("moe_dispatch_bwd", "B"), *self._permute("moe_permute_bwd", "B"),
+            *exit_b,
+            *dispatch_b, *self._permute("moe_permute_bwd", "B"),
             *self._router("B"),
         ]
         # dW = Xᵀ·dY per expert: (k × n), reducing over its rows.

@@ -14,11 +14,12 @@ Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all",
                      "push_pull"]
-Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp"]
+Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp", "tp+ep"]
 """A parallel axis; ``stage``: every rank of one pipeline stage (all axes but pp); or a
 group spanning several axes, named by them: ``cp+ep+dp`` the ranks that hold the same
 dense weights (their gradient and ZeRO group), ``cp+dp`` those that hold the same
-routed experts (Megatron-Core's expert-data-parallel group)."""
+routed experts (Megatron-Core's expert-data-parallel group), ``tp+ep`` the ranks that
+split the routed experts when each is whole on one rank (``expert_tp`` 1)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ def layer_params_per_device(model: Model, tp: int) -> int:
     ``tp > kv_heads``. With ``tp = 1`` this equals ``Model.params_per_layer``.
     """
     h, f = model.hidden, model.ffn_hidden
-    q, kv, f_rank = h // tp, kv_dim_per_rank(model, tp), f // tp
+    q, kv, f_rank = model.q_dim // tp, kv_dim_per_rank(model, tp), f // tp
     attention = h * (q + 2 * kv) + q * h if model.mla is None else mla_params_per_device(model, tp)
     matrices = attention + model.mlp_matrices * h * f_rank
     biases = (q + 2 * kv) + (model.mlp_matrices - 1) * f_rank + 2 * h if model.bias else 0
@@ -95,14 +95,17 @@ def expert_params_per_device(model: Model, tp: int) -> int:
     return model.mlp_matrices * h * f + (((model.mlp_matrices - 1) * f + h) if model.bias else 0)
 
 
-def moe_layer_params_per_device(model: Model, tp: int, ep: int) -> tuple[int, int]:
+def moe_layer_params_per_device(model: Model, tp: int, ep: int,
+                                etp: int | None = None) -> tuple[int, int]:
     """(dense, expert) parameters of one MoE block on one device.
 
     Dense: the block without its MLP (attention and norms, split as in
     :func:`layer_params_per_device`), the router (replicated: Megatron-Core's
     ``TopKRouter`` weight) and the shared experts; expert: the ``experts / ep`` routed
     experts this expert-parallel rank holds. Their gradients are reduced over different
-    groups (:mod:`llmsim.experts`).
+    groups (:mod:`llmsim.experts`). ``ep`` counts the ranks that split the routed experts
+    (:attr:`~llmsim.specs.Parallelism.expert_ranks`), whose matrices are split over
+    ``etp`` ranks (default ``tp``; the shared experts always over ``tp``).
     """
     assert model.moe is not None
     dense_mlp = (model.mlp_matrices * model.hidden * (model.ffn_hidden // tp)
@@ -111,11 +114,12 @@ def moe_layer_params_per_device(model: Model, tp: int, ep: int) -> tuple[int, in
     expert = expert_params_per_device(model, tp)
     dense = (layer_params_per_device(model, tp) - dense_mlp + model.router_params
              + model.moe.shared_experts * expert)
-    return dense, model.moe.experts // ep * expert
+    routed = expert if etp in (None, tp) else expert_params_per_device(model, etp)
+    return dense, model.moe.experts // ep * routed
 
 
 def layers_params_per_device(model: Model, tp: int, ep: int, first_layer: int,
-                             layers: int) -> tuple[int, int]:
+                             layers: int, etp: int | None = None) -> tuple[int, int]:
     """(dense, expert) parameters of layers ``first_layer`` … ``first_layer + layers − 1``
     on one device; a dense model has no expert part."""
     moe = model.moe
@@ -124,17 +128,17 @@ def layers_params_per_device(model: Model, tp: int, ep: int, first_layer: int,
     dense = (layers - moe_layers) * layer_params_per_device(model, tp)
     if not moe_layers:
         return dense, 0
-    moe_dense, moe_expert = moe_layer_params_per_device(model, tp, ep)
+    moe_dense, moe_expert = moe_layer_params_per_device(model, tp, ep, etp)
     return dense + moe_layers * moe_dense, moe_layers * moe_expert
 
 
 def stage_layers_params(model: Model, tp: int, ep: int, split: list[list[int]],
-                        stage: int) -> tuple[int, int]:
+                        stage: int, etp: int | None = None) -> tuple[int, int]:
     """(dense, expert) parameters of the transformer layers of pipeline ``stage`` on one
     device, over its model chunks (``split`` from :func:`llmsim.partition.chunk_layers`)."""
     dense = expert = 0
     for chunk, layers in enumerate(split[stage]):
         d, e = layers_params_per_device(model, tp, ep, chunk_first_layer(split, stage, chunk),
-                                        layers)
+                                        layers, etp)
         dense, expert = dense + d, expert + e
     return dense, expert

@@ -160,6 +160,7 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     console.print(
         f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
         + "".join(f" · {a} {d}" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
+        + (f" · expert tp {par.etp}" if par.etp != par.tp else "")
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
         + (_stage_split(stage_layers(s.model.layers, par)) if s.placement is None
            else " · layers " + _runs(stage_layers(s.model.layers, par)))
@@ -220,8 +221,10 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     console.print(mem)
     if s.model.moe is not None:
         most = max(result.memory, key=lambda m: m.expert_state_bytes)
-        console.print(f"routed experts: {s.model.moe.experts // par.ep} of "
-                      f"{s.model.moe.experts} per device and MoE layer (ep {par.ep}); "
+        split = f"ep {par.ep}" if par.etp == par.tp else \
+            f"whole, over tp·ep = {par.expert_ranks} ranks"
+        console.print(f"routed experts: {s.model.moe.experts // par.expert_ranks} of "
+                      f"{s.model.moe.experts} per device and MoE layer ({split}); "
                       f"{most.expert_state_bytes / 1e9:.1f} GB of stage {most.stage}'s "
                       f"{most.model_state_bytes / 1e9:.1f} GB of model state")
     for warning in result.warnings:

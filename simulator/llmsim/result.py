@@ -174,6 +174,8 @@ class Result:
             "nodes": s.nodes_used,
             "layout": {"tp": s.parallelism.tp, "pp": s.parallelism.pp, "dp": s.dp,
                        "cp": s.parallelism.cp, "ep": s.parallelism.ep,
+                       "expert_tp": s.parallelism.etp,
+                       "moe_a2a_overlap": s.parallelism.moe_a2a_overlap,
                        "virtual_stages": s.parallelism.virtual_stages,
                        "micro_batch": s.parallelism.micro_batch,
                        "microbatches": s.micro_batches, "schedule": s.parallelism.schedule,

@@ -124,11 +124,15 @@ class WeightGathers:
             op = ops[len(ops) - 1 - layer // (2 if self._regathers(act) else 1)]
         done = self.env.event()
         gathers[key] = done
-        self.env.process(self._gather(dev, op, done, (act.microbatch, act.kind)))
+        parts = self.work.gather_parts(self.work.chunks[(dev.stage, act.chunk)], op)
+        self.env.process(self._gather(dev, parts, done, (act.microbatch, act.kind)))
 
-    def _gather(self, dev: Device, op: CommOp, done: simpy.Event,
+    def _gather(self, dev: Device, parts: tuple[CommOp, ...], done: simpy.Event,
                 tag: object) -> Iterator[simpy.Event]:
-        """One layer's weights: :attr:`Workload.gather_messages` all-gathers back to back."""
-        for message in range(self.work.gather_messages):
-            yield from self._collective(dev, op, tag=(tag, message))
+        """One layer's weights: :attr:`Workload.gather_messages` all-gathers back to back,
+        of each of its parts (:meth:`Workload.gather_parts`) in turn."""
+        for i, op in enumerate(parts):
+            for message in range(self.work.gather_messages):
+                yield from self._collective(dev, op, tag=(tag, i, message) if i else
+                                            (tag, message))
         done.succeed()

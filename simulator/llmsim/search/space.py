@@ -296,8 +296,9 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
 
     Framework settings of the scenario that a layout rules out are dropped, as the
     frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
-    run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, and uneven first/last stage
-    splits when pp differs from the scenario's.
+    run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, uneven first/last stage
+    splits when pp differs from the scenario's, and the MoE all-to-all overlap where no
+    all-to-all is left; an ``expert_tp`` equal to the scenario's tp follows the layout's.
     """
     par = scenario.parallelism
     updates = layout.parallelism_updates()
@@ -310,6 +311,17 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     if layout.pp != par.pp or layout.virtual_stages != par.virtual_stages:
         updates["first_stage_layers"] = None
         updates["last_stage_layers"] = None
+    # Experts split like the dense MLP follow the layout's tp; whole experts (expert_tp
+    # 1) need tp·ep to divide them, and the all-to-all overlap an all-to-all.
+    if par.expert_tp not in (None, 1):
+        updates["expert_tp"] = None
+    moe = scenario.model.moe
+    whole = par.expert_tp == 1 and moe is not None
+    if whole and moe.experts % (layout.tp * layout.ep):
+        raise ValueError(f"expert_tp 1: tp·ep = {layout.tp * layout.ep} does not divide the "
+                         f"{moe.experts} experts")
+    if par.moe_a2a_overlap and layout.ep * (layout.tp if whole else 1) == 1:
+        updates["moe_a2a_overlap"] = False
     new_par = type(par).model_validate({**_dump(par), **updates})
     training = scenario.training
     if layout.global_batch != training.global_batch:

@@ -88,6 +88,11 @@ class Model(Spec):
     """Attention (query) heads."""
     kv_heads: PositiveInt | None = None
     """Key/value heads (grouped-query attention); defaults to ``heads``."""
+    kv_channels: PositiveInt | None = None
+    """Width of one attention head when it is not ``hidden / heads`` (Megatron-Core
+    ``--kv-channels``, Hugging Face ``head_dim``; Qwen3: 128 with hidden 4,096 and 64
+    heads): the query and output projections are then ``heads·kv_channels`` wide. None:
+    ``hidden / heads``."""
     ffn_hidden: PositiveInt
     """MLP inner width f (per projection for SwiGLU)."""
     vocab: PositiveInt
@@ -125,7 +130,7 @@ class Model(Spec):
                 f"model.moe.first_dense_layers: {self.moe.first_dense_layers} leaves no MoE "
                 f"layer among the {self.layers}; lower it or remove model.moe"
             )
-        if self.hidden % self.heads:
+        if self.kv_channels is None and self.hidden % self.heads:
             raise ValueError(
                 f"model.heads: {self.heads} does not divide hidden={self.hidden}; "
                 "choose heads so that hidden/heads is a whole head size"
@@ -144,8 +149,14 @@ class Model(Spec):
 
     @property
     def head_dim(self) -> int:
-        """Size of one attention head."""
-        return self.hidden // self.heads
+        """Size of one attention head: ``kv_channels``, else ``hidden / heads``."""
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection and of the attention output, ``heads·head_dim``
+        (``hidden`` unless ``kv_channels`` says otherwise)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -160,11 +171,11 @@ class Model(Spec):
     @property
     def params_per_layer(self) -> int:
         """Parameters of one dense block: attention, MLP, norms (and biases)."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h if self.mla is None else self.mla_params
+        h, f, kv, q = self.hidden, self.ffn_hidden, self.kv_dim, self.q_dim
+        attn = h * (q + 2 * kv) + q * h if self.mla is None else self.mla_params
         mlp = self.mlp_matrices * h * f
         norms = 2 * h * (2 if self.norm == "layernorm" else 1)
-        biases = (h + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
+        biases = (q + 2 * kv) + h + (self.mlp_matrices - 1) * f + h if self.bias else 0
         return attn + mlp + norms + biases
 
     @property

@@ -53,6 +53,19 @@ class Parallelism(Spec):
     which hold different sequences (and so add to data parallelism for the dense weights);
     tokens reach their experts by all-to-all (Megatron-Core
     ``--expert-model-parallel-size``)."""
+    expert_tp: PositiveInt | None = None
+    """Tensor-parallel degree of the routed experts (Megatron-Core
+    ``--expert-tensor-parallel-size``). None: ``tp``, each expert's matrices split over
+    the TP group like the dense MLP's. 1: every expert whole on one rank, the ``tp``
+    ranks of a TP group joining the expert-parallel group instead, so that the experts
+    are split over ``tp·ep`` ranks and Megatron-Core's ``--expert-model-parallel-size``
+    is ``tp·ep`` (see :attr:`expert_ranks`). Other values are not modelled."""
+    moe_a2a_overlap: bool = False
+    """Hide the MoE token all-to-alls behind computation (Megatron-Core
+    ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe-style overlap of one
+    micro-batch's forward with another's backward): each dispatch and combine costs only
+    what exceeds the expert GEMM it is paired with (:mod:`llmsim.moe`). Needs ep > 1 or
+    ``expert_tp`` 1 with tp > 1."""
     moe_shared_expert_overlap: bool = False
     """Run the MoE shared experts' forward beside the token all-to-alls: the first
     projection during the dispatch, the second during the combine (Megatron-Core
@@ -229,6 +242,18 @@ class Parallelism(Spec):
     """Axes from innermost (adjacent ranks) to outermost."""
 
     @property
+    def etp(self) -> int:
+        """Tensor-parallel degree of the routed experts: ``expert_tp``, else ``tp``."""
+        return self.tp if self.expert_tp is None else self.expert_tp
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks the routed experts of a MoE layer are split over, and that exchange tokens
+        by all-to-all: ``ep``, or ``tp·ep`` with ``expert_tp`` 1 (Megatron-Core's
+        expert-model-parallel size, ``tp·ep / expert_tp``)."""
+        return self.ep * self.tp // self.etp
+
+    @property
     def tp_overlap_units(self) -> dict[str, int]:
         """Field → compute units its overlapped TP transfers' kernels hold beside the GEMMs
         (``tp_overlap_comm_units`` and each ``tp_overlap_gemms`` entry's ``num_sm``); empty
@@ -325,6 +350,12 @@ class Parallelism(Spec):
                 f"parallelism.layers_per_stage: {self.layers_per_stage} must give one count "
                 f"per stage (pp = {self.pp}) and replaces first_stage_layers / "
                 "last_stage_layers; give pp counts and remove those two"
+            )
+        if self.expert_tp is not None and self.expert_tp not in (1, self.tp):
+            raise ValueError(
+                f"parallelism.expert_tp: {self.expert_tp} with tp {self.tp}; llmsim models "
+                f"routed experts split over the whole TP group or not at all — set "
+                f"expert_tp to {self.tp} or 1, or remove it"
             )
         if sorted(self.rank_order) != sorted(["tp", "cp", "ep", "dp", "pp"]):
             raise ValueError(

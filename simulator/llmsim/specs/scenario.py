@@ -244,16 +244,39 @@ class Scenario(Spec):
                 f"parallelism.ep: {par.ep} does not divide model.moe.experts="
                 f"{mdl.moe.experts}; choose ep among the divisors of the expert count"
             )
-        if mdl.moe is not None and par.ep > 1 and par.tp > 1 and not par.sequence_parallel:
+        for field in ("expert_tp", "moe_a2a_overlap"):
+            if getattr(par, field) not in (None, False) and mdl.moe is None:
+                raise ValueError(
+                    f"parallelism.{field}: {getattr(par, field)} needs a mixture-of-experts "
+                    f"model ({mdl.name} is dense); remove it or give the model a moe section"
+                )
+        if mdl.moe is not None and mdl.moe.experts % par.expert_ranks:
+            raise ValueError(
+                f"parallelism.expert_tp: 1 splits the experts over tp·ep = {par.tp}·{par.ep}"
+                f" = {par.expert_ranks} ranks, which does not divide model.moe.experts="
+                f"{mdl.moe.experts}; lower ep, or remove expert_tp"
+            )
+        if mdl.moe is not None and par.expert_ranks > 1 and par.tp > 1 \
+                and not par.sequence_parallel:
             raise ValueError(
                 f"parallelism.sequence_parallel: false with ep {par.ep} and tp {par.tp}; "
                 "Megatron-Core requires sequence parallelism when expert and tensor "
                 "parallelism are combined — set sequence_parallel: true"
             )
-        if mdl.moe is not None and mdl.moe.ffn_hidden % par.tp:
+        if par.moe_a2a_overlap and par.expert_ranks == 1:
+            raise ValueError(
+                "parallelism.moe_a2a_overlap: true without expert parallelism has no "
+                "all-to-all to hide; turn it off, or set ep > 1 (or expert_tp 1 with tp > 1)"
+            )
+        if mdl.moe is not None and mdl.moe.ffn_hidden % par.etp:
+            raise ValueError(
+                f"parallelism.tp: {par.etp} does not divide model.moe.ffn_hidden="
+                f"{mdl.moe.ffn_hidden}; choose a tp that divides it"
+            )
+        if mdl.moe is not None and mdl.moe.shared_experts and mdl.moe.ffn_hidden % par.tp:
             raise ValueError(
                 f"parallelism.tp: {par.tp} does not divide model.moe.ffn_hidden="
-                f"{mdl.moe.ffn_hidden}; choose a tp that divides it"
+                f"{mdl.moe.ffn_hidden} of the shared experts; choose a tp that divides it"
             )
         if par.moe_shared_expert_overlap and (
                 par.ep == 1 or mdl.moe is None or not mdl.moe.shared_experts):
@@ -261,17 +284,6 @@ class Scenario(Spec):
                 "parallelism.moe_shared_expert_overlap: true needs a MoE model with "
                 "shared experts and ep > 1 (it hides the shared experts behind the token "
                 "all-to-alls); turn it off, or set model.moe.shared_experts and ep"
-            )
-        if par.zero == 3 and (par.ep > 1 or par.cp > 1):
-            raise ValueError(
-                f"parallelism.zero: 3 with ep {par.ep} and cp {par.cp} is not modelled (its "
-                "weight gathers would span two groups); use zero 1 or 2, or ep = cp = 1"
-            )
-        if par.overlap_param_gather and (par.ep > 1 or par.cp > 1):
-            raise ValueError(
-                f"parallelism.overlap_param_gather: true with ep {par.ep} and cp {par.cp} is "
-                "not modelled (its per-layer gathers would span two groups); turn it off, or "
-                "use ep = cp = 1"
             )
         if par.cp > 1 and not trn.fused_attention:
             raise ValueError(

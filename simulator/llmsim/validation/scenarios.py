@@ -100,6 +100,21 @@ def scenario_mapping(run: Run) -> dict[str, Any]:
             "add parallelism.micro_batch to choices.yaml"
         )
     par: dict[str, Any] = {"tp": tp, "pp": pp, "dp": dp, "micro_batch": int(micro)}
+    cp = _int(row.get("cp", ""))
+    if cp and cp > 1:  # the row's dp excludes cp, as Megatron-Core counts it
+        par["cp"] = cp
+    ep = _int(row.get("ep", "")) or 1
+    if ep > 1:
+        # Megatron-Core's expert-model-parallel size splits its data-parallel ranks (and
+        # with expert_tp 1 its TP ranks too); llmsim's ep axis is the part outside TP.
+        etp = int(run.value("parallelism.expert_tp") or tp)
+        axis = ep * etp // tp
+        if axis < 1 or ep * etp % tp or dp % axis:
+            raise UserError(
+                f"validation row {run.id}: ep {ep} with tp {tp}, expert_tp {etp} and dp {dp} "
+                "is not a Megatron-Core layout (ep·expert_tp/tp must divide dp); fix the row"
+            )
+        par["ep"], par["dp"] = axis, dp // axis
     training: dict[str, Any] = {"global_batch": int(row["global_batch"]), "seq_len": seq}
     parts = {"model": model, "parallelism": par, "training": training}
     precision = run.value("training.precision")

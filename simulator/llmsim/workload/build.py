@@ -51,7 +51,8 @@ def _accumulation(model: Model, par: Parallelism, training: Training, layers: in
     parts = [("embed_grad_accum", embedding_params_per_device(model, t) if first else 0)]
     if mode != "fused":
         parts += [("grad_accum",
-                    sum(layers_params_per_device(model, t, par.ep, first_layer, layers))),
+                    sum(layers_params_per_device(model, t, par.expert_ranks, first_layer,
+                                                 layers, par.etp))),
                   ("head_grad_accum", head_params_per_device(model, t, par.pp) if last else 0)]
     return tuple(ComputeOp(name, "memory", "W", 0.0, float(params * per_param))
                  for name, params in parts if params)
@@ -107,10 +108,12 @@ def _amax_bookkeeping(training: Training, layers: int) -> tuple[list[Op], list[O
 
 
 def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
-                 stages: int, ep: int = 1, first_layer: int = 0) -> int:
+                 stages: int, ep: int = 1, first_layer: int = 0,
+                 etp: int | None = None) -> int:
     """Parameters of one chunk on one device, its layers ``first_layer`` on (see
-    :mod:`llmsim.params`)."""
-    params = sum(layers_params_per_device(model, tp, ep, first_layer, layers))
+    :mod:`llmsim.params`; ``ep`` the ranks that split the routed experts, ``etp`` their
+    TP degree)."""
+    params = sum(layers_params_per_device(model, tp, ep, first_layer, layers, etp))
     if first:
         params += embedding_params_per_device(model, tp)
     if last:
@@ -260,10 +263,12 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             fwd += amax_f + (head_f if last else ())
             bwd += amax_b + (emb_b if first else ())
             wgt += emb_w if first else ()
-            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
+            _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
+                                                  par.etp)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
-                chunk_params(model, par.tp, n, first, last, head_p, par.ep, start),
+                chunk_params(model, par.tp, n, first, last, head_p, par.expert_ranks, start,
+                             par.etp),
                 fwd, bwd, wgt, accumulate, expert_params=experts,
             )
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},

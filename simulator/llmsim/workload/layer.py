@@ -199,9 +199,9 @@ class LayerBuilder:
         """
         if not self.trn.attention_layout_copies:
             return []
-        elements = self.T * (self.m.hidden + 2 * self.m.kv_dim) / self.t
+        elements = self.T * (self.m.q_dim + 2 * self.m.kv_dim) / self.t
         if self.par.micro_batch > 1:  # with b = 1 the output's transpose is a view
-            elements += self.T * self.m.hidden / self.t
+            elements += self.T * self.m.q_dim / self.t
         name = "attn_layout" if phase in "FR" else "attn_layout_bwd"
         return [self._mem(name, phase, elements, 2)]
 
@@ -233,10 +233,11 @@ class LayerBuilder:
         m, t, T, _e = self.m, self.t, self.T, self.e
         h, f = m.hidden, m.ffn_hidden
         n_sp = self.stream
-        qkv_n = (h + 2 * m.kv_dim) // t
+        qkv_n = (m.q_dim + 2 * m.kv_dim) // t
         up_n = f * (2 if m.activation == "swiglu" else 1) // t
         qkv = self._beside_tp_comm(self._gemm("qkv", "F", T, qkv_n, h), "qkv_fprop")
-        proj = self._beside_tp_comm(self._gemm("attn_proj", "F", T, h, h // t), "proj_fprop")
+        proj = self._beside_tp_comm(self._gemm("attn_proj", "F", T, h, m.q_dim // t),
+                                    "proj_fprop")
         up = self._beside_tp_comm(self._gemm("mlp_up", "F", T, up_n, h), "fc1_fprop")
         down = self._beside_tp_comm(self._gemm("mlp_down", "F", T, h, f // t), "fc2_fprop")
         act_passes = 3 if m.activation == "swiglu" else 2

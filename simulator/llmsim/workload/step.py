@@ -137,6 +137,15 @@ class Workload:
         return ("cp+ep+dp", self.dp * self.ep * self.cp), ("cp+dp", self.dp * self.cp)
 
     @property
+    def gather_group(self) -> tuple[str, int]:
+        """(axis, ranks) of the per-layer weight all-gathers (ZeRO-3, and ZeRO-1/2 with
+        ``overlap_param_gather``): the dense weights' group of :attr:`grad_groups`,
+        ``dp``, or with context or expert parallelism the dp·ep·cp ranks that shard them
+        (Megatron-Core's data-parallel group with context parallelism); the routed
+        experts' share gathers over their own group (:meth:`gather_parts`)."""
+        return self.grad_groups[0]
+
+    @property
     def grad_ranks(self) -> int:
         """Ranks of the widest gradient group (dp when ep = cp = 1): above 1, the step
         reduces gradients over the network."""
@@ -253,7 +262,7 @@ class Workload:
         weights the last optimizer step updated (Megatron-LM dispatches the next bucket's
         all-gather from the forward pre-hook of the current one).
         """
-        if self.dp == 1 or kind == "W":
+        if self.gather_group[1] == 1 or kind == "W":
             return False
         if self.zero == 3:
             return True
@@ -275,13 +284,29 @@ class Workload:
 
     def weight_gather(self, chunk: Chunk) -> CommOp | None:
         """The first of :meth:`weight_gathers` (they differ only in their names), or None."""
-        if self.dp == 1 or not (self.zero == 3 or self.overlap_param_gather):
+        axis, ranks = self.gather_group
+        if ranks == 1 or not (self.zero == 3 or self.overlap_param_gather):
             return None
         prefix = "z3_ag" if self.zero == 3 else "dp_ag_params"
         nbytes = chunk.params * self.param_bytes_per_param / chunk.units / self.gather_messages
-        return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", "dp", "F",
+        return CommOp(f"{prefix}_c{chunk.virtual_stage}_l0", "all_gather", axis, "F",
                       nbytes, copies=self.gather_copies,
                       fill_passes=self.gather_fill_passes, host_s=self.gather_host_s)
+
+    def gather_parts(self, chunk: Chunk, op: CommOp) -> tuple[CommOp, ...]:
+        """One of :meth:`weight_gathers` as the all-gathers it is made of: ``op`` itself;
+        with expert parallelism its dense weights' share over the dense group, then its
+        routed experts' share over the expert-data-parallel group (none when that group
+        is one rank, which holds its experts whole)."""
+        _, (expert_axis, expert_ranks) = self.grad_groups
+        if not chunk.expert_params or self.ep == 1:  # one group holds all the weights
+            return (op,)
+        share = chunk.expert_params / chunk.params
+        dense = replace(op, bytes=op.bytes * (1 - share))
+        if expert_ranks == 1:
+            return (dense,)
+        return dense, replace(op, name=f"{op.name}_experts", axis=expert_axis,
+                              bytes=op.bytes * share)
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
