@@ -8,21 +8,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from llmsim.cli_console import console
 from llmsim.errors import UserError
 
 _PARTS = (("compute", "compute"), ("tp_comm", "exposed TP comm"), ("pp_comm", "exposed PP comm"),
           ("dp_comm", "exposed DP comm"), ("bubble", "pipeline bubble / wait"),
           ("optimizer", "optimizer"))
-
-
-def _console() -> Console:
-    """Standard output; wide when piped, so that no column is cut (as in cli.py)."""
-    console = Console()
-    return console if console.is_terminal else Console(width=200)
 
 
 def _relative(value: float | None, first: float | None) -> str:
@@ -104,7 +98,7 @@ def compare(
                for label, spec in track(list(specs.items()), "simulating",
                                         label=lambda item: item[0])}
     df = table_of(results)
-    out = _console()
+    out = console()
     grid = Table(title="llmsim compare (critical stage's breakdown; % against the first "
                  "column)", title_justify="left")
     grid.add_column("")

@@ -11,16 +11,11 @@ from rich.console import Console
 from rich.table import Table
 
 from llmsim import catalog, gpt4
+from llmsim.cli_console import console
 from llmsim.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
-
-
-def _console(stderr: bool = False) -> Console:
-    """Wide when piped, so that no column is cut (as in cli.py)."""
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=220)
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -169,12 +164,12 @@ def gpt4_cmd(
     rows = gpt4.select(systems)
     if out_dir is not None:
         check_out_dir(out_dir)
-    err = _console(stderr=True)
+    err = console(stderr=True, piped_width=220)
     df, results = gpt4.days_table(
         ",".join(r.system for r in rows), max_layouts=max_layouts, top=top, workers=workers,
         out=out_dir, confirm_timeout_s=confirm_timeout_s,
         progress=lambda name: err.print(f"searching {name} …", highlight=False))
-    out = _console()
+    out = console(piped_width=220)
     render_table(df, out)
     if out_dir is not None:
         paths = write_outputs(df, results, out_dir)

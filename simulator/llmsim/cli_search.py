@@ -13,18 +13,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from llmsim.cli_console import console
 from llmsim.errors import UserError
 
 if TYPE_CHECKING:
     import pandas as pd
 
 LINE_EVERY_S = 5.0
-
-
-def _console(stderr: bool = False) -> Console:
-    """A console, wide when piped so that no column is cut (as in cli.py)."""
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=200)
 
 
 class _Progress:
@@ -143,7 +138,7 @@ def search(
         from llmsim.search.runner import connect
 
         client = connect(scheduler)
-    out, err = _console(), _console(stderr=True)
+    out, err = console(), console(stderr=True)
     progress = _Progress(err)
     try:
         table = run_search(spec, objective=objective, fix=list(fix or []),

@@ -8,16 +8,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from llmsim.cli_console import console
 from llmsim.errors import UserError
-
-
-def _console(stderr: bool = False) -> Console:
-    """A console, wide when piped so that no column is cut (as in cli.py)."""
-    console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=200)
 
 
 def sweep(
@@ -54,7 +48,7 @@ def sweep(
         from llmsim.out_dir import check_out_dir
 
         check_out_dir(out_dir)
-    out, err = _console(), _console(stderr=True)
+    out, err = console(), console(stderr=True)
     start, last = time.monotonic(), [0.0]
 
     def progress(done: int, total: int) -> None:
