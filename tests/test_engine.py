@@ -1015,3 +1015,14 @@ def test_progress_of_a_long_run_is_reported_and_changes_no_result() -> None:
     assert watched.step_end_s == plain.step_end_s
     assert [(r.device, r.name, r.start_s, r.end_s) for r in watched.records] == \
         [(r.device, r.name, r.start_s, r.end_s) for r in plain.records]
+
+
+def test_uniform_middle_stages_share_their_priced_passes_but_jittered_ones_do_not():
+    uniform = _pipeline("1f1b", 4, 8)  # stages 1 and 2 run the same op objects
+    engine = build_engine(uniform)
+    for kind in ("F", "B", "W"):
+        assert engine.blocks[(1, 0, kind)] is engine.blocks[(2, 0, kind)]
+    assert engine.blocks[(0, 0, "F")] is not engine.blocks[(1, 0, "F")]  # the embedding
+    noisy = build_engine(_pipeline("1f1b", 4, 8, **{"jitter.compute_cv": 0.1, "seed": 3}))
+    first, second = noisy.blocks[(1, 0, "F")], noisy.blocks[(2, 0, "F")]
+    assert first is not second and first.duration_s != second.duration_s  # a draw each

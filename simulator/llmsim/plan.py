@@ -125,15 +125,15 @@ class Plan:
                          for j in range(self.degrees[a])]
             return sorted(ranks)
         stride, size = self.strides[axis], self.degrees[axis]
-        base = rank - self.coords(rank)[axis] * stride
+        base = rank - (rank // stride) % size * stride  # its coordinate along axis, dropped
         return [base + j * stride for j in range(size)]
 
     def group_first(self, axis: str, rank: int) -> int:
         """Lowest rank of the ``axis`` group that contains ``rank`` (the first of
         :meth:`members`, without listing them)."""
-        coords = self.coords(rank)
         axes = [a for a in AXES if a != "pp"] if axis == "stage" else self.axes_of(axis)
-        return rank - sum(coords[a] * self.strides[a] for a in axes)
+        strides, degrees = self.strides, self.degrees  # the coordinates of :meth:`coords`
+        return rank - sum((rank // strides[a]) % degrees[a] * strides[a] for a in axes)
 
     def _domain(self, node: int) -> int:
         net = self.system.network

@@ -189,19 +189,25 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
+    block_of = trace.block_of
     for r in records:
         if r.kind == "W" and r.stream == "dp":  # a gradient bucket: in dp's tail below
             continue
-        block = trace.block_of(r)
+        block = block_of(r)
         if block is not None:
-            whole = r.block_from_s == 0.0 and r.block_to_s >= block.duration_s > 0
-            share = 1.0 if whole else r.block_share(block)
+            # Record.block_share and Record.slowed_s, inlined: a step has ~10⁵ records.
+            duration_s = block.duration_s
+            share = (1.0 if duration_s <= 0 else
+                     (min(r.block_to_s, duration_s) - r.block_from_s) / duration_s)
             ran = shares.get(id(block))
             if ran is None:
                 shares[id(block)] = [block, share]
             else:
                 ran[1] += share
-            dp += r.slowed_s(block)  # the compute units other kernels held meanwhile
+            share_s = duration_s * share  # the compute units other kernels held meanwhile:
+            excess = r.end_s - r.start_s - share_s
+            if excess > 1e-9 * share_s:
+                dp += excess
         elif r.kind == "D":  # a gradient bucket's kernels before its reduction
             if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
                 dp += r.end_s - r.start_s

@@ -17,6 +17,7 @@ from typing import Protocol
 import simpy
 
 from llmsim.blocks import Block, CostModel, block_kind
+from llmsim.costs import HardwareCosts
 from llmsim.engine import uncontended
 from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
@@ -118,6 +119,10 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         same node)."""
         self.priced: dict[tuple[int, int, str, int], Block] = {}
         """(stage, chunk, kind, units held by other kernels) → the pass, priced once."""
+        self.laid_out: dict[tuple[tuple[int, ...], int, int], Block] = {}
+        """(ids of a pass's ops, id of its stage's cost model, units held) → the pass:
+        stages whose chunks run the same op objects (the middle stages of a uniform
+        pipeline) share one, where the cost model prices an op the same at every call."""
         self.blocks = {(s, c, kind): self._priced(s, c, kind, 0)
                        for s, c in workload.chunks for kind in ("F", "B", "w", "W")}
         """(stage, chunk, kind) → the pass alone on its device."""
@@ -194,8 +199,15 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         if block is None:
             ops = {"F": work.forward, "B": work.backward, "w": work.weight,
                    "W": work.weight + work.accumulate}
-            block = self.priced[key] = Block.of(ops[kind], self.stage_costs[stage],
-                                                self.overlap_tp, held)
+            passed, costs = ops[kind], self.stage_costs[stage]
+            if type(costs) is not HardwareCosts:  # e.g. jitter: a draw per call
+                block = Block.of(passed, costs, self.overlap_tp, held)
+            else:
+                same = (tuple(map(id, passed)), id(costs), held)
+                block = self.laid_out.get(same)
+                if block is None:
+                    block = self.laid_out[same] = Block.of(passed, costs, self.overlap_tp, held)
+            self.priced[key] = block
         return block
 
     @property

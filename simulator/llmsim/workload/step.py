@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from llmsim.ops import CommOp, ComputeOp
@@ -151,9 +152,9 @@ class Workload:
         reduces gradients over the network."""
         return self.grad_groups[0][1]
 
-    @property
+    @cached_property
     def stages(self) -> int:
-        """Pipeline stages."""
+        """Pipeline stages (computed once: the engine asks for every pipeline action)."""
         return 1 + max(s for s, _ in self.chunks)
 
     def stage_of(self, virtual_stage: int) -> int:
@@ -162,9 +163,9 @@ class Workload:
             return self.hops[virtual_stage][0]
         return virtual_stage % self.stages
 
-    @property
+    @cached_property
     def chunks_per_stage(self) -> int:
-        """Model chunks per stage (virtual stages)."""
+        """Model chunks per stage (virtual stages; computed once)."""
         return 1 + max(c for _, c in self.chunks)
 
     def stage_params(self, stage: int) -> int:
