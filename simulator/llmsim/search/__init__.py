@@ -97,8 +97,6 @@ def search(
     expert-parallel degree is searched over the divisors of its experts; the
     context-parallel degree up to ``max_cp``.
     """
-    import pandas as pd
-
     started = time.perf_counter()
     if objective not in OBJECTIVES:
         raise UserError(f"--objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
@@ -132,7 +130,7 @@ def search(
     store = Store(Path(out) if out is not None else None, manifest, resume)
     todo = [(i, c) for i, c in batches if i not in store.done_batches]
     estimate_started = time.perf_counter()
-    priced_before = len(store.rows)
+    priced_before = store.priced
     workers = workers or os.cpu_count() or 1
     if client is not None:
         results = run_dask(base, todo, fixed, memory_headroom, client)
@@ -142,15 +140,13 @@ def search(
         results = run_serial(base, todo, fixed, memory_headroom)
     try:
         for index, batch in results:
-            store.add(index, batch.rows, batch.invalid, batch.out_of_memory)
+            store.add(index, batch.columns, batch.invalid, batch.out_of_memory)
             if progress is not None:
-                progress(len(store.done_batches), len(batches), len(store.rows))
+                progress(len(store.done_batches), len(batches), store.priced)
     finally:
         store.close()
     estimate_wall = time.perf_counter() - estimate_started
-    table = pd.DataFrame(list(store.rows.values()))
-    if table.empty:
-        table = pd.DataFrame(columns=["key"])
+    table = store.table()
     table, best = confirm(base, table, objective, top, workers if client is None else 1)
     summary = SearchSummary(
         scenario=scenario.name, objective=objective,
@@ -159,7 +155,7 @@ def search(
         confirmed=int(table["step_time_s"].notna().sum()) if "step_time_s" in table else 0,
         memory_headroom=memory_headroom, wall_s=time.perf_counter() - started,
         estimate_wall_s=estimate_wall,
-        layouts_per_s=(len(store.rows) - priced_before) / estimate_wall if estimate_wall else 0.0)
+        layouts_per_s=(store.priced - priced_before) / estimate_wall if estimate_wall else 0.0)
     table.attrs["summary"] = summary
     table.attrs["best"] = best
     table.attrs["objective_column"] = objective_column(objective)
