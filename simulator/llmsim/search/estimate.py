@@ -107,7 +107,10 @@ class _Stage:
     """What a stage costs apart from its pipeline sends (shared by equal stages)."""
 
     times: StageTimes
-    optimizer_s: float
+    stage: int
+    """The first stage of this kind (the one whose chunks are priced)."""
+    tensors: int
+    """Parameter tensors on one of its devices (the optimizer's kernels)."""
     flops: float
     """Model FLOPs of one micro-batch on the stage's devices (all its TP ranks)."""
     tail_s: float
@@ -140,16 +143,21 @@ class Estimator:
         self._splits: dict[tuple, list[list[int]]] = {}
         self._families: dict[tuple[int, int, int], int] = {}
         self._held: list[tuple] = []
+        self._last_family: tuple[tuple, int] = ((), -1)
+        self._stage_runs: dict[tuple, list] = {}
 
     # -- shared parts -------------------------------------------------------------------
     def _family(self, sc: Scenario) -> int:
         """An index of the scenario's system, model and training objects: every memo key
         starts with it, so one estimator can serve scenarios of several machines."""
         key = (id(sc.system), id(sc.model), id(sc.training))
+        if key == self._last_family[0]:
+            return self._last_family[1]
         index = self._families.get(key)
         if index is None:
             index = self._families[key] = len(self._families)
             self._held.append((sc.system, sc.model, sc.training))  # keeps the ids unique
+        self._last_family = (key, index)
         return index
 
     def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:
@@ -268,6 +276,25 @@ class Estimator:
                 param_tensors(model, n, first, last, par.pp), moe_blocks)
         return hit
 
+    def _runs(self, plan_key: tuple, split: list[list[int]],
+              node_of: list[int]) -> list[tuple[int, tuple, tuple[bool, bool], int]]:
+        """The stages as runs of consecutive equal ones, memoised: (first stage, its kind —
+        its chunks' layers and whether it is the first or the last stage —, whether its
+        neighbours are on its node, stages in the run)."""
+        memo = (plan_key, id(split))
+        hit = self._stage_runs.get(memo)
+        if hit is None:
+            p, out = len(split), []
+            for s in range(p):
+                kind = (tuple(split[s]), s == 0, s == p - 1)
+                within = (node_of[s] == node_of[(s + 1) % p], node_of[s] == node_of[(s - 1) % p])
+                if out and out[-1][1:3] == (kind, within):
+                    out[-1][3] += 1
+                else:
+                    out.append([s, kind, within, 1])
+            hit = self._stage_runs[memo] = [tuple(run) for run in out]
+        return hit
+
     def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
                  chunk: Chunk) -> tuple[int, float]:
         """(count, mean seconds) of ``chunk``'s gradient buckets: each bucket's
@@ -321,13 +348,14 @@ class Estimator:
         zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
+        gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
-        keys: list[tuple] = []
         tails: list[float] = []
-        flops_per_replica = opt_s = 0.0
-        for s in range(p):
-            kind_key = (tuple(split[s]), s == 0, s == p - 1)
+        flops_per_replica = 0.0
+        same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
+        all_chunks: dict[tuple[int, int], Chunk] = {}  # the chunks of one stage of each kind
+        for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
@@ -339,27 +367,40 @@ class Estimator:
                     vs, n = c * p + s, split[s][c]
                     first, last = vs == 0, vs == p * v - 1
                     start = starts[s][c]
-                    params, experts, tensors, k = self._chunk_params(sc, n, first, last, start)
-                    amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
-                                                             last, start)
-                    cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
-                    cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b + first * eb
-                    cw = last * hw + (n - k) * dw + k * mw + first * ew
+                    chunk_key = (n, first, last, start)
+                    priced = same_chunks.get(chunk_key)
+                    if priced is None:
+                        params, experts, tensors, k = self._chunk_params(sc, n, first, last,
+                                                                         start)
+                        amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n,
+                                                                 first, last, start)
+                        cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
+                        cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b \
+                            + first * eb
+                        cw = last * hw + (n - k) * dw + k * mw + first * ew
+                        chunk_flops = ((n - k) * fl_dense + k * fl_moe + first * fl_emb
+                                       + last * fl_head) * par.tp
+                        chunk = Chunk(s, c, vs, n, first, last, params, (), (), (),
+                                      expert_params=experts)
+                        gather = traffic.weight_gather(chunk)
+                        layer_gather = (costs.comm_s(gather) * traffic.gather_messages
+                                        if gather is not None else 0.0)
+                        priced = same_chunks[chunk_key] = (
+                            cf, cb, cw, acc, chunk_flops, tensors, params, experts,
+                            self._buckets(plan_key, costs, traffic, chunk), layer_gather,
+                            chunk.units)
+                    (cf, cb, cw, acc, chunk_flops, tensors, params, experts, bucket,
+                     layer_gather, units) = priced
                     f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
                     backward.append((cb, cw + acc))
-                    flops += ((n - k) * fl_dense + k * fl_moe + first * fl_emb
-                              + last * fl_head) * par.tp
+                    flops += chunk_flops
                     tensors_s += tensors
-                    chunk = chunks[(s, c)] = Chunk(s, c, vs, n, first, last, params, (), (), (),
-                                                   expert_params=experts)
-                    grads.append(self._buckets(plan_key, costs, traffic, chunk))
-                    gather = traffic.weight_gather(chunk)
-                    layer_gather = (costs.comm_s(gather) * traffic.gather_messages
-                                    if gather is not None else 0.0)
-                    units = chunk.units
-                    if traffic.gathers_before("F", 1):
+                    chunks[(s, c)] = Chunk(s, c, vs, n, first, last, params, (), (), (),
+                                           expert_params=experts)
+                    grads.append(bucket)
+                    if gathers_f_on:
                         gathers_f += units * layer_gather
-                    if traffic.gathers_before("B", 1):
+                    if gathers_b_on:
                         gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
                     if overlapped_gather:  # the first forward's layers wait for their weights
                         waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
@@ -367,24 +408,13 @@ class Estimator:
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited)
-                work = replace(traffic, chunks=chunks)
-                opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(s), tensors_s,
-                                                     shard_ranks(work, s)))
-                opt += sum(costs.comm_s(op) for op in work.dp_param_gathers(s)) \
-                    if sharded else 0.0
+                all_chunks.update(chunks)
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
-                kind = kinds[kind_key] = _Stage(own, opt, flops, tail)
+                kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail)
             # Pipeline sends of one micro-batch (forward out of every virtual stage but the
             # last, backward out of every one but the first) and the gathers of sliced ones.
-            within = (node_of[s] == node_of[(s + 1) % p], node_of[s] == node_of[(s - 1) % p])
-            run_key = (kind_key, within)
-            flops_per_replica += kind.flops
-            opt_s = max(opt_s, kind.optimizer_s)
-            if keys and keys[-1] == run_key:
-                runs[-1][1] += 1
-                continue
-            keys.append(run_key)
+            flops_per_replica += kind.flops * count
             to_next, to_prev = send_s[within[0]], send_s[within[1]]
             received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
             own = kind.times
@@ -396,8 +426,17 @@ class Estimator:
                 to_next if s < p - 1 else 0.0,
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
-                own.chunk_backward, own.first_forward_gather), 1])
+                own.chunk_backward, own.first_forward_gather), count])
             tails.append(kind.tail_s)
+        # The optimizer step of each kind of stage (the slowest one's is on the step's path).
+        work = replace(traffic, chunks=all_chunks)
+        opt_s = 0.0
+        for kind in kinds.values():
+            opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(kind.stage),
+                                                 kind.tensors, shard_ranks(work, kind.stage)))
+            opt += sum(costs.comm_s(op) for op in work.dp_param_gathers(kind.stage)) \
+                if sharded else 0.0
+            opt_s = max(opt_s, opt)
         pipe, ends = pipeline_runs_s(par.schedule, [(st, n) for st, n in runs], m, v,
                                      blocking=not par.overlap_pp_comm,
                                      posted_singly=posted_singly, zero3=zero3,

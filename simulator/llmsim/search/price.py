@@ -8,7 +8,7 @@ process kept between batches so that the parts layouts share are priced once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmsim.errors import UserError
@@ -24,9 +24,9 @@ from llmsim.search.space import (
     LAYOUT_FIELDS,
     SWITCHES,
     Layout,
-    apply,
     parallelism_of,
     switch_variants,
+    variant_count,
 )
 from llmsim.simulation import check_posted_units
 from llmsim.specs import Scenario
@@ -129,18 +129,14 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
         except (ValueError, UserError):
             out.invalid += 1
             continue
-        variants = list(switch_variants(core, fixed))
         if peak > capacity:
-            out.out_of_memory += len(variants)
+            out.out_of_memory += variant_count(core, fixed)
             continue
         core_scenario = None
-        for layout in variants:
+        for layout in switch_variants(core, fixed):
             try:
                 if core_scenario is None:
-                    core_scenario = applied(base, replace(layout, overlap_tp_comm=False,
-                                                          overlap_pp_comm=False,
-                                                          overlap_param_gather=False), par,
-                                            training)
+                    core_scenario = applied(base, core, par, training)
                 scenario = with_switches(core_scenario, layout)
                 check_posted_units(scenario)
             except (ValueError, UserError):
@@ -153,9 +149,7 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
 
 def applied(base: Scenario, layout: Layout, par: Any, training: Any) -> Scenario:
     """:func:`~llmsim.search.space.apply` of ``layout`` whose ``parallelism_of`` is
-    already validated (``par``, ``training``): the scenario's own rules are checked."""
-    if any(getattr(par, name) != getattr(layout, name) for name in SWITCHES):
-        return apply(base, layout)
+    already validated (``par``, ``training``): only the scenario's own rules are checked."""
     return type(base).model_validate({
         "name": base.name, "description": base.description,
         "system": base.system, "nodes": layout.nodes, "model": base.model,
