@@ -116,6 +116,9 @@ def search(
         help="Continue the search kept in --out without pricing a layout twice.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="Table format: csv or parquet.")] = "csv",
     show: Annotated[int, typer.Option(help="Layouts shown in the table.")] = 10,
+    confirm_timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="Give up an engine run of a candidate after this long and "
+        "confirm the next one instead (default: no limit).")] = None,
 ) -> None:
     """Find the best parallel layouts of SCENARIO's model on its machine."""
     from llmsim.search import search as run_search
@@ -151,7 +154,7 @@ def search(
                            memory_headroom=memory_headroom, top=top, workers=workers,
                            client=client, out=out_dir, resume=resume, max_tp=max_tp,
                            max_micro_batch=max_micro_batch, max_cp=max_cp,
-                           progress=progress)
+                           progress=progress, confirm_timeout_s=confirm_timeout)
     finally:
         progress.close()
         if client is not None:

@@ -386,17 +386,16 @@ class Estimator:
                         layer_gather = (costs.comm_s(gather) * traffic.gather_messages
                                         if gather is not None else 0.0)
                         priced = same_chunks[chunk_key] = (
-                            cf, cb, cw, acc, chunk_flops, tensors, params, experts,
+                            cf, cb, cw, acc, chunk_flops, tensors, chunk,
                             self._buckets(plan_key, costs, traffic, chunk), layer_gather,
                             chunk.units)
-                    (cf, cb, cw, acc, chunk_flops, tensors, params, experts, bucket,
-                     layer_gather, units) = priced
+                    (cf, cb, cw, acc, chunk_flops, tensors, chunk, bucket, layer_gather,
+                     units) = priced
                     f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
                     backward.append((cb, cw + acc))
                     flops += chunk_flops
                     tensors_s += tensors
-                    chunks[(s, c)] = Chunk(s, c, vs, n, first, last, params, (), (), (),
-                                           expert_params=experts)
+                    chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
                     grads.append(bucket)
                     if gathers_f_on:
                         gathers_f += units * layer_gather

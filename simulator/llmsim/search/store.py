@@ -89,6 +89,10 @@ class Store:
                                          "columns": _plain(columns)}) + "\n")
             self._file.flush()
 
+    def column(self, name: str) -> list[Any]:
+        """One column of every priced layout so far."""
+        return [v for batch in self._batches for v in batch.get(name, [])]
+
     def table(self) -> pd.DataFrame:
         """Every priced layout, one row each (the batches' columns joined)."""
         import pandas as pd
