@@ -122,3 +122,39 @@ def test_a_search_s_estimates_do_not_depend_on_the_batches() -> None:
     for r in whole[:10]:
         layout = next(v for c in sample for v in switch_variants(c, {}) if v.key == r["key"])
         assert one.estimate(apply(scenario, layout)).step_time_s == r["est_step_time_s"]
+
+
+def test_the_bound_skips_layouts_but_keeps_the_estimator_s_best() -> None:
+    """Skipping by the bound leaves the estimator's top best unchanged (days of a run in
+    FLOPs), and skips something; no estimate beats the bound (MFU ≤ 1)."""
+    from test_search import TINY
+
+    from llmsim.search import search
+    from llmsim.search.bound import DaysBound
+
+    scenario = llmsim.load_scenario(dict(TINY, training=dict(TINY["training"], tokens=None,
+                                                             flops=1e19)))
+    fix = ["parallelism.recompute=selective", "parallelism.sequence_parallel=false"]
+    whole = search(scenario, fix=fix, top=0, workers=1)
+    bounded = search(scenario, fix=fix, top=3, workers=1, bound=True)
+    assert bounded.attrs["summary"].skipped > 0
+    assert len(bounded) < len(whole)
+    best = whole.sort_values(["est_days", "key"]).head(3)["key"].tolist()
+    assert bounded.sort_values(["est_days", "key"]).head(3)["key"].tolist() == best
+    assert bounded.iloc[0]["key"] in best  # the engine's pick is one of them
+    floor = DaysBound(scenario, 1, {})
+    assert (whole["est_days"] >= [floor.lower_days(d) for d in whole["devices"]]).all()
+    assert (whole["est_mfu"] <= 1).all()
+
+
+def test_an_engine_run_over_the_timeout_is_given_up_and_the_next_tried() -> None:
+    from test_search import TINY, TINY_FIX
+
+    from llmsim.search import search
+
+    table = search(llmsim.load_scenario(TINY), fix=TINY_FIX, top=2, workers=1,
+                   confirm_timeout_s=1e-4)
+    summary = table.attrs["summary"]
+    assert summary.timed_out == 4 and summary.confirmed == 0  # 2·top tried, none in time
+    assert table["timed_out"].sum() == 4
+    assert table.attrs["best"] is None

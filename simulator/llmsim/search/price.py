@@ -64,9 +64,10 @@ def interned(base: Scenario) -> tuple[Scenario, PeakMemory]:
 class BatchResult:
     """What pricing one batch of core layouts gave."""
 
-    columns: dict[str, list[Any]] = field(
+    columns: dict[str, Any] = field(
         default_factory=lambda: {name: [] for name in ROW_COLUMNS})
-    """Per column of :data:`ROW_COLUMNS`, one value per priced layout (:func:`row`)."""
+    """Per column of :data:`ROW_COLUMNS`, one value per priced layout (:func:`row`): a
+    list while the batch is priced, a numpy array once it is (:func:`packed`)."""
     invalid: int = 0
     """Layouts a scenario rule rejected."""
     out_of_memory: int = 0
@@ -80,7 +81,7 @@ class BatchResult:
         """The priced layouts as one dict per row."""
         names = list(self.columns)
         return [dict(zip(names, values, strict=True))
-                for values in zip(*self.columns.values(), strict=True)]
+                for values in zip(*(list(c) for c in self.columns.values()), strict=True)]
 
 
 def state_fits(scenario: Scenario,
@@ -144,7 +145,17 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 continue
             row(out.columns, layout, est.estimate(scenario), peak, capacity_bytes,
                 machine_devices)
+    out.columns = packed(out.columns)
     return out
+
+
+def packed(columns: dict[str, list[Any]]) -> dict[str, Any]:
+    """Each column as one numpy array (8 bytes a number, not a Python object of 32: the
+    main process holds every priced layout's row)."""
+    import numpy as np
+
+    return {name: np.asarray(values, dtype=object if any(v is None for v in values) else None)
+            for name, values in columns.items()}
 
 
 def applied(base: Scenario, layout: Layout, par: Any, training: Any) -> Scenario:

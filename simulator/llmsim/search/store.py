@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
+from llmsim.search.price import packed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -67,19 +68,19 @@ class Store:
                 continue  # cut short by a kill: its batch is redone
             if record["batch"] in self.done_batches:
                 continue
-            self._keep(record["batch"], record["columns"], record["invalid"],
+            self._keep(record["batch"], packed(record["columns"]), record["invalid"],
                        record["out_of_memory"])
 
-    def _keep(self, index: int, columns: dict[str, list[Any]], invalid: int,
+    def _keep(self, index: int, columns: dict[str, Any], invalid: int,
               out_of_memory: int) -> None:
         self.done_batches.add(index)
         self.invalid += invalid
         self.out_of_memory += out_of_memory
-        if columns and columns["key"]:
+        if columns and len(columns["key"]):
             self._batches.append(columns)
             self.priced += len(columns["key"])
 
-    def add(self, index: int, columns: dict[str, list[Any]], invalid: int,
+    def add(self, index: int, columns: dict[str, Any], invalid: int,
             out_of_memory: int) -> None:
         """Record one finished batch: its priced layouts by column, and its counts."""
         self._keep(index, columns, invalid, out_of_memory)
@@ -91,7 +92,7 @@ class Store:
 
     def column(self, name: str) -> list[Any]:
         """One column of every priced layout so far."""
-        return [v for batch in self._batches for v in batch.get(name, [])]
+        return [v for batch in self._batches for v in batch.get(name, ())]
 
     def table(self) -> pd.DataFrame:
         """Every priced layout, one row each (the batches' columns joined)."""
@@ -99,8 +100,10 @@ class Store:
 
         if not self._batches:
             return pd.DataFrame(columns=["key"])
+        import numpy as np
+
         names = list(self._batches[0])
-        return pd.DataFrame({name: [v for batch in self._batches for v in batch[name]]
+        return pd.DataFrame({name: np.concatenate([batch[name] for batch in self._batches])
                              for name in names})
 
     def close(self) -> None:
@@ -110,7 +113,8 @@ class Store:
             self._file = None
 
 
-def _plain(columns: dict[str, list[Any]]) -> dict[str, list[Any]]:
-    """JSON has no infinity: a non-finite number is stored as null."""
-    return {k: [None if isinstance(v, float) and not math.isfinite(v) else v for v in values]
+def _plain(columns: dict[str, Any]) -> dict[str, list[Any]]:
+    """Plain lists; JSON has no infinity: a non-finite number is stored as null."""
+    return {k: [None if isinstance(v, float) and not math.isfinite(v) else v
+                for v in (values.tolist() if hasattr(values, "tolist") else values)]
             for k, values in columns.items()}
