@@ -83,7 +83,14 @@ class SourceRow:
     """What else makes llmsim's row differ from the source's (one clause)."""
     max_tp: int | None = None
     """Largest TP degree searched (None: the search's default, a node's devices or 8)."""
+    max_layouts: int | None = None
+    """Core layouts sampled on this machine when ``--max-layouts`` is not given (None:
+    the whole space)."""
 
+
+FUGAKU_SAMPLE = 160
+"""Core layouts sampled on Fugaku (seeded): its torus routes make one new placement cost
+seconds to price, and its space is 841,272 core layouts (docs/gpt4.md)."""
 
 GPU_FACTOR = 2.0
 """Assumed for the GPU machines whose factor the source does not state: the "×2" it
@@ -101,7 +108,10 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
     SourceRow("fugaku", "fugaku", "Fugaku A64FX ×158,976",
               (Part("fugaku", 158_976, 1, "fp32"),), 2_100, False, 4.0, True,
               "the source's peak is FP32; llmsim trains in FP16",
-              max_tp=12),  # the 2x3x2 Tofu unit, the catalog scenario's TP group
+              max_tp=12,  # the 2x3x2 Tofu unit, the catalog scenario's TP group
+              # Pricing a Tofu placement takes seconds (torus routes of 158,976 nodes):
+              # the whole space (841,272 core layouts) does not fit in minutes.
+              max_layouts=FUGAKU_SAMPLE),
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
               770, False, GPU_FACTOR, False,
@@ -247,7 +257,8 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
                ) -> SystemResult:
     """Search ``row``'s machine and return its row of the table.
 
-    The search prices the whole space (or a sample of ``max_layouts`` core layouts),
+    The search prices the whole space (or a seeded sample of ``max_layouts`` core layouts;
+    None: the row's own :attr:`SourceRow.max_layouts`),
     most devices first, skipping the layouts its bound shows cannot be among the
     estimator's ``top`` best (:mod:`llmsim.search.bound`), and the engine confirms
     those ``top`` (:func:`llmsim.search.confirm.confirm`, ``confirm_timeout_s`` a run).
@@ -268,6 +279,7 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     started = time.perf_counter()
     workers = workers or os.cpu_count() or 1
     catalog, base, source_devices = whole_machine(row)
+    max_layouts = max_layouts if max_layouts is not None else row.max_layouts
     table = search(base, objective="days", top=top, max_layouts=max_layouts, workers=workers,
                    out=None if out is None else out / "search", max_tp=row.max_tp,
                    confirm_timeout_s=confirm_timeout_s, bound=True)
