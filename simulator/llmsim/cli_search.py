@@ -183,7 +183,9 @@ def render(table: pd.DataFrame, console: Console, show: int = 10) -> None:
             f"{s.scenario}: {s.priced:,} layouts priced{sampled}, {s.out_of_memory:,} over "
             f"{(1 - s.memory_headroom) * 100:.0f} % of device memory, {s.invalid:,} invalid; "
             f"best {s.confirmed} re-run by the engine; {s.wall_s:,.1f} s "
-            f"({s.layouts_per_s:,.0f} layouts/s priced)", highlight=False, soft_wrap=True)
+            f"({s.layouts_per_s:,.0f} layouts/s priced)"
+            + (f"; {s.timed_out} engine runs over the --confirm-timeout, the next tried"
+               if s.timed_out else ""), highlight=False, soft_wrap=True)
     if table.empty or "est_step_time_s" not in table:
         console.print("no layout fits: raise --memory-headroom's share, the nodes, or the "
                       "ZeRO stage and recompute choices", highlight=False)
