@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_cli import run_cli
 
 from llmsim import gpt4, loader
@@ -51,6 +53,16 @@ def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, so
     assert base.training.flops == 3e25 and base.model.name == "gpt4-proxy-dense"
 
 
+OPENAI = gpt4.whole_machine(gpt4.SOURCE_TABLE[0])[1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 3_125), st.integers(1, 3_125))
+def test_largest_nodes_is_at_most_the_machine_and_grows_with_it(a, b):
+    small, large = sorted((a, b))
+    fill = [gpt4.largest_nodes(OPENAI.model_copy(update={"nodes": n}), None)
+            for n in (small, large)]
+    assert 0 <= fill[0] <= fill[1] <= large and fill[0] <= small
 
 
 def test_why_line_states_the_sources_implied_efficiency():

@@ -88,9 +88,10 @@ class SourceRow:
     the whole space)."""
 
 
-FUGAKU_SAMPLE = 160
-"""Core layouts sampled on Fugaku (seeded): its torus routes make one new placement cost
-seconds to price, and its space is 841,272 core layouts (docs/gpt4.md)."""
+FUGAKU_SAMPLE = 80
+"""Core layouts sampled on Fugaku (seeded), and as many again on the most nodes a layout
+can fill: its torus routes make one new placement cost seconds to price, and its space
+is 841,272 core layouts (docs/gpt4.md)."""
 
 GPU_FACTOR = 2.0
 """Assumed for the GPU machines whose factor the source does not state: the "×2" it
@@ -167,6 +168,22 @@ def whole_machine(row: SourceRow) -> tuple[Scenario, Scenario, int]:
     base = catalog.model_copy(update={"nodes": target // per_node,
                                       "max_sim_passes": MAX_SIM_PASSES})
     return catalog, base, part.packages * part.devices_per_package
+
+
+def largest_nodes(base: Scenario, max_tp: int | None) -> int:
+    """The most nodes any layout of ``base`` can fill: tp·pp·dp whole nodes, at most the
+    base's, with the search's degree rules (tp from the heads, pp dividing the layers,
+    dp dividing the global batch)."""
+    from llmsim.search.space import divisors, tp_candidates
+
+    per_node, most = base.system.node.devices_per_node, 0
+    for tp in tp_candidates(base, max_tp):
+        for pp in divisors(base.model.layers):
+            for dp in divisors(base.training.global_batch):
+                devices = tp * pp * dp
+                if devices % per_node == 0 and most < devices // per_node <= base.nodes_used:
+                    most = devices // per_node
+    return most
 
 
 def compact(layout: Layout) -> str:
@@ -257,8 +274,9 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
                ) -> SystemResult:
     """Search ``row``'s machine and return its row of the table.
 
-    The search prices the whole space (or a seeded sample of ``max_layouts`` core layouts;
-    None: the row's own :attr:`SourceRow.max_layouts`),
+    The search prices the whole space (or a seeded sample of ``max_layouts`` core layouts,
+    and as many again on the most nodes a layout can fill (:func:`largest_nodes`); None:
+    the row's own :attr:`SourceRow.max_layouts`),
     most devices first, skipping the layouts its bound shows cannot be among the
     estimator's ``top`` best (:mod:`llmsim.search.bound`), and the engine confirms
     those ``top`` (:func:`llmsim.search.confirm.confirm`, ``confirm_timeout_s`` a run).
@@ -283,25 +301,37 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     table = search(base, objective="days", top=top, max_layouts=max_layouts, workers=workers,
                    out=None if out is None else out / "search", max_tp=row.max_tp,
                    confirm_timeout_s=confirm_timeout_s, bound=True)
+    searches = [table]
+    if max_layouts is not None:
+        # Days fall with devices, and most of a random sample uses a small part of the
+        # machine: as many layouts again on the most nodes a layout can fill.
+        searches.append(search(
+            base, objective="days", top=top, max_layouts=max_layouts, workers=workers,
+            fix={"nodes": largest_nodes(base, row.max_tp)},
+            out=None if out is None else out / "search-largest", max_tp=row.max_tp,
+            confirm_timeout_s=confirm_timeout_s, bound=True))
     seed = search(base, objective="days", top=1, fix=layout_of(catalog).as_dict(), workers=1,
                   max_tp=max(row.max_tp or 0, catalog.parallelism.tp),
                   confirm_timeout_s=confirm_timeout_s)
-    summary = table.attrs["summary"]
-    timed_out = summary.timed_out + seed.attrs["summary"].timed_out
+    summaries = [t.attrs["summary"] for t in (*searches, seed)]
+    timed_out = sum(s.timed_out for s in summaries)
+    skipped = sum(s.skipped for s in summaries)
     confirmed = pd.concat([t[t["step_time_s"].notna() & t["fits"].astype(bool)]
-                           for t in (table, seed) if "step_time_s" in t], ignore_index=True)
-    priced = summary.priced + seed.attrs["summary"].priced
+                           for t in (*searches, seed) if "step_time_s" in t],
+                          ignore_index=True)
+    priced = sum(s.priced for s in summaries)
     peak = sum(part_peak_flops(p) for p in row.parts)
     method = source_method_days(catalog.training.flops or 0.0, peak, row.factor)
     machine = base.devices
     if confirmed.empty:
         return SystemResult(row, source_devices, machine, peak, method, None, {}, False,
                             "no layout fits", priced, timed_out,
-                            time.perf_counter() - started, summary.skipped)
+                            time.perf_counter() - started, skipped)
     confirmed = confirmed.sort_values(["days", "key"], kind="mergesort")
     best_row = confirmed.iloc[0]
     best = apply(base, layout_of_row(best_row))
-    won = best_row["key"] == layout_of(catalog).key and best_row["key"] not in set(table["key"])
+    searched = {k for t in searches if "key" in t for k in t["key"]}
+    won = best_row["key"] == layout_of(catalog).key and best_row["key"] not in searched
     result = simulate(best.model_copy(update={"fidelity": "reduced"}))
     parts = {k: v for k, v in result.breakdown_s.items() if k != "compute"}
     name, seconds = max(parts.items(), key=lambda kv: kv[1])
@@ -311,7 +341,7 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
               "idle_devices": machine - int(best_row["devices"])}
     return SystemResult(row, source_devices, machine, peak, method, best, engine, won,
                         bottleneck, priced, timed_out, time.perf_counter() - started,
-                        summary.skipped)
+                        skipped)
 
 
 def to_frame(results: list[SystemResult]) -> pd.DataFrame:
