@@ -171,8 +171,9 @@ def search(
     finally:
         store.close()
     estimate_wall = time.perf_counter() - estimate_started
-    table = store.table()
-    table, best, timed_out = confirm(base, table, objective, top,
+    # The table goes to confirm without another reference, so its sorted copies replace
+    # it rather than add to it.
+    table, best, timed_out = confirm(base, store.table(), objective, top,
                                      workers if client is None else 1, confirm_timeout_s)
     summary = SearchSummary(
         scenario=scenario.name, objective=objective,

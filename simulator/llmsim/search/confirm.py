@@ -103,13 +103,14 @@ def confirm(base: Scenario, table: pd.DataFrame, objective: str, top: int, worke
     A run that times out leaves its row unconfirmed (``timed_out`` True) and the next
     row by the estimator is tried in its place, up to ``2·top`` rows in all.
     """
+    import numpy as np
     import pandas as pd
 
     est_col, eng_col, larger = OBJECTIVES[objective]
     if table.empty or est_col not in table:
         return table, None, 0
     table = table.sort_values([est_col, "key"], ascending=[not larger, True],
-                              na_position="last", kind="mergesort").reset_index(drop=True)
+                              na_position="last", kind="mergesort", ignore_index=True)
     rows: list[dict[str, Any]] = []
     timed_out, tried = [], 0
     while len(rows) < top and tried < min(2 * top, len(table)):
@@ -125,14 +126,20 @@ def confirm(base: Scenario, table: pd.DataFrame, objective: str, top: int, worke
     table["timed_out"] = table["key"].isin(timed_out)
     if not rows:
         return table, None, len(timed_out)
-    engine = pd.DataFrame(rows)
-    table = table.merge(engine, on="key", how="left")
+    # The engine's columns, set on the rows it ran (all among the first ``tried``), in
+    # place: the table holds every priced layout and is not copied.
+    engine = pd.DataFrame(rows).set_index("key")
+    where = table.index[:tried][table["key"].iloc[:tried].isin(engine.index)]
+    for name in engine.columns:
+        values = engine.loc[table.loc[where, "key"], name].to_numpy()
+        table[name] = pd.Series(values, index=where).reindex(table.index)
     table["est_over_engine"] = table["est_step_time_s"] / table["step_time_s"]
-    confirmed = table[table["step_time_s"].notna()].assign(_over=lambda t: ~t["fits"].astype(bool))
+    confirmed = table.loc[where].assign(_over=lambda t: ~t["fits"].astype(bool))
     confirmed = confirmed.sort_values(["_over", eng_col, "key"],
                                       ascending=[True, not larger, True], na_position="last",
-                                      kind="mergesort").drop(columns="_over")
-    rest = table[table["step_time_s"].isna()]
-    table = pd.concat([confirmed, rest], ignore_index=True)
+                                      kind="mergesort")
+    rest = table.index[~table.index.isin(where)]
+    order = np.concatenate([confirmed.index.to_numpy(), rest.to_numpy()])
+    table = table.take(order).reset_index(drop=True)
     best = apply(base, layout_of_row(table.iloc[0]))
     return table, best, len(timed_out)

@@ -95,7 +95,8 @@ class Store:
         return [v for batch in self._batches for v in batch.get(name, ())]
 
     def table(self) -> pd.DataFrame:
-        """Every priced layout, one row each (the batches' columns joined)."""
+        """Every priced layout, one row each (the batches' columns joined); the store lets
+        go of its batches, so that they are not held twice."""
         import pandas as pd
 
         if not self._batches:
@@ -103,7 +104,8 @@ class Store:
         import numpy as np
 
         names = list(self._batches[0])
-        return pd.DataFrame({name: np.concatenate([batch[name] for batch in self._batches])
+        batches, self._batches = self._batches, []
+        return pd.DataFrame({name: np.concatenate([batch[name] for batch in batches])
                              for name in names})
 
     def close(self) -> None:
