@@ -10,7 +10,9 @@ switches), layouts priced, rejected for memory and invalid, the estimator's layo
 (its pricing phase's wall time, all workers together) and per worker, the engine
 confirmation of the top layouts, the whole search's wall time, the estimator's cost on
 one cached layout (µs, one core), and the peak RSS of this process and its workers.
-Also how the estimator's cost grows with the pipeline depth (pp 1 to 96).
+Also how the estimator's cost grows with the pipeline depth (pp 1 to 96), and the CPU
+seconds of this process and of the workers, with the load average: on a machine shared
+with other jobs the wall times are theirs as much as the search's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ def _rss_mb() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     return own, children
+
+
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by this process and by its finished
+    children (the pool's workers): on a shared machine the wall time depends on the
+    other users, the CPU time much less."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float:
@@ -52,9 +63,12 @@ def main() -> None:
     scenario = llmsim.load_scenario(args.scenario)
 
     start = time.perf_counter()
+    cpu_own, cpu_children = _cpu_s()
     table = search(scenario, top=args.top, workers=args.workers,
                    max_layouts=args.max_layouts)
     wall = time.perf_counter() - start
+    own_now, children_now = _cpu_s()
+    cpu_own, cpu_children = own_now - cpu_own, children_now - cpu_children
     s = table.attrs["summary"]
     own, children = _rss_mb()
     print(f"scenario {s.scenario} on {s.machine_devices:,} devices, {args.workers} workers, "
@@ -66,6 +80,10 @@ def main() -> None:
           f"({s.layouts_per_s / args.workers:,.0f} per worker), "
           f"{(s.priced + s.out_of_memory + s.invalid) / s.estimate_wall_s:,.0f} layouts/s "
           f"looked at, {s.estimate_wall_s:,.1f} s")
+    print(f"  CPU: this process {cpu_own:,.1f} s, workers {cpu_children:,.1f} s (pricing "
+          f"and confirmation); {s.priced / max(cpu_children, 1e-9):,.0f} layouts priced per "
+          f"worker CPU-second; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+          "cores")
     print(f"  engine confirmation of the top {s.confirmed}: "
           f"{wall - s.estimate_wall_s:,.1f} s")
     print(f"  whole search: {wall:,.1f} s wall; peak RSS {own:,.0f} MB "

@@ -316,6 +316,7 @@ def test_cli_search_end_to_end(tmp_path: Path) -> None:
     (["--resume"], "--resume"),
     (["--format", "xlsx"], "--format"),
     (["--workers", "0"], "--workers"),
+    (["--confirm-timeout", "0"], "--confirm-timeout"),
 ])
 def test_cli_bad_options_give_one_line_errors(args: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -141,9 +141,10 @@ def gpt4_cmd(
     systems: Annotated[str | None, typer.Option(
         "--systems", help=f"Comma-separated machines (default all: {','.join(gpt4.SYSTEMS)}).")]
     = None,
-    max_layouts: Annotated[int, typer.Option(
-        "--max-layouts", help="Core layouts sampled per machine (the whole space is "
-        "35,000–660,000 core layouts).")] = gpt4.DEFAULT_MAX_LAYOUTS,
+    max_layouts: Annotated[int | None, typer.Option(
+        "--max-layouts", help="Core layouts sampled per machine (default: the whole space, "
+        "35,000–660,000 core layouts, less those the search's bound skips).")]
+    = gpt4.DEFAULT_MAX_LAYOUTS,
     top: Annotated[int, typer.Option(
         "--top", help="Layouts the engine confirms per machine (the estimator's best).")] = 3,
     confirm_timeout_s: Annotated[float, typer.Option(

@@ -111,6 +111,9 @@ def search(
         help="Continue the search kept in --out without pricing a layout twice.")] = False,
     fmt: Annotated[str, typer.Option("--format", help="Table format: csv or parquet.")] = "csv",
     show: Annotated[int, typer.Option(help="Layouts shown in the table.")] = 10,
+    confirm_timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", help="Give up an engine run of a candidate after this long and "
+        "confirm the next one instead (default: no limit).")] = None,
 ) -> None:
     """Find the best parallel layouts of SCENARIO's model on its machine."""
     from llmsim.search import search as run_search
@@ -146,7 +149,7 @@ def search(
                            memory_headroom=memory_headroom, top=top, workers=workers,
                            client=client, out=out_dir, resume=resume, max_tp=max_tp,
                            max_micro_batch=max_micro_batch, max_cp=max_cp,
-                           progress=progress)
+                           progress=progress, confirm_timeout_s=confirm_timeout)
     finally:
         progress.close()
         if client is not None:
@@ -175,7 +178,9 @@ def render(table: pd.DataFrame, console: Console, show: int = 10) -> None:
             f"{s.scenario}: {s.priced:,} layouts priced{sampled}, {s.out_of_memory:,} over "
             f"{(1 - s.memory_headroom) * 100:.0f} % of device memory, {s.invalid:,} invalid; "
             f"best {s.confirmed} re-run by the engine; {s.wall_s:,.1f} s "
-            f"({s.layouts_per_s:,.0f} layouts/s priced)", highlight=False, soft_wrap=True)
+            f"({s.layouts_per_s:,.0f} layouts/s priced)"
+            + (f"; {s.timed_out} engine runs over the --confirm-timeout, the next tried"
+               if s.timed_out else ""), highlight=False, soft_wrap=True)
     if table.empty or "est_step_time_s" not in table:
         console.print("no layout fits: raise --memory-headroom's share, the nodes, or the "
                       "ZeRO stage and recompute choices", highlight=False)

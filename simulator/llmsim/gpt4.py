@@ -38,10 +38,10 @@ MAX_SIM_PASSES = 100_000
 machine with the engine, and a step of a million passes (e.g. pp 120 with 2,048
 micro-batches) would take minutes alone. Layouts above it count as invalid."""
 
-DEFAULT_MAX_LAYOUTS = 80
-"""Core layouts sampled per machine by default, in each of the two samples (the whole
-space is 35,000–660,000 core layouts): the table for all six machines then takes about
-3 minutes on the 2-core test machine (docs/gpt4.md)."""
+DEFAULT_MAX_LAYOUTS: int | None = None
+"""Core layouts sampled per machine by default: None, the whole space (35,000–660,000
+core layouts a machine), of which the search's bound (:mod:`llmsim.search.bound`) skips
+those that cannot be among the ``top`` best."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,15 @@ class SourceRow:
     """Run the catalog scenario's own layout through the engine instead of searching
     (:func:`run_hand_layout`): the search does not place pipeline stages on node groups,
     so a heterogeneous machine's row is its hand layout."""
+    max_layouts: int | None = None
+    """Core layouts sampled on this machine when ``--max-layouts`` is not given (None:
+    the whole space)."""
 
+
+FUGAKU_SAMPLE = 80
+"""Core layouts sampled on Fugaku (seeded), and as many again on the most nodes a layout
+can fill: its torus routes make one new placement cost seconds to price, and its space
+is 841,272 core layouts (docs/gpt4.md)."""
 
 GPU_FACTOR = 2.0
 """Assumed for the GPU machines whose factor the source does not state: the "×2" it
@@ -105,7 +113,10 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
     SourceRow("fugaku", "fugaku", "Fugaku A64FX ×158,976",
               (Part("fugaku", 158_976, 1, "fp32"),), 2_100, False, 4.0, True,
               "the source's peak is FP32; llmsim trains in FP16",
-              max_tp=12),  # the 2x3x2 Tofu unit, the catalog scenario's TP group
+              max_tp=12,  # the 2x3x2 Tofu unit, the catalog scenario's TP group
+              # Pricing a Tofu placement takes seconds (torus routes of 158,976 nodes):
+              # the whole space (841,272 core layouts) does not fit in minutes.
+              max_layouts=FUGAKU_SAMPLE),
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
               770, False, GPU_FACTOR, False,
@@ -221,7 +232,7 @@ class SystemResult:
     bottleneck: str
     """The largest part of the step besides compute, with its share."""
     layouts_priced: int
-    """Layouts the estimator priced (both samples' and the catalog layout's)."""
+    """Layouts the estimator priced (the search's and the catalog layout's)."""
     timed_out: int
     """Candidates the engine did not finish within :data:`CONFIRM_TIMEOUT_S`."""
     wall_s: float
@@ -229,6 +240,8 @@ class SystemResult:
     calendar: Mapping[str, float | None] = field(default_factory=dict)
     """The best layout's whole run: calendar days with their spread, goodput and MWh
     (:func:`llmsim.calendar.summary.table_columns`; empty when no layout fits)."""
+    skipped: int = 0
+    """Core layouts the search's bound skipped (none of them can be among the best)."""
 
     @property
     def days(self) -> float:
@@ -259,79 +272,10 @@ class SystemResult:
 Progress = Callable[[str], None]
 
 CONFIRM_TIMEOUT_S = 30.0
-"""Longest one engine run of a candidate layout may take before it is left unconfirmed.
-Some layouts (ZeRO-3 with many micro-batches: a gather per layer and micro-batch) take
-the engine minutes for one step, under its ``max_sim_passes`` bound; the table moves on
-to the estimator's next candidate instead."""
-
-
-def _engine_rows(base: Scenario, layouts: list[Layout], workers: int,
-                 timeout_s: float) -> dict[str, dict[str, Any] | None]:
-    """The engine's numbers for each layout (:func:`engine_row`), ``workers`` at a time,
-    each in its own process ended after ``timeout_s`` (None for those)."""
-    import multiprocessing
-
-    from llmsim.search.confirm import engine_row
-
-    context = multiprocessing.get_context("fork")
-    rows: dict[str, dict[str, Any] | None] = {}
-    for i in range(0, len(layouts), max(1, workers)):
-        batch = layouts[i:i + max(1, workers)]
-        pools = [context.Pool(1) for _ in batch]
-        try:
-            pending = [pool.apply_async(engine_row, (base, layout))
-                       for pool, layout in zip(pools, batch, strict=True)]
-            deadline = _now() + timeout_s
-            for layout, job in zip(batch, pending, strict=True):
-                try:
-                    rows[layout.key] = job.get(max(0.0, deadline - _now()))
-                except multiprocessing.TimeoutError:
-                    rows[layout.key] = None
-        finally:
-            for pool in pools:
-                pool.terminate()
-    return rows
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
-
-
-def confirm_best(base: Scenario, table: pd.DataFrame, top: int, workers: int,
-                 timeout_s: float = CONFIRM_TIMEOUT_S) -> tuple[pd.DataFrame, int]:
-    """Run the engine on the estimator's best layouts until ``top`` are confirmed (or
-    ``2·top`` tried); return the confirmed rows, best (fewest days) first, and how many
-    candidates ran out of time."""
-    import pandas as pd
-
-    from llmsim.search.confirm import layout_of_row
-
-    ranked = table.sort_values(["est_days", "key"], kind="mergesort")
-    ranked = ranked[ranked["est_days"].notna()].drop_duplicates("key")
-    confirmed: list[dict[str, Any]] = []
-    timed_out = 0
-    tried = 0
-    reduced = base.model_copy(update={"fidelity": "reduced"})
-    while len(confirmed) < top and tried < min(2 * top, len(ranked)):
-        want = min(top - len(confirmed), len(ranked) - tried, 2 * top - tried)
-        chunk = ranked.iloc[tried:tried + want]
-        tried += len(chunk)
-        engine = _engine_rows(reduced, [layout_of_row(r) for _, r in chunk.iterrows()],
-                              workers, timeout_s)
-        for _, r in chunk.iterrows():
-            numbers = engine[r["key"]]
-            if numbers is None:
-                timed_out += 1
-            elif numbers["fits"]:
-                confirmed.append({**r.to_dict(), **numbers,
-                                  "est_over_engine": r["est_step_time_s"]
-                                  / numbers["step_time_s"]})
-    frame = pd.DataFrame(confirmed)
-    if not frame.empty:
-        frame = frame.sort_values(["days", "key"], kind="mergesort").reset_index(drop=True)
-    return frame, timed_out
+"""Longest one engine run of a candidate layout may take before it is left unconfirmed
+(the search's ``confirm_timeout_s``). Some layouts (ZeRO-3 with many micro-batches: a
+gather per layer and micro-batch) take the engine minutes for one step, under its
+``max_sim_passes`` bound; the table moves on to the estimator's next candidate instead."""
 
 
 def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: int | None,
@@ -339,11 +283,15 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
                ) -> SystemResult:
     """Search ``row``'s machine and return its row of the table.
 
-    The search prices a sample of ``max_layouts`` core layouts of the whole space, as
-    many on the most nodes a layout can fill (:func:`largest_nodes`), and the catalog
-    scenario's hand-picked layout (so that the table's best is never worse than the
-    scenario the catalog ships) with the estimator; the engine then confirms the ``top``
-    best by the estimator (:func:`confirm_best`) and the fewest days among them wins.
+    The search prices the whole space (or a seeded sample of ``max_layouts`` core layouts,
+    and as many again on the most nodes a layout can fill (:func:`largest_nodes`); None:
+    the row's own :attr:`SourceRow.max_layouts`),
+    most devices first, skipping the layouts its bound shows cannot be among the
+    estimator's ``top`` best (:mod:`llmsim.search.bound`), and the engine confirms
+    those ``top`` (:func:`llmsim.search.confirm.confirm`, ``confirm_timeout_s`` a run).
+    The catalog scenario's hand-picked layout is priced and confirmed too, so that the
+    table's best is never worse than the scenario the catalog ships; the fewest days
+    among the confirmed layouts that fit wins.
     """
     import os
     import time
@@ -361,30 +309,40 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     started = time.perf_counter()
     workers = workers or os.cpu_count() or 1
     catalog, base, source_devices = whole_machine(row)
-    table = search(base, objective="days", top=0, max_layouts=max_layouts, workers=workers,
-                   out=None if out is None else out / "search", max_tp=row.max_tp)
-    # Days fall with devices, and most of a random sample uses a small part of the
-    # machine: as many layouts again on the most nodes a layout can fill.
-    full = search(base, objective="days", top=0, max_layouts=max_layouts, workers=workers,
-                  fix={"nodes": largest_nodes(base, row.max_tp)},
-                  out=None if out is None else out / "search-largest", max_tp=row.max_tp)
-    seed = search(base, objective="days", top=0, fix=layout_of(catalog).as_dict(), workers=1,
-                  max_tp=max(row.max_tp or 0, catalog.parallelism.tp))
-    priced = pd.concat([t for t in (table, full, seed) if "est_days" in t],
-                       ignore_index=True)
-    confirmed, timed_out = (confirm_best(base, priced, top, workers, confirm_timeout_s)
-                            if not priced.empty
-                            else (pd.DataFrame(), 0))
+    max_layouts = max_layouts if max_layouts is not None else row.max_layouts
+    table = search(base, objective="days", top=top, max_layouts=max_layouts, workers=workers,
+                   out=None if out is None else out / "search", max_tp=row.max_tp,
+                   confirm_timeout_s=confirm_timeout_s, bound=True)
+    searches = [table]
+    if max_layouts is not None:
+        # Days fall with devices, and most of a random sample uses a small part of the
+        # machine: as many layouts again on the most nodes a layout can fill.
+        searches.append(search(
+            base, objective="days", top=top, max_layouts=max_layouts, workers=workers,
+            fix={"nodes": largest_nodes(base, row.max_tp)},
+            out=None if out is None else out / "search-largest", max_tp=row.max_tp,
+            confirm_timeout_s=confirm_timeout_s, bound=True))
+    seed = search(base, objective="days", top=1, fix=layout_of(catalog).as_dict(), workers=1,
+                  max_tp=max(row.max_tp or 0, catalog.parallelism.tp),
+                  confirm_timeout_s=confirm_timeout_s)
+    summaries = [t.attrs["summary"] for t in (*searches, seed)]
+    timed_out = sum(s.timed_out for s in summaries)
+    skipped = sum(s.skipped for s in summaries)
+    confirmed = pd.concat([t[t["step_time_s"].notna() & t["fits"].astype(bool)]
+                           for t in (*searches, seed) if "step_time_s" in t],
+                          ignore_index=True)
+    priced = sum(s.priced for s in summaries)
     peak = sum(part_peak_flops(p) for p in row.parts)
     method = source_method_days(catalog.training.flops or 0.0, peak, row.factor)
     machine = base.devices
     if confirmed.empty:
         return SystemResult(row, source_devices, machine, peak, method, None, {}, False,
-                            "no layout fits", len(priced), timed_out,
-                            time.perf_counter() - started)
+                            "no layout fits", priced, timed_out,
+                            time.perf_counter() - started, skipped=skipped)
+    confirmed = confirmed.sort_values(["days", "key"], kind="mergesort")
     best_row = confirmed.iloc[0]
     best = apply(base, layout_of_row(best_row))
-    searched = {k for t in (table, full) if "key" in t for k in t["key"]}
+    searched = {k for t in searches if "key" in t for k in t["key"]}
     won = best_row["key"] == layout_of(catalog).key and best_row["key"] not in searched
     result = simulate(best.model_copy(update={"fidelity": "reduced"}))
     calendar = table_columns(result)  # failures, checkpoints, energy (llmsim.calendar)
@@ -395,8 +353,8 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     engine = {**best_row.to_dict(), "devices": int(best_row["devices"]),
               "idle_devices": machine - int(best_row["devices"])}
     return SystemResult(row, source_devices, machine, peak, method, best, engine, won,
-                        bottleneck, len(priced), timed_out, time.perf_counter() - started,
-                        calendar)
+                        bottleneck, priced, timed_out, time.perf_counter() - started,
+                        calendar, skipped)
 
 
 def to_frame(results: list[SystemResult]) -> pd.DataFrame:
@@ -421,7 +379,8 @@ def to_frame(results: list[SystemResult]) -> pd.DataFrame:
             "step_time_s": e.get("step_time_s"), "mfu": e.get("mfu"),
             "memory_gb": e.get("memory_gb"), "days": r.days if e else None,
             "days_over_source": r.ratio if e else None,
-            "layouts_priced": r.layouts_priced, "timed_out": r.timed_out,
+            "layouts_priced": r.layouts_priced, "skipped_core_layouts": r.skipped,
+            "timed_out": r.timed_out,
             "wall_s": r.wall_s, "why": r.why(),
             **{k: r.calendar.get(k) for k in TABLE_COLUMNS},
         })

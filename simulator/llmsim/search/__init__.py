@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
+from llmsim.search.bound import DaysBound, applies, by_devices
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
@@ -66,6 +67,11 @@ class SearchSummary:
     estimate_wall_s: float
     layouts_per_s: float
     """Layouts priced per second by the estimator (the pricing phase's wall time)."""
+    timed_out: int = 0
+    """Engine runs of candidates that took longer than ``confirm_timeout_s``."""
+    skipped: int = 0
+    """Core layouts not priced because the bound shows that none of them can be among
+    the ``top`` best (``bound``; 0 without it)."""
 
 
 def search(
@@ -85,20 +91,24 @@ def search(
     max_micro_batch: int = 16,
     max_cp: int = 1,
     progress: Progress | None = None,
+    confirm_timeout_s: float | None = None,
+    bound: bool = False,
 ) -> pd.DataFrame:
     """Search every valid layout of ``scenario`` and return them, best first.
 
     The table has one row per priced layout: its fields, memory and the estimator's
     numbers (``est_*``); the ``top`` best by the estimator also carry the engine's
     (``step_time_s``, ``mfu``, ``days``, ``bubble_fraction``, ``est_over_engine``) and
-    come first, ranked by them. ``attrs["summary"]`` is a :class:`SearchSummary`,
-    ``attrs["best"]`` the best layout's scenario. ``workers`` local processes price the
-    layouts (default: every core), or ``client``'s Dask cluster when given. An MoE model's
-    expert-parallel degree is searched over the divisors of its experts; the
-    context-parallel degree up to ``max_cp``.
+    come first, ranked by them; with ``confirm_timeout_s`` an engine run that takes longer
+    is given up (its row ``timed_out``) and the next candidate confirmed instead.
+    ``attrs["summary"]`` is a :class:`SearchSummary`, ``attrs["best"]`` the best layout's
+    scenario. ``workers`` local processes price the layouts (default: every core), or
+    ``client``'s Dask cluster when given. An MoE model's expert-parallel degree is
+    searched over the divisors of its experts; the context-parallel degree up to
+    ``max_cp``. With ``bound`` (objective days, a run given in FLOPs) the layouts are
+    priced most devices first and those that provably cannot be among the estimator's
+    ``top`` best are skipped (:mod:`.bound`; ``summary.skipped``).
     """
-    import pandas as pd
-
     started = time.perf_counter()
     if objective not in OBJECTIVES:
         raise UserError(f"--objective: {objective!r} is not one of {', '.join(OBJECTIVES)}")
@@ -115,6 +125,9 @@ def search(
         raise UserError(f"scenario {scenario.name!r}: its placement puts pipeline stages on "
                         "node groups, which the layout search does not vary; remove placement "
                         "to search the system's first group (docs/heterogeneous.md)")
+    if confirm_timeout_s is not None and not confirm_timeout_s > 0:
+        raise UserError(f"--confirm-timeout: {confirm_timeout_s} must be above 0 (seconds "
+                        "one engine run may take)")
     fixed = parse_fix(fix) if isinstance(fix, list) else dict(fix or {})
     if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
         raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
@@ -127,35 +140,45 @@ def search(
     if max_layouts is not None and len(all_cores) > max_layouts:
         all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
         sampled = True
+    bounded = bound and applies(base, objective)
+    if bounded:
+        all_cores = by_devices(all_cores)
     batches = [(i, all_cores[i:i + BATCH_CORES])
                for i in range(0, len(all_cores), BATCH_CORES)]
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
                 "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
-                "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp}
+                "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp,
+                "bound": bounded}
     store = Store(Path(out) if out is not None else None, manifest, resume)
     todo = [(i, c) for i, c in batches if i not in store.done_batches]
     estimate_started = time.perf_counter()
-    priced_before = len(store.rows)
+    priced_before = store.priced
     workers = workers or os.cpu_count() or 1
+    days_bound = DaysBound(base, top, dict(batches)) if bounded else None
+    if days_bound is not None:
+        days_bound.add(store.column("est_days"))
+    keep = days_bound.keep if days_bound is not None else None
     if client is not None:
         results = run_dask(base, todo, fixed, memory_headroom, client)
     elif workers > 1 and len(todo) > 1:
-        results = run_pool(base, todo, fixed, memory_headroom, workers)
+        results = run_pool(base, todo, fixed, memory_headroom, workers, keep)
     else:
-        results = run_serial(base, todo, fixed, memory_headroom)
+        results = run_serial(base, todo, fixed, memory_headroom, keep)
     try:
         for index, batch in results:
-            store.add(index, batch.rows, batch.invalid, batch.out_of_memory)
+            store.add(index, batch.columns, batch.invalid, batch.out_of_memory)
+            if days_bound is not None:
+                days_bound.add(batch.columns["est_days"])
             if progress is not None:
-                progress(len(store.done_batches), len(batches), len(store.rows))
+                progress(len(store.done_batches), len(batches), store.priced)
     finally:
         store.close()
     estimate_wall = time.perf_counter() - estimate_started
-    table = pd.DataFrame(list(store.rows.values()))
-    if table.empty:
-        table = pd.DataFrame(columns=["key"])
-    table, best = confirm(base, table, objective, top, workers if client is None else 1)
+    # The table goes to confirm without another reference, so its sorted copies replace
+    # it rather than add to it.
+    table, best, timed_out = confirm(base, store.table(), objective, top,
+                                     workers if client is None else 1, confirm_timeout_s)
     summary = SearchSummary(
         scenario=scenario.name, objective=objective,
         machine_devices=scenario.devices, core_layouts=len(all_cores), sampled=sampled,
@@ -163,7 +186,9 @@ def search(
         confirmed=int(table["step_time_s"].notna().sum()) if "step_time_s" in table else 0,
         memory_headroom=memory_headroom, wall_s=time.perf_counter() - started,
         estimate_wall_s=estimate_wall,
-        layouts_per_s=(len(store.rows) - priced_before) / estimate_wall if estimate_wall else 0.0)
+        layouts_per_s=(store.priced - priced_before) / estimate_wall if estimate_wall else 0.0,
+        timed_out=timed_out,
+        skipped=sum(len(c) for i, c in batches if i not in store.done_batches))
     table.attrs["summary"] = summary
     table.attrs["best"] = best
     table.attrs["objective_column"] = objective_column(objective)

@@ -56,31 +56,90 @@ def engine_row(base: Scenario, layout: Layout) -> dict[str, Any]:
     }
 
 
-def confirm(base: Scenario, table: pd.DataFrame, objective: str, top: int,
-            workers: int) -> tuple[pd.DataFrame, Scenario | None]:
+def engine_rows(base: Scenario, layouts: list[Layout], workers: int,
+                timeout_s: float | None = None) -> list[dict[str, Any] | None]:
+    """The engine's numbers for each layout (:func:`engine_row`), ``workers`` at a time.
+
+    With ``timeout_s`` each run has its own process, ended after ``timeout_s`` seconds
+    (None for that layout): some layouts (ZeRO-3 with many micro-batches: a gather per
+    layer and micro-batch) take the engine minutes for one step under its
+    ``max_sim_passes`` bound.
+    """
+    workers = max(1, workers)
+    if timeout_s is None:
+        if workers > 1 and len(layouts) > 1:
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                return list(pool.map(engine_row, [base] * len(layouts), layouts))
+        return [engine_row(base, layout) for layout in layouts]
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context("fork")
+    rows: list[dict[str, Any] | None] = []
+    for i in range(0, len(layouts), workers):
+        batch = layouts[i:i + workers]
+        pools = [context.Pool(1) for _ in batch]
+        try:
+            pending = [pool.apply_async(engine_row, (base, layout))
+                       for pool, layout in zip(pools, batch, strict=True)]
+            deadline = time.perf_counter() + timeout_s
+            for job in pending:
+                try:
+                    rows.append(job.get(max(0.0, deadline - time.perf_counter())))
+                except multiprocessing.TimeoutError:
+                    rows.append(None)
+        finally:
+            for pool in pools:
+                pool.terminate()
+    return rows
+
+
+def confirm(base: Scenario, table: pd.DataFrame, objective: str, top: int, workers: int,
+            timeout_s: float | None = None) -> tuple[pd.DataFrame, Scenario | None, int]:
     """Run the engine on the ``top`` best rows by the estimator; return the table ranked
-    (confirmed rows first, by the engine) and the best layout's scenario."""
+    (confirmed rows first, by the engine; those that fit before those that do not), the
+    best layout's scenario and how many runs took longer than ``timeout_s``.
+
+    A run that times out leaves its row unconfirmed (``timed_out`` True) and the next
+    row by the estimator is tried in its place, up to ``2·top`` rows in all.
+    """
+    import numpy as np
     import pandas as pd
 
     est_col, eng_col, larger = OBJECTIVES[objective]
     if table.empty or est_col not in table:
-        return table, None
+        return table, None, 0
     table = table.sort_values([est_col, "key"], ascending=[not larger, True],
-                              na_position="last", kind="mergesort").reset_index(drop=True)
-    head = [layout_of_row(r) for _, r in table.head(top).iterrows()]
-    if workers > 1 and len(head) > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            rows = list(pool.map(engine_row, [base] * len(head), head))
-    else:
-        rows = [engine_row(base, layout) for layout in head]
+                              na_position="last", kind="mergesort", ignore_index=True)
+    rows: list[dict[str, Any]] = []
+    timed_out, tried = [], 0
+    while len(rows) < top and tried < min(2 * top, len(table)):
+        want = min(top - len(rows), len(table) - tried, 2 * top - tried)
+        head = [layout_of_row(r) for _, r in table.iloc[tried:tried + want].iterrows()]
+        tried += len(head)
+        for layout, numbers in zip(head, engine_rows(base, head, workers, timeout_s),
+                                   strict=True):
+            if numbers is None:
+                timed_out.append(layout.key)
+            else:
+                rows.append(numbers)
+    table["timed_out"] = table["key"].isin(timed_out)
     if not rows:
-        return table, None
-    engine = pd.DataFrame(rows)
-    table = table.merge(engine, on="key", how="left")
+        return table, None, len(timed_out)
+    # The engine's columns, set on the rows it ran (all among the first ``tried``), in
+    # place: the table holds every priced layout and is not copied.
+    engine = pd.DataFrame(rows).set_index("key")
+    where = table.index[:tried][table["key"].iloc[:tried].isin(engine.index)]
+    for name in engine.columns:
+        values = engine.loc[table.loc[where, "key"], name].to_numpy()
+        table[name] = pd.Series(values, index=where).reindex(table.index)
     table["est_over_engine"] = table["est_step_time_s"] / table["step_time_s"]
-    confirmed = table[table["step_time_s"].notna()].sort_values(
-        [eng_col, "key"], ascending=[not larger, True], na_position="last", kind="mergesort")
-    rest = table[table["step_time_s"].isna()]
-    table = pd.concat([confirmed, rest], ignore_index=True)
+    confirmed = table.loc[where].assign(_over=lambda t: ~t["fits"].astype(bool))
+    confirmed = confirmed.sort_values(["_over", eng_col, "key"],
+                                      ascending=[True, not larger, True], na_position="last",
+                                      kind="mergesort")
+    rest = table.index[~table.index.isin(where)]
+    order = np.concatenate([confirmed.index.to_numpy(), rest.to_numpy()])
+    table = table.take(order).reset_index(drop=True)
     best = apply(base, layout_of_row(table.iloc[0]))
-    return table, best
+    return table, best, len(timed_out)

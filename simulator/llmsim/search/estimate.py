@@ -21,26 +21,16 @@ engine, and ``docs/search.md`` states how far apart the two are.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
-from llmsim.blocks import Block
-from llmsim.costs import HardwareCosts
-from llmsim.memory import StageMemory, memory_per_stage
-from llmsim.ops import CommOp, ComputeOp
+from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
-from llmsim.params import layers_params_per_device, param_tensors
-from llmsim.partition import chunk_first_layer, chunk_layers
-from llmsim.plan import Plan
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
+from llmsim.search.parts import SharedParts
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
     Chunk,
-    Workload,
-    chunk_extras,
-    chunk_params,
-    pass_ops,
     shard_ranks,
     step_traffic,
 )
@@ -87,208 +77,23 @@ class Estimate:
 
 
 @dataclass(frozen=True, slots=True)
-class _Parts:
-    """The priced blocks one layer shape's chunks are made of: seconds and model FLOPs
-    (per device) of each part's pass."""
-
-    dense: tuple[float, float, float, float]
-    """Forward, recompute, input-gradient and weight-gradient seconds of a dense block."""
-    moe: tuple[float, float, float, float]
-    """The same of an expert (MoE) block (the dense block's when the model has none)."""
-    embedding: tuple[float, float, float]
-    head: tuple[float, float, float]
-    model_flops: tuple[float, float, float, float]
-    """Per-device model FLOPs (F + B + W) of a dense block, an MoE block, the embedding
-    and the head."""
-
-
-@dataclass(frozen=True, slots=True)
 class _Stage:
     """What a stage costs apart from its pipeline sends (shared by equal stages)."""
 
     times: StageTimes
-    optimizer_s: float
+    stage: int
+    """The first stage of this kind (the one whose chunks are priced)."""
+    tensors: int
+    """Parameter tensors on one of its devices (the optimizer's kernels)."""
     flops: float
     """Model FLOPs of one micro-batch on the stage's devices (all its TP ranks)."""
     tail_s: float
     """Gradient reduction after the stage's last pass (:func:`reduction_tail_s`)."""
 
 
-def _seconds(ops: tuple, costs: HardwareCosts, overlap_tp: bool) -> float:
-    return Block.of(ops, costs, overlap_tp).duration_s if ops else 0.0
-
-
-def _model_flops(*ops_lists: tuple) -> float:
-    return sum(op.flops for ops in ops_lists for op in ops
-               if isinstance(op, ComputeOp) and op.phase != "R")
-
-
-class Estimator:
+class Estimator(SharedParts):
     """Prices layouts of one base scenario (its system, model and training fixed),
-    memoising every part that layouts share."""
-
-    def __init__(self) -> None:
-        self._costs: dict[tuple, tuple[Plan, HardwareCosts]] = {}
-        self._parts: dict[tuple, _Parts] = {}
-        self._extras: dict[tuple, tuple[float, float, float]] = {}
-        self._grads: dict[tuple, float] = {}
-        self._chunk_buckets: dict[tuple, tuple[int, float]] = {}
-        self._starts: dict[tuple, list[list[int]]] = {}
-        self._blocks: dict[tuple, float] = {}
-        self._params: dict[tuple, tuple[int, int]] = {}
-        self._nodes: dict[tuple, list[int]] = {}
-        self._splits: dict[tuple, list[list[int]]] = {}
-        self._families: dict[tuple[int, int, int], int] = {}
-        self._held: list[tuple] = []
-
-    # -- shared parts -------------------------------------------------------------------
-    def _family(self, sc: Scenario) -> int:
-        """An index of the scenario's system, model and training objects: every memo key
-        starts with it, so one estimator can serve scenarios of several machines."""
-        key = (id(sc.system), id(sc.model), id(sc.training))
-        index = self._families.get(key)
-        if index is None:
-            index = self._families[key] = len(self._families)
-            self._held.append((sc.system, sc.model, sc.training))  # keeps the ids unique
-        return index
-
-    def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:
-        """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
-        par = sc.parallelism
-        key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
-               tuple(par.rank_order))
-        hit = self._costs.get(key)
-        if hit is None:
-            plan = Plan.from_scenario(sc)
-            hit = self._costs[key] = (plan, HardwareCosts.from_scenario(sc, plan))
-        return hit
-
-    def memory(self, sc: Scenario) -> list[StageMemory]:
-        """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
-        return self.memory_of(sc, sc.parallelism, sc.training, sc.dp)
-
-    def memory_of(self, base: Scenario, par: Any, training: Any, dp: int) -> list[StageMemory]:
-        """:func:`memory_per_stage` of ``base``'s model on its accelerator with the layout
-        ``par``, ``training`` and ``dp`` (no scenario needed). Not memoised: a search asks
-        once per layout, and a memo would hold every layout's stages."""
-        return memory_per_stage(base.model, par, training, dp, base.system.node.accelerator)
-
-    def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> _Parts:
-        par = sc.parallelism
-        tp_path = plan.placements["tp"]
-        key = (self._family(sc), tp_path, plan.placements.get("ep"),
-               plan.placements.get("cp"), par.tp, par.ep, par.cp, par.micro_batch,
-               par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
-               par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
-               tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
-        hit = self._parts.get(key)
-        if hit is None:
-            ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
-
-            def priced(o: tuple) -> float:  # recompute variants share F, B and W
-                block_key = (self._family(sc), tp_path, plan.placements.get("ep"),
-                             plan.placements.get("cp"), otp, o)
-                seconds = self._blocks.get(block_key)
-                if seconds is None:
-                    seconds = self._blocks[block_key] = _seconds(o, costs, otp)
-                return seconds
-
-            moe = ops.moe or ops.dense
-            hit = self._parts[key] = _Parts(
-                dense=tuple(priced(o) for o in ops.dense),
-                moe=tuple(priced(o) for o in moe),
-                embedding=tuple(priced(o) for o in ops.embedding),
-                head=tuple(priced(o) for o in ops.head),
-                model_flops=(_model_flops(*ops.dense), _model_flops(*moe),
-                             _model_flops(*ops.embedding), _model_flops(*ops.head)))
-        return hit
-
-    def _chunk_extras(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, n: int,
-                      first: bool, last: bool, start: int) -> tuple[float, float, float]:
-        par = sc.parallelism
-        key = (plan_key, par.grad_reduce_dtype, n, first, last,
-               start if sc.model.moe is not None else 0)
-        hit = self._extras.get(key)
-        if hit is None:
-            amax_f, amax_b, accumulate = chunk_extras(sc.model, par, sc.training, n, first,
-                                                      last, start)
-            hit = self._extras[key] = (_seconds(amax_f, costs, False),
-                                       _seconds(amax_b, costs, False),
-                                       _seconds(accumulate, costs, False))
-        return hit
-
-    def _nodes_of_stages(self, plan_key: tuple, plan: Plan) -> list[int]:
-        """The node of each stage of the first pipeline (the engine's representative)."""
-        hit = self._nodes.get(plan_key)
-        if hit is None:
-            hit = self._nodes[plan_key] = [plan.location(plan.rank(pp=s))[0]
-                                           for s in range(plan.parallelism.pp)]
-        return hit
-
-    def _split(self, sc: Scenario) -> list[list[int]]:
-        """:func:`chunk_layers` of ``sc``, memoised."""
-        par = sc.parallelism
-        key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
-               par.last_stage_layers)
-        hit = self._splits.get(key)
-        if hit is None:
-            hit = self._splits[key] = chunk_layers(sc.model.layers, par)
-        return hit
-
-    def _first_layers(self, sc: Scenario, split: list[list[int]]) -> list[list[int]]:
-        """:func:`chunk_first_layer` of every chunk (stage, chunk), memoised; all 0 for a
-        model whose layers are all alike (only an MoE model's layers differ by index)."""
-        par = sc.parallelism
-        key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
-               par.last_stage_layers)
-        hit = self._starts.get(key)
-        if hit is None:
-            if sc.model.moe is None:
-                hit = [[0] * len(row) for row in split]
-            else:
-                hit = [[chunk_first_layer(split, s, c) for c in range(len(row))]
-                       for s, row in enumerate(split)]
-            self._starts[key] = hit
-        return hit
-
-    def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool,
-                      start: int) -> tuple[int, int, int, int]:
-        """Parameters, expert parameters and parameter tensors of a chunk on one device,
-        and its MoE blocks, memoised."""
-        par, model = sc.parallelism, sc.model
-        moe_start = start if model.moe is not None else 0
-        key = (self._family(sc), par.tp, par.pp, par.ep, n, first, last, moe_start)
-        hit = self._params.get(key)
-        if hit is None:
-            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
-            moe_blocks = sum(model.moe.is_moe_layer(i) for i in range(start, start + n)) \
-                if model.moe is not None else 0
-            hit = self._params[key] = (
-                chunk_params(model, par.tp, n, first, last, par.pp, par.ep, start), experts,
-                param_tensors(model, n, first, last, par.pp), moe_blocks)
-        return hit
-
-    def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
-                 chunk: Chunk) -> tuple[int, float]:
-        """(count, mean seconds) of ``chunk``'s gradient buckets: each bucket's
-        compute-stream kernels and its reduction, memoised."""
-        memo = (plan_key, chunk.params, chunk.expert_params, traffic.zero,
-                traffic.grad_all_reduce, traffic.bucket_bytes, traffic.grad_bytes_per_param,
-                traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
-        hit = self._chunk_buckets.get(memo)
-        if hit is not None:
-            return hit
-        count, total = 0, 0.0
-        for n, op in traffic.dp_grad_buckets(chunk):
-            key = (plan_key, op.axis, op.collective, op.bytes, op.staging_passes,
-                   traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
-            seconds = self._grads.get(key)
-            if seconds is None:
-                seconds = self._grads[key] = costs.comm_s(op) + sum(
-                    costs.compute_s(k) for k in traffic.grad_sync_prep(op))
-            count, total = count + n, total + n * seconds
-        hit = self._chunk_buckets[memo] = (count, total / count if count else 0.0)
-        return hit
+    memoising every part that layouts share (:class:`~llmsim.search.parts.SharedParts`)."""
 
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
@@ -321,13 +126,14 @@ class Estimator:
         zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
+        gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
-        keys: list[tuple] = []
         tails: list[float] = []
-        flops_per_replica = opt_s = 0.0
-        for s in range(p):
-            kind_key = (tuple(split[s]), s == 0, s == p - 1)
+        flops_per_replica = 0.0
+        same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
+        all_chunks: dict[tuple[int, int], Chunk] = {}  # the chunks of one stage of each kind
+        for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
@@ -339,27 +145,39 @@ class Estimator:
                     vs, n = c * p + s, split[s][c]
                     first, last = vs == 0, vs == p * v - 1
                     start = starts[s][c]
-                    params, experts, tensors, k = self._chunk_params(sc, n, first, last, start)
-                    amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
-                                                             last, start)
-                    cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
-                    cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b + first * eb
-                    cw = last * hw + (n - k) * dw + k * mw + first * ew
+                    chunk_key = (n, first, last, start)
+                    priced = same_chunks.get(chunk_key)
+                    if priced is None:
+                        params, experts, tensors, k = self._chunk_params(sc, n, first, last,
+                                                                         start)
+                        amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n,
+                                                                 first, last, start)
+                        cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
+                        cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b \
+                            + first * eb
+                        cw = last * hw + (n - k) * dw + k * mw + first * ew
+                        chunk_flops = ((n - k) * fl_dense + k * fl_moe + first * fl_emb
+                                       + last * fl_head) * par.tp
+                        chunk = Chunk(s, c, vs, n, first, last, params, (), (), (),
+                                      expert_params=experts)
+                        gather = traffic.weight_gather(chunk)
+                        layer_gather = (costs.comm_s(gather) * traffic.gather_messages
+                                        if gather is not None else 0.0)
+                        priced = same_chunks[chunk_key] = (
+                            cf, cb, cw, acc, chunk_flops, tensors, chunk,
+                            self._buckets(plan_key, costs, traffic, chunk), layer_gather,
+                            chunk.units)
+                    (cf, cb, cw, acc, chunk_flops, tensors, chunk, bucket, layer_gather,
+                     units) = priced
                     f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
                     backward.append((cb, cw + acc))
-                    flops += ((n - k) * fl_dense + k * fl_moe + first * fl_emb
-                              + last * fl_head) * par.tp
+                    flops += chunk_flops
                     tensors_s += tensors
-                    chunk = chunks[(s, c)] = Chunk(s, c, vs, n, first, last, params, (), (), (),
-                                                   expert_params=experts)
-                    grads.append(self._buckets(plan_key, costs, traffic, chunk))
-                    gather = traffic.weight_gather(chunk)
-                    layer_gather = (costs.comm_s(gather) * traffic.gather_messages
-                                    if gather is not None else 0.0)
-                    units = chunk.units
-                    if traffic.gathers_before("F", 1):
+                    chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
+                    grads.append(bucket)
+                    if gathers_f_on:
                         gathers_f += units * layer_gather
-                    if traffic.gathers_before("B", 1):
+                    if gathers_b_on:
                         gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
                     if overlapped_gather:  # the first forward's layers wait for their weights
                         waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
@@ -367,24 +185,13 @@ class Estimator:
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited)
-                work = replace(traffic, chunks=chunks)
-                opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(s), tensors_s,
-                                                     shard_ranks(work, s)))
-                opt += sum(costs.comm_s(op) for op in work.dp_param_gathers(s)) \
-                    if sharded else 0.0
+                all_chunks.update(chunks)
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
-                kind = kinds[kind_key] = _Stage(own, opt, flops, tail)
+                kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail)
             # Pipeline sends of one micro-batch (forward out of every virtual stage but the
             # last, backward out of every one but the first) and the gathers of sliced ones.
-            within = (node_of[s] == node_of[(s + 1) % p], node_of[s] == node_of[(s - 1) % p])
-            run_key = (kind_key, within)
-            flops_per_replica += kind.flops
-            opt_s = max(opt_s, kind.optimizer_s)
-            if keys and keys[-1] == run_key:
-                runs[-1][1] += 1
-                continue
-            keys.append(run_key)
+            flops_per_replica += kind.flops * count
             to_next, to_prev = send_s[within[0]], send_s[within[1]]
             received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
             own = kind.times
@@ -396,8 +203,17 @@ class Estimator:
                 to_next if s < p - 1 else 0.0,
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
-                own.chunk_backward, own.first_forward_gather), 1])
+                own.chunk_backward, own.first_forward_gather), count])
             tails.append(kind.tail_s)
+        # The optimizer step of each kind of stage (the slowest one's is on the step's path).
+        work = replace(traffic, chunks=all_chunks)
+        opt_s = 0.0
+        for kind in kinds.values():
+            opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(kind.stage),
+                                                 kind.tensors, shard_ranks(work, kind.stage)))
+            opt += sum(costs.comm_s(op) for op in work.dp_param_gathers(kind.stage)) \
+                if sharded else 0.0
+            opt_s = max(opt_s, opt)
         pipe, ends = pipeline_runs_s(par.schedule, [(st, n) for st, n in runs], m, v,
                                      blocking=not par.overlap_pp_comm,
                                      posted_singly=posted_singly, zero3=zero3,

@@ -8,7 +8,7 @@ process kept between batches so that the parts layouts share are priced once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from llmsim.errors import UserError
@@ -19,11 +19,28 @@ from llmsim.params import (
     layers_params_per_device,
 )
 from llmsim.search.estimate import Estimator
-from llmsim.search.space import Layout, apply, parallelism_of, switch_variants, switched
+from llmsim.search.fit import PeakMemory
+from llmsim.search.space import (
+    LAYOUT_FIELDS,
+    SWITCHES,
+    Layout,
+    parallelism_of,
+    switch_variants,
+    variant_count,
+)
 from llmsim.simulation import check_posted_units
 from llmsim.specs import Scenario
 
 _ESTIMATOR: Estimator | None = None
+_BASES: dict[str, tuple[Scenario, PeakMemory]] = {}
+"""This process's copy of each base scenario (by its JSON) and its memory model: a batch
+arrives with its own unpickled copy, and the memo tables key on the objects."""
+
+ROW_COLUMNS = ("key", *LAYOUT_FIELDS, "devices", "idle_devices", "micro_batches",
+               "memory_gb", "memory_fraction", "est_step_time_s", "est_pipeline_s",
+               "est_dp_tail_s", "est_optimizer_s", "est_mfu", "est_tokens_per_s",
+               "est_tokens_per_device_s", "est_days")
+"""The columns of a priced layout's row (:func:`row`), in order."""
 
 
 def estimator() -> Estimator:
@@ -34,16 +51,37 @@ def estimator() -> Estimator:
     return _ESTIMATOR
 
 
+def interned(base: Scenario) -> tuple[Scenario, PeakMemory]:
+    """The process's own copy of ``base`` (equal by value) and its :class:`PeakMemory`."""
+    key = base.model_dump_json()
+    hit = _BASES.get(key)
+    if hit is None:
+        hit = _BASES[key] = (base, PeakMemory(base))
+    return hit
+
+
 @dataclass
 class BatchResult:
     """What pricing one batch of core layouts gave."""
 
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    """One row per priced layout (:func:`row`)."""
+    columns: dict[str, Any] = field(
+        default_factory=lambda: {name: [] for name in ROW_COLUMNS})
+    """Per column of :data:`ROW_COLUMNS`, one value per priced layout (:func:`row`): a
+    list while the batch is priced, a numpy array once it is (:func:`packed`)."""
     invalid: int = 0
     """Layouts a scenario rule rejected."""
     out_of_memory: int = 0
     """Layouts rejected for memory (over the capacity less the headroom)."""
+
+    def __len__(self) -> int:
+        return len(self.columns["key"])
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The priced layouts as one dict per row."""
+        names = list(self.columns)
+        return [dict(zip(names, values, strict=True))
+                for values in zip(*(list(c) for c in self.columns.values()), strict=True)]
 
 
 def state_fits(scenario: Scenario,
@@ -80,56 +118,83 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 headroom: float) -> BatchResult:
     """Validate, prune and estimate every switch variant of each core layout."""
     est = estimator()
+    base, peak_memory = interned(base)
     out = BatchResult()
-    capacity = base.system.node.accelerator.hbm_bytes * (1 - headroom)
-    per_node, total_nodes = base.system.node.devices_per_node, base.nodes_used
+    capacity_bytes = base.system.node.accelerator.hbm_bytes
+    capacity = capacity_bytes * (1 - headroom)
+    machine_devices = base.system.node.devices_per_node * base.nodes_used
     for core in cores:
         try:
             par, training = parallelism_of(base, core)
-            memory = est.memory_of(base, par, training, core.dp)
+            peak = peak_memory.peak_bytes(par, training, core.dp)
         except (ValueError, UserError):
             out.invalid += 1
             continue
-        peak = max(memory, key=lambda m: m.total_bytes)
-        variants = list(switch_variants(core, fixed))
-        if peak.total_bytes > capacity:
-            out.out_of_memory += len(variants)
+        if peak > capacity:
+            out.out_of_memory += variant_count(core, fixed)
             continue
         core_scenario = None
-        for layout in variants:
+        for layout in switch_variants(core, fixed):
             try:
                 if core_scenario is None:
-                    core_scenario = apply(base, replace(layout, overlap_tp_comm=False,
-                                                        overlap_pp_comm=False,
-                                                        overlap_param_gather=False))
-                scenario = switched(core_scenario, base, layout)
+                    core_scenario = applied(base, core, par, training)
+                scenario = with_switches(core_scenario, layout)
                 check_posted_units(scenario)
             except (ValueError, UserError):
                 out.invalid += 1
                 continue
-            e = est.estimate(scenario)
-            out.rows.append(row(layout, e, peak.total_bytes, peak.capacity_bytes,
-                                total_nodes * per_node))
+            row(out.columns, layout, est.estimate(scenario), peak, capacity_bytes,
+                machine_devices)
+    out.columns = packed(out.columns)
     return out
 
 
-def row(layout: Layout, e: Any, memory_bytes: float, capacity_bytes: float,
-        machine_devices: int) -> dict[str, Any]:
-    """A table row: the layout, the estimate and the memory, units in the names."""
-    return {
-        "key": layout.key,
-        **layout.as_dict(),
-        "devices": layout.devices,
-        "idle_devices": machine_devices - layout.devices,
-        "micro_batches": layout.global_batch // (layout.micro_batch * layout.dp),
-        "memory_gb": memory_bytes / 1e9,
-        "memory_fraction": memory_bytes / capacity_bytes,
-        "est_step_time_s": e.step_time_s,
-        "est_pipeline_s": e.pipeline_s,
-        "est_dp_tail_s": e.dp_tail_s,
-        "est_optimizer_s": e.optimizer_s,
-        "est_mfu": e.mfu,
-        "est_tokens_per_s": e.tokens_per_s,
-        "est_tokens_per_device_s": e.tokens_per_s / layout.devices,
-        "est_days": e.days_to_train,
-    }
+def packed(columns: dict[str, list[Any]]) -> dict[str, Any]:
+    """Each column as one numpy array (8 bytes a number, not a Python object of 32: the
+    main process holds every priced layout's row)."""
+    import numpy as np
+
+    return {name: np.asarray(values, dtype=object if any(v is None for v in values) else None)
+            for name, values in columns.items()}
+
+
+def applied(base: Scenario, layout: Layout, par: Any, training: Any) -> Scenario:
+    """:func:`~llmsim.search.space.apply` of ``layout`` whose ``parallelism_of`` is
+    already validated (``par``, ``training``): only the scenario's own rules are checked."""
+    return type(base).model_validate({
+        "name": base.name, "description": base.description,
+        "system": base.system, "nodes": layout.nodes, "model": base.model,
+        "parallelism": par, "training": training, "seed": base.seed,
+        "fidelity": "reduced", "calibration": base.calibration,
+        "calendar": base.calendar, "max_sim_passes": base.max_sim_passes})
+
+
+def with_switches(core: Scenario, layout: Layout) -> Scenario:
+    """``core`` (a validated scenario) with the overlap switches of ``layout``, one of its
+    :func:`switch_variants`, checked by the parallelism's and the scenario's own rules
+    (raises ValueError); equal to :func:`~llmsim.search.space.switched` (tested)."""
+    par = core.parallelism
+    updates = {name: getattr(layout, name) for name in SWITCHES
+               if getattr(par, name) != getattr(layout, name)}
+    if not updates:
+        return core
+    new_par = par.model_copy(update=updates)
+    new_par._check()  # the parallelism's rules (field types are unchanged: booleans)
+    scenario = core.model_copy(update={"parallelism": new_par})
+    scenario._check_layout()  # the scenario's rules: the TP overlap's compute units
+    return scenario
+
+
+def row(columns: dict[str, list[Any]], layout: Layout, e: Any, memory_bytes: float,
+        capacity_bytes: float, machine_devices: int) -> None:
+    """Append a table row to ``columns``: the layout, the estimate and the memory, units
+    in the names (:data:`ROW_COLUMNS`)."""
+    tokens_per_s = e.tokens_per_s
+    values = (layout.key, *(getattr(layout, name) for name in LAYOUT_FIELDS),
+              layout.devices, machine_devices - layout.devices,
+              layout.global_batch // (layout.micro_batch * layout.dp),
+              memory_bytes / 1e9, memory_bytes / capacity_bytes, e.step_time_s,
+              e.pipeline_s, e.dp_tail_s, e.optimizer_s, e.mfu, tokens_per_s,
+              tokens_per_s / layout.devices, e.days_to_train)
+    for column, value in zip(columns.values(), values, strict=True):
+        column.append(value)

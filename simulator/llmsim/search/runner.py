@@ -8,8 +8,9 @@ sweeps beyond one machine (``llmsim search --scheduler tcp://host:8786``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import itertools
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from typing import Any
 
 from llmsim.search.price import BatchResult, price_batch
@@ -18,23 +19,49 @@ from llmsim.specs import Scenario
 
 Batches = list[tuple[int, list[Layout]]]
 
+AHEAD = 4
+"""Batches queued per local worker process beyond the one it prices."""
+
+
+Keep = Callable[[int], bool]
+"""``keep(index)``: whether batch ``index`` is still worth pricing (False: neither it nor
+any later batch is: the search's bound, :mod:`llmsim.search.bound`)."""
+
 
 def run_serial(base: Scenario, batches: Batches, fixed: dict[str, Any],
-               headroom: float) -> Iterator[tuple[int, BatchResult]]:
+               headroom: float, keep: Keep | None = None) -> Iterator[tuple[int, BatchResult]]:
     """Price the batches one after another in this process."""
     for index, cores in batches:
+        if keep is not None and not keep(index):
+            return
         yield index, price_batch(base, cores, fixed, headroom)
 
 
 def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: float,
-             workers: int) -> Iterator[tuple[int, BatchResult]]:
-    """Price the batches on ``workers`` local processes."""
+             workers: int, keep: Keep | None = None) -> Iterator[tuple[int, BatchResult]]:
+    """Price the batches on ``workers`` local processes, a few batches ahead of them
+    (:data:`AHEAD` each): the batches not yet sent and the results already stored are
+    not held twice."""
+    pending = iter(batches)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(price_batch, base, cores, fixed, headroom): index
-                   for index, cores in batches}
+        futures: dict[Future, int] = {}
+
+        def submit(count: int) -> None:
+            nonlocal pending
+            for index, cores in itertools.islice(pending, count):
+                if keep is not None and not keep(index):
+                    pending = iter(())
+                    return
+                futures[pool.submit(price_batch, base, cores, fixed, headroom)] = index
+
+        submit(AHEAD * workers)
         try:
-            for future in as_completed(futures):
-                yield futures[future], future.result()
+            while futures:
+                done, _ = wait(futures, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = futures.pop(future)
+                    yield index, future.result()
+                submit(len(done))
         finally:
             for future in futures:
                 future.cancel()

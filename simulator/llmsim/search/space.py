@@ -269,15 +269,27 @@ def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
     interleaved schedule, the only one whose sends Megatron-LM can overlap
     (``--overlap-p2p-communication``); the parameter-gather overlap at ZeRO 1 and 2.
     """
+    tp_choices, pp_choices, gather_choices = _switch_choices(core, fixed)
+    for otp in tp_choices:
+        for opp in pp_choices:
+            for opg in gather_choices:
+                yield replace(core, overlap_tp_comm=otp, overlap_pp_comm=opp,
+                              overlap_param_gather=opg)
+
+
+def variant_count(core: Layout, fixed: Mapping[str, Any]) -> int:
+    """How many layouts :func:`switch_variants` gives (without making them)."""
+    return math.prod(len(choices) for choices in _switch_choices(core, fixed))
+
+
+def _switch_choices(core: Layout, fixed: Mapping[str, Any]) -> tuple[list, list, list]:
     tp_overlap = [False, True] if core.sequence_parallel else [False]
     pp_overlap = [False, True] if core.schedule == "interleaved-1f1b" else [False]
     gather = [False, True] if core.zero in (1, 2) and core.dp > 1 and core.ep == 1 \
         and core.cp == 1 else [False]
-    for otp in _choices("overlap_tp_comm", tp_overlap, fixed):
-        for opp in _choices("overlap_pp_comm", pp_overlap, fixed):
-            for opg in _choices("overlap_param_gather", gather, fixed):
-                yield replace(core, overlap_tp_comm=otp, overlap_pp_comm=opp,
-                              overlap_param_gather=opg)
+    return (_choices("overlap_tp_comm", tp_overlap, fixed),
+            _choices("overlap_pp_comm", pp_overlap, fixed),
+            _choices("overlap_param_gather", gather, fixed))
 
 
 def layout_of(scenario: Scenario) -> Layout:

@@ -2,9 +2,11 @@
 
 A search directory holds ``search.json`` (what was searched: the scenario and the
 options, so that ``--resume`` refuses a different search) and ``priced.jsonl``, one JSON
-object per line: a priced layout (keyed by :attr:`Layout.key`) or a finished batch
-(``{"batch": i, "invalid": n, "out_of_memory": n}``). Lines are appended and flushed
-per batch; a line cut short by a kill is ignored on resume, and its batch priced again.
+object per finished batch: ``{"batch": i, "invalid": n, "out_of_memory": n, "columns":
+{name: [value per priced layout]}}`` (keyed by :attr:`Layout.key`). A line is appended
+and flushed per batch; a line cut short by a kill is ignored on resume, and its batch
+priced again. In memory the rows stay as those columns, batch by batch (a few bytes a
+value, not a dict a row), and become one table at the end (:meth:`Store.table`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
+from llmsim.search.price import packed
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MANIFEST = "search.json"
 PRICED = "priced.jsonl"
@@ -26,7 +32,9 @@ class Store:
     def __init__(self, directory: Path | None, manifest: dict[str, Any],
                  resume: bool = False) -> None:
         self.directory = directory
-        self.rows: dict[str, dict[str, Any]] = {}
+        self._batches: list[dict[str, list[Any]]] = []
+        self.priced = 0
+        """Layouts priced so far (resumed ones included)."""
         self.done_batches: set[int] = set()
         self.invalid = self.out_of_memory = 0
         self._file = None
@@ -53,39 +61,52 @@ class Store:
     def _read(self, path: Path) -> None:
         if not path.exists():
             return
-        batches: dict[int, dict[str, Any]] = {}
-        pending: list[dict[str, Any]] = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                continue  # cut short by a kill: its batch has no end line and is redone
-            if "batch" in record:
-                batches[record["batch"]] = record
-                for r in pending:
-                    self.rows[r["key"]] = r
-                pending = []
-            else:
-                pending.append(record)
-        for index, record in batches.items():
-            self.done_batches.add(index)
-            self.invalid += record["invalid"]
-            self.out_of_memory += record["out_of_memory"]
+                continue  # cut short by a kill: its batch is redone
+            if record["batch"] in self.done_batches:
+                continue
+            self._keep(record["batch"], packed(record["columns"]), record["invalid"],
+                       record["out_of_memory"])
 
-    def add(self, index: int, rows: list[dict[str, Any]], invalid: int,
-            out_of_memory: int) -> None:
-        """Record one finished batch (its rows, then its end line)."""
+    def _keep(self, index: int, columns: dict[str, Any], invalid: int,
+              out_of_memory: int) -> None:
         self.done_batches.add(index)
         self.invalid += invalid
         self.out_of_memory += out_of_memory
-        for r in rows:
-            self.rows[r["key"]] = r
+        if columns and len(columns["key"]):
+            self._batches.append(columns)
+            self.priced += len(columns["key"])
+
+    def add(self, index: int, columns: dict[str, Any], invalid: int,
+            out_of_memory: int) -> None:
+        """Record one finished batch: its priced layouts by column, and its counts."""
+        self._keep(index, columns, invalid, out_of_memory)
         if self._file is not None:
-            for r in rows:
-                self._file.write(json.dumps(_plain(r)) + "\n")
             self._file.write(json.dumps({"batch": index, "invalid": invalid,
-                                         "out_of_memory": out_of_memory}) + "\n")
+                                         "out_of_memory": out_of_memory,
+                                         "columns": _plain(columns)}) + "\n")
             self._file.flush()
+
+    def column(self, name: str) -> list[Any]:
+        """One column of every priced layout so far."""
+        return [v for batch in self._batches for v in batch.get(name, ())]
+
+    def table(self) -> pd.DataFrame:
+        """Every priced layout, one row each (the batches' columns joined); the store lets
+        go of its batches, so that they are not held twice."""
+        import pandas as pd
+
+        if not self._batches:
+            return pd.DataFrame(columns=["key"])
+        import numpy as np
+
+        names = list(self._batches[0])
+        batches, self._batches = self._batches, []
+        return pd.DataFrame({name: np.concatenate([batch[name] for batch in batches])
+                             for name in names})
 
     def close(self) -> None:
         """Close the file (the record stays on disk)."""
@@ -94,7 +115,8 @@ class Store:
             self._file = None
 
 
-def _plain(r: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no infinity: a non-finite number is stored as null."""
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in r.items()}
+def _plain(columns: dict[str, Any]) -> dict[str, list[Any]]:
+    """Plain lists; JSON has no infinity: a non-finite number is stored as null."""
+    return {k: [None if isinstance(v, float) and not math.isfinite(v) else v
+                for v in (values.tolist() if hasattr(values, "tolist") else values)]
+            for k, values in columns.items()}

@@ -1,0 +1,136 @@
+"""Whether a layout fits: the peak memory of its busiest device, fast, for the search.
+
+:func:`llmsim.memory.memory_per_stage` builds one :class:`~llmsim.memory.StageMemory` per
+pipeline stage; the search needs only the largest total of each of hundreds of thousands
+of layouts. :class:`PeakMemory` computes that total from the same functions (the layer's
+activations, the micro-batches in flight, the buffers, the state per parameter) with the
+per-stage sums done once per stage split and the parts layouts share memoised; it equals
+``max(s.total_bytes for s in memory_per_stage(...))`` (``tests/test_search_fast.py``
+checks this on seeded samples of every catalog scenario's space). An MoE model, whose
+stages differ by which layers are expert layers, takes :func:`memory_per_stage` itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmsim.errors import UserError
+from llmsim.in_flight import in_flight_chunks
+from llmsim.memory import (
+    FRAGMENTATION_FRACTION,
+    RUNTIME_CONTEXT_BYTES,
+    _activation_bytes,
+    _buffer_bytes,
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    memory_per_stage,
+    output_activation_bytes,
+    state_bytes_per_param,
+)
+from llmsim.mla import mla_activation_bytes_delta
+from llmsim.params import (
+    embedding_params_per_device,
+    head_params_per_device,
+    layer_params_per_device,
+)
+from llmsim.partition import chunk_layers
+
+
+class PeakMemory:
+    """The peak device memory of layouts of one base scenario (its model, accelerator
+    and precision fixed), memoising what layouts share."""
+
+    def __init__(self, base: Any) -> None:
+        self.model, self.accelerator = base.model, base.system.node.accelerator
+        self._splits: dict[tuple, list[list[int]]] = {}
+        self._held: dict[tuple, tuple[list[int], int, int]] = {}
+        self._activations: dict[tuple, tuple[float, float, float, float]] = {}
+        self._params: dict[tuple[int, int], tuple[int, int, int]] = {}
+
+    def _split(self, par: Any) -> list[list[int]]:
+        key = (par.pp, par.virtual_stages, par.first_stage_layers, par.last_stage_layers)
+        hit = self._splits.get(key)
+        if hit is None:
+            try:
+                hit = self._splits[key] = chunk_layers(self.model.layers, par)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        return hit
+
+    def peak_bytes(self, par: Any, training: Any, dp: int) -> float:
+        """``max(s.total_bytes for s in memory_per_stage(model, par, training, dp, …))``,
+        bytes (raises UserError where :func:`memory_per_stage` does)."""
+        model = self.model
+        if model.moe is not None:
+            return max(s.total_bytes for s in memory_per_stage(model, par, training, dp,
+                                                                self.accelerator))
+        p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
+        if model.heads % t or model.ffn_hidden % t:
+            raise UserError(f"parallelism.tp: {t} must divide model.heads={model.heads} and "
+                            f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor")
+        per_step = par.micro_batch * dp * par.ep
+        if dp < 1 or training.global_batch % per_step:
+            raise UserError(f"training.global_batch: {training.global_batch} is not a "
+                            f"multiple of micro_batch·dp·ep = {par.micro_batch}·{dp}·{par.ep}")
+        m = training.global_batch // per_step
+        split = self._split(par)
+        held_key = (par.schedule, p, m, v, par.first_stage_layers, par.last_stage_layers)
+        hit = self._held.get(held_key)
+        if hit is None:
+            chunks = in_flight_chunks(par.schedule, p, m, v)
+            hit = self._held[held_key] = (
+                [sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
+                 for i in range(p)], chunks[0][0], chunks[p - 1][-1])
+        held, first_held, last_held = hit
+        per_layer, remat, embedding_acts, output_acts = self._activation_parts(par, training)
+        layer_params, embedding_params, head_params = self._param_parts(t, p)
+        w_b, g_b, o_b = state_bytes_per_param(training.precision)
+        ranks = dp * par.ep * par.cp
+        per_param = (w_b / (ranks if zero >= 3 else 1), g_b / (ranks if zero >= 2 else 1),
+                     o_b / (ranks if zero >= 1 else 1))
+        buffers: dict[tuple[bool, bool, bool], float] = {}
+        peak = 0.0
+        for i in range(p):
+            layers = sum(split[i])
+            params = layers * layer_params + (embedding_params if i == 0 else 0) \
+                + (head_params if i == p - 1 else 0)
+            activations = held[i] * per_layer + (remat if held[i] else 0.0)
+            if i == 0:
+                activations += first_held * embedding_acts
+            if i == p - 1:
+                activations += last_held * output_acts
+            shape = (i == 0, i == p - 1, layers > 0)
+            buffer = buffers.get(shape)
+            if buffer is None:
+                buffer = buffers[shape] = _buffer_bytes(model, par, training, dp, i, layers)
+            tensors = (params * per_param[0] + params * per_param[1] + params * per_param[2]
+                       + activations / par.cp + buffer)
+            peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
+        return peak
+
+    def _activation_parts(self, par: Any, training: Any) -> tuple[float, float, float, float]:
+        """(per layer, re-materialised, embedding, output) activation bytes of one
+        micro-batch, as :func:`memory_per_stage` computes them."""
+        key = (id(training), training.global_batch, par.tp, par.sequence_parallel,
+               par.micro_batch, par.recompute, par.cp, par.ep)
+        hit = self._activations.get(key)
+        if hit is None:
+            model, e = self.model, _activation_bytes(training)
+            per_layer = activation_bytes_per_layer(model, par, training) \
+                + mla_activation_bytes_delta(model, par, training, e)
+            none = par.model_copy(update={"recompute": "none"})
+            remat = (activation_bytes_per_layer(model, none, training)
+                     + mla_activation_bytes_delta(model, none, training, e) - per_layer)
+            hit = self._activations[key] = (
+                per_layer, remat, embedding_activation_bytes(model, par, training),
+                output_activation_bytes(model, par, training))
+        return hit
+
+    def _param_parts(self, tp: int, pp: int) -> tuple[int, int, int]:
+        hit = self._params.get((tp, pp))
+        if hit is None:
+            model = self.model
+            hit = self._params[(tp, pp)] = (layer_params_per_device(model, tp),
+                                            embedding_params_per_device(model, tp),
+                                            head_params_per_device(model, tp, pp))
+        return hit

@@ -1,0 +1,242 @@
+"""The parts of a step that many layouts share, priced once (the estimator's memo).
+
+The estimator (:mod:`llmsim.search.estimate`) prices each layout's passes from blocks
+that depend on a few of its fields only — the layer shape (tp, micro-batch, sequence
+parallelism, recompute, the TP overlap), the placement (tp, pp, dp, nodes), a chunk's
+layers — so :class:`SharedParts` keeps one of each, keyed on exactly the fields it
+reads, for as long as the process lives (a search's worker prices hundreds of
+thousands of layouts of one base scenario).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llmsim.blocks import Block
+from llmsim.costs import HardwareCosts
+from llmsim.memory import StageMemory, memory_per_stage
+from llmsim.ops import ComputeOp
+from llmsim.params import layers_params_per_device, param_tensors
+from llmsim.partition import chunk_first_layer, chunk_layers
+from llmsim.plan import Plan
+from llmsim.specs import Scenario
+from llmsim.workload import Chunk, Workload, chunk_extras, chunk_params, pass_ops
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """The priced blocks one layer shape's chunks are made of: seconds and model FLOPs
+    (per device) of each part's pass."""
+
+    dense: tuple[float, float, float, float]
+    """Forward, recompute, input-gradient and weight-gradient seconds of a dense block."""
+    moe: tuple[float, float, float, float]
+    """The same of an expert (MoE) block (the dense block's when the model has none)."""
+    embedding: tuple[float, float, float]
+    head: tuple[float, float, float]
+    model_flops: tuple[float, float, float, float]
+    """Per-device model FLOPs (F + B + W) of a dense block, an MoE block, the embedding
+    and the head."""
+
+
+def seconds(ops: tuple, costs: HardwareCosts, overlap_tp: bool) -> float:
+    return Block.of(ops, costs, overlap_tp).duration_s if ops else 0.0
+
+
+def _model_flops(*ops_lists: tuple) -> float:
+    return sum(op.flops for ops in ops_lists for op in ops
+               if isinstance(op, ComputeOp) and op.phase != "R")
+
+
+class SharedParts:
+    """The parts of a step that layouts share, each priced once and memoised: per
+    placement the plan and its costs, per layer shape the blocks' seconds, per chunk its
+    parameters, extras and gradient buckets, per split the stages' runs."""
+
+    def __init__(self) -> None:
+        self._costs: dict[tuple, tuple[Plan, HardwareCosts]] = {}
+        self._parts: dict[tuple, Parts] = {}
+        self._extras: dict[tuple, tuple[float, float, float]] = {}
+        self._grads: dict[tuple, float] = {}
+        self._chunk_buckets: dict[tuple, tuple[int, float]] = {}
+        self._starts: dict[tuple, list[list[int]]] = {}
+        self._blocks: dict[tuple, float] = {}
+        self._params: dict[tuple, tuple[int, int]] = {}
+        self._nodes: dict[tuple, list[int]] = {}
+        self._splits: dict[tuple, list[list[int]]] = {}
+        self._families: dict[tuple[int, int, int], int] = {}
+        self._held: list[tuple] = []
+        self._last_family: tuple[tuple, int] = ((), -1)
+        self._stage_runs: dict[tuple, list] = {}
+
+    # -- shared parts -------------------------------------------------------------------
+    def _family(self, sc: Scenario) -> int:
+        """An index of the scenario's system, model and training objects: every memo key
+        starts with it, so one estimator can serve scenarios of several machines."""
+        key = (id(sc.system), id(sc.model), id(sc.training))
+        if key == self._last_family[0]:
+            return self._last_family[1]
+        index = self._families.get(key)
+        if index is None:
+            index = self._families[key] = len(self._families)
+            self._held.append((sc.system, sc.model, sc.training))  # keeps the ids unique
+        self._last_family = (key, index)
+        return index
+
+    def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:
+        """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
+        par = sc.parallelism
+        key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
+               tuple(par.rank_order))
+        hit = self._costs.get(key)
+        if hit is None:
+            plan = Plan.from_scenario(sc)
+            hit = self._costs[key] = (plan, HardwareCosts.from_scenario(sc, plan))
+        return hit
+
+    def memory(self, sc: Scenario) -> list[StageMemory]:
+        """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
+        return self.memory_of(sc, sc.parallelism, sc.training, sc.dp)
+
+    def memory_of(self, base: Scenario, par: Any, training: Any, dp: int) -> list[StageMemory]:
+        """:func:`memory_per_stage` of ``base``'s model on its accelerator with the layout
+        ``par``, ``training`` and ``dp`` (no scenario needed). Not memoised: a search asks
+        once per layout, and a memo would hold every layout's stages."""
+        return memory_per_stage(base.model, par, training, dp, base.system.node.accelerator)
+
+    def _layer_parts(self, sc: Scenario, plan: Plan, costs: HardwareCosts) -> Parts:
+        par = sc.parallelism
+        tp_path = plan.placements["tp"]
+        key = (self._family(sc), tp_path, plan.placements.get("ep"),
+               plan.placements.get("cp"), par.tp, par.ep, par.cp, par.micro_batch,
+               par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
+               par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
+               tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
+        hit = self._parts.get(key)
+        if hit is None:
+            ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
+
+            def priced(o: tuple) -> float:  # recompute variants share F, B and W
+                block_key = (self._family(sc), tp_path, plan.placements.get("ep"),
+                             plan.placements.get("cp"), otp, o)
+                block_s = self._blocks.get(block_key)
+                if block_s is None:
+                    block_s = self._blocks[block_key] = seconds(o, costs, otp)
+                return block_s
+
+            moe = ops.moe or ops.dense
+            hit = self._parts[key] = Parts(
+                dense=tuple(priced(o) for o in ops.dense),
+                moe=tuple(priced(o) for o in moe),
+                embedding=tuple(priced(o) for o in ops.embedding),
+                head=tuple(priced(o) for o in ops.head),
+                model_flops=(_model_flops(*ops.dense), _model_flops(*moe),
+                             _model_flops(*ops.embedding), _model_flops(*ops.head)))
+        return hit
+
+    def _chunk_extras(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, n: int,
+                      first: bool, last: bool, start: int) -> tuple[float, float, float]:
+        par = sc.parallelism
+        key = (plan_key, par.grad_reduce_dtype, n, first, last,
+               start if sc.model.moe is not None else 0)
+        hit = self._extras.get(key)
+        if hit is None:
+            amax_f, amax_b, accumulate = chunk_extras(sc.model, par, sc.training, n, first,
+                                                      last, start)
+            hit = self._extras[key] = (seconds(amax_f, costs, False),
+                                       seconds(amax_b, costs, False),
+                                       seconds(accumulate, costs, False))
+        return hit
+
+    def _nodes_of_stages(self, plan_key: tuple, plan: Plan) -> list[int]:
+        """The node of each stage of the first pipeline (the engine's representative)."""
+        hit = self._nodes.get(plan_key)
+        if hit is None:
+            hit = self._nodes[plan_key] = [plan.location(plan.rank(pp=s))[0]
+                                           for s in range(plan.parallelism.pp)]
+        return hit
+
+    def _split(self, sc: Scenario) -> list[list[int]]:
+        """:func:`chunk_layers` of ``sc``, memoised."""
+        par = sc.parallelism
+        key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
+               par.last_stage_layers)
+        hit = self._splits.get(key)
+        if hit is None:
+            hit = self._splits[key] = chunk_layers(sc.model.layers, par)
+        return hit
+
+    def _first_layers(self, sc: Scenario, split: list[list[int]]) -> list[list[int]]:
+        """:func:`chunk_first_layer` of every chunk (stage, chunk), memoised; all 0 for a
+        model whose layers are all alike (only an MoE model's layers differ by index)."""
+        par = sc.parallelism
+        key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
+               par.last_stage_layers)
+        hit = self._starts.get(key)
+        if hit is None:
+            if sc.model.moe is None:
+                hit = [[0] * len(row) for row in split]
+            else:
+                hit = [[chunk_first_layer(split, s, c) for c in range(len(row))]
+                       for s, row in enumerate(split)]
+            self._starts[key] = hit
+        return hit
+
+    def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool,
+                      start: int) -> tuple[int, int, int, int]:
+        """Parameters, expert parameters and parameter tensors of a chunk on one device,
+        and its MoE blocks, memoised."""
+        par, model = sc.parallelism, sc.model
+        moe_start = start if model.moe is not None else 0
+        key = (self._family(sc), par.tp, par.pp, par.ep, n, first, last, moe_start)
+        hit = self._params.get(key)
+        if hit is None:
+            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
+            moe_blocks = sum(model.moe.is_moe_layer(i) for i in range(start, start + n)) \
+                if model.moe is not None else 0
+            hit = self._params[key] = (
+                chunk_params(model, par.tp, n, first, last, par.pp, par.ep, start), experts,
+                param_tensors(model, n, first, last, par.pp), moe_blocks)
+        return hit
+
+    def _runs(self, plan_key: tuple, split: list[list[int]],
+              node_of: list[int]) -> list[tuple[int, tuple, tuple[bool, bool], int]]:
+        """The stages as runs of consecutive equal ones, memoised: (first stage, its kind —
+        its chunks' layers and whether it is the first or the last stage —, whether its
+        neighbours are on its node, stages in the run)."""
+        memo = (plan_key, id(split))
+        hit = self._stage_runs.get(memo)
+        if hit is None:
+            p, out = len(split), []
+            for s in range(p):
+                kind = (tuple(split[s]), s == 0, s == p - 1)
+                within = (node_of[s] == node_of[(s + 1) % p], node_of[s] == node_of[(s - 1) % p])
+                if out and out[-1][1:3] == (kind, within):
+                    out[-1][3] += 1
+                else:
+                    out.append([s, kind, within, 1])
+            hit = self._stage_runs[memo] = [tuple(run) for run in out]
+        return hit
+
+    def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
+                 chunk: Chunk) -> tuple[int, float]:
+        """(count, mean seconds) of ``chunk``'s gradient buckets: each bucket's
+        compute-stream kernels and its reduction, memoised."""
+        memo = (plan_key, chunk.params, chunk.expert_params, traffic.zero,
+                traffic.grad_all_reduce, traffic.bucket_bytes, traffic.grad_bytes_per_param,
+                traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
+        hit = self._chunk_buckets.get(memo)
+        if hit is not None:
+            return hit
+        count, total = 0, 0.0
+        for n, op in traffic.dp_grad_buckets(chunk):
+            key = (plan_key, op.axis, op.collective, op.bytes, op.staging_passes,
+                   traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
+            seconds = self._grads.get(key)
+            if seconds is None:
+                seconds = self._grads[key] = costs.comm_s(op) + sum(
+                    costs.compute_s(k) for k in traffic.grad_sync_prep(op))
+            count, total = count + n, total + n * seconds
+        hit = self._chunk_buckets[memo] = (count, total / count if count else 0.0)
+        return hit

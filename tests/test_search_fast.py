@@ -1,0 +1,160 @@
+"""The search's fast paths equal the plain ones: pricing a batch (interned base, peak
+memory, switch variants by copy) gives the numbers a fresh estimator gives each layout's
+fully validated scenario, and :class:`PeakMemory` equals :func:`memory_per_stage`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import llmsim
+from llmsim import catalog
+from llmsim.errors import UserError
+from llmsim.memory import memory_per_stage
+from llmsim.search.estimate import Estimator
+from llmsim.search.fit import PeakMemory
+from llmsim.search.price import price_batch, state_fits
+from llmsim.search.space import (
+    SpaceOptions,
+    apply,
+    cores,
+    parallelism_of,
+    switch_variants,
+    switched,
+)
+from llmsim.simulation import check_posted_units
+
+SAMPLE = 60
+"""Core layouts drawn (seeded) from each catalog scenario's space."""
+
+
+def _sample(name: str, n: int = SAMPLE) -> tuple[llmsim.specs.Scenario, list]:
+    """A seeded sample of the scenario's core layouts (an MoE model's at its own tp and
+    micro-batch 1: its whole space is too large for a quick test)."""
+    scenario = llmsim.load_scenario(name).model_copy(update={"fidelity": "reduced"})
+    fixed = {"tp": scenario.parallelism.tp, "micro_batch": 1} if scenario.model.moe else {}
+    space = list(cores(scenario, SpaceOptions(fixed=fixed), state_fits(scenario, 0.1)))
+    return scenario, sorted(random.Random(7).sample(space, min(n, len(space))))
+
+
+DENSE = [name for name in catalog.names("scenarios") if "moe" not in name]
+"""The catalog's dense scenarios (an MoE model's peak is memory_per_stage's own)."""
+
+
+@pytest.mark.parametrize("name", DENSE)
+def test_peak_memory_equals_the_memory_model(name: str) -> None:
+    scenario, sample = _sample(name, 2 * SAMPLE)
+    peak = PeakMemory(scenario)
+    accelerator = scenario.system.node.accelerator
+    for core in sample:
+        par, training = parallelism_of(scenario, core)
+        try:
+            want = max(s.total_bytes for s in memory_per_stage(scenario.model, par, training,
+                                                                core.dp, accelerator))
+        except UserError:
+            with pytest.raises(UserError):
+                peak.peak_bytes(par, training, core.dp)
+            continue
+        assert peak.peak_bytes(par, training, core.dp) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["selene-gpt3", "frontier", "frontier-moe"])
+def test_a_priced_batch_equals_each_layout_priced_alone(name: str) -> None:
+    """Before/after: every row of :func:`price_batch` equals a fresh estimator on the
+    layout's fully validated scenario (to 1e-9), and it prices exactly the layouts that
+    validate and fit."""
+    scenario, sample = _sample(name, SAMPLE // 3 if "moe" in name else SAMPLE)
+    result = price_batch(scenario.model_copy(), sample, {}, 0.1)
+    capacity = scenario.system.node.accelerator.hbm_bytes * 0.9
+    want: dict[str, tuple[float, float, float]] = {}
+    for core in sample:
+        for layout in switch_variants(core, {}):
+            try:
+                sc = apply(scenario, layout)
+                check_posted_units(sc)
+            except (ValueError, UserError):
+                continue
+            memory = max(s.total_bytes for s in memory_per_stage(
+                sc.model, sc.parallelism, sc.training, sc.dp, sc.system.node.accelerator))
+            if memory > capacity:
+                continue
+            e = Estimator().estimate(sc)
+            want[layout.key] = (e.step_time_s, e.mfu, memory / 1e9)
+    got = {r["key"]: (r["est_step_time_s"], r["est_mfu"], r["memory_gb"])
+           for r in result.rows}
+    assert set(got) == set(want) and want
+    for key, values in want.items():
+        assert got[key] == pytest.approx(values, rel=1e-9), key
+
+
+def test_switch_variants_by_copy_equal_validated_ones() -> None:
+    from llmsim.search.price import applied, with_switches
+
+    scenario, sample = _sample("selene-gpt3", 120)
+    checked = 0
+    for core in sample:
+        par, training = parallelism_of(scenario, core)
+        try:
+            core_scenario = applied(scenario, core, par, training)
+        except ValueError:
+            continue
+        for layout in switch_variants(core, {}):
+            try:
+                want = switched(core_scenario, scenario, layout)
+            except ValueError:
+                with pytest.raises(ValueError):
+                    with_switches(core_scenario, layout)
+                continue
+            assert with_switches(core_scenario, layout) == want
+            checked += 1
+    assert checked > 100
+
+
+def test_a_search_s_estimates_do_not_depend_on_the_batches() -> None:
+    """One estimator across batches (memo tables kept) gives what a fresh one gives."""
+    scenario, sample = _sample("selene-gpt3", 40)
+    whole = price_batch(scenario, sample, {}, 0.1).rows
+    split = [r for i in range(0, len(sample), 7)
+             for r in price_batch(scenario.model_copy(), sample[i:i + 7], {}, 0.1).rows]
+    assert whole == split
+    one = Estimator()
+    for r in whole[:10]:
+        layout = next(v for c in sample for v in switch_variants(c, {}) if v.key == r["key"])
+        assert one.estimate(apply(scenario, layout)).step_time_s == r["est_step_time_s"]
+
+
+def test_the_bound_skips_layouts_but_keeps_the_estimator_s_best() -> None:
+    """Skipping by the bound leaves the estimator's top best unchanged (days of a run in
+    FLOPs), and skips something; no estimate beats the bound (MFU ≤ 1)."""
+    from test_search import TINY
+
+    from llmsim.search import search
+    from llmsim.search.bound import DaysBound
+
+    scenario = llmsim.load_scenario(dict(TINY, training=dict(TINY["training"], tokens=None,
+                                                             flops=1e19)))
+    fix = ["parallelism.recompute=selective", "parallelism.sequence_parallel=false"]
+    whole = search(scenario, fix=fix, top=0, workers=1)
+    bounded = search(scenario, fix=fix, top=3, workers=1, bound=True)
+    assert bounded.attrs["summary"].skipped > 0
+    assert len(bounded) < len(whole)
+    best = whole.sort_values(["est_days", "key"]).head(3)["key"].tolist()
+    assert bounded.sort_values(["est_days", "key"]).head(3)["key"].tolist() == best
+    assert bounded.iloc[0]["key"] in best  # the engine's pick is one of them
+    floor = DaysBound(scenario, 1, {})
+    assert (whole["est_days"] >= [floor.lower_days(d) for d in whole["devices"]]).all()
+    assert (whole["est_mfu"] <= 1).all()
+
+
+def test_an_engine_run_over_the_timeout_is_given_up_and_the_next_tried() -> None:
+    from test_search import TINY, TINY_FIX
+
+    from llmsim.search import search
+
+    table = search(llmsim.load_scenario(TINY), fix=TINY_FIX, top=2, workers=1,
+                   confirm_timeout_s=1e-4)
+    summary = table.attrs["summary"]
+    assert summary.timed_out == 4 and summary.confirmed == 0  # 2·top tried, none in time
+    assert table["timed_out"].sum() == 4
+    assert table.attrs["best"] is None
