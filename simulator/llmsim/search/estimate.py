@@ -26,7 +26,7 @@ from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
-from llmsim.search.parts import SharedParts
+from llmsim.search.parts import SharedParts, contention_key
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
@@ -101,7 +101,8 @@ class Estimator(SharedParts):
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
-        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp)
+        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp,
+                    *contention_key(par))
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches

@@ -20,7 +20,7 @@ from llmsim.ops import ComputeOp
 from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
-from llmsim.specs import Scenario
+from llmsim.specs import Parallelism, Scenario
 from llmsim.workload import Chunk, Workload, chunk_extras, chunk_params, pass_ops
 
 
@@ -38,6 +38,13 @@ class Parts:
     model_flops: tuple[float, float, float, float]
     """Per-device model FLOPs (F + B + W) of a dense block, an MoE block, the embedding
     and the head."""
+
+
+def contention_key(par: Parallelism) -> tuple[bool, bool]:
+    """The switches the cost model's prices depend on besides the placement: which axes'
+    transfers run at once and share links (:func:`llmsim.costs.topology.base.
+    concurrent_axes`), part of every memo key of priced collectives."""
+    return par.overlap_dp_comm, par.overlap_pp_comm
 
 
 def seconds(ops: tuple, costs: HardwareCosts, overlap_tp: bool) -> float:
@@ -88,7 +95,7 @@ class SharedParts:
         """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
         par = sc.parallelism
         key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
-               tuple(par.rank_order))
+               tuple(par.rank_order), *contention_key(par))
         hit = self._costs.get(key)
         if hit is None:
             plan = Plan.from_scenario(sc)
@@ -109,7 +116,8 @@ class SharedParts:
         par = sc.parallelism
         tp_path = plan.placements["tp"]
         key = (self._family(sc), tp_path, plan.placements.get("ep"),
-               plan.placements.get("cp"), par.tp, par.ep, par.cp, par.micro_batch,
+               plan.placements.get("cp"), *contention_key(par), par.tp, par.ep, par.cp,
+               par.micro_batch,
                par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
                tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
@@ -119,7 +127,7 @@ class SharedParts:
 
             def priced(o: tuple) -> float:  # recompute variants share F, B and W
                 block_key = (self._family(sc), tp_path, plan.placements.get("ep"),
-                             plan.placements.get("cp"), otp, o)
+                             plan.placements.get("cp"), *contention_key(par), otp, o)
                 block_s = self._blocks.get(block_key)
                 if block_s is None:
                     block_s = self._blocks[block_key] = seconds(o, costs, otp)
