@@ -66,6 +66,13 @@ def test_estimator_agrees_with_the_engine_on_zb_h2() -> None:
         simulate(scenario).step_time_s, rel=0.01)
 
 
+def test_estimator_agrees_with_the_engine_on_zb_v() -> None:
+    scenario = llmsim.load_scenario("selene-gpt3", overrides=["parallelism.schedule=zb-v",
+                                                              "parallelism.virtual_stages=2"])
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.01)
+
+
 def test_estimator_agrees_with_the_engine_through_parameter_servers() -> None:
     scenario = llmsim.load_scenario("selene-gpt3", overrides=[
         "parallelism.zero=0", "parallelism.dp_mode=parameter_server",
@@ -135,6 +142,34 @@ def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: fl
     timeline = schedules.unit_timeline(schedules.build("zb-h2", p, m, 1), f=f, b=b, w=w)
     assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
     assert ends == [total] * p
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(2, 6), m=st.integers(1, 12), f=st.sampled_from([1.0, 1.5, 2.0]),
+       b=st.sampled_from([1.0, 2.0, 3.0]), w=st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+def test_zb_v_walk_equals_its_schedule(p: int, m: int, f: float, b: float, w: float) -> None:
+    """ZB-V, equal stages, free communication: the walk's step and each stage's last end
+    are the reference timeline's (schedules.unit_timeline) for the same per-chunk passes
+    (a stage's times are two chunks'); the step is at least the work of a stage."""
+    stages = [StageTimes(f=2 * f, b=2 * b, w=2 * w) for _ in range(p)]
+    total, ends = pipeline_s("zb-v", stages, m, 2, blocking=True, posted_singly=False,
+                             zero3=False, prefetch=True)
+    timeline = schedules.unit_timeline(schedules.build("zb-v", p, m, 2), f=f, b=b, w=w)
+    assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
+    assert ends == pytest.approx([row[-1][1] for row in timeline])
+    assert total >= m * 2 * (f + b + w) - 1e-9
+
+
+def test_zb_v_walk_adds_the_hops_of_non_blocking_sends() -> None:
+    """Hops: a pass waits for its input's send (2(p − 1) hops down and up the V per
+    direction), so with one micro-batch the step is the chain of passes and hops."""
+    p, hop = 4, 0.25
+    stages = [StageTimes(f=2.0, b=2.0, w=2.0, hop_f=hop if s < p - 1 else 0.0,
+                         hop_b=hop if s > 0 else 0.0) for s in range(p)]
+    total, _ = pipeline_s("zb-v", stages, 1, 2, blocking=False, posted_singly=False,
+                          zero3=False, prefetch=True)
+    # 2p forwards and 2p backwards of 1 s, one W of 1 s at the end, 4(p − 1) hops.
+    assert total == pytest.approx(4 * p + 1 + 4 * (p - 1) * hop)
 
 
 # -- the space and its pruning -------------------------------------------------------------

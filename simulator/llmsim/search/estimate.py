@@ -32,7 +32,7 @@ from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
 from llmsim.result import SECONDS_PER_DAY
-from llmsim.schedules import SPLIT_BACKWARD
+from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
@@ -240,13 +240,14 @@ class Estimator:
         model whose layers are all alike (only an MoE model's layers differ by index)."""
         par = sc.parallelism
         key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
-               par.last_stage_layers)
+               par.last_stage_layers, par.schedule)
         hit = self._starts.get(key)
         if hit is None:
             if sc.model.moe is None:
                 hit = [[0] * len(row) for row in split]
             else:
-                hit = [[chunk_first_layer(split, s, c) for c in range(len(row))]
+                hops = placement(par.schedule, par.pp, par.virtual_stages) or None
+                hit = [[chunk_first_layer(split, s, c, hops) for c in range(len(row))]
                        for s, row in enumerate(split)]
             self._starts[key] = hit
         return hit
@@ -257,15 +258,18 @@ class Estimator:
         and its MoE blocks, memoised."""
         par, model = sc.parallelism, sc.model
         moe_start = start if model.moe is not None else 0
-        key = (self._family(sc), par.tp, par.pp, par.ep, n, first, last, moe_start)
+        hops = placement(par.schedule, par.pp, par.virtual_stages)
+        # One LM head copy where the first and last chunks share a stage (ZB-V's V).
+        head_p = 1 if hops and hops[0][0] == hops[-1][0] else par.pp
+        key = (self._family(sc), par.tp, head_p, par.ep, n, first, last, moe_start)
         hit = self._params.get(key)
         if hit is None:
             _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
             moe_blocks = sum(model.moe.is_moe_layer(i) for i in range(start, start + n)) \
                 if model.moe is not None else 0
             hit = self._params[key] = (
-                chunk_params(model, par.tp, n, first, last, par.pp, par.ep, start), experts,
-                param_tensors(model, n, first, last, par.pp), moe_blocks)
+                chunk_params(model, par.tp, n, first, last, head_p, par.ep, start), experts,
+                param_tensors(model, n, first, last, head_p), moe_blocks)
         return hit
 
     def _buckets(self, plan_key: tuple, costs: HardwareCosts, traffic: Workload,
@@ -321,6 +325,8 @@ class Estimator:
         zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
+        hops = placement(par.schedule, p, v)  # () for the looping c·p + s
+        virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
         keys: list[tuple] = []
@@ -336,7 +342,7 @@ class Estimator:
                 chunks: dict[tuple[int, int], Chunk] = {}
                 tensors_s = 0
                 for c in range(v):
-                    vs, n = c * p + s, split[s][c]
+                    vs, n = virtual.get((s, c), c * p + s), split[s][c]
                     first, last = vs == 0, vs == p * v - 1
                     start = starts[s][c]
                     params, experts, tensors, k = self._chunk_params(sc, n, first, last, start)
@@ -386,12 +392,13 @@ class Estimator:
                 continue
             keys.append(run_key)
             to_next, to_prev = send_s[within[0]], send_s[within[1]]
-            received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
+            out_f, out_b = _sends_out(hops, s) if hops else (v - (s == p - 1), v - (s == 0))
+            received = out_b + out_f * (1 + traffic.pp_regather_output)
             own = kind.times
             runs.append([StageTimes(
                 own.f, own.b, own.w,
-                (v - (s == p - 1)) * to_next if p > 1 else 0.0,
-                (v - (s == 0)) * to_prev if p > 1 else 0.0,
+                out_f * to_next if p > 1 else 0.0,
+                out_b * to_prev if p > 1 else 0.0,
                 received * gather_s if p > 1 else 0.0,
                 to_next if s < p - 1 else 0.0,
                 to_prev if s > 0 else 0.0,
@@ -415,3 +422,12 @@ class Estimator:
                         tokens_per_step=trn.tokens_per_step, devices=sc.devices,
                         peak_flops_per_device=accel.peak_flops(trn.precision),
                         run_flops=trn.flops, run_tokens=trn.tokens)
+
+
+def _sends_out(hops: tuple[tuple[int, int], ...], s: int) -> tuple[int, int]:
+    """(forward, backward) pipeline sends of one micro-batch out of stage ``s`` along a
+    placed route: one per virtual stage of s whose next (previous) one is on another
+    stage."""
+    out_f = sum(hops[k][0] == s != hops[k + 1][0] for k in range(len(hops) - 1))
+    out_b = sum(hops[k][0] == s != hops[k - 1][0] for k in range(1, len(hops)))
+    return out_f, out_b

@@ -23,9 +23,9 @@ from llmsim.specs import Scenario
 SWITCHES = ("overlap_dp_comm", "overlap_tp_comm", "overlap_pp_comm", "overlap_param_gather")
 """The overlap switches the search varies."""
 
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2", "zb-v")
 """The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
-the same as any other)."""
+the same as any other; ZB-V with its two chunks per stage)."""
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -240,6 +240,8 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
     for schedule in _choices("schedule", schedules, fx):
         if schedule == "interleaved-1f1b":
             chunks = [v for v in divisors(layers // pp) if v >= 2]
+        elif schedule == "zb-v":  # two chunks per stage, the V (Qi et al. 2024 §6)
+            chunks = [2]
         else:
             chunks = [1]
         for v in _choices("virtual_stages", chunks, fx):
