@@ -16,6 +16,7 @@ import llmsim
 from llmsim import catalog, schedules
 from llmsim.cli import app
 from llmsim.search import search
+from llmsim.search.confirm import layout_of_row
 from llmsim.search.estimate import Estimator
 from llmsim.search.pipeline import StageTimes, pipeline_s
 from llmsim.search.price import price_batch, state_fits
@@ -227,6 +228,31 @@ def test_a_layout_rejected_for_memory_really_does_not_fit(data: st.DataObject) -
 # -- the whole search ------------------------------------------------------------------------
 
 
+def test_the_search_tries_parameter_servers_only_when_asked() -> None:
+    """``max_parameter_servers`` adds, at ZeRO 0 with dp > 1, layouts whose gradients go
+    through 1, 2, 4 … servers (at most the nodes); each is priced as the engine runs it
+    (one estimator prices them all, so none may reuse the all-reduce's costs)."""
+    scenario = _tiny()
+    fix = [*TINY_FIX[1:], "parallelism.zero=0", "parallelism.tp=2", "parallelism.pp=2",
+           "parallelism.schedule=1f1b"]
+    plain = search(scenario, fix=fix, top=0, workers=1, objective="step_time")
+    assert (plain["parameter_servers"] == 0).all()
+    assert (plain["dp_mode"] == "all_reduce").all()
+    table = search(scenario, fix=fix, top=100, workers=1, objective="step_time",
+                   max_parameter_servers=4)
+    servers = table[table["parameter_servers"] > 0]
+    assert set(servers["dp_mode"]) == {"parameter_server"}
+    assert set(zip(servers["nodes"], servers["parameter_servers"], strict=True)) == {
+        (4, 1), (4, 2), (4, 4), (2, 1), (2, 2), (1, 1)}
+    assert len(table) == len(plain) + len(servers)
+    assert table["est_over_engine"].to_numpy() == pytest.approx(1.0, rel=0.01)
+    row = servers.iloc[0]
+    sc = apply(scenario, layout_of_row(row))
+    assert sc.parallelism.dp_mode == "parameter_server"
+    assert sc.parallelism.parameter_servers == row["parameter_servers"]
+    assert layout_of(sc) == layout_of_row(row)
+
+
 def test_the_best_layout_of_a_tiny_space_is_the_brute_force_engine_best() -> None:
     scenario = _tiny()
     table = search(scenario, fix=TINY_FIX, top=10_000, workers=1, objective="step_time")
@@ -351,6 +377,7 @@ def test_cli_search_end_to_end(tmp_path: Path) -> None:
     (["--resume"], "--resume"),
     (["--format", "xlsx"], "--format"),
     (["--workers", "0"], "--workers"),
+    (["--max-parameter-servers", "-1"], "--max-parameter-servers"),
 ])
 def test_cli_bad_options_give_one_line_errors(args: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

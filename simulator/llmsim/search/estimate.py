@@ -156,12 +156,19 @@ class Estimator:
         """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
         par = sc.parallelism
         key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
-               tuple(par.rank_order))
+               tuple(par.rank_order), self._servers(sc))
         hit = self._costs.get(key)
         if hit is None:
             plan = Plan.from_scenario(sc)
             hit = self._costs[key] = (plan, HardwareCosts.from_scenario(sc, plan))
         return hit
+
+    @staticmethod
+    def _servers(sc: Scenario) -> int:
+        """Parameter servers of ``sc`` (0: all-reduce), which the costs and the gradient
+        buckets depend on."""
+        par = sc.parallelism
+        return par.parameter_servers if par.dp_mode == "parameter_server" else 0
 
     def memory(self, sc: Scenario) -> list[StageMemory]:
         """:func:`memory_per_stage` of ``sc``, memoised on the fields it reads."""
@@ -300,7 +307,8 @@ class Estimator:
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
-        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp)
+        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp,
+                    self._servers(sc))
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches
