@@ -173,6 +173,20 @@ def test_zb_v_walk_adds_the_hops_of_non_blocking_sends() -> None:
     assert total == pytest.approx(4 * p + 1 + 4 * (p - 1) * hop)
 
 
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_zb_v_walk_times_each_chunk_by_its_own_passes(p: int) -> None:
+    """Chunks of unequal cost (stage 0's first holds the embedding, its second the LM
+    head): one micro-batch runs the chain of the V, every chunk-0 forward (1 s) and
+    chunk-1 forward (3 s), then the backwards back (4 s, 2 s), then stage 0's chunk-0
+    weight pass (3 s), not halves of the stage's sums."""
+    stages = [StageTimes(f=4.0, b=6.0, w=4.0, chunk_forward=[1.0, 3.0],
+                         chunk_backward=[(2.0, 3.0), (4.0, 1.0)]) for _ in range(p)]
+    total, ends = pipeline_s("zb-v", stages, 1, 2, blocking=True, posted_singly=False,
+                             zero3=False, prefetch=True)
+    assert total == pytest.approx(p * (1 + 3 + 4 + 2) + 3)
+    assert ends[0] == pytest.approx(total)
+
+
 # -- the space and its pruning -------------------------------------------------------------
 
 

@@ -347,6 +347,7 @@ class Estimator:
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
                 grads: list[tuple[int, float]] = []
                 backward: list[tuple[float, float]] = []
+                forward: list[float] = []
                 chunks: dict[tuple[int, int], Chunk] = {}
                 tensors_s = 0
                 for c in range(v):
@@ -361,6 +362,7 @@ class Estimator:
                     cw = last * hw + (n - k) * dw + k * mw + first * ew
                     f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
                     backward.append((cb, cw + acc))
+                    forward.append(cf)
                     flops += ((n - k) * fl_dense + k * fl_moe + first * fl_emb
                               + last * fl_head) * par.tp
                     tensors_s += tensors
@@ -380,7 +382,7 @@ class Estimator:
                 own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m,
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
-                                 first_forward_gather=waited)
+                                 first_forward_gather=waited, chunk_forward=forward)
                 work = replace(traffic, chunks=chunks)
                 opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(s), tensors_s,
                                                      shard_ranks(work, s)))
@@ -411,7 +413,8 @@ class Estimator:
                 to_next if s < p - 1 else 0.0,
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
-                own.chunk_backward, own.first_forward_gather), 1])
+                own.chunk_backward, own.first_forward_gather,
+                chunk_forward=own.chunk_forward), 1])
             tails.append(kind.tail_s)
         pipe, ends = pipeline_runs_s(par.schedule, [(st, n) for st, n in runs], m, v,
                                      blocking=not par.overlap_pp_comm,

@@ -70,6 +70,8 @@ class StageTimes:
     first_forward_gather: float = 0.0
     """Time the first forwards wait for the weights the optimizer updated
     (``overlap_param_gather``)."""
+    chunk_forward: list[float] = field(default_factory=list)
+    """Per chunk, forward seconds of one micro-batch (ZB-V's walk splits ``f`` by them)."""
 
     @property
     def reduction_s(self) -> float:
@@ -194,7 +196,9 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
     """ZB-V's pipeline phase: (its length, when each stage's last pass ends), seconds.
 
     ``stages`` is per stage its times and its (forward, backward, weight-gradient) time
-    of one micro-batch over both chunks (:func:`_passes`); a chunk's pass takes half.
+    of one micro-batch over both chunks (:func:`_passes`), split over the two chunks in
+    the ratio of their own passes (``chunk_forward``, ``chunk_backward``; halves when
+    unknown): stage 0's second chunk holds the LM head, its first the embedding.
     Each stage runs its actions in the schedule's order; a pass starts when the stage is
     free and its input is in: F after the F of the previous virtual stage, B after the
     B of the next one (the last virtual stage's B after its own F), W after its B. The
@@ -207,7 +211,9 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
     order = _zb_v_order(p, m)
     hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
     index = {hop: k for k, hop in enumerate(hops)}
-    duration = [{"F": f / 2, "B": b / 2, "W": w / 2} for _, (f, b, w) in stages]
+    duration = [[{"F": f * sf, "B": b * sb, "W": w * sw}
+                 for sf, sb, sw in zip(*_chunk_shares(st), strict=True)]
+                for st, (f, b, w) in stages]
 
     def arrival(s: int, t: float, to: int) -> float:
         """When a message stage s sends at t reaches stage ``to``."""
@@ -235,7 +241,7 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
                 if need is not None and need not in done:
                     break
                 start = max(free[s], done[need]) if need is not None else free[s]
-                free[s] = end = start + duration[s][a.kind]
+                free[s] = end = start + duration[s][a.chunk][a.kind]
                 if a.kind == "F":  # to the next virtual stage
                     to = hops[k + 1][0] if k < 2 * p - 1 else s
                     done[("F", a.microbatch, k)] = arrival(s, end, to)
@@ -246,6 +252,17 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
                 position[s] += 1
                 progress = True
     return max(free), free
+
+
+def _chunk_shares(st: StageTimes) -> tuple[list[float], list[float], list[float]]:
+    """Each of two chunks' share of a stage's forward, backward and weight-gradient
+    passes."""
+    def shares(parts: list[float]) -> list[float]:
+        total = sum(parts)
+        return [x / total for x in parts] if len(parts) == 2 and total > 0 else [0.5, 0.5]
+
+    return (shares(st.chunk_forward), shares([b for b, _ in st.chunk_backward]),
+            shares([w for _, w in st.chunk_backward]))
 
 
 def reduction_tail_s(st: StageTimes, p: int, *, overlap: bool, split_backward: bool,
