@@ -236,6 +236,25 @@ def test_stage_activations_compose_the_parts(gpt3: Model, a100: Accelerator) -> 
     assert [s.in_flight_microbatches for s in stages] == list(range(8, 0, -1))
 
 
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_pipedream_stage_i_holds_p_minus_i_weight_versions(gpt3: Model, a100: Accelerator,
+                                                           pp: int) -> None:
+    """Weight stashing (Narayanan et al. 2019 §3.3): stage i holds p − i versions of its
+    weights, against one for 1F1B; gradients, optimizer state and (with m ≥ p) the
+    activations of its p − i micro-batches in flight are 1F1B's. The engine does not
+    replay PipeDream, so the layout is built without the spec's check."""
+    flush = Parallelism(tp=8, pp=pp)
+    stash = flush.model_copy(update={"schedule": "pipedream"})
+    one = memory_per_stage(gpt3, flush, training(), 1, a100)
+    many = memory_per_stage(gpt3, stash, training(), 1, a100)
+    for i, (a, b) in enumerate(zip(one, many, strict=True)):
+        assert b.weight_versions == pp - i and a.weight_versions == 1
+        assert b.weights_bytes == pytest.approx((pp - i) * a.weights_bytes)
+        assert (b.grads_bytes, b.optimizer_bytes, b.activations_bytes) == pytest.approx(
+            (a.grads_bytes, a.optimizer_bytes, a.activations_bytes))
+        assert b.total_bytes > a.total_bytes or i == pp - 1
+
+
 def test_full_recompute_adds_one_rematerialised_block(gpt3: Model, a100: Accelerator) -> None:
     par = Parallelism(tp=8, recompute="full", sequence_parallel=True)
     trn = training(attention_kernel="unfused")

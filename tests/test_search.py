@@ -16,6 +16,7 @@ import llmsim
 from llmsim import catalog, schedules
 from llmsim.cli import app
 from llmsim.search import search
+from llmsim.search.confirm import layout_of_row
 from llmsim.search.estimate import Estimator
 from llmsim.search.pipeline import StageTimes, pipeline_s
 from llmsim.search.price import price_batch, state_fits
@@ -62,6 +63,13 @@ def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -
 
 def test_estimator_agrees_with_the_engine_on_zb_h2() -> None:
     scenario = llmsim.load_scenario("selene-gpt3", overrides=["parallelism.schedule=zb-h2"])
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.01)
+
+
+def test_estimator_agrees_with_the_engine_on_zb_v() -> None:
+    scenario = llmsim.load_scenario("selene-gpt3", overrides=["parallelism.schedule=zb-v",
+                                                              "parallelism.virtual_stages=2"])
     assert Estimator().estimate(scenario).step_time_s == pytest.approx(
         simulate(scenario).step_time_s, rel=0.01)
 
@@ -137,6 +145,48 @@ def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: fl
     assert ends == [total] * p
 
 
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(2, 6), m=st.integers(1, 12), f=st.sampled_from([1.0, 1.5, 2.0]),
+       b=st.sampled_from([1.0, 2.0, 3.0]), w=st.sampled_from([0.0, 0.5, 1.0, 2.0]))
+def test_zb_v_walk_equals_its_schedule(p: int, m: int, f: float, b: float, w: float) -> None:
+    """ZB-V, equal stages, free communication: the walk's step and each stage's last end
+    are the reference timeline's (schedules.unit_timeline) for the same per-chunk passes
+    (a stage's times are two chunks'); the step is at least the work of a stage."""
+    stages = [StageTimes(f=2 * f, b=2 * b, w=2 * w) for _ in range(p)]
+    total, ends = pipeline_s("zb-v", stages, m, 2, blocking=True, posted_singly=False,
+                             zero3=False, prefetch=True)
+    timeline = schedules.unit_timeline(schedules.build("zb-v", p, m, 2), f=f, b=b, w=w)
+    assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
+    assert ends == pytest.approx([row[-1][1] for row in timeline])
+    assert total >= m * 2 * (f + b + w) - 1e-9
+
+
+def test_zb_v_walk_adds_the_hops_of_non_blocking_sends() -> None:
+    """Hops: a pass waits for its input's send (2(p − 1) hops down and up the V per
+    direction), so with one micro-batch the step is the chain of passes and hops."""
+    p, hop = 4, 0.25
+    stages = [StageTimes(f=2.0, b=2.0, w=2.0, hop_f=hop if s < p - 1 else 0.0,
+                         hop_b=hop if s > 0 else 0.0) for s in range(p)]
+    total, _ = pipeline_s("zb-v", stages, 1, 2, blocking=False, posted_singly=False,
+                          zero3=False, prefetch=True)
+    # 2p forwards and 2p backwards of 1 s, one W of 1 s at the end, 4(p − 1) hops.
+    assert total == pytest.approx(4 * p + 1 + 4 * (p - 1) * hop)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_zb_v_walk_times_each_chunk_by_its_own_passes(p: int) -> None:
+    """Chunks of unequal cost (stage 0's first holds the embedding, its second the LM
+    head): one micro-batch runs the chain of the V, every chunk-0 forward (1 s) and
+    chunk-1 forward (3 s), then the backwards back (4 s, 2 s), then stage 0's chunk-0
+    weight pass (3 s), not halves of the stage's sums."""
+    stages = [StageTimes(f=4.0, b=6.0, w=4.0, chunk_forward=[1.0, 3.0],
+                         chunk_backward=[(2.0, 3.0), (4.0, 1.0)]) for _ in range(p)]
+    total, ends = pipeline_s("zb-v", stages, 1, 2, blocking=True, posted_singly=False,
+                             zero3=False, prefetch=True)
+    assert total == pytest.approx(p * (1 + 3 + 4 + 2) + 3)
+    assert ends[0] == pytest.approx(total)
+
+
 # -- the space and its pruning -------------------------------------------------------------
 
 
@@ -190,6 +240,31 @@ def test_a_layout_rejected_for_memory_really_does_not_fit(data: st.DataObject) -
 
 
 # -- the whole search ------------------------------------------------------------------------
+
+
+def test_the_search_tries_parameter_servers_only_when_asked() -> None:
+    """``max_parameter_servers`` adds, at ZeRO 0 with dp > 1, layouts whose gradients go
+    through 1, 2, 4 … servers (at most the nodes); each is priced as the engine runs it
+    (one estimator prices them all, so none may reuse the all-reduce's costs)."""
+    scenario = _tiny()
+    fix = [*TINY_FIX[1:], "parallelism.zero=0", "parallelism.tp=2", "parallelism.pp=2",
+           "parallelism.schedule=1f1b"]
+    plain = search(scenario, fix=fix, top=0, workers=1, objective="step_time")
+    assert (plain["parameter_servers"] == 0).all()
+    assert (plain["dp_mode"] == "all_reduce").all()
+    table = search(scenario, fix=fix, top=100, workers=1, objective="step_time",
+                   max_parameter_servers=4)
+    servers = table[table["parameter_servers"] > 0]
+    assert set(servers["dp_mode"]) == {"parameter_server"}
+    assert set(zip(servers["nodes"], servers["parameter_servers"], strict=True)) == {
+        (4, 1), (4, 2), (4, 4), (2, 1), (2, 2), (1, 1)}
+    assert len(table) == len(plain) + len(servers)
+    assert table["est_over_engine"].to_numpy() == pytest.approx(1.0, rel=0.01)
+    row = servers.iloc[0]
+    sc = apply(scenario, layout_of_row(row))
+    assert sc.parallelism.dp_mode == "parameter_server"
+    assert sc.parallelism.parameter_servers == row["parameter_servers"]
+    assert layout_of(sc) == layout_of_row(row)
 
 
 def test_the_best_layout_of_a_tiny_space_is_the_brute_force_engine_best() -> None:
@@ -317,6 +392,7 @@ def test_cli_search_end_to_end(tmp_path: Path) -> None:
     (["--format", "xlsx"], "--format"),
     (["--workers", "0"], "--workers"),
     (["--confirm-timeout", "0"], "--confirm-timeout"),
+    (["--max-parameter-servers", "-1"], "--max-parameter-servers"),
 ])
 def test_cli_bad_options_give_one_line_errors(args: list[str], message: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,6 +100,9 @@ def search(
     max_micro_batch: Annotated[int, typer.Option(help="Largest micro-batch tried.")] = 16,
     max_cp: Annotated[int, typer.Option(
         help="Largest context-parallel degree tried (1: none).")] = 1,
+    max_parameter_servers: Annotated[int, typer.Option(
+        help="Also try parameter servers in place of the gradient all-reduce, up to this "
+        "many (0: none).")] = 0,
     workers: Annotated[int | None, typer.Option(
         help="Local processes pricing layouts (default: every core).")] = None,
     scheduler: Annotated[str | None, typer.Option(
@@ -149,7 +152,8 @@ def search(
                            memory_headroom=memory_headroom, top=top, workers=workers,
                            client=client, out=out_dir, resume=resume, max_tp=max_tp,
                            max_micro_batch=max_micro_batch, max_cp=max_cp,
-                           progress=progress, confirm_timeout_s=confirm_timeout)
+                           progress=progress, confirm_timeout_s=confirm_timeout,
+                           max_parameter_servers=max_parameter_servers)
     finally:
         progress.close()
         if client is not None:

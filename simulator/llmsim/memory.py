@@ -27,7 +27,7 @@ from llmsim.params import (
     stage_layers_params,
 )
 from llmsim.partition import chunk_first_layer, chunk_layers
-from llmsim.schedules import placement
+from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Accelerator, Model, Parallelism, Training
 
 RUNTIME_CONTEXT_BYTES = 1.0e9
@@ -81,6 +81,9 @@ class StageMemory:
     """Of ``params``, the routed experts' (this expert-parallel rank's share)."""
     expert_state_bytes: float = 0.0
     """Of the weights, gradients and optimizer state, the routed experts' bytes."""
+    weight_versions: int = 1
+    """Versions of the stage's weights held (``weights_bytes`` counts all of them):
+    PipeDream's stash, p − i on stage i; one for a flushed schedule."""
 
     @property
     def model_state_bytes(self) -> float:
@@ -295,7 +298,10 @@ def memory_per_stage(
     back-propagated; the first stage adds :func:`embedding_activation_bytes` and the last
     :func:`output_activation_bytes` per in-flight micro-batch of their chunk. Reserve:
     :data:`RUNTIME_CONTEXT_BYTES` + :data:`FRAGMENTATION_FRACTION` of everything else. Not
-    fitting is a result (``fits`` False), never an error.
+    fitting is a result (``fits`` False), never an error. A schedule that keeps several
+    versions of a stage's weights (the registry's ``weight_versions``: PipeDream's weight
+    stashing, p − i on stage i, Narayanan et al. 2019 §3.3) multiplies the weights by
+    them; the gradients and optimizer state belong to the live version only.
     """
     m, split = _check(model, parallelism, training, dp)
     p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
@@ -329,8 +335,9 @@ def memory_per_stage(
     for i in range(p):
         first_layers = tuple(chunk_first_layer(split, i, c, hops or None)
                              for c in range(v)) if model.moe is not None else ()
+        versions = SCHEDULES[parallelism.schedule].weight_versions(p, i, m)
         key = (tuple(split[i]), tuple(chunks[i]), i == first_stage, i == last_stage,
-               first_layers)
+               first_layers, versions)
         known = distinct.get(key)
         if known is not None:
             stages.append(replace(known, stage=i))
@@ -347,6 +354,7 @@ def memory_per_stage(
         expert_state = _state_bytes(expert, groups[1], zero, (w_b, g_b, o_b))
         weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
                                                           strict=True))
+        weights *= versions
         held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
         activations = held * per_layer + (rematerialised if held else 0.0)
         if i == first_stage:
@@ -371,7 +379,8 @@ def memory_per_stage(
             in_flight_microbatches=sum(chunks[i]) / v,
             capacity_bytes=accelerator.hbm_bytes,
             expert_params=expert,
-            expert_state_bytes=sum(expert_state),
+            expert_state_bytes=sum(expert_state) + (versions - 1) * expert_state[0],
+            weight_versions=versions,
         )
         stages.append(stage)
     return stages

@@ -93,6 +93,7 @@ def search(
     progress: Progress | None = None,
     confirm_timeout_s: float | None = None,
     bound: bool = False,
+    max_parameter_servers: int = 0,
 ) -> pd.DataFrame:
     """Search every valid layout of ``scenario`` and return them, best first.
 
@@ -107,7 +108,9 @@ def search(
     searched over the divisors of its experts; the context-parallel degree up to
     ``max_cp``. With ``bound`` (objective days, a run given in FLOPs) the layouts are
     priced most devices first and those that provably cannot be among the estimator's
-    ``top`` best are skipped (:mod:`.bound`; ``summary.skipped``).
+    ``top`` best are skipped (:mod:`.bound`; ``summary.skipped``). With
+    ``max_parameter_servers``, parameter servers in place of the gradient all-reduce
+    (``dp_mode: parameter_server``).
     """
     started = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -121,6 +124,9 @@ def search(
                         "(a share of device memory, e.g. 0.1)")
     if top < 0:
         raise UserError(f"--top: {top} must be 0 or more")
+    if max_parameter_servers < 0:
+        raise UserError(f"--max-parameter-servers: {max_parameter_servers} must be 0 (none) "
+                        "or more")
     if scenario.placement is not None:
         raise UserError(f"scenario {scenario.name!r}: its placement puts pipeline stages on "
                         "node groups, which the layout search does not vary; remove placement "
@@ -133,7 +139,8 @@ def search(
         raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
                         "positive numbers, the first not above the second (e.g. 512..2048)")
     options = SpaceOptions(fixed=fixed, batch_range=batch_range, max_tp=max_tp,
-                           max_micro_batch=max_micro_batch, max_cp=max_cp)
+                           max_micro_batch=max_micro_batch, max_cp=max_cp,
+                           max_parameter_servers=max_parameter_servers)
     base = scenario.model_copy(update={"fidelity": "reduced"})
     all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
     sampled = False
@@ -150,6 +157,8 @@ def search(
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
                 "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp,
                 "bound": bounded}
+    if max_parameter_servers:  # only then: a store kept before the option still resumes
+        manifest["max_parameter_servers"] = max_parameter_servers
     store = Store(Path(out) if out is not None else None, manifest, resume)
     todo = [(i, c) for i, c in batches if i not in store.done_batches]
     estimate_started = time.perf_counter()

@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
-from llmsim.schedules import SPLIT_BACKWARD
-from llmsim.search.parts import SharedParts, contention_key
+from llmsim.schedules import SPLIT_BACKWARD, placement
+from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
@@ -102,7 +102,7 @@ class Estimator(SharedParts):
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
         plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp,
-                    *contention_key(par))
+                    *contention_key(par), servers(sc))
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches
@@ -128,6 +128,8 @@ class Estimator(SharedParts):
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
+        hops = placement(par.schedule, p, v)  # () for the looping c·p + s
+        virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
         tails: list[float] = []
@@ -140,10 +142,11 @@ class Estimator(SharedParts):
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
                 grads: list[tuple[int, float]] = []
                 backward: list[tuple[float, float]] = []
+                forward: list[float] = []
                 chunks: dict[tuple[int, int], Chunk] = {}
                 tensors_s = 0
                 for c in range(v):
-                    vs, n = c * p + s, split[s][c]
+                    vs, n = virtual.get((s, c), c * p + s), split[s][c]
                     first, last = vs == 0, vs == p * v - 1
                     start = starts[s][c]
                     chunk_key = (n, first, last, start)
@@ -172,6 +175,7 @@ class Estimator(SharedParts):
                      units) = priced
                     f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
                     backward.append((cb, cw + acc))
+                    forward.append(cf)
                     flops += chunk_flops
                     tensors_s += tensors
                     chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
@@ -185,7 +189,7 @@ class Estimator(SharedParts):
                 own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m,
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
-                                 first_forward_gather=waited)
+                                 first_forward_gather=waited, chunk_forward=forward)
                 all_chunks.update(chunks)
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
@@ -194,17 +198,19 @@ class Estimator(SharedParts):
             # last, backward out of every one but the first) and the gathers of sliced ones.
             flops_per_replica += kind.flops * count
             to_next, to_prev = send_s[within[0]], send_s[within[1]]
-            received = (v - (s == 0)) + (v - (s == p - 1)) * (1 + traffic.pp_regather_output)
+            out_f, out_b = _sends_out(hops, s) if hops else (v - (s == p - 1), v - (s == 0))
+            received = out_b + out_f * (1 + traffic.pp_regather_output)
             own = kind.times
             runs.append([StageTimes(
                 own.f, own.b, own.w,
-                (v - (s == p - 1)) * to_next if p > 1 else 0.0,
-                (v - (s == 0)) * to_prev if p > 1 else 0.0,
+                out_f * to_next if p > 1 else 0.0,
+                out_b * to_prev if p > 1 else 0.0,
                 received * gather_s if p > 1 else 0.0,
                 to_next if s < p - 1 else 0.0,
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
-                own.chunk_backward, own.first_forward_gather), count])
+                own.chunk_backward, own.first_forward_gather,
+                chunk_forward=own.chunk_forward), count])
             tails.append(kind.tail_s)
         # The optimizer step of each kind of stage (the slowest one's is on the step's path).
         work = replace(traffic, chunks=all_chunks)
@@ -232,3 +238,12 @@ class Estimator(SharedParts):
                         tokens_per_step=trn.tokens_per_step, devices=sc.devices,
                         peak_flops_per_device=accel.peak_flops(trn.precision),
                         run_flops=trn.flops, run_tokens=trn.tokens)
+
+
+def _sends_out(hops: tuple[tuple[int, int], ...], s: int) -> tuple[int, int]:
+    """(forward, backward) pipeline sends of one micro-batch out of stage ``s`` along a
+    placed route: one per virtual stage of s whose next (previous) one is on another
+    stage."""
+    out_f = sum(hops[k][0] == s != hops[k + 1][0] for k in range(len(hops) - 1))
+    out_b = sum(hops[k][0] == s != hops[k - 1][0] for k in range(1, len(hops)))
+    return out_f, out_b

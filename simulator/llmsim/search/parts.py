@@ -20,6 +20,7 @@ from llmsim.ops import ComputeOp
 from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
+from llmsim.schedules import placement
 from llmsim.specs import Parallelism, Scenario
 from llmsim.workload import Chunk, Workload, chunk_extras, chunk_params, pass_ops
 
@@ -45,6 +46,13 @@ def contention_key(par: Parallelism) -> tuple[bool, bool]:
     transfers run at once and share links (:func:`llmsim.costs.topology.base.
     concurrent_axes`), part of every memo key of priced collectives."""
     return par.overlap_dp_comm, par.overlap_pp_comm
+
+
+def servers(sc: Scenario) -> int:
+    """Parameter servers of ``sc`` (0: all-reduce), which the costs and the gradient
+    buckets depend on."""
+    par = sc.parallelism
+    return par.parameter_servers if par.dp_mode == "parameter_server" else 0
 
 
 def seconds(ops: tuple, costs: HardwareCosts, overlap_tp: bool) -> float:
@@ -95,7 +103,7 @@ class SharedParts:
         """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
         par = sc.parallelism
         key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
-               tuple(par.rank_order), *contention_key(par))
+               tuple(par.rank_order), *contention_key(par), servers(sc))
         hit = self._costs.get(key)
         if hit is None:
             plan = Plan.from_scenario(sc)
@@ -180,13 +188,14 @@ class SharedParts:
         model whose layers are all alike (only an MoE model's layers differ by index)."""
         par = sc.parallelism
         key = (self._family(sc), par.pp, par.virtual_stages, par.first_stage_layers,
-               par.last_stage_layers)
+               par.last_stage_layers, par.schedule)
         hit = self._starts.get(key)
         if hit is None:
             if sc.model.moe is None:
                 hit = [[0] * len(row) for row in split]
             else:
-                hit = [[chunk_first_layer(split, s, c) for c in range(len(row))]
+                hops = placement(par.schedule, par.pp, par.virtual_stages) or None
+                hit = [[chunk_first_layer(split, s, c, hops) for c in range(len(row))]
                        for s, row in enumerate(split)]
             self._starts[key] = hit
         return hit
@@ -197,15 +206,18 @@ class SharedParts:
         and its MoE blocks, memoised."""
         par, model = sc.parallelism, sc.model
         moe_start = start if model.moe is not None else 0
-        key = (self._family(sc), par.tp, par.pp, par.ep, n, first, last, moe_start)
+        hops = placement(par.schedule, par.pp, par.virtual_stages)
+        # One LM head copy where the first and last chunks share a stage (ZB-V's V).
+        head_p = 1 if hops and hops[0][0] == hops[-1][0] else par.pp
+        key = (self._family(sc), par.tp, head_p, par.ep, n, first, last, moe_start)
         hit = self._params.get(key)
         if hit is None:
             _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
             moe_blocks = sum(model.moe.is_moe_layer(i) for i in range(start, start + n)) \
                 if model.moe is not None else 0
             hit = self._params[key] = (
-                chunk_params(model, par.tp, n, first, last, par.pp, par.ep, start), experts,
-                param_tensors(model, n, first, last, par.pp), moe_blocks)
+                chunk_params(model, par.tp, n, first, last, head_p, par.ep, start), experts,
+                param_tensors(model, n, first, last, head_p), moe_blocks)
         return hit
 
     def _runs(self, plan_key: tuple, split: list[list[int]],

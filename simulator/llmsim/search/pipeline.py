@@ -18,6 +18,11 @@ micro-batches over ``p`` stages takes
   (``llmsim.schedules.zb_h2``), for m ≥ 2p − 1 and W ≤ F, B; unequal stages are
   approximated by the costliest stage's lag, and every stage is taken to end with the
   last (its deferred W passes fill the tail);
+- ZB-V: no closed form — its greedy order (``llmsim.schedules.zb_v``) is irregular once
+  F, B and W differ — so :func:`zb_v_walk_s` replays the schedule's action order with
+  these pass times, half of a stage's per chunk (Qi et al. 2024 §6): each pass starts
+  when its stage is free and its inputs have arrived, the engine's rule without its
+  events;
 
 plus the pipeline hops where sends do not block (a blocking send is in its stage's pass
 time already). With equal stages and free communication each equals the bubble closed
@@ -27,6 +32,10 @@ forms the schedules' tests check.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from llmsim.schedules import build
+from llmsim.schedules.action import Action
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,8 @@ class StageTimes:
     first_forward_gather: float = 0.0
     """Time the first forwards wait for the weights the optimizer updated
     (``overlap_param_gather``)."""
+    chunk_forward: list[float] = field(default_factory=list)
+    """Per chunk, forward seconds of one micro-batch (ZB-V's walk splits ``f`` by them)."""
 
     @property
     def reduction_s(self) -> float:
@@ -140,6 +151,17 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     elif schedule == "zb-h2":
         lag = max(max(f, f + b - 2 * w) for f, b, w in passes)
         total = m * top + (p - 1) * lag
+    elif schedule == "zb-v":
+        stages = [(st, pass_times) for (st, n), pass_times in zip(runs, passes, strict=True)
+                  for _ in range(n)]
+        walk, stage_ends = zb_v_walk_s(stages, m, blocking=blocking)
+        extra = max(st.first_forward_gather for st, _ in runs)
+        total = max(walk, m * top) + extra
+        ends, s = [], 0
+        for _, n in runs:
+            ends.append((stage_ends[s] + extra, stage_ends[s + n - 1] + extra))
+            s += n
+        return total, ends
     else:  # 1f1b, and one stage of anything
         total = (m - 1) * top + sum(c * n for c, n in zip(cycle, counts, strict=True))
     total += hops + max(st.first_forward_gather for st, _ in runs)
@@ -160,6 +182,87 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         behind += n * step
         s += n
     return total, ends
+
+
+@lru_cache(maxsize=64)
+def _zb_v_order(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
+    """ZB-V's per-stage action order (memoised: the search prices many layouts of one
+    (p, m))."""
+    return tuple(tuple(row) for row in build("zb-v", p, m, 2))
+
+
+def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int, *,
+                blocking: bool) -> tuple[float, list[float]]:
+    """ZB-V's pipeline phase: (its length, when each stage's last pass ends), seconds.
+
+    ``stages`` is per stage its times and its (forward, backward, weight-gradient) time
+    of one micro-batch over both chunks (:func:`_passes`), split over the two chunks in
+    the ratio of their own passes (``chunk_forward``, ``chunk_backward``; halves when
+    unknown): stage 0's second chunk holds the LM head, its first the embedding.
+    Each stage runs its actions in the schedule's order; a pass starts when the stage is
+    free and its input is in: F after the F of the previous virtual stage, B after the
+    B of the next one (the last virtual stage's B after its own F), W after its B. The
+    V (stage s holds virtual stages s and 2p − 1 − s, Qi et al. 2024 §6) sends chunk 0
+    down and chunk 1 up; a non-blocking send adds its hop (``hop_f`` to the next stage,
+    ``hop_b`` to the previous one), a blocking one is in the pass times already, and the
+    turn at the last stage sends nothing. O(passes) after the order is built.
+    """
+    p = len(stages)
+    order = _zb_v_order(p, m)
+    hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
+    index = {hop: k for k, hop in enumerate(hops)}
+    duration = [[{"F": f * sf, "B": b * sb, "W": w * sw}
+                 for sf, sb, sw in zip(*_chunk_shares(st), strict=True)]
+                for st, (f, b, w) in stages]
+
+    def arrival(s: int, t: float, to: int) -> float:
+        """When a message stage s sends at t reaches stage ``to``."""
+        if blocking or to == s:
+            return t
+        st = stages[s][0]
+        return t + (st.hop_f if to == s + 1 else st.hop_b)
+
+    done: dict[tuple[str, int, int], float] = {}  # (kind, mb, virtual stage) → arrival
+    free = [0.0] * p
+    position = [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s, row in enumerate(order):
+            while position[s] < len(row):
+                a = row[position[s]]
+                k = index[(s, a.chunk)]
+                if a.kind == "F":
+                    need = ("F", a.microbatch, k - 1) if k > 0 else None
+                elif a.kind == "B":  # the last virtual stage's B after its own F
+                    need = ("B", a.microbatch, k + 1) if k < 2 * p - 1 else ("F", a.microbatch, k)
+                else:
+                    need = ("W", a.microbatch, k)
+                if need is not None and need not in done:
+                    break
+                start = max(free[s], done[need]) if need is not None else free[s]
+                free[s] = end = start + duration[s][a.chunk][a.kind]
+                if a.kind == "F":  # to the next virtual stage
+                    to = hops[k + 1][0] if k < 2 * p - 1 else s
+                    done[("F", a.microbatch, k)] = arrival(s, end, to)
+                elif a.kind == "B":  # to the previous virtual stage; W may follow
+                    to = hops[k - 1][0] if k > 0 else s
+                    done[("B", a.microbatch, k)] = arrival(s, end, to)
+                    done[("W", a.microbatch, k)] = end
+                position[s] += 1
+                progress = True
+    return max(free), free
+
+
+def _chunk_shares(st: StageTimes) -> tuple[list[float], list[float], list[float]]:
+    """Each of two chunks' share of a stage's forward, backward and weight-gradient
+    passes."""
+    def shares(parts: list[float]) -> list[float]:
+        total = sum(parts)
+        return [x / total for x in parts] if len(parts) == 2 and total > 0 else [0.5, 0.5]
+
+    return (shares(st.chunk_forward), shares([b for b, _ in st.chunk_backward]),
+            shares([w for _, w in st.chunk_backward]))
 
 
 def reduction_tail_s(st: StageTimes, p: int, *, overlap: bool, split_backward: bool,

@@ -23,9 +23,9 @@ from llmsim.specs import Scenario
 SWITCHES = ("overlap_dp_comm", "overlap_tp_comm", "overlap_pp_comm", "overlap_param_gather")
 """The overlap switches the search varies."""
 
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2", "zb-v")
 """The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
-the same as any other)."""
+the same as any other; ZB-V with its two chunks per stage)."""
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -53,6 +53,9 @@ class Layout:
     """Expert-parallel degree (MoE models)."""
     cp: int = 1
     """Context-parallel degree."""
+    parameter_servers: int = 0
+    """Parameter servers the gradients go through (``dp_mode: parameter_server``); 0: the
+    data-parallel ranks all-reduce them."""
 
     @property
     def key(self) -> str:
@@ -62,7 +65,8 @@ class Layout:
                 f"{self.schedule}.mb{self.micro_batch}.z{self.zero}."
                 f"sp{int(self.sequence_parallel)}.{self.recompute}.o{flags}.gb{self.global_batch}"
                 + (f".ep{self.ep}" if self.ep > 1 else "")
-                + (f".cp{self.cp}" if self.cp > 1 else ""))
+                + (f".cp{self.cp}" if self.cp > 1 else "")
+                + (f".ps{self.parameter_servers}" if self.parameter_servers else ""))
 
     @property
     def devices(self) -> int:
@@ -79,12 +83,15 @@ class Layout:
                 "overlap_tp_comm": self.overlap_tp_comm,
                 "overlap_pp_comm": self.overlap_pp_comm,
                 "overlap_param_gather": self.overlap_param_gather, "ep": self.ep,
-                "cp": self.cp}
+                "cp": self.cp,
+                "dp_mode": "parameter_server" if self.parameter_servers else "all_reduce",
+                **({"parameter_servers": self.parameter_servers}
+                   if self.parameter_servers else {})}
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for a table row."""
         return {"nodes": self.nodes, **self.parallelism_updates(),
-                "global_batch": self.global_batch}
+                "parameter_servers": self.parameter_servers, "global_batch": self.global_batch}
 
     @property
     def replicas(self) -> int:
@@ -112,6 +119,9 @@ class SpaceOptions:
     """Fewest nodes a layout may use."""
     max_cp: int = 1
     """Largest context-parallel degree tried (1: none)."""
+    max_parameter_servers: int = 0
+    """Most parameter servers tried in place of the all-reduce (0: none; powers of two
+    up to it and the layout's nodes, at ZeRO 0 without ep or cp, the spec's rule)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -146,7 +156,7 @@ def _parse_value(name: str, raw: str) -> Any:
             value = int(raw)
         except ValueError:
             raise UserError(f"--fix: {name}={raw!r} must be a whole number") from None
-        if value < (0 if name == "zero" else 1):
+        if value < (0 if name in ("zero", "parameter_servers") else 1):
             raise UserError(f"--fix: {name}={value} must be positive")
         return value
     allowed = SCHEDULES if name == "schedule" else RECOMPUTE
@@ -227,8 +237,24 @@ def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_no
             zeros = [z for z in zeros if z < 3]
         for zero in _choices("zero", zeros, fx):
             if state_fits is None or state_fits(tp, pp, dp, ep, cp, zero):
+                servers = _servers(nodes, dp, ep, cp, zero, options)
                 for layout in _per_replica(gb, nodes, tp, pp, dp * ep, zero, layers, options):
-                    yield replace(layout, dp=dp, ep=ep, cp=cp) if ep > 1 or cp > 1 else layout
+                    layout = replace(layout, dp=dp, ep=ep, cp=cp) if ep > 1 or cp > 1 \
+                        else layout
+                    for k in servers:
+                        yield replace(layout, parameter_servers=k) if k else layout
+
+
+def _servers(nodes: int, dp: int, ep: int, cp: int, zero: int,
+             options: SpaceOptions) -> list[int]:
+    """Parameter servers tried (0: all-reduce): with ``max_parameter_servers``, the
+    powers of two up to it and the nodes (one server per node, the spec's rule), where the
+    spec allows a parameter server (dp > 1, ZeRO 0, no ep or cp)."""
+    limit = min(options.max_parameter_servers, nodes)
+    counts = [0]
+    if dp > 1 and zero == 0 and ep == 1 and cp == 1:
+        counts += [2 ** i for i in range(limit.bit_length()) if 2 ** i <= limit]
+    return _choices("parameter_servers", counts, options.fixed)
 
 
 def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, layers: int,
@@ -240,6 +266,8 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
     for schedule in _choices("schedule", schedules, fx):
         if schedule == "interleaved-1f1b":
             chunks = [v for v in divisors(layers // pp) if v >= 2]
+        elif schedule == "zb-v":  # two chunks per stage, the V (Qi et al. 2024 §6)
+            chunks = [2]
         else:
             chunks = [1]
         for v in _choices("virtual_stages", chunks, fx):
@@ -299,7 +327,8 @@ def layout_of(scenario: Scenario) -> Layout:
                   par.schedule, par.micro_batch, par.zero, par.sequence_parallel,
                   par.recompute, par.overlap_dp_comm, par.overlap_tp_comm,
                   par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch,
-                  par.ep, par.cp)
+                  par.ep, par.cp,
+                  par.parameter_servers if par.dp_mode == "parameter_server" else 0)
 
 
 def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
