@@ -34,6 +34,7 @@ from llmsim.params import (
     layer_params_per_device,
 )
 from llmsim.partition import chunk_layers
+from llmsim.schedules import SCHEDULES, placement
 
 
 class PeakMemory:
@@ -61,7 +62,9 @@ class PeakMemory:
         """``max(s.total_bytes for s in memory_per_stage(model, par, training, dp, …))``,
         bytes (raises UserError where :func:`memory_per_stage` does)."""
         model = self.model
-        if model.moe is not None:
+        # MoE models, and schedules that place chunks their own way (ZB-V's V) or stash
+        # weight versions (PipeDream), take the memory model itself.
+        if model.moe is not None or par.schedule not in LOOPING_ONE_VERSION:
             return max(s.total_bytes for s in memory_per_stage(model, par, training, dp,
                                                                 self.accelerator))
         p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
@@ -134,3 +137,10 @@ class PeakMemory:
                                             embedding_params_per_device(model, tp),
                                             head_params_per_device(model, tp, pp))
         return hit
+
+
+LOOPING_ONE_VERSION = frozenset(
+    name for name, info in SCHEDULES.items()
+    if not placement(name, 4, 2) and all(info.weight_versions(4, i, 8) == 1 for i in range(4)))
+"""Schedules whose chunks loop (chunk c of stage s is virtual stage c·p + s) and that hold
+one version of the weights: the memory this module computes in its fast way."""

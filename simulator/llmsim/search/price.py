@@ -36,7 +36,7 @@ _BASES: dict[str, tuple[Scenario, PeakMemory]] = {}
 """This process's copy of each base scenario (by its JSON) and its memory model: a batch
 arrives with its own unpickled copy, and the memo tables key on the objects."""
 
-ROW_COLUMNS = ("key", *LAYOUT_FIELDS, "devices", "idle_devices", "micro_batches",
+ROW_COLUMNS = ("key", *LAYOUT_FIELDS, "dp_mode", "devices", "idle_devices", "micro_batches",
                "memory_gb", "memory_fraction", "est_step_time_s", "est_pipeline_s",
                "est_dp_tail_s", "est_optimizer_s", "est_mfu", "est_tokens_per_s",
                "est_tokens_per_device_s", "est_days")
@@ -191,6 +191,7 @@ def row(columns: dict[str, list[Any]], layout: Layout, e: Any, memory_bytes: flo
     in the names (:data:`ROW_COLUMNS`)."""
     tokens_per_s = e.tokens_per_s
     values = (layout.key, *(getattr(layout, name) for name in LAYOUT_FIELDS),
+              "parameter_server" if layout.parameter_servers else "all_reduce",
               layout.devices, machine_devices - layout.devices,
               layout.global_batch // (layout.micro_batch * layout.dp),
               memory_bytes / 1e9, memory_bytes / capacity_bytes, e.step_time_s,
