@@ -27,6 +27,7 @@ from llmsim.search.space import (
     parallelism_of,
     switch_variants,
     variant_count,
+    with_layout,
 )
 from llmsim.simulation import check_posted_units
 from llmsim.specs import Scenario
@@ -161,12 +162,7 @@ def packed(columns: dict[str, list[Any]]) -> dict[str, Any]:
 def applied(base: Scenario, layout: Layout, par: Any, training: Any) -> Scenario:
     """:func:`~llmsim.search.space.apply` of ``layout`` whose ``parallelism_of`` is
     already validated (``par``, ``training``): only the scenario's own rules are checked."""
-    return type(base).model_validate({
-        "name": base.name, "description": base.description,
-        "system": base.system, "nodes": layout.nodes, "model": base.model,
-        "parallelism": par, "training": training, "seed": base.seed,
-        "fidelity": "reduced", "calibration": base.calibration,
-        "calendar": base.calendar, "max_sim_passes": base.max_sim_passes})
+    return with_layout(base, layout.nodes, par, training)
 
 
 def with_switches(core: Scenario, layout: Layout) -> Scenario:

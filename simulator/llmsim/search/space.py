@@ -375,12 +375,16 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
     """``scenario`` with ``layout``, validated (raises ValueError when it cannot run); see
     :func:`parallelism_of` for the settings a layout drops."""
     new_par, training = parallelism_of(scenario, layout)
+    return with_layout(scenario, layout.nodes, new_par, training)
+
+
+def with_layout(scenario: Scenario, nodes: int, par: Any, training: Any) -> Scenario:
+    """``scenario`` (every field kept) on ``nodes`` nodes with ``par`` and ``training``,
+    in reduced fidelity, validated by the scenario's own rules."""
+    fields = {name: getattr(scenario, name) for name in type(scenario).model_fields}
     return type(scenario).model_validate({
-        "name": scenario.name, "description": scenario.description,
-        "system": scenario.system, "nodes": layout.nodes, "model": scenario.model,
-        "parallelism": new_par, "training": training, "seed": scenario.seed,
-        "fidelity": "reduced", "calibration": scenario.calibration,
-        "calendar": scenario.calendar, "max_sim_passes": scenario.max_sim_passes})
+        **fields, "nodes": nodes, "parallelism": par, "training": training,
+        "fidelity": "reduced"})
 
 
 def switched(core: Scenario, base: Scenario, layout: Layout) -> Scenario:
