@@ -38,6 +38,7 @@ along different dimensions use different links and do not slow each other.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, replace
 
@@ -68,8 +69,14 @@ def job_shape(dims: list[int], nodes: int) -> list[int]:
     Dimensions fill from the last to the first, each with the largest divisor of the
     nodes left that fits it. Nodes left over that no dimension divides (a prime larger
     than any dimension) widen the outermost dimensions with room, rounding up, so the box
-    holds at least ``nodes``.
+    holds at least ``nodes``. Worked out once per (dims, nodes): the placement asks for
+    it for every rank.
     """
+    return list(_job_shape(tuple(dims), nodes))
+
+
+@functools.lru_cache(maxsize=4096)
+def _job_shape(dims: tuple[int, ...], nodes: int) -> tuple[int, ...]:
     shape = [1] * len(dims)
     left = nodes
     for i in reversed(range(len(dims))):
@@ -81,7 +88,7 @@ def job_shape(dims: list[int], nodes: int) -> list[int]:
         wider = min(dims[i], shape[i] * left)
         left = -(-left * shape[i] // wider)
         shape[i] = wider
-    return shape
+    return tuple(shape)
 
 
 @dataclass(frozen=True)
