@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_cli import run_cli
 
-from llmsim import gpt4, loader
+from llmsim import gpt4, gpt4_sources, loader
 from llmsim.errors import UserError
 
 
 def test_source_method_reproduces_the_source_arithmetic():
     """brief.md: OpenAI's 25,000 A100 at BF16 312 TFLOP/s = 7.8 EFLOP/s need 45 days at
     peak for 3e25 FLOPs, "×2" → 89 days (the source's table: 90)."""
-    peak = gpt4.part_peak_flops(gpt4.SOURCE_TABLE[0].parts[0])
+    peak = gpt4_sources.part_peak_flops(gpt4_sources.SOURCE_TABLE[0].parts[0])
     assert peak == pytest.approx(312e12 * 25_000)
     assert gpt4.source_method_days(3e25, peak, 1.0) == pytest.approx(3e25 / 7.8e18 / 86_400)
     assert gpt4.source_method_days(3e25, peak, 2.0) == pytest.approx(89.03, abs=0.01)
@@ -25,14 +25,15 @@ def test_source_method_reproduces_the_source_arithmetic():
 
 def test_source_method_counts_packages_in_llmsim_devices():
     """An MI250X package is two GCDs, a Ponte Vecchio GPU two stacks; ABCI adds its V100s."""
-    rows = {r.system: r for r in gpt4.SOURCE_TABLE}
+    rows = {r.system: r for r in gpt4_sources.SOURCE_TABLE}
     gcd = loader.load_spec("systems", "frontier").node.accelerator.peak_flops("bf16")
-    assert gpt4.part_peak_flops(rows["frontier"].parts[0]) == pytest.approx(2 * 37_888 * gcd)
+    frontier = gpt4_sources.part_peak_flops(rows["frontier"].parts[0])
+    assert frontier == pytest.approx(2 * 37_888 * gcd)
     a100, v100 = rows["abci"].parts
-    assert gpt4.part_peak_flops(a100) + gpt4.part_peak_flops(v100) == pytest.approx(
+    assert gpt4_sources.part_peak_flops(a100) + gpt4_sources.part_peak_flops(v100) == pytest.approx(
         960 * 312e12 + 4_352 * 125e12)
     fp32 = loader.load_spec("systems", "fugaku").node.accelerator.peak_flops("fp32")
-    assert gpt4.part_peak_flops(rows["fugaku"].parts[0]) == pytest.approx(158_976 * fp32)
+    assert gpt4_sources.part_peak_flops(rows["fugaku"].parts[0]) == pytest.approx(158_976 * fp32)
 
 
 @pytest.mark.parametrize(("system", "nodes", "source_devices"), [
@@ -43,7 +44,7 @@ def test_source_method_counts_packages_in_llmsim_devices():
     ("fugaku", 158_976, 158_976),
 ])  # abci: the catalog's heterogeneous hand layout, no search (test_cli_end_to_end...)
 def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, source_devices):
-    row = next(r for r in gpt4.SOURCE_TABLE if r.system == system)
+    row = next(r for r in gpt4_sources.SOURCE_TABLE if r.system == system)
     catalog, base, devices = gpt4.whole_machine(row)
     assert base.nodes_used == nodes
     assert devices == source_devices
@@ -52,7 +53,7 @@ def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, so
     assert base.training.flops == 3e25 and base.model.name == "gpt4-proxy-dense"
 
 
-OPENAI = gpt4.whole_machine(gpt4.SOURCE_TABLE[0])[1]
+OPENAI = gpt4.whole_machine(gpt4_sources.SOURCE_TABLE[0])[1]
 
 
 @settings(max_examples=40, deadline=None)
@@ -66,7 +67,7 @@ def test_largest_nodes_is_at_most_the_machine_and_grows_with_it(a, b):
 
 def test_why_line_states_the_sources_implied_efficiency():
     """OpenAI: 90 days against 44.5 at peak = 49 % of peak (3e25 / (7.8e18 × 90 days))."""
-    row = gpt4.SOURCE_TABLE[0]
+    row = gpt4_sources.SOURCE_TABLE[0]
     result = gpt4.SystemResult(row, 25_000, 25_000, 7.8e18, gpt4.source_method_days(
         3e25, 7.8e18, 2.0), None, {}, False, "", 0, 0, 0.0)
     assert "mean 49 % of BF16 peak" in result.why()

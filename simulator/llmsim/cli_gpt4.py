@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import catalog, gpt4
+from llmsim import catalog, gpt4, gpt4_sources
 from llmsim.cli_console import console
 from llmsim.errors import UserError
 
@@ -139,7 +139,8 @@ def write_outputs(df: pd.DataFrame, results: list[gpt4.SystemResult], out_dir: P
 
 def gpt4_cmd(
     systems: Annotated[str | None, typer.Option(
-        "--systems", help=f"Comma-separated machines (default all: {','.join(gpt4.SYSTEMS)}).")]
+        "--systems",
+        help=f"Comma-separated machines (default all: {','.join(gpt4_sources.SYSTEMS)}).")]
     = None,
     max_layouts: Annotated[int | None, typer.Option(
         "--max-layouts", help="Core layouts sampled per machine (default: the whole space, "
