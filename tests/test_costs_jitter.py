@@ -147,6 +147,34 @@ def test_pipeline_free_step_mean_is_the_expected_slowest_rank():
     assert spread.slowdown > 1
 
 
+def test_micro_batches_draw_their_own_noise():
+    """A pipeline-free step of m micro-batches sums m independent draws per pass op, so
+    its coefficient of variation is 1/√m of a one-micro-batch step's (with one shared
+    draw per step it would be the same); the mean is unchanged."""
+    cv, steps, cvs, slowdowns = 0.2, 40, {}, {}
+    for m in (1, 16):
+        over = {"parallelism.tp": 8, "parallelism.pp": 1, "training.global_batch": m}
+        plain_s = llmsim.simulate(make_scenario(**over)).step_time_s
+        spread = step_spread(make_scenario(**over, **{"jitter.compute_cv": cv,
+                                                      "jitter.steps": steps}))
+        cvs[m] = np.std(spread.step_times_s) / spread.mean_s
+        slowdowns[m] = spread.mean_s / plain_s
+    assert 2.5 < cvs[1] / cvs[16] < 6.5  # √16 = 4, each CV known to about ±11 %
+    assert slowdowns[16] == pytest.approx(slowdowns[1], rel=0.02)
+
+
+def test_jittered_pass_ops_average_the_micro_batches_draws():
+    scenario = make_scenario(**{"jitter.compute_cv": 0.3})
+    costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    wrapped = jittered(costs, scenario)
+    assert isinstance(wrapped, JitteredCosts) and wrapped.micro_batches == scenario.micro_batches
+    gemm = ComputeOp("g", "gemm", "F", 2e12, 1e6, mnk=(1000, 1000, 1000))
+    per_step = [wrapped.compute_s(gemm) for _ in range(400)]
+    per_pass = [wrapped.pass_compute_s(gemm) for _ in range(400)]
+    ratio = np.std(per_step) / np.std(per_pass)
+    assert ratio == pytest.approx(math.sqrt(scenario.micro_batches), rel=0.25)
+
+
 def test_bad_jitter_is_a_user_error():
     with pytest.raises(UserError, match="compute_cv"):
         make_scenario(**{"jitter.compute_cv": -0.1})

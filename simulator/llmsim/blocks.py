@@ -101,14 +101,18 @@ class Block:
 
 def _prices(ops: tuple[Op, ...], costs: CostModel) -> list[float]:
     """Seconds each of ``ops`` takes, from ``costs``; an op object that recurs (a chunk's
-    layers share theirs) is priced once."""
+    layers share theirs) is priced once. A cost model that prices a pass's ops apart from
+    once-per-step ones (``pass_compute_s`` / ``pass_comm_s``: the jitter's mean over the
+    step's micro-batches, :mod:`llmsim.costs.jitter`) is asked through those."""
+    compute_s = getattr(costs, "pass_compute_s", costs.compute_s)
+    comm_s = getattr(costs, "pass_comm_s", costs.comm_s)
     priced: dict[int, float] = {}
     out = []
     for op in ops:
         duration_s = priced.get(id(op))
         if duration_s is None:
-            duration_s = priced[id(op)] = (costs.compute_s(op) if isinstance(op, ComputeOp)
-                                           else costs.comm_s(op))
+            duration_s = priced[id(op)] = (compute_s(op) if isinstance(op, ComputeOp)
+                                           else comm_s(op))
         out.append(duration_s)
     return out
 

@@ -38,10 +38,19 @@ warm-up and cool-down. Memory-bound kernels keep their time (a lower SM clock le
 bandwidth as it is: an H100 runs memory-bound kernels at full clock, 559 W, while its
 GEMMs throttle, ``hardware/accelerators/h100-sxm5-80gb.yaml``).
 
+**Per micro-batch.** The engine prices each distinct pass once per step and replays it
+for each of the step's m micro-batches (:mod:`llmsim.blocks`). A pass's op is therefore
+priced by :meth:`JitteredCosts.pass_compute_s` / :meth:`~JitteredCosts.pass_comm_s` at the
+**mean of m independent factors**, one per micro-batch: the op's total over the step then
+has the mean and the variance of m independent draws (m·E[X] and m·Var[X], where one
+shared factor would give m²·Var[X]). What the mean loses is the order of the draws
+within the step — which micro-batch drew the slow one — which moves the pipeline's
+critical path only in the warm-up and cool-down. Ops that run once per step (the
+optimizer, the gradient buckets' preparation and reduction) draw one factor.
+
 **Draws.** Factors come from a :class:`numpy.random.Generator` seeded from
-(``seed``, step), in the order the engine prices its ops (each distinct pass once per
-step, shared by the step's micro-batches); the slow devices from (``seed``). Same seed and
-step, same factors.
+(``seed``, step), in the order the engine prices its ops; the slow devices from
+(``seed``). Same seed and step, same factors.
 """
 
 from __future__ import annotations
@@ -80,27 +89,44 @@ class JitteredCosts:
     docstring)."""
 
     def __init__(self, base: CostModel, jitter: Jitter, ranks: int,
-                 rng: np.random.Generator, slow: bool) -> None:
+                 rng: np.random.Generator, slow: bool, micro_batches: int = 1) -> None:
         self.base, self.jitter, self.ranks, self.rng = base, jitter, ranks, rng
         self.slow = slow
         """Whether the job holds a slow device (its compute-bound kernels run slower)."""
+        self.micro_batches = micro_batches
+        """Micro-batches per pipeline per step: the replays of one priced pass."""
 
-    def compute_s(self, op: ComputeOp) -> float:
-        """The op's time on the slowest of the ranks the representative stands for, s."""
+    def _factor(self, cv: float, ranks: int, draws: int) -> float:
+        """The mean of ``draws`` independent slowest-of-``ranks`` factors."""
+        if cv == 0:
+            return 1.0
+        u = 1.0 - self.rng.random(draws)
+        return math.fsum(max_lognormal(cv, ranks, float(x)) for x in u) / draws
+
+    def _compute(self, op: ComputeOp, draws: int) -> float:
         duration = self.base.compute_s(op)
         if self.slow and op.kind != "memory":
             duration /= self.jitter.slow_speed
-        if self.jitter.compute_cv > 0:
-            duration *= max_lognormal(self.jitter.compute_cv, self.ranks,
-                                      1.0 - self.rng.random())
-        return duration
+        return duration * self._factor(self.jitter.compute_cv, self.ranks, draws)
+
+    def compute_s(self, op: ComputeOp) -> float:
+        """The op's time on the slowest of the ranks the representative stands for, once
+        per step, s."""
+        return self._compute(op, 1)
 
     def comm_s(self, op: CommOp) -> float:
-        """The collective's or transfer's time with its own noise, s."""
-        duration = self.base.comm_s(op)
-        if self.jitter.comm_cv > 0:
-            duration *= max_lognormal(self.jitter.comm_cv, 1, 1.0 - self.rng.random())
-        return duration
+        """The collective's or transfer's time with its own noise, once per step, s."""
+        return self.base.comm_s(op) * self._factor(self.jitter.comm_cv, 1, 1)
+
+    def pass_compute_s(self, op: ComputeOp) -> float:
+        """A pass's op: its time per micro-batch, at the mean of the step's micro-batches'
+        factors (module docstring), s."""
+        return self._compute(op, self.micro_batches)
+
+    def pass_comm_s(self, op: CommOp) -> float:
+        """A pass's collective or transfer, per micro-batch, at the mean of the step's
+        micro-batches' factors, s."""
+        return self.base.comm_s(op) * self._factor(self.jitter.comm_cv, 1, self.micro_batches)
 
 
 def slow_devices(scenario: Scenario) -> int:
@@ -120,4 +146,5 @@ def jittered(costs: CostModel, scenario: Scenario, step: int = 0) -> CostModel:
         return costs
     rng = np.random.default_rng([scenario.seed % 2**64, 1, step])
     ranks = scenario.devices // scenario.parallelism.pp
-    return JitteredCosts(costs, jitter, ranks, rng, slow_devices(scenario) > 0)
+    return JitteredCosts(costs, jitter, ranks, rng, slow_devices(scenario) > 0,
+                         scenario.micro_batches)
