@@ -131,7 +131,9 @@ def test_chimera_has_fewer_bubbles_than_1f1b_and_two_weight_copies() -> None:
     assert chimera[0] < one_f_one_b[0]  # 4 against (p − 1)(t_F + t_B) = 9
     # Li & Hoefler 2021 Table 1: activations between (p/2 + 1)·M_a and p·M_a; 2·M_θ.
     assert peak_in_flight(build("chimera", p, m)) == [3, 4, 4, 3]
-    assert [SCHEDULES["chimera"].weight_versions(p, i, m) for i in range(p)] == [2] * p
+    # Two pipelines: each device holds its own stage and the up pipeline's replica of
+    # stage p − 1 − i (the memory model adds both; tests/test_engine_schedules.py).
+    assert SCHEDULES["chimera"].pipelines == 2
 
 
 @pytest.mark.parametrize(("p", "m"), [(3, 6), (4, 6)])

@@ -212,7 +212,8 @@ def schedule_show(
     info = schedules.SCHEDULES[name]
     peaks = " ".join(str(n) for n in schedules.peak_in_flight(plan))
     out.print(f"peak in flight per stage (micro-batch-chunks): {peaks}", highlight=False)
-    versions = [info.weight_versions(stages, i, microbatches) for i in range(stages)]
+    versions = [info.weight_versions(stages, i, microbatches) * info.pipelines  # Chimera: 2
+                for i in range(stages)]
     if any(n != 1 for n in versions):
         out.print("weight copies per stage: " + " ".join(map(str, versions)), highlight=False)
 

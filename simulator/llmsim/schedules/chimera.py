@@ -23,8 +23,7 @@ def chimera_peak(p: int, i: int, m: int, v: int) -> int:
           route=lambda p, m, v: bidirectional(p),
           peak_forwards=chimera_peak,
           bubble=lambda p, m, v, f, b, w: (m // p) * (p - 2) * max(f, b),
-          weight_versions=lambda p, i, m: 2,
-          replayed=False)
+          pipelines=2)
 def chimera(stages: int, microbatches: int, chunks: int) -> list:
     """Two 1F1B pipelines in opposite directions on the same p workers (Li & Hoefler
     2021 §3.1, Fig. 3): worker i runs stage i of the down pipeline (chunk 0) and stage
@@ -63,10 +62,15 @@ def chimera(stages: int, microbatches: int, chunks: int) -> list:
         merged: list[list[tuple[float, int, Action]]] = [[] for _ in range(stages)]
         for s, row in enumerate(timeline):
             for start, _, a in row:
+                if a.kind == "W":  # fused: placed right after its B below
+                    continue
                 merged[s].append((start, a.microbatch, Action(s, a.kind, base + a.microbatch, 0)))
                 up = stages - 1 - s
                 merged[up].append((start, a.microbatch,
                                    Action(up, a.kind, base + half + a.microbatch, 1)))
         for s in range(stages):
-            rows[s] += [a for *_, a in sorted(merged[s], key=lambda t: (t[0], t[1], t[2].chunk))]
+            for *_, a in sorted(merged[s], key=lambda t: (t[0], t[1], t[2].chunk)):
+                rows[s].append(a)
+                if a.kind == "B":  # the fused backward's weight gradients
+                    rows[s].append(Action(s, "W", a.microbatch, a.chunk))
     return rows
