@@ -155,3 +155,41 @@ def test_chimera_all_reduces_each_stages_two_replicas(zero: int) -> None:
 def test_chimera_bad_layouts_are_one_sentence_errors(extra: dict, message: str) -> None:
     with pytest.raises(UserError, match=message):
         _layout("chimera", 4, 8, **extra)
+
+
+# ---------------------------------------------------------------- DualPipe
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 10), (8, 16)])
+def test_the_engine_replays_dualpipe_its_pairs_one_after_the_other(p: int, m: int) -> None:
+    result = simulate(_layout("dualpipe", p, m), costs=LayerOnlyCosts())
+    f, b, w = (_pass_s(result, kind) for kind in "FBW")
+    timeline = schedules.unit_timeline(schedules.build("dualpipe", p, m), f=f, b=b, w=w)
+    reference = max(end for row in timeline for _, end, _ in row)
+    assert max(result.trace.stage_last_compute_s.values()) == pytest.approx(reference,
+                                                                              rel=1e-9)
+    # README: PP + 1 micro-batches' activations, 2× the parameters (stage s and p − 1 − s)
+    assert [s.in_flight_microbatches for s in result.memory] == [p + 1.0] * p
+    assert result.workload.pipelines == 2
+
+
+@pytest.mark.parametrize("p", [4, 6, 8])
+@pytest.mark.parametrize("extra", [0, 2, 2])
+def test_dualpipe_bubble_is_the_readme_form_at_equal_pass_times(p: int, extra: int) -> None:
+    m = 2 * p + extra * p // 2
+    m += m % 2
+    timeline = schedules.unit_timeline(schedules.build("dualpipe", p, m), f=1, b=1, w=1)
+    step = max(end for row in timeline for _, end, _ in row)
+    idle = [step - sum(end - start for start, end, _ in row) for row in timeline]
+    assert idle == [schedules.SCHEDULES["dualpipe"].bubble(p, m, 1, 1, 1, 1)] * p
+    assert idle[0] == p // 2 - 1
+    for f, b, w in ((1, 2, 1), (2, 3, 1), (3, 4, 2)):  # pairs not overlapped: below it
+        timeline = schedules.unit_timeline(schedules.build("dualpipe", p, m), f=f, b=b, w=w)
+        step = max(end for row in timeline for _, end, _ in row)
+        assert step - m * (f + b + w) <= schedules.SCHEDULES["dualpipe"].bubble(
+            p, m, 1, f, b, w)
+
+
+def test_dualpipe_needs_twice_the_stages_in_micro_batches() -> None:
+    with pytest.raises(UserError, match="at least twice the stages"):
+        schedules.build("dualpipe", 4, 6)

@@ -29,6 +29,8 @@ def _span_idle(row: list) -> Fraction:
 def _cases(name: str) -> list[tuple[int, int, int]]:
     if name == "chimera":
         return [(p, k * p, 1) for p in (2, 4, 6, 8) for k in (1, 2, 3)]
+    if name == "dualpipe":  # an even p and an even m ≥ 2p
+        return [(p, m, 1) for p in (2, 4, 6, 8) for m in (2 * p, 2 * p + 2, 4 * p)]
     if name == "interleaved-1f1b":
         return [(p, k * p, v) for p in (1, 2, 4) for k in (1, 2, 3) for v in (2, 3)]
     if name == "pipedream":  # no flush: the steady state of a run of m ≥ p micro-batches

@@ -9,7 +9,7 @@ from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_
 from llmsim.specs._base import Spec
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
-                       "chimera", "pipedream"]
+                       "chimera", "dualpipe", "pipedream"]
 NOT_REPLAYED = ("pipedream",)
 """Schedules ``llmsim schedule show`` draws but the engine does not replay yet
 (PipeDream's run without a flush)."""
@@ -285,14 +285,14 @@ class Parallelism(Spec):
             raise ValueError(
                 f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "
                 "but the engine does not replay it yet; use gpipe, 1f1b, interleaved-1f1b, "
-                "zb-h1, zb-h2, zb-v or chimera"
+                "zb-h1, zb-h2, zb-v, chimera or dualpipe"
             )
-        if self.schedule == "chimera" and (self.pp % 2 or self.zero == 3):
+        if self.schedule in ("chimera", "dualpipe") and (self.pp % 2 or self.zero == 3):
             raise ValueError(
-                f"parallelism.schedule: chimera with pp {self.pp} and zero {self.zero}; its "
-                "down and up pipelines need an even pp (Li & Hoefler 2021 §3.1), and ZeRO-3's "
-                "per-layer gathers over the two weight replicas are not modelled: use an even "
-                "pp and zero 0 to 2, or another schedule"
+                f"parallelism.schedule: {self.schedule} with pp {self.pp} and zero "
+                f"{self.zero}; its down and up pipelines need an even pp (Li & Hoefler "
+                "2021 §3.1), and ZeRO-3's per-layer gathers over the two weight replicas "
+                "are not modelled: use an even pp and zero 0 to 2, or another schedule"
             )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(
