@@ -125,6 +125,12 @@ def test_chimera_up_pipeline_runs_stage_p_minus_1_minus_s_on_stage_s() -> None:
         assert memory[s].params == alone[s].params + alone[3 - s].params
         assert memory[s].optimizer_bytes == pytest.approx(
             alone[s].optimizer_bytes + alone[3 - s].optimizer_bytes, rel=1e-12)
+    # m = 2p: each pipeline's 1F1B holds p − i and i + 1 (p + 1 in all); m = p: Table 1's
+    assert [s.in_flight_microbatches for s in memory] == [5.0] * 4
+    unit = scenario.model_copy(update={"training": scenario.training.model_copy(
+        update={"global_batch": 4})})
+    memory = memory_per_stage(unit.model, par, unit.training, unit.dp,
+                              unit.system.node.accelerator)
     assert [s.in_flight_microbatches for s in memory] == [3.0, 4.0, 4.0, 3.0]
 
 
