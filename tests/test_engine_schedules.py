@@ -1,6 +1,8 @@
-"""The engine replays the schedules added to the registry (ZB-H2, ZB-V): with equal
-stages and free communication its pipeline phase is the reference timeline's, and ZB-V's
-V sends each message to the stage its route names."""
+"""The engine replays the schedules added to the registry (ZB-H2, ZB-V, Chimera,
+DualPipe): with equal stages and free communication its pipeline phase is the reference
+timeline's, ZB-V's V sends each message to the stage its route names, Chimera's and
+DualPipe's second pipeline runs on the mirrored stages; PipeDream's steady state is
+replayed as a run of steps without a flush."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from helpers import LayerOnlyCosts, make_scenario
 from llmsim import schedules, simulate
 from llmsim.errors import UserError
 from llmsim.memory import memory_per_stage
+from llmsim.steady_state import pipedream_step_s
 from llmsim.workload import build_workload
 
 
@@ -199,3 +202,40 @@ def test_dualpipe_bubble_is_the_readme_form_at_equal_pass_times(p: int, extra: i
 def test_dualpipe_needs_twice_the_stages_in_micro_batches() -> None:
     with pytest.raises(UserError, match="at least twice the stages"):
         schedules.build("dualpipe", 4, 6)
+
+
+# ---------------------------------------------------------------- PipeDream
+
+
+def _cycle_s(result, stage: int) -> float:
+    """t_F + t_B + t_W of one micro-batch on ``stage``."""
+    return sum(next(r.end_s - r.start_s for r in result.trace.records
+                    if r.stream == "compute" and r.kind == kind and r.stage == stage)
+               for kind in "FBW")
+
+
+@pytest.mark.parametrize(("p", "m", "uneven"), [(2, 4, {}), (4, 8, {}), (8, 16, {}),
+                                                (4, 8, {"model__layers": 9,
+                                                        "parallelism__first_stage_layers": 3}),
+                                                (4, 4, {"model__layers": 7,
+                                                        "parallelism__first_stage_layers": 1})])
+def test_pipedream_steady_state_runs_at_the_slowest_stage_pace(p: int, m: int,
+                                                               uneven: dict) -> None:
+    scenario = _layout("1f1b", p, m, **uneven)
+    one_step = simulate(scenario, costs=LayerOnlyCosts())
+    steady = pipedream_step_s(scenario, LayerOnlyCosts())
+    # No flush: no bubble per step (the registry's 0), m micro-batches at the slowest
+    # stage's pace (Narayanan et al. 2019 §3.2); 1F1B with a flush pays its fill and drain.
+    assert steady == pytest.approx(m * max(_cycle_s(one_step, s) for s in range(p)),
+                                   rel=1e-9)
+    assert schedules.SCHEDULES["pipedream"].bubble(p, m, 1, 1, 1, 1) == 0
+    assert steady < max(one_step.trace.stage_last_compute_s.values())
+
+
+@pytest.mark.parametrize(("extra", "steps", "message"), [
+    ({}, 2, "give a whole number ≥ 3"),
+    ({"parallelism__pp": 1, "nodes": 1}, 3, "needs a pipeline"),
+])
+def test_pipedream_steady_state_bad_input(extra: dict, steps: int, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        pipedream_step_s(_layout("1f1b", 4, 8, **extra), LayerOnlyCosts(), steps=steps)
