@@ -239,3 +239,17 @@ def test_pipedream_steady_state_runs_at_the_slowest_stage_pace(p: int, m: int,
 def test_pipedream_steady_state_bad_input(extra: dict, steps: int, message: str) -> None:
     with pytest.raises(UserError, match=message):
         pipedream_step_s(_layout("1f1b", 4, 8, **extra), LayerOnlyCosts(), steps=steps)
+
+
+@pytest.mark.parametrize("schedule", ["chimera", "dualpipe"])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_two_pipelines_reduced_and_full_fidelity_agree(schedule: str, zero: int) -> None:
+    """Every device simulated (its replica all-reduce a barrier of the pair) gives the
+    step the one-device-per-stage run gives."""
+    scenario = _layout(schedule, 4, 16, parallelism__tp=4, parallelism__zero=zero)
+    assert scenario.dp == 2
+    reduced = simulate(scenario)
+    full = simulate(scenario.model_copy(update={"fidelity": "full"}))
+    assert full.step_time_s == pytest.approx(reduced.step_time_s, rel=1e-12)
+    assert sum(r.name == "replica_grad_allreduce" for r in full.trace.records) \
+        == len(full.trace.replicas)
