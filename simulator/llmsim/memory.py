@@ -301,7 +301,9 @@ def memory_per_stage(
     fitting is a result (``fits`` False), never an error. A schedule that keeps several
     versions of a stage's weights (the registry's ``weight_versions``: PipeDream's weight
     stashing, p − i on stage i, Narayanan et al. 2019 §3.3) multiplies the weights by
-    them; the gradients and optimizer state belong to the live version only.
+    them; the gradients and optimizer state belong to the live version only. With two
+    pipelines (Chimera, DualPipe: the registry's ``pipelines``) device i also holds stage
+    p − 1 − i's layers, with their weights, gradients, optimizer state and activations.
     """
     m, split = _check(model, parallelism, training, dp)
     p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
