@@ -52,8 +52,8 @@ class ScheduleInfo:
     route: Callable[[int, int, int], Route] | None = None
     """``(p, m, v)`` → the micro-batches' route; None: looping (c·p + s)."""
     weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1
-    """``(p, stage i, m)`` → copies of the stage's weights it holds (PipeDream's stash,
-    Chimera's two replicas); one for the others."""
+    """``(p, stage i, m)`` → versions of the stage's weights it holds (PipeDream's
+    stash); one for the others (Chimera's second stage is :attr:`pipelines`')."""
     replayed: bool = True
     """Whether the engine replays it (``parallelism.schedule`` accepts it)."""
     pipelines: int = 1
