@@ -258,8 +258,8 @@ def test_schedule_show_draws_the_new_schedules_with_their_memory(args, peaks, co
 
 
 def test_a_schedule_the_engine_does_not_replay_is_a_one_line_error(tmp_path, capsys):
-    message = _error(["run", str(tiny_file(tmp_path)), "--set", "parallelism.schedule=chimera"],
-                     capsys)
+    message = _error(["run", str(tiny_file(tmp_path)), "--set",
+                      "parallelism.schedule=pipedream"], capsys)
     assert "does not replay it yet" in message
 
 

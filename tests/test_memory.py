@@ -217,7 +217,7 @@ def test_in_flight_matches_the_schedules_when_available() -> None:
 
 def test_unknown_schedule_is_a_user_error() -> None:
     with pytest.raises(UserError, match="schedule"):
-        in_flight_chunks("dualpipe", 4, 8)
+        in_flight_chunks("hanayo", 4, 8)
 
 
 # ---------------------------------------------------------------- the whole device

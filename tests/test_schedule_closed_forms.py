@@ -29,6 +29,8 @@ def _span_idle(row: list) -> Fraction:
 def _cases(name: str) -> list[tuple[int, int, int]]:
     if name == "chimera":
         return [(p, k * p, 1) for p in (2, 4, 6, 8) for k in (1, 2, 3)]
+    if name == "dualpipe":  # an even p and an even m ≥ 2p
+        return [(p, m, 1) for p in (2, 4, 6, 8) for m in (2 * p, 2 * p + 2, 4 * p)]
     if name == "interleaved-1f1b":
         return [(p, k * p, v) for p in (1, 2, 4) for k in (1, 2, 3) for v in (2, 3)]
     if name == "pipedream":  # no flush: the steady state of a run of m ≥ p micro-batches
@@ -114,14 +116,61 @@ def test_zb_v_needs_two_chunks() -> None:
 
 
 @pytest.mark.parametrize("p", [2, 4, 6, 8, 12])
-@pytest.mark.parametrize("k", [1, 2, 3])
-@pytest.mark.parametrize(("f", "b", "w"), [(1, 1, 1), (1, 2, 0), (2, 3, 1), (1, 1, 0)])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+@pytest.mark.parametrize(("f", "b", "w"), [(1, 1, 1), (1, 2, 0), (2, 3, 1), (1, 1, 0),
+                                           (3, 2, 0)])
 def test_chimera_bubble_closed_form(p: int, k: int, f: int, b: int, w: int) -> None:
     m = k * p
     timeline = unit_timeline(build("chimera", p, m), f=f, b=b, w=w)
     expected = SCHEDULES["chimera"].bubble(p, m, 1, f, b, w)
-    assert expected == k * (p - 2) * max(f, b)
+    assert expected == (p - 2) * max(f, b)  # the basic units concatenated: no growth in m
     assert _idle(timeline) == [expected] * p
+    if f == b:  # Li & Hoefler 2021 Table 1: (p/2 − 1)(t_F + t_B), ratio (D−2)/(2N+D−2)
+        assert expected == (p // 2 - 1) * (f + b)
+
+
+def test_chimera_paper_bubble_is_out_of_reach_when_the_backward_is_twice_the_forward(
+) -> None:
+    """p = 4, m = 4, t_F = 1, t_B = 2 (fused): the least makespan over every order (all
+    active schedules, which hold an optimal one: Giffler & Thompson 1960) is 16, idle 4 =
+    (p − 2)·t_B, not the paper's (p/2 − 1)(t_F + t_B) = 3."""
+    p, m = 4, 4
+    route = build("chimera", p, m).route
+    passes = [(hop[0], kind, mb, k) for mb in range(m) for k, hop in enumerate(route(mb))
+              for kind in "FB"]
+    duration = {"F": 1, "B": 2}
+
+    def deps(a: tuple) -> list[tuple]:
+        _, kind, mb, k = a
+        hops = route(mb)
+        if kind == "F":
+            return [(hops[k - 1][0], "F", mb, k - 1)] if k else []
+        return [(hops[k + 1][0], "B", mb, k + 1)] if k < p - 1 else [(a[0], "F", mb, k)]
+
+    best = [10**9]
+    work = [sum(duration[a[1]] for a in passes if a[0] == s) for s in range(p)]
+
+    def search(end: dict, free: list[int], left: list[int]) -> None:
+        if len(end) == len(passes):
+            best[0] = min(best[0], max(end.values()))
+            return
+        if max(f + w for f, w in zip(free, left, strict=True)) >= best[0]:
+            return
+        ready = [(max([free[a[0]], *(end[d] for d in deps(a))]), a) for a in passes
+                 if a not in end and all(d in end for d in deps(a))]
+        start = min(t for t, _ in ready)
+        s = min(a[0] for t, a in ready if t == start)
+        soonest = min(t + duration[a[1]] for t, a in ready if a[0] == s)
+        for t, a in sorted(x for x in ready if x[1][0] == s and x[0] < soonest):
+            end[a], was = t + duration[a[1]], free[s]
+            free[s], left[s] = end[a], left[s] - duration[a[1]]
+            search(end, free, left)
+            free[s], left[s] = was, left[s] + duration[a[1]]
+            del end[a]
+
+    search({}, [0] * p, work)
+    assert best[0] - 3 * m == 4 == SCHEDULES["chimera"].bubble(p, m, 1, 1, 2, 0)
+    assert best[0] - 3 * m > (p // 2 - 1) * (1 + 2)
 
 
 def test_chimera_has_fewer_bubbles_than_1f1b_and_two_weight_copies() -> None:
@@ -131,7 +180,9 @@ def test_chimera_has_fewer_bubbles_than_1f1b_and_two_weight_copies() -> None:
     assert chimera[0] < one_f_one_b[0]  # 4 against (p − 1)(t_F + t_B) = 9
     # Li & Hoefler 2021 Table 1: activations between (p/2 + 1)·M_a and p·M_a; 2·M_θ.
     assert peak_in_flight(build("chimera", p, m)) == [3, 4, 4, 3]
-    assert [SCHEDULES["chimera"].weight_versions(p, i, m) for i in range(p)] == [2] * p
+    # Two pipelines: each device holds its own stage and the up pipeline's replica of
+    # stage p − 1 − i (the memory model adds both; tests/test_engine_schedules.py).
+    assert SCHEDULES["chimera"].pipelines == 2
 
 
 @pytest.mark.parametrize(("p", "m"), [(3, 6), (4, 6)])

@@ -43,6 +43,9 @@ def configurations(draw: st.DrawFn) -> tuple[str, int, int, int]:
     if name == "chimera":  # two pipelines: an even p, whole units of p micro-batches
         stages = 2 * draw(st.integers(1, 4))
         return name, stages, stages * draw(st.integers(1, 3)), 1
+    if name == "dualpipe":  # an even p, an even m ≥ 2p (deepseek-ai/DualPipe)
+        stages = 2 * draw(st.integers(1, 4))
+        return name, stages, 2 * stages + 2 * draw(st.integers(0, 4)), 1
     return name, stages, draw(st.integers(1, 20)), 2 if name == "zb-v" else 1
 
 
@@ -272,8 +275,8 @@ def test_to_dataframe_has_one_row_per_action_with_unit_times() -> None:
 
 
 def test_unknown_schedule_lists_the_registered_ones() -> None:
-    with pytest.raises(UserError, match="unknown name 'dualpipe'") as info:
-        build("dualpipe", 4, 8)
+    with pytest.raises(UserError, match="unknown name 'hanayo'") as info:
+        build("hanayo", 4, 8)
     assert all(name in str(info.value) for name in SCHEDULES)
 
 

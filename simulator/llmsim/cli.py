@@ -195,7 +195,7 @@ MAX_GRID_CELLS = 16_384
 @schedule_app.command("show")
 def schedule_show(
     name: Annotated[str, typer.Argument(help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-h2, "
-                                             "zb-v (--chunks 2), chimera or pipedream.")],
+                                             "zb-v (--chunks 2), chimera, dualpipe or pipedream.")],
     stages: Annotated[int, typer.Option(min=1, help="Pipeline stages p.")] = 4,
     microbatches: Annotated[int, typer.Option(min=1, help="Micro-batches m.")] = 8,
     chunks: Annotated[int, typer.Option(min=1, help="Chunks per stage v (interleaved).")] = 1,
@@ -212,7 +212,8 @@ def schedule_show(
     info = schedules.SCHEDULES[name]
     peaks = " ".join(str(n) for n in schedules.peak_in_flight(plan))
     out.print(f"peak in flight per stage (micro-batch-chunks): {peaks}", highlight=False)
-    versions = [info.weight_versions(stages, i, microbatches) for i in range(stages)]
+    versions = [info.weight_versions(stages, i, microbatches) * info.pipelines  # Chimera: 2
+                for i in range(stages)]
     if any(n != 1 for n in versions):
         out.print("weight copies per stage: " + " ".join(map(str, versions)), highlight=False)
 

@@ -301,7 +301,9 @@ def memory_per_stage(
     fitting is a result (``fits`` False), never an error. A schedule that keeps several
     versions of a stage's weights (the registry's ``weight_versions``: PipeDream's weight
     stashing, p − i on stage i, Narayanan et al. 2019 §3.3) multiplies the weights by
-    them; the gradients and optimizer state belong to the live version only.
+    them; the gradients and optimizer state belong to the live version only. With two
+    pipelines (Chimera, DualPipe: the registry's ``pipelines``) device i also holds stage
+    p − 1 − i's layers, with their weights, gradients, optimizer state and activations.
     """
     m, split = _check(model, parallelism, training, dp)
     p, v, t, zero = parallelism.pp, parallelism.virtual_stages, parallelism.tp, parallelism.zero
@@ -320,6 +322,7 @@ def memory_per_stage(
                                            _activation_bytes(training))
     layer_params = layer_params_per_device(model, t)
     hops = placement(parallelism.schedule, p, v)
+    pipelines = SCHEDULES[parallelism.schedule].pipelines
     # The stages of the first and the last virtual stage (0 and p − 1 unless the schedule
     # places its chunks otherwise: ZB-V's V puts both on stage 0, one tied embedding).
     first_stage, last_stage = (hops[0][0], hops[-1][0]) if hops else (0, p - 1)
@@ -337,33 +340,45 @@ def memory_per_stage(
                              for c in range(v)) if model.moe is not None else ()
         versions = SCHEDULES[parallelism.schedule].weight_versions(p, i, m)
         key = (tuple(split[i]), tuple(chunks[i]), i == first_stage, i == last_stage,
-               first_layers, versions)
+               first_layers, versions, tuple(split[p - 1 - i]) if pipelines > 1 else ())
         known = distinct.get(key)
         if known is not None:
             stages.append(replace(known, stage=i))
             continue
-        layers = sum(split[i])
-        if model.moe is None:
-            dense, expert = layers * layer_params, 0
-        else:
-            dense, expert = stage_layers_params(model, t, parallelism.expert_ranks, split, i,
-                                                parallelism.etp)
-        params = dense + expert + (embedding_params if i == first_stage else 0) \
-            + (head_params if i == last_stage else 0)
+        # Chimera's two pipelines: device i also holds the up pipeline's replica of stage
+        # p − 1 − i, its weights, gradients and optimizer state (Li & Hoefler 2021 §3.1).
+        held_stages = (i, p - 1 - i) if pipelines > 1 else (i,)
+        layers = dense = expert = params = 0
+        for j in held_stages:
+            layers += sum(split[j])
+            if model.moe is None:
+                dense_j, expert_j = sum(split[j]) * layer_params, 0
+            else:
+                dense_j, expert_j = stage_layers_params(model, t, parallelism.expert_ranks,
+                                                        split, j, parallelism.etp)
+            dense, expert = dense + dense_j, expert + expert_j
+            params += dense_j + expert_j + (embedding_params if j == first_stage else 0) \
+                + (head_params if j == last_stage else 0)
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))
         expert_state = _state_bytes(expert, groups[1], zero, (w_b, g_b, o_b))
         weights, grads, optimizer = (a + b for a, b in zip(dense_state, expert_state,
                                                           strict=True))
         weights *= versions
-        held = sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
+        chunk_layers_held = [n for j in held_stages for n in split[j]]
+        held = sum(n * layers for n, layers in zip(chunks[i], chunk_layers_held, strict=True))
         activations = held * per_layer + (rematerialised if held else 0.0)
-        if i == first_stage:
+        if pipelines > 1:  # the chunk of each held stage: the embedding's, the head's
+            activations += sum(n * ((j == first_stage) * embedding_acts
+                                    + (j == last_stage) * output_acts)
+                               for n, j in zip(chunks[i], held_stages, strict=True))
+        elif i == first_stage:
             activations += chunks[i][0] * embedding_acts
-        if i == last_stage:
+        if i == last_stage and pipelines == 1:
             activations += chunks[i][-1] * output_acts
         # the MoE delta is per rank already (of its s/cp tokens)
-        activations = activations / cp + moe_layers_in_flight(model, split, chunks[i], i) \
-            * moe_delta
+        activations = activations / cp + sum(
+            moe_layers_in_flight(model, split, chunks[i][k * v:(k + 1) * v], j)
+            for k, j in enumerate(held_stages)) * moe_delta
         buffers = _buffer_bytes(model, parallelism, training, dp, i, layers)
         tensors = weights + grads + optimizer + activations + buffers
         stage = distinct[key] = StageMemory(
@@ -376,7 +391,7 @@ def memory_per_stage(
             activations_bytes=activations,
             buffers_bytes=buffers,
             reserve_bytes=RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors,
-            in_flight_microbatches=sum(chunks[i]) / v,
+            in_flight_microbatches=sum(chunks[i]) / v,  # Chimera: both pipelines' passes
             capacity_bytes=accelerator.hbm_bytes,
             expert_params=expert,
             expert_state_bytes=sum(expert_state) + (versions - 1) * expert_state[0],

@@ -40,7 +40,7 @@ def gemm_shapes(workloads: Iterable[tuple[Workload, str]]) -> pd.DataFrame:
                     continue
                 m, n, k = op.mnk
                 key = (math.ceil(m / op.splits), n, k, op.dtype or precision, op.batch)
-                calls[key] += op.splits * workload.microbatches
+                calls[key] += op.splits * workload.microbatches_per_chunk
     rows = [{"m": m, "n": n, "k": k, "dtype": dtype, "batch": batch,
              "calls_per_step": count,
              "gflop_per_call": 2 * batch * m * n * k / 1e9}

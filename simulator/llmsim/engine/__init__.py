@@ -23,7 +23,9 @@ The parts (docs/engine.md draws them):
 - :mod:`~llmsim.engine.devices`: which devices are simulated;
 - :mod:`~llmsim.engine.pipeline`: the messages between pipeline stages;
 - :mod:`~llmsim.engine.gradients`: the gradient buckets' reductions;
-- :mod:`~llmsim.engine.gathers`: the ZeRO weight gathers.
+- :mod:`~llmsim.engine.gathers`: the ZeRO weight gathers;
+- :mod:`~llmsim.engine.replicas`: the gradient all-reduce of two pipelines' weight
+  replicas (Chimera, DualPipe).
 """
 
 from llmsim.blocks import Block, CostModel

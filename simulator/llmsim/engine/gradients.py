@@ -287,7 +287,7 @@ class GradientTraffic:
         work = self.work
         if work.zero == 3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
             return self._queue_all(dev, self._grad_ops(chunk), tag=mb)
-        if count < work.microbatches:
+        if count < work.microbatches_per_chunk:
             return []
         return self._queue_all(dev, self._grad_ops(chunk))
 

@@ -23,6 +23,7 @@ from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
 from llmsim.engine.gradients import GradientTraffic, Launch
 from llmsim.engine.pipeline import PipelineMessages
+from llmsim.engine.replicas import replica_grad_allreduce
 from llmsim.engine.streams import Barrier, Contention, Fifo, Mark, Pause
 from llmsim.ops import CommOp
 from llmsim.schedules import Action, aligned_grad_syncs
@@ -286,7 +287,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                     self._prefetch(dev, actions, i + 1, 0, gathers)
                 marks = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
                 if self.overlap_dp and work.zero != 3 and syncs is None \
-                        and w_seen[act.chunk] + 1 == work.microbatches:
+                        and w_seen[act.chunk] + 1 == work.microbatches_per_chunk:
                     marks += self._bucket_marks(dev, actions, i, chunk, grad_ops, carried)
                 start = env.now
                 if marks and not self.contention[dev.id].variable \
@@ -310,10 +311,12 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             send: simpy.Event | None = None
             if act.kind == "F" and vs < last_vs:
                 send = self._post_send(dev, (dev.pipe, "F", vs + 1, act.microbatch),
-                                       act.microbatch, act.chunk, work.stage_of(vs + 1))
+                                       act.microbatch, act.chunk,
+                                       work.stage_of(vs + 1, act.chunk))
             if vs > 0 and act.kind == self.backward_step:
                 send = self._post_send(dev, (dev.pipe, "B", vs - 1, act.microbatch),
-                                       act.microbatch, act.chunk, work.stage_of(vs - 1))
+                                       act.microbatch, act.chunk,
+                                       work.stage_of(vs - 1, act.chunk))
             for key, peer in recvs:
                 if (key, peer) not in first:
                     env.process(self._recv(dev, key, peer))
@@ -333,7 +336,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
                     grad_ops += self._gradients(dev, chunk, w_seen[act.chunk], act.microbatch)
         self.last_compute[dev.id] = env.now
         for chunk, count, mb in deferred:  # without overlap: reduce after the last pass
-            if count == work.microbatches and self._has_prep(chunk):
+            if count == work.microbatches_per_chunk and self._has_prep(chunk):
                 # Each bucket's compute-stream work, then its reduction, which the next
                 # bucket's work waits for (Megatron-Core's synchronous collective).
                 for op in self._grad_ops(chunk):
@@ -346,6 +349,7 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             if not proc.triggered:
                 yield proc
         self.dp_done[dev.id] = env.now
+        yield from replica_grad_allreduce(self, dev)  # Chimera's two weight replicas
         tied = work.embedding_grad_allreduce
         if tied is not None and dev.stage in (0, p - 1):
             yield self.barrier.arrive((dev.pipe, tied.name), 2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from llmsim.schedules import (  # noqa: F401  (each registers itself)
     chimera,
+    dualpipe,
     gpipe,
     interleaved,
     one_f_one_b,

@@ -52,10 +52,14 @@ class ScheduleInfo:
     route: Callable[[int, int, int], Route] | None = None
     """``(p, m, v)`` → the micro-batches' route; None: looping (c·p + s)."""
     weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1
-    """``(p, stage i, m)`` → copies of the stage's weights it holds (PipeDream's stash,
-    Chimera's two replicas); one for the others."""
+    """``(p, stage i, m)`` → versions of the stage's weights it holds (PipeDream's
+    stash); one for the others (Chimera's second stage is :attr:`pipelines`')."""
     replayed: bool = True
     """Whether the engine replays it (``parallelism.schedule`` accepts it)."""
+    pipelines: int = 1
+    """Whole pipelines sharing the stages, each with its own replica of the weights:
+    2 for Chimera's down and up pipelines, whose chunk ``c`` of stage ``s`` is chunk
+    ``c mod v`` of pipeline ``c // v``; 1 for the others."""
 
     def __call__(self, stages: int, microbatches: int, chunks: int) -> list[list[Action]]:
         return self.order(stages, microbatches, chunks)
@@ -79,7 +83,8 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
              split_backward: bool = False,
              route: Callable[[int, int, int], Route] | None = None,
              weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1,
-             replayed: bool = True) -> Callable[[ScheduleFn], ScheduleFn]:
+             replayed: bool = True,
+             pipelines: int = 1) -> Callable[[ScheduleFn], ScheduleFn]:
     """Decorator: ``@register("1f1b", peak_forwards=…, bubble=…)`` adds the function below
     it to :data:`SCHEDULES` with its closed forms (the fields of :class:`ScheduleInfo`)."""
 
@@ -87,7 +92,7 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
         if name in SCHEDULES:
             raise ValueError(f"schedule {name!r} is registered twice")
         SCHEDULES[name] = ScheduleInfo(name, fn, peak_forwards, bubble, split_backward,
-                                       route, weight_versions, replayed)
+                                       route, weight_versions, replayed, pipelines)
         if split_backward:
             SPLIT_BACKWARD.add(name)
         return fn

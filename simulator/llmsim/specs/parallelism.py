@@ -9,10 +9,10 @@ from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_
 from llmsim.specs._base import Spec
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
-                       "chimera", "pipedream"]
-NOT_REPLAYED = ("chimera", "pipedream")
-"""Schedules ``llmsim schedule show`` draws but the engine does not replay yet (Chimera's
-two pipelines with their weight replicas, PipeDream's run without a flush)."""
+                       "chimera", "dualpipe", "pipedream"]
+NOT_REPLAYED = ("pipedream",)
+"""Schedules ``llmsim schedule show`` draws but the engine does not replay yet
+(PipeDream's run without a flush)."""
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 TpOverlapGemmName = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
                             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
@@ -285,7 +285,14 @@ class Parallelism(Spec):
             raise ValueError(
                 f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "
                 "but the engine does not replay it yet; use gpipe, 1f1b, interleaved-1f1b, "
-                "zb-h1, zb-h2 or zb-v"
+                "zb-h1, zb-h2, zb-v, chimera or dualpipe"
+            )
+        if self.schedule in ("chimera", "dualpipe") and (self.pp % 2 or self.zero == 3):
+            raise ValueError(
+                f"parallelism.schedule: {self.schedule} with pp {self.pp} and zero "
+                f"{self.zero}; its down and up pipelines need an even pp (Li & Hoefler "
+                "2021 §3.1), and ZeRO-3's per-layer gathers over the two weight replicas "
+                "are not modelled: use an even pp and zero 0 to 2, or another schedule"
             )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(

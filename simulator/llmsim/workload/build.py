@@ -24,7 +24,7 @@ from llmsim.params import (
     param_tensors,
 )
 from llmsim.partition import chunk_first_layer, chunk_layers
-from llmsim.schedules import placement
+from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
 
 if TYPE_CHECKING:
@@ -72,6 +72,10 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
     hops = placement(par.schedule, par.pp, par.virtual_stages)
     if not model.tied_embeddings or par.pp < 2 or (hops and hops[0][0] == hops[-1][0]):
         return None  # one copy of the embedding (ZB-V: the first and last chunks on stage 0)
+    if SCHEDULES[par.schedule].pipelines > 1:
+        # Chimera: stage 0 holds the down pipeline's embedding and the up one's LM head,
+        # and after the replicas' all-reduce (Workload.replica_grad_exchange) both sums.
+        return None
     words = math.ceil(model.vocab / par.tp) * model.hidden
     return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
                   float(words * grad_bytes_per_param(training.precision,
@@ -271,8 +275,13 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
                              par.etp),
                 fwd, bwd, wgt, accumulate, expert_params=experts,
             )
+    pipelines = SCHEDULES[par.schedule].pipelines
+    for stage in range(p if pipelines > 1 else 0):  # Chimera's up pipeline: stage p−1−s
+        for c in range(v):
+            chunks[(stage, v + c)] = replace(chunks[(p - 1 - stage, c)], stage=stage,
+                                             chunk=v + c)
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
-                   hops=hops)
+                   hops=hops, pipelines=pipelines)
     for stage in range(p):
         tensors = sum(param_tensors(model, c.layers, c.first, c.last, head_p)
                       for (s, _), c in chunks.items() if s == stage)

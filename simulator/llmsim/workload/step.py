@@ -126,6 +126,10 @@ class Workload:
     dense weights) and different routed experts."""
     cp: int = 1
     """Context-parallel degree: the cp ranks hold parts of the same sequences."""
+    pipelines: int = 1
+    """Whole pipelines sharing the stages (:attr:`ScheduleInfo.pipelines`): 2 for Chimera,
+    whose chunk 1 of stage ``s`` is the up pipeline's replica of stage ``p − 1 − s``'s
+    layers and runs half the micro-batches."""
 
     @property
     def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
@@ -157,20 +161,41 @@ class Workload:
         """Pipeline stages (computed once: the engine asks for every pipeline action)."""
         return 1 + max(s for s, _ in self.chunks)
 
-    def stage_of(self, virtual_stage: int) -> int:
-        """The pipeline stage that runs ``virtual_stage``."""
-        if self.hops:
-            return self.hops[virtual_stage][0]
-        return virtual_stage % self.stages
+    def stage_of(self, virtual_stage: int, chunk: int = 0) -> int:
+        """The pipeline stage that runs ``virtual_stage`` on the pipeline of ``chunk``
+        (Chimera's up pipeline, chunks from :attr:`chunks_per_stage` on, runs virtual
+        stage ``k`` on stage ``p − 1 − k``)."""
+        stage = self.hops[virtual_stage][0] if self.hops else virtual_stage % self.stages
+        if chunk >= self.chunks_per_stage:
+            return self.stages - 1 - stage
+        return stage
 
     @cached_property
     def chunks_per_stage(self) -> int:
-        """Model chunks per stage (virtual stages; computed once)."""
-        return 1 + max(c for _, c in self.chunks)
+        """Model chunks per stage and pipeline (virtual stages; computed once)."""
+        return (1 + max(c for _, c in self.chunks)) // self.pipelines
+
+    @property
+    def microbatches_per_chunk(self) -> int:
+        """Micro-batches each chunk runs in a step: all of them, or with several
+        :attr:`pipelines` each pipeline's share."""
+        return self.microbatches // self.pipelines
 
     def stage_params(self, stage: int) -> int:
         """Parameters on one device of ``stage``."""
         return sum(c.params for (s, _), c in self.chunks.items() if s == stage)
+
+    def replica_grad_exchange(self, stage: int) -> CommOp | None:
+        """With two pipelines (Chimera), the gradients a device of ``stage`` sums with the
+        device of stage ``p − 1 − s``, which holds the other replicas of its weights, after
+        its data-parallel reductions: all of them, or with ZeRO-1/2 its shard (1/ranks of
+        the dense gradient group); priced as a two-rank all-reduce
+        (:mod:`llmsim.engine.replicas`). None with one pipeline."""
+        if self.pipelines == 1:
+            return None
+        shards = self.grad_groups[0][1] if self.zero in (1, 2) else 1
+        return CommOp("replica_grad_allreduce", "send_recv", "pp", "O",
+                      self.stage_params(stage) * self.grad_bytes_per_param / shards)
 
     def dp_grad_buckets(self, chunk: Chunk) -> list[tuple[int, CommOp]]:
         """The gradient reduction of one chunk as groups of equal buckets: (count, the
@@ -323,7 +348,8 @@ class Workload:
             for op in c.ops:
                 if isinstance(op, ComputeOp) and (include_recompute or op.phase != "R"):
                     per_replica += op.flops * self.tp
-        return per_replica * self.microbatches * self.dp * self.ep * self.cp
+        # Each micro-batch runs through one pipeline's chunks (Chimera's: half of them).
+        return per_replica * self.microbatches_per_chunk * self.dp * self.ep * self.cp
 
     def to_dataframe(self) -> pd.DataFrame:
         """Every op of one micro-batch of every chunk: stage, chunk, phase, op, kind, size."""
