@@ -438,13 +438,14 @@ def test_lumi_rows_run_in_the_suite():
 
 def test_fugaku_gap_is_in_the_compute_not_the_network():
     """FUGAKU-DEV-6 is one node (no network at all) and FUGAKU-DEV-1 four nodes with TP 4
-    over Tofu-D: llmsim is too fast on both by about half (−49.4 and −50.0 % when added),
-    so the missing time of the Fugaku rows is on the node (docs/validation.md §8), not in
-    the TP all-reduces."""
+    over Tofu-D: llmsim is too fast on both (−49.4 and −50.0 % when added; −47.4 and
+    −34.4 % since the batched attention matmuls run one matrix per core, which costs the
+    TP-4 row more: 8 heads per rank on 48 cores), so the missing time of the Fugaku rows is
+    on the node (docs/validation.md §8), not in the TP all-reduces."""
     df = v.validate([BY_ID["FUGAKU-DEV-1"], BY_ID["FUGAKU-DEV-6"]], progress=False)
     one_node, tp4 = df.set_index("id").loc[["FUGAKU-DEV-6", "FUGAKU-DEV-1"], "error_pct"]
-    assert one_node < -30 and tp4 < -30
-    assert abs(one_node - tp4) < 10
+    assert one_node < -40 and tp4 < -30
+    assert one_node < tp4
 
 
 def test_the_plot_takes_more_sources_than_a_palette_has(tmp_path):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.calibration import GemmPoint
+from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import compute_kind, slowdown, slowdowns, sustained_mhz
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel
@@ -347,7 +348,9 @@ class ComputeModel:
         ``concurrent_splits`` of them at once, on the compute units its neighbours'
         ``reserved_units`` leave (:func:`gemm_math_s`); a measured table, which has
         no units, prices each chunk at the rate measured for its shape alone, slowed by
-        compute_units / (compute_units − reserved_units).
+        compute_units / (compute_units − reserved_units). A batched GEMM on a library that
+        runs one matrix per unit (``gemm.batched``) takes ⌈batch/units⌉ single-unit rounds
+        (:func:`llmsim.costs.batched_gemm.one_matrix_per_unit_s`).
         """
         dtype = self._dtype(op)
         peak = self.accelerator.peak_flops(dtype)
@@ -365,6 +368,9 @@ class ComputeModel:
         if measured is not None:
             units = gemm.compute_units
             return op.executed_flops / measured * units / (units - op.reserved_units)
+        if gemm.batched == "one_matrix_per_unit" and op.batch > 1:
+            return op.splits * op.executed_fraction * one_matrix_per_unit_s(
+                rows, n, k, op.batch, gemm, peak, dtype, op.reserved_units)
         return op.executed_fraction * gemm_math_s(
             m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
             op.concurrent_splits, memory_bytes_per_s=self.memory_bytes_per_s)

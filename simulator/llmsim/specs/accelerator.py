@@ -64,6 +64,13 @@ class GemmModel(Spec):
     """The library splits K into up to ⌊units / tiles⌋ parts, one thread block per tile
     and part, when a GEMM's tiles fill less than one wave (parallel split-K: each block
     writes an FP32 partial sum, a reduction kernel adds them), where that is faster."""
+    batched: Literal["tiled", "one_matrix_per_unit"] = "tiled"
+    """How the library runs a batched GEMM (the unfused attention's scores and context):
+    ``tiled``, the tiles of all its matrices spread over the units together (cuBLAS's
+    strided-batched kernels); ``one_matrix_per_unit``, each matrix a single-threaded GEMM
+    on one unit, the matrices dealt out over the units in ⌈batch / units⌉ rounds (a CPU
+    framework calling its BLAS from inside a parallel loop,
+    :func:`llmsim.costs.batched_gemm.one_matrix_per_unit_s`)."""
 
     measured_tflops: dict[Dtype, list[MeasuredGemm]] = Field(default_factory=dict)
     """GEMMs timed on the board, by dtype: (M, N, K, achieved TFLOP/s) at the sustained

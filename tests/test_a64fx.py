@@ -1,0 +1,121 @@
+"""A64FX (Fugaku): the batched GEMM of Fujitsu's PyTorch, one matrix per core.
+
+Closed forms of :func:`llmsim.costs.batched_gemm.one_matrix_per_unit_s`, the catalog's
+A64FX using it, and what it does to the unfused attention of the Fugaku development
+rows (docs/validation.md §8).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmsim.costs.batched_gemm import one_matrix_per_unit_s
+from llmsim.costs.compute import ComputeModel, gemm_math_s
+from llmsim.loader import load_spec
+from llmsim.ops import ComputeOp
+from llmsim.specs import Accelerator
+
+CORES = 48
+PEAK_FP32 = 6.144e12  # A64FX at 2.0 GHz, FP32
+
+
+def cpu(batched: str = "one_matrix_per_unit", **gemm: Any) -> Accelerator:
+    """An A64FX-like device: 48 cores, 6.144 TF FP32, a third of peak in GEMMs."""
+    return Accelerator.model_validate({
+        "name": "test-cpu",
+        "dense_tflops": {"fp32": PEAK_FP32 / 1e12, "fp16": 2 * PEAK_FP32 / 1e12},
+        "hbm_gb": 32,
+        "hbm_tbps": 1.024,
+        "gemm": {"peak_fraction": 1 / 3, "compute_units": CORES, "tile_m": 64,
+                 "tile_n": 64, "batched": batched, **gemm},
+        "memory_bound_fraction": 0.8,
+    })
+
+
+def one_core_s(m: int, n: int, k: int) -> float:
+    """One M×N×K FP32 GEMM on one core at a third of its peak."""
+    return 2.0 * m * n * k / (PEAK_FP32 / CORES / 3)
+
+
+def test_a_round_of_matrices_takes_one_matrix_on_one_core():
+    acc = cpu()
+    for batch in (1, 2, 17, CORES):
+        got = one_matrix_per_unit_s(1024, 1024, 128, batch, acc.gemm, PEAK_FP32, "fp32")
+        assert got == pytest.approx(one_core_s(1024, 1024, 128), rel=1e-12)
+
+
+def test_one_matrix_more_than_cores_takes_a_second_round():
+    acc = cpu()
+    one = one_core_s(2048, 2048, 128)
+    got = one_matrix_per_unit_s(2048, 2048, 128, CORES + 1, acc.gemm, PEAK_FP32, "fp32")
+    assert got == pytest.approx(2 * one, rel=1e-12)
+    # 56 heads of a 30B model at TP 1 on 48 cores: two rounds, the second one 8 wide.
+    got = one_matrix_per_unit_s(2048, 2048, 128, 56, acc.gemm, PEAK_FP32, "fp32")
+    assert got == pytest.approx(2 * one, rel=1e-12)
+
+
+def test_cores_held_by_others_are_not_dealt_matrices():
+    acc = cpu()
+    got = one_matrix_per_unit_s(512, 512, 64, 40, acc.gemm, PEAK_FP32, "fp32", reserved_units=8)
+    assert got == pytest.approx(one_core_s(512, 512, 64), rel=1e-12)  # 40 fit on 40 cores
+    got = one_matrix_per_unit_s(512, 512, 64, 41, acc.gemm, PEAK_FP32, "fp32", reserved_units=8)
+    assert got == pytest.approx(2 * one_core_s(512, 512, 64), rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 400), m=st.integers(1, 4096), n=st.integers(1, 4096),
+       k=st.integers(1, 512))
+def test_rounds_closed_form_and_never_faster_than_the_whole_chip(batch, m, n, k):
+    """t = ⌈batch/48⌉ · t₁, and never below the same FLOPs at the whole chip's rate (a
+    full round reaches it exactly)."""
+    acc = cpu()
+    got = one_matrix_per_unit_s(m, n, k, batch, acc.gemm, PEAK_FP32, "fp32")
+    assert got == pytest.approx(math.ceil(batch / CORES) * one_core_s(m, n, k), rel=1e-12)
+    whole_chip = 2.0 * batch * m * n * k / (PEAK_FP32 / 3)
+    assert got >= whole_chip * (1 - 1e-12)
+    if batch % CORES == 0:
+        assert got == pytest.approx(whole_chip, rel=1e-12)
+
+
+def attention_scores(batch: int, s: int = 1024, d: int = 128) -> ComputeOp:
+    """The unfused attention's Q·Kᵀ: ``batch`` matrices of s×s×d (micro-batch × heads/TP)."""
+    return ComputeOp("attn_scores", "gemm", "F", 2.0 * batch * s * s * d, 0.0,
+                     mnk=(s, s, d), batch=batch)
+
+
+def test_the_compute_model_prices_batched_gemms_per_core_only_when_asked():
+    per_core, tiled = ComputeModel(cpu(), "fp32"), ComputeModel(cpu("tiled"), "fp32")
+    op = attention_scores(2)  # 13B (40 heads) at TP 20: 2 matrices on 48 cores
+    assert per_core.gemm_math_s(op) == pytest.approx(one_core_s(1024, 1024, 128), rel=1e-12)
+    assert tiled.gemm_math_s(op) == pytest.approx(gemm_math_s(
+        1024, 1024, 128, 2, tiled.accelerator.gemm, PEAK_FP32, "fp32",
+        memory_bytes_per_s=tiled.memory_bytes_per_s), rel=1e-12)
+    # Two matrices on two cores take 24× the time of their FLOPs spread over all 48 cores;
+    # tiled, their 2·16·16 = 512 tiles of 64×64 fill 11 waves of 48 (wave efficiency 512/528).
+    ratio = per_core.gemm_math_s(op) / tiled.gemm_math_s(op)
+    assert ratio == pytest.approx(24.0 * 512 / (11 * 48), rel=1e-12)
+    # An unbatched GEMM (a linear layer) runs multi-threaded in the BLAS: unchanged.
+    linear = ComputeOp("qkv", "gemm", "F", 2.0 * 1024 * 768 * 5120, 0.0, mnk=(1024, 768, 5120))
+    assert per_core.gemm_math_s(linear) == tiled.gemm_math_s(linear)
+
+
+def test_the_catalog_a64fx_runs_batched_matmul_one_matrix_per_core():
+    a64fx = load_spec("accelerators", "a64fx")
+    assert a64fx.gemm.batched == "one_matrix_per_unit"
+    assert a64fx.gemm.compute_units == CORES
+    assert "_baddbmm_blas_" in a64fx.sources["gemm.batched"]
+
+
+def test_every_other_catalog_accelerator_keeps_tiled_batched_gemms():
+    """The GPUs' libraries (cuBLAS, rocBLAS, oneMKL) tile all matrices of a batch
+    together: no other accelerator changes."""
+    from llmsim import catalog
+
+    for name in catalog.names("accelerators"):
+        if name != "a64fx":
+            assert load_spec("accelerators", name).gemm.batched == "tiled", name
