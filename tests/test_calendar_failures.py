@@ -49,3 +49,13 @@ def test_fugaku_whole_machine_gives_back_one_board_failure_every_2_5_days():
     job = job_failures(fugaku, fugaku.nodes)
     assert job.mtbf_s / 86_400 == pytest.approx(2.5, rel=1e-3)
     assert job_failures(fugaku, fugaku.nodes // 2).mtbf_s == pytest.approx(2 * job.mtbf_s)
+
+
+def test_aurora_256_node_job_gives_back_auroragpts_seven_interruptions():
+    # hardware/systems/aurora.yaml: 7 interruptions in 195.38 h of 256-node AuroraGPT jobs,
+    # all causes counted per node (device and link rates are in it)
+    aurora = load_spec("systems", "aurora")
+    job = job_failures(aurora, 256)
+    assert job.rate_per_s * 195.38 * 3600 == pytest.approx(7, rel=1e-5)
+    assert job_failures(aurora, 8192).mtbf_s == pytest.approx(job.mtbf_s * 256 / 8192)
+

@@ -3,7 +3,9 @@
 ``workloads/validation/collectives.csv`` holds collectives timed inside training runs on
 LUMI-G: the DeepSpeed comms logger (``prof_all``) of the 175B strong-scaling logs in
 spyysalo/lumi-llm-scaling (June 2023; the same runs as the LUMI23 validation rows) timed
-every collective of rank 0. Each point is a group shape on the machine (ranks, nodes, how
+every collective of rank 0. It also holds microbenchmark references (``LUMI-RF-*``): the
+rccl-tests bandwidth the LUMI team's ReFrame checks hold LUMI-G to, with no spread given
+(their ``p10_ms`` is empty). Each point is a group shape on the machine (ranks, nodes, how
 many groups of the axis share a node's NICs) and a message; llmsim prices the same
 collective on a plan of that shape. The tolerance of each point is in the file (25 %).
 
@@ -72,6 +74,7 @@ KNOWN_GAPS = {
     "LUMI23-C-DPAG08": "dp all-gather, 8 groups per node: llmsim 109 ms, measured 256",
     "LUMI23-C-DPAG16": "dp all-gather, 8 groups per node: llmsim 117 ms, measured 271",
     "LUMI23-C-DPAG32": "dp all-gather, 8 groups per node: llmsim 121 ms, measured 280",
+    "LUMI-RF-C-AR16": "rccl-tests all-reduce, 16 GCDs on 2 nodes: llmsim 7.26 ms, reference 2.96",
 }
 
 
@@ -92,7 +95,7 @@ def test_every_point_is_sourced_and_priced() -> None:
     modelled."""
     for p in POINTS:
         assert p["source"] and p["notes"] and int(p["samples"]) > 0, p["id"]
-        assert float(p["p10_ms"]) <= float(p["measured_ms"]), p["id"]
+        assert not p["p10_ms"] or float(p["p10_ms"]) <= float(p["measured_ms"]), p["id"]
         assert math.isfinite(modelled_s(p)) and modelled_s(p) > 0, p["id"]
     ring = [p for p in POINTS if p["id"].startswith("LUMI23-C-DPAG")]
     measured = [float(p["measured_ms"]) for p in ring]
