@@ -395,7 +395,9 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         devices do.
         """
         if uncontended.applies(self):
-            return uncontended.replay(self, progress, every_s)
+            trace = uncontended.replay(self, progress, every_s)
+            if trace is not None:
+                return trace
         procs = [self.env.process(self._device(d)) for d in self.devices]
         if progress is not None:
             total = sum(len(self.schedule[d.stage]) for d in self.devices)

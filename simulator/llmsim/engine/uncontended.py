@@ -24,9 +24,16 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import accumulate, islice, repeat
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device, stage_devices
+from llmsim.engine.uncontended_gathers import (
+    DeviceGathers,
+    SameInstant,
+    new_record,
+    single_transfers,
+)
 from llmsim.trace import Record, Trace, by_device_start_stream
 
 if TYPE_CHECKING:
@@ -51,7 +58,7 @@ def applies(engine: Engine) -> bool:
         return False
     if engine.rendezvous or not engine.closed_form_sends:
         return False
-    if not engine.hooks_closed_form or not all(engine.closed_form.values()):
+    if not all(engine.closed_form.values()) or not single_transfers(engine):
         return False
     if any(d.tp_group[1] > 1 for d in engine.devices):
         return False
@@ -86,6 +93,7 @@ class _Replay:
         self.engine = engine
         self.records: list[Record] = []
         self.pp_waits: list[tuple[int, float, float, float]] = []
+        self.dp_waits: list[tuple[int, float, float]] = []
         self.arrival_s: dict[MessageKey, float] = {}
         self.sent_s: dict[MessageKey, float] = {}
         self.waiting: dict[MessageKey, tuple[Device, Iterator[MessageKey]]] = {}
@@ -94,31 +102,41 @@ class _Replay:
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
         self.dp = {d.id: _Stream() for d in engine.devices}
-        self.buckets: dict[tuple[int, int], list[tuple[str, float]]] = {}
+        self.buckets: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
+        self.durations: dict[int, list[float]] = {}
         self.ready_s = 0.0
         """When every stage has its gradients: the optimizers start."""
 
-    def bucket_list(self, stage: int, chunk: int) -> list[tuple[str, float]]:
-        """(name, seconds) of each gradient bucket of a chunk, last layer's first
+    def bucket_list(self, stage: int, chunk: int) -> tuple[list[str], list[float]]:
+        """The names and seconds of a chunk's gradient buckets, last layer's first
         (:meth:`Workload.dp_grad_ops`'s names); a group of equal buckets priced once."""
         key = (stage, chunk)
         out = self.buckets.get(key)
         if out is None:
-            out = self.buckets[key] = []
+            out = self.buckets[key] = ([], [])
             for count, first in self.engine.work.dp_grad_buckets(self.engine.work.chunks[key]):
                 stem, duration_s = first.name.removesuffix("_b0"), self.engine._comm_s(first, stage)
-                out += [(f"{stem}_b{i}", duration_s) for i in range(count)]
+                out[0].extend(f"{stem}_b{i}" for i in range(count))
+                out[1].extend([duration_s] * count)
         return out
 
-    def queue_buckets(self, dev: Device, launches: list[tuple[float, str, float]]) -> float:
-        """Queue gradient buckets (launch time, name, seconds) on ``dev``'s ``dp`` stream,
-        recording each; returns when the last ends."""
-        stream, records = self.dp[dev.id], self.records
-        end_s = -math.inf
-        for at_s, name, duration_s in launches:
-            start_s, end_s = stream.run(at_s, duration_s)
-            records.append(Record(dev.id, dev.stage, "dp", name, "W", -1, -1, start_s, end_s))
-        return end_s
+    def queue_buckets(self, dev: Device, at_s: float, stage: int, chunk: int) -> float:
+        """Queue a chunk's gradient buckets, all issued at ``at_s``, on ``dev``'s ``dp``
+        stream, recording each; returns when the last ends (``at_s`` if it has none).
+
+        Each starts when the one before it ends: the running sums
+        :meth:`GradientTraffic._closed_form_run` makes, by ``accumulate``."""
+        names, durations = self.bucket_list(stage, chunk)
+        if not names:
+            return at_s
+        stream = self.dp[dev.id]
+        ends = list(accumulate(durations, initial=at_s if at_s > stream.free_s
+                               else stream.free_s))
+        stream.free_s = ends[-1]
+        self.records.extend(map(new_record, repeat(Record), zip(
+            repeat(dev.id), repeat(dev.stage), repeat("dp"), names, repeat("W"), repeat(-1),
+            repeat(-1), ends, islice(ends, 1, None), repeat(0.0), repeat(math.inf))))
+        return ends[-1]
 
     def device(self, dev: Device) -> Iterator[MessageKey]:
         """Walk ``dev``'s actions as :meth:`Engine._device` does, up to its gradients;
@@ -132,10 +150,11 @@ class _Replay:
         # its B pass where the backward is fused, its W pass where it is split
         hooked = (("W" if engine.split_backward else "B")
                   if engine.overlap_dp and work.zero != 3 and syncs is None else None)
+        zero3 = work.zero == 3
         backward_step = engine.backward_step
         gather_s = engine.pp_gather_s
         overlap_pp, overlap_dp = engine.overlap_pp, engine.overlap_dp
-        block_of, send_s = engine._block, engine.pp_send_s
+        send_s = engine.pp_send_s
         device, stage, pipe = dev.id, dev.stage, dev.pipe
         virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
         within: dict[int, bool] = {}
@@ -147,6 +166,13 @@ class _Replay:
         grads_end = -math.inf
         records, pp_waits = self.records, self.pp_waits
         arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
+        durations = self.pass_durations(stage, actions)
+        gathers = (None if engine.hooks_closed_form else
+                   DeviceGathers(engine, dev, actions, self.dp[device].run, records,
+                                 self.dp_waits))
+        prefetching = gathers is not None and engine.prefetch_weights
+        if prefetching:
+            gathers.prefetch(0, 0, now)
         for i, act in enumerate(actions):
             engine.passes_started += 1
             kind, mb, chunk = act.kind, act.microbatch, act.chunk
@@ -171,23 +197,27 @@ class _Replay:
                     records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
                                           start, now))
                     pp_waits.append((device, start, now, start))
-            duration_s = block_of(dev, act).duration_s
-            start = now
-            launches = carried.pop((chunk, mb), None) if kind == "W" else None
-            if kind == hooked and w_seen[chunk] + 1 == m:
-                launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
-            if launches:
-                now, last_end = self.marked_pass(dev, now, duration_s, launches)
-                grads_end = max(grads_end, last_end)
+            label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
+            if gathers is not None and gathers.gathered(act):
+                now = gathers.gathered_pass(i, now, label)
             else:
-                now = now + duration_s
-            records.append(Record(device, stage, "compute",
-                                  f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}", kind,
-                                  mb, chunk, start, now, 0.0, math.inf))
+                if prefetching:
+                    gathers.prefetch(i + 1, 0, now)
+                duration_s = durations[i]
+                start = now
+                launches = carried.pop((chunk, mb), None) if kind == "W" else None
+                if kind == hooked and w_seen[chunk] + 1 == m:
+                    launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
+                if launches:
+                    now, last_end = self.marked_pass(dev, now, duration_s, launches)
+                    grads_end = max(grads_end, last_end)
+                else:
+                    now = now + duration_s
+                records.append(new_record(Record, (device, stage, "compute", label, kind, mb,
+                                                   chunk, start, now, 0.0, math.inf)))
             if syncs:
                 for c in syncs.get(i, ()):
-                    grads_end = max(grads_end, self.queue_buckets(
-                        dev, [(now, name, d) for name, d in self.bucket_list(stage, c)]))
+                    grads_end = max(grads_end, self.queue_buckets(dev, now, stage, c))
             to = -1
             if kind == "F" and vs < last_vs:
                 key, to = (pipe, "F", vs + 1, mb), (vs + 1) % p
@@ -198,8 +228,8 @@ class _Replay:
                 if near is None:
                     near = within[to] = engine._within_node(dev, to)
                 sent, end = link.run(now, send_s[near])
-                records.append(Record(device, stage, "pp", "pp_send", key[1], mb, chunk,
-                                      sent, end))
+                records.append(new_record(Record, (device, stage, "pp", "pp_send", key[1], mb,
+                                                   chunk, sent, end, 0.0, math.inf)))
                 sent_s[key], arrival_s[key] = sent, end  # the message is in: wake its receiver
                 waiter = waiting.pop(key, None)
                 if waiter is not None:
@@ -211,12 +241,24 @@ class _Replay:
                 w_seen[chunk] += 1
                 if not overlap_dp:
                     deferred.append((chunk, w_seen[chunk]))
+                elif zero3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
+                    grads_end = max(grads_end, self.queue_buckets(dev, now, stage, chunk))
         self.last_compute[dev.id] = now
         for c, count in deferred:  # without overlap: reduced after the last pass
-            if count == m:
-                grads_end = max(grads_end, self.queue_buckets(
-                    dev, [(now, name, d) for name, d in self.bucket_list(dev.stage, c)]))
+            if count == m or zero3:
+                grads_end = max(grads_end, self.queue_buckets(dev, now, stage, c))
         self.now_s[dev.id] = self.dp_done[dev.id] = max(now, grads_end)
+
+    def pass_durations(self, stage: int, actions: list) -> list[float]:
+        """Seconds each of a stage's actions takes alone on its device
+        (:meth:`Engine._block`, the block kind worked out inline), listed once per stage."""
+        if stage in self.durations:
+            return self.durations[stage]
+        blocks, accumulate_from = self.engine.blocks, self.engine.work.accumulate_from_microbatch
+        out = self.durations[stage] = [blocks[(stage, act.chunk,
+                        "w" if act.kind == "W" and act.microbatch < accumulate_from
+                        else act.kind)].duration_s for act in actions]
+        return out
 
     def marked_pass(self, dev: Device, now_s: float, duration_s: float,
                     launches: list[tuple[float, str, float]]) -> tuple[float, float]:
@@ -248,7 +290,7 @@ class _Replay:
         :meth:`GradientTraffic._bucket_marks` gives; those of the W pass after a fused
         B go to ``carried``."""
         engine, act = self.engine, actions[i]
-        ops = self.bucket_list(dev.stage, act.chunk)
+        ops = list(zip(*self.bucket_list(dev.stage, act.chunk), strict=True))
         if not ops:
             return []
         own_s, next_s = engine._block(dev, act).duration_s, 0.0
@@ -322,11 +364,16 @@ class _Replay:
 
 
 def replay(engine: Engine, progress: Callable[[float], None] | None = None,
-           every_s: float = 5.0) -> Trace:
+           every_s: float = 5.0) -> Trace | None:
     """Replay ``engine``'s step in the tight loop (where :func:`applies`): the trace
-    :meth:`Engine.run` makes with SimPy."""
+    :meth:`Engine.run` makes with SimPy; None where a pass reaches a layer at the instant
+    its weights arrive (:class:`SameInstant`: the step is SimPy's to order)."""
     state = _Replay(engine)
-    state.run(progress, every_s)
+    try:
+        state.run(progress, every_s)
+    except SameInstant:
+        engine.passes_started = 0
+        return None
     step_end = state.finish()
     records = state.records
     records.sort(key=by_device_start_stream)
@@ -341,7 +388,7 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
         optimizer_start_s=state.ready_s,
         step_end_s=step_end,
         pp_waits=sorted(state.pp_waits, key=lambda w: w[1]),
-        dp_waits=[],
+        dp_waits=sorted(state.dp_waits, key=lambda w: w[1]),
         pp_slowed_s={},
         replicas=engine.replicas,
     )
