@@ -71,7 +71,7 @@ def applies(engine: Engine) -> bool:
                    for _, first in work.dp_grad_buckets(chunk))
 
 
-class _Stream:
+class Stream:
     """A stream that runs one transfer at a time in the order queued: when it is free."""
 
     __slots__ = ("free_s",)
@@ -101,7 +101,7 @@ class _Replay:
         self.now_s: dict[int, float] = {}
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
-        self.dp = {d.id: _Stream() for d in engine.devices}
+        self.dp = {d.id: Stream() for d in engine.devices}
         self.buckets: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
         self.durations: dict[int, list[float]] = {}
         self.ready_s = 0.0
@@ -158,7 +158,7 @@ class _Replay:
         device, stage, pipe = dev.id, dev.stage, dev.pipe
         virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
         within: dict[int, bool] = {}
-        link = _Stream()
+        link = Stream()
         now = 0.0
         w_seen = [0] * work.chunks_per_stage
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
@@ -168,11 +168,11 @@ class _Replay:
         arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
         durations = self.pass_durations(stage, actions)
         gathers = (None if engine.hooks_closed_form else
-                   DeviceGathers(engine, dev, actions, self.dp[device].run, records,
+                   DeviceGathers(engine, dev, actions, self.dp[device], records,
                                  self.dp_waits))
         prefetching = gathers is not None and engine.prefetch_weights
         if prefetching:
-            gathers.prefetch(0, 0, now)
+            gathers.prefetch(0, now)
         for i, act in enumerate(actions):
             engine.passes_started += 1
             kind, mb, chunk = act.kind, act.microbatch, act.chunk
@@ -198,11 +198,11 @@ class _Replay:
                                           start, now))
                     pp_waits.append((device, start, now, start))
             label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
-            if gathers is not None and gathers.gathered(act):
+            if gathers is not None and gathers.gathered(i):
                 now = gathers.gathered_pass(i, now, label)
             else:
                 if prefetching:
-                    gathers.prefetch(i + 1, 0, now)
+                    gathers.prefetch(i + 1, now)
                 duration_s = durations[i]
                 start = now
                 launches = carried.pop((chunk, mb), None) if kind == "W" else None

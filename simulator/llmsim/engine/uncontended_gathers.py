@@ -21,7 +21,6 @@ the loop does not guess: it raises :class:`SameInstant` and the step runs on Sim
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device
@@ -31,6 +30,7 @@ from llmsim.trace import Record
 
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
+    from llmsim.engine.uncontended import Stream
 
 new_record = tuple.__new__
 """Makes a :class:`Record` from a tuple of its fields (the named tuple's own ``__new__``
@@ -56,99 +56,109 @@ def single_transfers(engine: Engine) -> bool:
 
 class DeviceGathers:
     """One device's weight gathers in the tight loop: issued at the points of its walk
-    where :meth:`WeightGathers._prefetch` issues them, queued on its ``dp`` stream
-    (``queue(at_s, seconds) → (start, end)``) and recorded; :meth:`gathered_pass` runs a
-    pass layer by layer as :meth:`WeightGathers._gathered_pass` does."""
+    where :meth:`WeightGathers._prefetch` issues them, queued on its ``dp`` stream and
+    recorded; :meth:`gathered_pass` runs a pass layer by layer as
+    :meth:`WeightGathers._gathered_pass` does."""
 
-    def __init__(self, engine: Engine, dev: Device, actions: list[Action],
-                 queue: Callable[[float, float], tuple[float, float]],
+    def __init__(self, engine: Engine, dev: Device, actions: list[Action], stream: Stream,
                  records: list[Record], dp_waits: list[tuple[int, float, float]]) -> None:
         self.engine, self.dev, self.actions = engine, dev, actions
-        self.queue, self.records, self.dp_waits = queue, records, dp_waits
+        self.stream, self.records, self.dp_waits = stream, records, dp_waits
         self.prefetching = engine.prefetch_weights
-        self.end_s: dict[tuple[int, int, str, int], float] = {}
-        """(micro-batch, chunk, kind, layer) → when that gather ends, once issued."""
-        self.ops: dict[tuple[int, str], list[tuple[str, str, float]] | None] = {}
-        """(chunk, kind) → (name, phase, seconds) of the gather before each part of the
-        pass, in the order the pass waits for them (None: the pass gathers nothing)."""
+        by_pass: dict[tuple[int, str, bool], list[tuple[str, str, float]] | None] = {}
+        self.parts: list[list[tuple[str, str, float]] | None] = []
+        """Action index → (name, phase, seconds) of the gather before each part of its
+        pass, in the order the pass reaches them (None: the pass gathers nothing)."""
+        for act in actions:
+            key = (act.chunk, act.kind, bool(engine._gather_ops(dev, act)))
+            if key not in by_pass:
+                by_pass[key] = self._parts(act) if key[2] else None
+            self.parts.append(by_pass[key])
+        self.end_s: list[list[float]] = [[] for _ in actions]
+        """Action index → when each gather it issued so far ends (they are issued in the
+        order its pass reaches them)."""
         self.units: dict[tuple[int, str], list[float]] = {}
         """(chunk, block kind) → the durations of the gathered pass's parts."""
-
-    def gathered(self, act: Action) -> bool:
-        """Whether ``act``'s pass waits for weight gathers (:meth:`Engine._gather_ops`)."""
-        return bool(self.engine._gather_ops(self.dev, act))
 
     def _parts(self, act: Action) -> list[tuple[str, str, float]]:
         """(name, phase, seconds) of the gather before each part of ``act``'s pass: the
         backward walks the layers in reverse, each layer twice when it regathers for the
         recompute (the indexing of :meth:`WeightGathers._prefetch`)."""
-        key = (act.chunk, act.kind)
-        parts = self.ops.get(key)
-        if parts is None:
-            engine, stage = self.engine, self.dev.stage
-            ops: list[CommOp] = engine._gather_ops(self.dev, act)
-            if act.kind == "F":
-                order = ops
-            else:
-                twice = 2 if engine._regathers(act) else 1
-                order = [ops[len(ops) - 1 - j // twice] for j in range(len(ops) * twice)]
-            parts = self.ops[key] = [(op.name, op.phase, engine._comm_s(op, stage))
-                                     for op in order]
-        return parts
+        engine, stage = self.engine, self.dev.stage
+        ops: list[CommOp] = engine._gather_ops(self.dev, act)
+        if act.kind == "F":
+            order = ops
+        else:
+            twice = 2 if engine._regathers(act) else 1
+            order = [ops[len(ops) - 1 - j // twice] for j in range(len(ops) * twice)]
+        return [(op.name, op.phase, engine._comm_s(op, stage)) for op in order]
 
-    def prefetch(self, i: int, layer: int, now_s: float) -> None:
-        """Issue the gather of ``layer`` for action ``i`` at ``now_s``, if that action
-        gathers and it is not issued yet."""
-        if i >= len(self.actions):
-            return
-        act = self.actions[i]
-        key = (act.microbatch, act.chunk, act.kind, layer)
-        if key in self.end_s or not self.gathered(act):
-            return
-        name, phase, duration_s = self._parts(act)[layer]
-        start_s, end_s = self.queue(now_s, duration_s)
-        self.end_s[key] = end_s
-        self.records.append(new_record(Record, (self.dev.id, self.dev.stage, "dp", name, phase,
-                                          -1, -1, start_s, end_s, 0.0, math.inf)))
+    def _issue(self, part: tuple[str, str, float], now_s: float) -> float:
+        """Queue one gather (name, phase, seconds) at ``now_s`` on the ``dp`` stream and
+        record it: it starts when the stream is free; returns when it ends."""
+        name, phase, duration_s = part
+        stream = self.stream
+        start_s = now_s if now_s > stream.free_s else stream.free_s
+        end_s = stream.free_s = start_s + duration_s
+        self.records.append(new_record(Record, (self.dev.id, self.dev.stage, "dp", name,
+                                                phase, -1, -1, start_s, end_s, 0.0, math.inf)))
+        return end_s
+
+    def prefetch(self, i: int, now_s: float) -> None:
+        """Issue at ``now_s`` the gather of action ``i``'s first part, if its pass gathers
+        and it is not issued yet (:meth:`WeightGathers._prefetch` with layer 0)."""
+        if i < len(self.actions):
+            parts, ends = self.parts[i], self.end_s[i]
+            if parts is not None and not ends:
+                ends.append(self._issue(parts[0], now_s))
+
+    def gathered(self, i: int) -> bool:
+        """Whether action ``i``'s pass waits for weight gathers (:meth:`Engine._gather_ops`)."""
+        return self.parts[i] is not None
 
     def gathered_pass(self, i: int, now_s: float, label: str) -> float:
         """Run pass ``i`` (recorded as ``label``) from ``now_s`` layer by layer, each part
         waiting for its gather; returns when it ends.
 
         The block is split into :meth:`Engine._gathered_units`; a wait for a gather splits
-        the pass's compute record in two and is recorded as a data-parallel wait."""
+        the pass's compute record in two and is recorded as a data-parallel wait. Part j's
+        gather is issued when part j−1 starts (with ``prefetch_weights``; else when part
+        j is reached), the next pass's first when the last part starts."""
         engine, dev, act = self.engine, self.dev, self.actions[i]
         kind = engine._kind(act)
         units = self.units.get((act.chunk, kind))
         if units is None:
             units = self.units[(act.chunk, kind)] = engine._gathered_units(
                 dev, act, engine._block(dev, act))
-        end_s, records, prefetching = self.end_s, self.records, self.prefetching
+        parts, ends, issue = self.parts[i], self.end_s[i], self._issue
+        assert parts is not None and len(parts) == len(units)
+        records, waits, prefetching = self.records, self.dp_waits, self.prefetching
         device, stage, mb, chunk, pass_kind = dev.id, dev.stage, act.microbatch, act.chunk, \
             act.kind
         last = len(units) - 1
         seg_start, seg_from, offset = now_s, 0.0, 0.0
         for j, unit_s in enumerate(units):
-            self.prefetch(i, j, now_s)  # no-op when already issued
-            ready_s = end_s[(mb, chunk, pass_kind, j)]
+            if len(ends) == j:  # not issued ahead: issued when the pass reaches it
+                ends.append(issue(parts[j], now_s))
+            ready_s = ends[j]
             if ready_s >= now_s:
                 if ready_s == now_s:
                     raise SameInstant(f"{label} on device {device} reaches layer part {j} "
                                       "as its gather ends")
                 if now_s > seg_start:
-                    records.append(new_record(Record, (device, stage, "compute", label, pass_kind,
-                                                 mb, chunk, seg_start, now_s, seg_from,
-                                                 offset)))
-                self.dp_waits.append((device, now_s, ready_s))
+                    records.append(new_record(Record, (device, stage, "compute", label,
+                                                       pass_kind, mb, chunk, seg_start, now_s,
+                                                       seg_from, offset)))
+                waits.append((device, now_s, ready_s))
                 now_s = ready_s
                 seg_start, seg_from = now_s, offset
             if prefetching:
                 if j < last:
-                    self.prefetch(i, j + 1, now_s)
+                    ends.append(issue(parts[j + 1], now_s))
                 else:
-                    self.prefetch(i + 1, 0, now_s)
+                    self.prefetch(i + 1, now_s)
             now_s += unit_s
             offset += unit_s
-        records.append(new_record(Record, (device, stage, "compute", label, pass_kind, mb, chunk,
-                                     seg_start, now_s, seg_from, math.inf)))
+        records.append(new_record(Record, (device, stage, "compute", label, pass_kind, mb,
+                                           chunk, seg_start, now_s, seg_from, math.inf)))
         return now_s
