@@ -276,7 +276,8 @@ class _Replay:
                 done = share
             start = t if t > free else free
             free = start + bucket_s
-            append(Record(device, stage, "dp", name, "W", -1, -1, start, free))
+            append(new_record(Record, (device, stage, "dp", name, "W", -1, -1, start, free,
+                                       0.0, math.inf)))
         stream.free_s = free
         if done < 1.0 - 1e-12:
             t += (1.0 - done) * duration_s
@@ -290,17 +291,21 @@ class _Replay:
         :meth:`GradientTraffic._bucket_marks` gives; those of the W pass after a fused
         B go to ``carried``."""
         engine, act = self.engine, actions[i]
-        ops = list(zip(*self.bucket_list(dev.stage, act.chunk), strict=True))
-        if not ops:
+        names, durations = self.bucket_list(dev.stage, act.chunk)
+        if not names:
             return []
         own_s, next_s = engine._block(dev, act).duration_s, 0.0
         if act.kind == "B":
             next_s = engine._block(dev, actions[i + 1]).duration_s
+        n, both_s = len(names), own_s + next_s
+        ats = [(k + 1) / n * both_s for k in range(n)]
+        if next_s == 0 or ats[-1] <= own_s:  # every bucket within this pass
+            if own_s > 0:
+                return list(zip([at / own_s for at in ats], names, durations, strict=True))
+            return list(zip([1.0] * n, names, durations, strict=True))
         own, later = [], []
-        n = len(ops)
-        for k, (name, duration_s) in enumerate(ops):
-            at = (k + 1) / n * (own_s + next_s)
-            if at <= own_s or next_s == 0:
+        for at, name, duration_s in zip(ats, names, durations, strict=True):
+            if at <= own_s:
                 own.append((at / own_s if own_s > 0 else 1.0, name, duration_s))
             else:
                 later.append(((at - own_s) / next_s, name, duration_s))
