@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import accumulate, islice, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device, stage_devices
@@ -34,7 +35,7 @@ from llmsim.engine.uncontended_gathers import (
     new_record,
     single_transfers,
 )
-from llmsim.trace import Record, Trace, by_device_start_stream
+from llmsim.trace import Record, Trace
 
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 KNOWN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"})
 """Schedules whose replay :meth:`Engine._device` and this loop make the same way; a new
 schedule runs on SimPy until it is added here and to the grid of the equality test."""
+
+_start_stream = itemgetter(7, 2)
+"""A record's (start_s, stream): the trace's order within one device."""
 
 MessageKey = tuple[object, str, int, int]
 """(pipeline, direction "F"/"B", receiving virtual stage, micro-batch)."""
@@ -91,7 +95,8 @@ class _Replay:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.records: list[Record] = []
+        self.records: dict[int, list[Record]] = {d.id: [] for d in engine.devices}
+        """Device → its records, in the order made (sorted by start once, at the end)."""
         self.pp_waits: list[tuple[int, float, float, float]] = []
         self.dp_waits: list[tuple[int, float, float]] = []
         self.arrival_s: dict[MessageKey, float] = {}
@@ -133,7 +138,7 @@ class _Replay:
         ends = list(accumulate(durations, initial=at_s if at_s > stream.free_s
                                else stream.free_s))
         stream.free_s = ends[-1]
-        self.records.extend(map(new_record, repeat(Record), zip(
+        self.records[dev.id].extend(map(new_record, repeat(Record), zip(
             repeat(dev.id), repeat(dev.stage), repeat("dp"), names, repeat("W"), repeat(-1),
             repeat(-1), ends, islice(ends, 1, None), repeat(0.0), repeat(math.inf))))
         return ends[-1]
@@ -164,7 +169,7 @@ class _Replay:
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
         deferred: list[tuple[int, int]] = []
         grads_end = -math.inf
-        records, pp_waits = self.records, self.pp_waits
+        records, pp_waits = self.records[dev.id], self.pp_waits
         arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
         durations = self.pass_durations(stage, actions)
         gathers = (None if engine.hooks_closed_form else
@@ -267,7 +272,7 @@ class _Replay:
         recorded: (the pass's end, the last bucket's end). The times are the sums
         :meth:`~llmsim.engine.streams.Contention.mark_times` makes, in one loop with the
         queueing."""
-        stream, append = self.dp[dev.id], self.records.append
+        stream, append = self.dp[dev.id], self.records[dev.id].append
         device, stage = dev.id, dev.stage
         t, done, free = now_s, 0.0, stream.free_s
         for share, name, bucket_s in launches:
@@ -352,18 +357,18 @@ class _Replay:
                 start = max(now[d.id] for d in pair)
                 for d in pair:
                     now[d.id] = start + tied_s
-                    records.append(Record(d.id, d.stage, "pp", tied.name, "O", -1, -1,
-                                          start, now[d.id]))
+                    records[d.id].append(Record(d.id, d.stage, "pp", tied.name, "O", -1,
+                                                -1, start, now[d.id]))
         ready_s = self.ready_s = max(now.values())
         step_end = -math.inf
         for d in engine.devices:
             end = ready_s + engine.costs.compute_s(work.optimizer[d.stage])
-            records.append(Record(d.id, d.stage, "compute", "optimizer", "O", -1, -1,
-                                  ready_s, end))
+            records[d.id].append(Record(d.id, d.stage, "compute", "optimizer", "O", -1,
+                                        -1, ready_s, end))
             for gather in work.dp_param_gathers(d.stage):
                 start, end = self.dp[d.id].run(end, engine._comm_s(gather, d.stage))
-                records.append(Record(d.id, d.stage, "dp", gather.name, gather.phase, -1, -1,
-                                      start, end))
+                records[d.id].append(Record(d.id, d.stage, "dp", gather.name,
+                                            gather.phase, -1, -1, start, end))
             step_end = max(step_end, end)
         return step_end
 
@@ -380,8 +385,10 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
         engine.passes_started = 0
         return None
     step_end = state.finish()
-    records = state.records
-    records.sort(key=by_device_start_stream)
+    # The trace's order (device, start, stream; by_device_start_stream): each device's
+    # records sorted apart, stably, as one sort of them all would order them.
+    records = [r for device in sorted(state.records)
+               for r in sorted(state.records[device], key=_start_stream)]
     by_stage = stage_devices(engine.devices)
     return Trace(
         records=records,
