@@ -175,3 +175,26 @@ def test_the_grid_reaches_zero3_gathers_and_their_waits():
     assert any(n.startswith("z3_ag") for n in names)
     assert any(n.startswith("dp_rs") for n in names)
     assert trace.dp_waits
+
+
+def test_a_gather_ending_as_its_layer_is_reached_sends_the_step_to_simpy(monkeypatch):
+    """Where a pass reaches a layer at the instant its gather ends, SimPy's order of two
+    events at one time decides whether it waits: the loop gives the step back
+    (``SameInstant``) and SimPy replays it from the start, its trace the SimPy path's."""
+    from llmsim.engine import uncontended_gathers
+
+    overrides = {"nodes": 2, "parallelism__zero": 3, "parallelism__dp_bucket_mb": 4}
+    slow = _engine(overrides, tight=False).run()
+    calls = []
+
+    def same_instant(self, i, now_s, label):
+        calls.append(label)
+        raise uncontended_gathers.SameInstant(label)
+
+    monkeypatch.setattr(uncontended_gathers.DeviceGathers, "gathered_pass", same_instant)
+    engine = _engine(overrides, tight=True)
+    assert uncontended.applies(engine)
+    fast = engine.run()
+    assert calls and engine.env.now == fast.step_end_s > 0  # SimPy ran the step
+    assert engine.passes_started == sum(len(engine.schedule[d.stage]) for d in engine.devices)
+    assert_same_trace(fast, slow)
