@@ -41,6 +41,10 @@ SWITCHES = [
     {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
      "parallelism__recompute": "full"},
     {"parallelism__zero": 1, "parallelism__overlap_param_gather": True},
+    {"parallelism__zero": 3, "parallelism__gather_per_module": True},  # a layer's gathers
+    # back to back: each joins the stream when the one before it ends
+    {"parallelism__zero": 3, "parallelism__gather_per_module": True,
+     "parallelism__overlap_dp_comm": False},
 ]
 
 
@@ -130,8 +134,6 @@ def test_the_step_has_what_the_grid_means_to_cover():
     {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True},  # posted sends
     {"fidelity": "full", "nodes": 2},                        # group members to wait for
-    {"parallelism__zero": 3, "parallelism__gather_per_module": True, "nodes": 2},  # a
-    # layer's gathers back to back: the later ones queue behind what came meanwhile
     {"parallelism__grad_bucket_nan_check": True, "nodes": 2},  # kernels before reductions
 ])
 def test_where_something_contends_simpy_runs(overrides):

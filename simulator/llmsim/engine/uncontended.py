@@ -29,12 +29,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device, stage_devices
-from llmsim.engine.uncontended_gathers import (
-    DeviceGathers,
-    SameInstant,
-    new_record,
-    single_transfers,
-)
+from llmsim.engine.uncontended_gathers import DeviceGathers, SameInstant, new_record
 from llmsim.trace import Record, Trace
 
 if TYPE_CHECKING:
@@ -62,7 +57,7 @@ def applies(engine: Engine) -> bool:
         return False
     if engine.rendezvous or not engine.closed_form_sends:
         return False
-    if not all(engine.closed_form.values()) or not single_transfers(engine):
+    if not all(engine.closed_form.values()):
         return False
     if any(d.tp_group[1] > 1 for d in engine.devices):
         return False
@@ -107,6 +102,8 @@ class _Replay:
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
         self.dp = {d.id: Stream() for d in engine.devices}
+        self.gathers: dict[int, DeviceGathers] = {}
+        """Device → its weight gathers (where the step has any)."""
         self.buckets: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
         self.durations: dict[int, list[float]] = {}
         self.ready_s = 0.0
@@ -134,6 +131,9 @@ class _Replay:
         names, durations = self.bucket_list(stage, chunk)
         if not names:
             return at_s
+        gathers = self.gathers.get(dev.id)
+        if gathers is not None and gathers.pending is not None:
+            gathers.advance(at_s)
         stream = self.dp[dev.id]
         ends = list(accumulate(durations, initial=at_s if at_s > stream.free_s
                                else stream.free_s))
@@ -172,9 +172,11 @@ class _Replay:
         records, pp_waits = self.records[dev.id], self.pp_waits
         arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
         durations = self.pass_durations(stage, actions)
-        gathers = (None if engine.hooks_closed_form else
-                   DeviceGathers(engine, dev, actions, self.dp[device], records,
-                                 self.dp_waits))
+        gathers = None
+        if not engine.hooks_closed_form:
+            gathers = self.gathers[device] = DeviceGathers(engine, dev, actions,
+                                                           self.dp[device], records,
+                                                           self.dp_waits)
         prefetching = gathers is not None and engine.prefetch_weights
         if prefetching:
             gathers.prefetch(0, now)
@@ -274,11 +276,16 @@ class _Replay:
         queueing."""
         stream, append = self.dp[dev.id], self.records[dev.id].append
         device, stage = dev.id, dev.stage
+        gathers = self.gathers.get(dev.id)
         t, done, free = now_s, 0.0, stream.free_s
         for share, name, bucket_s in launches:
             if share > done + 1e-12:
                 t += (share - done) * duration_s
                 done = share
+            if gathers is not None and gathers.pending is not None:  # its all-gathers first
+                stream.free_s = free
+                gathers.advance(t)
+                free = stream.free_s
             start = t if t > free else free
             free = start + bucket_s
             append(new_record(Record, (device, stage, "dp", name, "W", -1, -1, start, free,
@@ -366,6 +373,7 @@ class _Replay:
             records[d.id].append(Record(d.id, d.stage, "compute", "optimizer", "O", -1,
                                         -1, ready_s, end))
             for gather in work.dp_param_gathers(d.stage):
+                assert d.id not in self.gathers or self.gathers[d.id].pending is None
                 start, end = self.dp[d.id].run(end, engine._comm_s(gather, d.stage))
                 records[d.id].append(Record(d.id, d.stage, "dp", gather.name,
                                             gather.phase, -1, -1, start, end))
