@@ -110,7 +110,7 @@ def assert_same_trace(fast, slow) -> None:
     str(v) for k, v in o.items() if k != "parallelism__dp_bucket_mb"))
 def test_tight_loop_and_simpy_record_the_same_step(overrides):
     engine = _engine(overrides, tight=True)
-    assert uncontended.applies(engine)
+    assert uncontended.applies(engine) and uncontended.simpy_reason(engine) == ""
     fast = engine.run()
     assert engine.env.now == 0  # no SimPy event ran
     slow_engine = _engine(overrides, tight=False)
@@ -130,15 +130,16 @@ def test_the_step_has_what_the_grid_means_to_cover():
                 for s in range(engine.work.stages)}) == 2
 
 
-@pytest.mark.parametrize("overrides", [
-    {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
-     "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True},  # posted sends
-    {"fidelity": "full", "nodes": 2},                        # group members to wait for
-    {"parallelism__grad_bucket_nan_check": True, "nodes": 2},  # kernels before reductions
+@pytest.mark.parametrize(("overrides", "why"), [
+    ({"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
+      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True}, "posted"),
+    ({"fidelity": "full", "nodes": 2}, "group members"),
+    ({"parallelism__grad_bucket_nan_check": True, "nodes": 2}, "kernels before"),
 ])
-def test_where_something_contends_simpy_runs(overrides):
+def test_where_something_contends_simpy_runs(overrides, why):
     engine = _engine(overrides, tight=True)
     assert not uncontended.applies(engine)
+    assert why in uncontended.simpy_reason(engine)
     trace = engine.run()
     assert engine.env.now == trace.step_end_s > 0
 

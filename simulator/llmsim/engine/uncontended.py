@@ -50,24 +50,33 @@ def applies(engine: Engine) -> bool:
     """Whether the step of ``engine`` can be replayed by :func:`replay`: a known schedule,
     every simulated device alone in its tensor- and data-parallel groups, nothing holding
     compute units, sends on each device's ``pp`` link priced in closed form (not posted on
-    a pair's communicator), no weight gathers on the ``dp`` stream and no kernels before a
-    gradient bucket's reduction."""
+    a pair's communicator) and no kernels before a gradient bucket's reduction (ZeRO's
+    weight gathers on the ``dp`` stream are replayed, :mod:`.uncontended_gathers`)."""
+    return not simpy_reason(engine)
+
+
+def simpy_reason(engine: Engine) -> str:
+    """Why the step of ``engine`` runs on SimPy, in a few words ("" where :func:`applies`)."""
     work = engine.work
-    if engine.schedule_name not in KNOWN_SCHEDULES or not engine.tight_loop:
-        return False
+    if engine.schedule_name not in KNOWN_SCHEDULES:
+        return f"schedule {engine.schedule_name or '?'} not in the tight loop"
+    if not engine.tight_loop:
+        return "per-stage cost models (a heterogeneous job)"
     if engine.rendezvous or not engine.closed_form_sends:
-        return False
+        return "pipeline sends posted on pairs' communicators"
     if not all(engine.closed_form.values()):
-        return False
+        return ("data-parallel collectives holding compute units"
+                if engine.collective_units else "data-parallel group members to wait for")
     if any(d.tp_group[1] > 1 for d in engine.devices):
-        return False
+        return "tensor-parallel group members to wait for"
     if any(c.variable for c in engine.contention.values()):
-        return False
+        return "kernels holding compute units beside the passes"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
-        return False
-    return not any(work.grad_sync_prep(first)
-                   for chunk in work.chunks.values()
-                   for _, first in work.dp_grad_buckets(chunk))
+        return "tied embeddings on one stage"
+    if any(work.grad_sync_prep(first) for chunk in work.chunks.values()
+           for _, first in work.dp_grad_buckets(chunk)):
+        return "kernels before the gradient buckets' reductions"
+    return ""
 
 
 class Stream:
