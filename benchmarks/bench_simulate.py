@@ -1,6 +1,9 @@
 """Simulator speed and memory: wall time, events and peak memory per simulated step.
 
-Run: python benchmarks/bench_simulate.py [CASE ...]     (default: every case but the slow ones)
+Run: python benchmarks/bench_simulate.py [CASE ...] [--repeats N] [--baseline DIR]
+(default: every case but the slow ones; ``--baseline DIR`` times each case also on the
+``simulator/`` of another checkout, e.g. ``git worktree add DIR main``, alternating runs of
+the two, and prints its row beside this checkout's: a before/after in one run)
 
 Each case is GPT-3 175B on A100s (TP 8, PP 8, global batch 1,536 — Narayanan et al.'s
 layout) at some data-parallel degree and schedule; :data:`CASES` lists them, those marked
@@ -22,6 +25,7 @@ and a case is timed :data:`REPEATS` times: the run printed is the one with the l
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -93,36 +97,59 @@ CASES: dict[str, tuple[int, int, int, str, bool]] = {
 }
 
 
-def _run(nodes: int, dp: int, batch: int, schedule: str, mode: str) -> dict:
+def _run(nodes: int, dp: int, batch: int, schedule: str, mode: str,
+         source: str | None = None) -> dict:
+    """One run in a fresh process, of this checkout's llmsim or of ``source`` (a
+    ``simulator/`` folder put first on the path)."""
+    env = dict(os.environ)
+    if source is not None:
+        env["PYTHONPATH"] = source + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch),
-                          schedule, mode], check=True, capture_output=True, text=True)
+                          schedule, mode], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def run_case(nodes: int, dp: int, batch: int, schedule: str = "1f1b",
-             repeats: int = REPEATS) -> dict:
+             repeats: int = REPEATS, source: str | None = None) -> dict:
     """The fastest of ``repeats`` plain runs of one case, each in a fresh process, with the
     events and peak heap of one more, measured, run."""
-    fastest = min((_run(nodes, dp, batch, schedule, "time") for _ in range(repeats)),
+    fastest = min((_run(nodes, dp, batch, schedule, "time", source) for _ in range(repeats)),
                   key=lambda r: r["simulate_cpu_s"])
-    measured = _run(nodes, dp, batch, schedule, "measure")
+    measured = _run(nodes, dp, batch, schedule, "measure", source)
     assert measured["step_time_s"] == fastest["step_time_s"]
     return fastest | {"events": measured["events"],
                       "peak_traced_mb": measured["peak_traced_mb"]}
 
 
+def _option(args: list[str], flag: str) -> str | None:
+    """The value after ``flag`` in ``args`` (both removed), or None."""
+    if flag not in args:
+        return None
+    at = args.index(flag)
+    value = args[at + 1]
+    del args[at:at + 2]
+    return value
+
+
 def main(names: list[str]) -> None:
+    repeats = _option(names, "--repeats")
+    baseline = _option(names, "--baseline")
     unknown = [n for n in names if n not in CASES]
     if unknown:
         sys.exit(f"unknown case {unknown[0]!r}; use one of {', '.join(CASES)}")
     names = names or [n for n, case in CASES.items() if not case[-1]]
-    rows = {n: run_case(*CASES[n][:4], repeats=1 if CASES[n][-1] else REPEATS)
-            for n in names}
-    print(f"{'case':>20} {'devices':>8} {'dp':>5} {'m':>4} {'events':>9} {'records':>8} "
+    rows = {}
+    for n in names:
+        times = int(repeats) if repeats else 1 if CASES[n][-1] else REPEATS
+        if baseline is not None:
+            rows[f"{n} before"] = run_case(*CASES[n][:4], repeats=times,
+                                           source=os.path.join(baseline, "simulator"))
+        rows[n] = run_case(*CASES[n][:4], repeats=times)
+    print(f"{'case':>27} {'devices':>8} {'dp':>5} {'m':>4} {'events':>9} {'records':>8} "
           f"{'wall s':>8} {'sim s':>8} {'sim cpu':>8} {'events/s':>9} {'RSS MB':>7} {'heap MB':>8} "
           f"{'import s':>9} {'step s':>8}")
     for name, r in rows.items():
-        print(f"{name:>20} {r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} "
+        print(f"{name:>27} {r['devices']:>8,} {r['dp']:>5} {r['microbatches']:>4} "
               f"{r['events']:>9,} {r['records']:>8,} {r['wall_s']:>8.3f} "
               f"{r['simulate_s']:>8.3f} {r['simulate_cpu_s']:>8.3f} "
               f"{r['events'] / r['simulate_cpu_s']:>9,.0f} "

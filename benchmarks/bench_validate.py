@@ -32,6 +32,22 @@ def time_rows(prefix: str | None) -> list[tuple[str, float, float]]:
     return rows
 
 
+def _path(row_id: str) -> str:
+    """How the engine replays a row's step: "tight loop", or SimPy and why
+    (:func:`llmsim.engine.uncontended.simpy_reason`; "" with an llmsim that has none)."""
+    from llmsim import validation
+    from llmsim.engine import uncontended
+    from llmsim.simulation import build_engine
+    from llmsim.validation.scenarios import scenario_for
+
+    reason = getattr(uncontended, "simpy_reason", None)
+    if reason is None:
+        return ""
+    run = next(r for r in validation.load_runs(row_id) if r.id == row_id)
+    why = reason(build_engine(scenario_for(run)))
+    return f"SimPy: {why}" if why else "tight loop"
+
+
 def main(args: list[str]) -> None:
     top = int(args[args.index("--top") + 1]) if "--top" in args else 15
     if "--top" in args:
@@ -52,9 +68,9 @@ def main(args: list[str]) -> None:
         pstats.Stats(p).sort_stats("cumulative").print_stats(30)
         return
     rows = time_rows(prefix)
-    print(f"{'row':<28} {'scenario s':>10} {'simulate s':>10}")
+    print(f"{'row':<28} {'scenario s':>10} {'simulate s':>10}  path")
     for rid, build, sim in sorted(rows, key=lambda r: -(r[1] + r[2]))[:top]:
-        print(f"{rid:<28} {build:>10.3f} {sim:>10.3f}")
+        print(f"{rid:<28} {build:>10.3f} {sim:>10.3f}  {_path(rid)}")
     build, sim = sum(r[1] for r in rows), sum(r[2] for r in rows)
     print(f"{len(rows)} rows: scenario {build:.2f} s, simulate {sim:.2f} s, "
           f"total {build + sim:.2f} s CPU")

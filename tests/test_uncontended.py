@@ -34,6 +34,17 @@ SWITCHES = [
     {"model__tied_embeddings": True},
     {"parallelism__pp_scatter_gather": "megatron"},
     {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
+    # ZeRO's per-layer weight gathers on the dp stream beside the gradient buckets
+    {"parallelism__zero": 3},
+    {"parallelism__zero": 3, "parallelism__overlap_dp_comm": False},
+    {"parallelism__zero": 3, "parallelism__prefetch_weights": False},
+    {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
+     "parallelism__recompute": "full"},
+    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True},
+    {"parallelism__zero": 3, "parallelism__gather_per_module": True},  # a layer's gathers
+    # back to back: each joins the stream when the one before it ends
+    {"parallelism__zero": 3, "parallelism__gather_per_module": True,
+     "parallelism__overlap_dp_comm": False},
 ]
 
 
@@ -88,7 +99,10 @@ def assert_same_trace(fast, slow) -> None:
     assert len(waits[0]) == len(waits[1])
     for a, b in zip(*waits, strict=True):
         assert a[0] == b[0] and all(_close(x, y) for x, y in zip(a[1:], b[1:], strict=True))
-    assert fast.dp_waits == slow.dp_waits == []
+    dp_waits = [sorted(trace.dp_waits) for trace in (fast, slow)]
+    assert len(dp_waits[0]) == len(dp_waits[1])
+    for a, b in zip(*dp_waits, strict=True):
+        assert a[0] == b[0] and all(_close(x, y) for x, y in zip(a[1:], b[1:], strict=True))
     assert fast.pp_slowed_s == slow.pp_slowed_s == {}
 
 
@@ -96,7 +110,7 @@ def assert_same_trace(fast, slow) -> None:
     str(v) for k, v in o.items() if k != "parallelism__dp_bucket_mb"))
 def test_tight_loop_and_simpy_record_the_same_step(overrides):
     engine = _engine(overrides, tight=True)
-    assert uncontended.applies(engine)
+    assert uncontended.applies(engine) and uncontended.simpy_reason(engine) == ""
     fast = engine.run()
     assert engine.env.now == 0  # no SimPy event ran
     slow_engine = _engine(overrides, tight=False)
@@ -116,17 +130,16 @@ def test_the_step_has_what_the_grid_means_to_cover():
                 for s in range(engine.work.stages)}) == 2
 
 
-@pytest.mark.parametrize("overrides", [
-    {"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
-     "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True},  # posted sends
-    {"fidelity": "full", "nodes": 2},                        # group members to wait for
-    {"parallelism__zero": 3, "parallelism__pp": 1, "parallelism__tp": 4},  # weight gathers
-    {"parallelism__grad_bucket_nan_check": True, "nodes": 2},  # kernels before reductions
-    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True, "nodes": 2},
+@pytest.mark.parametrize(("overrides", "why"), [
+    ({"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
+      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True}, "posted"),
+    ({"fidelity": "full", "nodes": 2}, "group members"),
+    ({"parallelism__grad_bucket_nan_check": True, "nodes": 2}, "kernels before"),
 ])
-def test_where_something_contends_simpy_runs(overrides):
+def test_where_something_contends_simpy_runs(overrides, why):
     engine = _engine(overrides, tight=True)
     assert not uncontended.applies(engine)
+    assert why in uncontended.simpy_reason(engine)
     trace = engine.run()
     assert engine.env.now == trace.step_end_s > 0
 
@@ -150,3 +163,41 @@ def test_a_whole_result_is_the_same_on_both_paths(monkeypatch):
             assert x == pytest.approx(y, rel=1e-9, abs=1e-15)
     assert fast.bubble_fraction_per_stage == pytest.approx(slow.bubble_fraction_per_stage,
                                                            rel=1e-9, abs=1e-15)
+
+
+def test_the_grid_reaches_zero3_gathers_and_their_waits():
+    """ZeRO-3's rows of the grid gather weights beside the gradient buckets and make passes
+    wait for them, on the tight loop (else the comparison would cover little)."""
+    overrides = next(o for o in GRID if o.get("parallelism__zero") == 3 and o["nodes"] == 2
+                     and o["parallelism__pp"] == 4 and o["parallelism__schedule"] == "1f1b"
+                     and len(o) == 8)
+    engine = _engine(overrides, tight=True)
+    trace = engine.run()
+    assert engine.env.now == 0 and engine.work.grad_ranks > 1
+    names = {r.name for r in trace.records}
+    assert any(n.startswith("z3_ag") for n in names)
+    assert any(n.startswith("dp_rs") for n in names)
+    assert trace.dp_waits
+
+
+def test_a_gather_ending_as_its_layer_is_reached_sends_the_step_to_simpy(monkeypatch):
+    """Where a pass reaches a layer at the instant its gather ends, SimPy's order of two
+    events at one time decides whether it waits: the loop gives the step back
+    (``SameInstant``) and SimPy replays it from the start, its trace the SimPy path's."""
+    from llmsim.engine import uncontended_gathers
+
+    overrides = {"nodes": 2, "parallelism__zero": 3, "parallelism__dp_bucket_mb": 4}
+    slow = _engine(overrides, tight=False).run()
+    calls = []
+
+    def same_instant(self, i, now_s, label):
+        calls.append(label)
+        raise uncontended_gathers.SameInstant(label)
+
+    monkeypatch.setattr(uncontended_gathers.DeviceGathers, "gathered_pass", same_instant)
+    engine = _engine(overrides, tight=True)
+    assert uncontended.applies(engine)
+    fast = engine.run()
+    assert calls and engine.env.now == fast.step_end_s > 0  # SimPy ran the step
+    assert engine.passes_started == sum(len(engine.schedule[d.stage]) for d in engine.devices)
+    assert_same_trace(fast, slow)

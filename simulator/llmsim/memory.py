@@ -7,14 +7,22 @@ flight under the pipeline schedule, communication buffers and a stated reserve.
 
 Sources: Rajbhandari et al. 2020 (ZeRO, §3 and §5), Korthikanti et al. 2022 (activation
 memory, §4 and Table 2), Narayanan et al. 2021 (pipeline schedules, §2.2) and Megatron-LM
-(``schedules.py``, ``theoretical_memory_usage.py``). docs/memory.md derives each term.
+(``schedules.py``, ``theoretical_memory_usage.py``). docs/memory.md derives each term; the
+activations one block and the model's ends store per micro-batch are
+:mod:`llmsim.activations`'.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
+from llmsim.activations import DROPOUT_MASK_BYTES as DROPOUT_MASK_BYTES
+from llmsim.activations import (
+    activation_bytes_per_layer,
+    embedding_activation_bytes,
+    output_activation_bytes,
+)
+from llmsim.activations import activation_element_bytes as _activation_bytes
 from llmsim.errors import UserError
 from llmsim.experts import moe_activation_bytes_delta, moe_layers_in_flight
 from llmsim.in_flight import in_flight_chunks
@@ -22,7 +30,6 @@ from llmsim.mla import mla_activation_bytes_delta
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
-    kv_dim_per_rank,
     layer_params_per_device,
     stage_layers_params,
 )
@@ -42,12 +49,6 @@ tensors' bytes. An assumption, the same 5 % that Megatron-LM's
 
 _MB = 1e6
 _GB = 1e9
-DROPOUT_MASK_BYTES = 1
-"""Dropout masks are stored as one byte per element (Korthikanti et al. 2022 §4.1; PyTorch's
-``native_dropout`` keeps a bool tensor)."""
-_FP32_BYTES = 4
-"""Logits kept for the cross-entropy (Korthikanti et al. 2022 §4.3) and flash attention's
-log-sum-exp (Dao et al. 2022 §3.1) are fp32."""
 
 
 @dataclass(frozen=True)
@@ -140,81 +141,6 @@ def stage_params(model: Model, tp: int, pp: int, stage: int, layers: int | None 
     if stage == pp - 1:
         params += head_params_per_device(model, tp, pp)
     return params
-
-
-# ---------------------------------------------------------------- activations
-
-
-def _activation_bytes(training: Training) -> int:
-    """Bytes of one stored activation element: 2 (16-bit; fp8 GEMMs keep 16-bit
-    activations outside the GEMM casts, an assumption), 4 for fp32 training."""
-    return 4 if training.precision == "fp32" else 2
-
-
-def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training: Training) -> float:
-    """Activation bytes one transformer block stores for one micro-batch, on one TP rank.
-
-    Korthikanti et al. 2022 §4.1 (eq. 1), §4.2 (eq. 2) and Table 2, generalised term by
-    term; ``e`` = bytes per element (2), masks 1 byte, ``kv`` = K/V width per rank,
-    ``f`` = MLP width, ``t`` = tp, ``a`` = heads:
-
-    * outside the TP region (divided by t only with sequence parallelism): two norm
-      inputs 2·e·sbh, QKV-GEMM input e·sbh, MLP-up input e·sbh, two dropout masks 2·sbh
-      → 10·sbh (8·sbh without hidden dropout);
-    * TP-sharded: Q e·sbh/t, K and V 2·e·sb·kv, attention output (out-projection input)
-      e·sbh/t (``heads·kv_channels`` for ``h`` in these two when the model sets it),
-      activation input e·sbf/t (SwiGLU: gate and up, 2·e·sbf/t), MLP-down input e·sbf/t
-      → 24·sbh/t for MHA with f = 4h and GeLU;
-    * attention core (unfused, no selective recompute): softmax output, its dropout
-      mask and dropout output, (2e + 1)·a·s²·b/t = 5·a·s²·b/t (the softmax output alone,
-      e·a·s²·b/t, without attention dropout);
-    * flash attention instead stores only the fp32 log-sum-exp, 4·a·s·b/t (Dao et al.
-      2022 §3.1), and regenerates its dropout mask.
-
-    Selective recompute drops the core; full recompute keeps only the block input,
-    e·sbh (÷t with sequence parallelism). For a GPT shape this is exactly sbh·(34 +
-    5as/h) without parallelism, sbh·(10 + 24/t + 5as/(ht)) with TP and sbh/t·(34 +
-    5as/h) with TP + sequence parallelism.
-    """
-    t, sp = parallelism.tp, parallelism.sequence_parallel
-    s, b, h, f = training.seq_len, parallelism.micro_batch, model.hidden, model.ffn_hidden
-    e, sb = _activation_bytes(training), training.seq_len * parallelism.micro_batch
-    if parallelism.recompute == "full":
-        return e * sb * h / (t if sp else 1)
-    masks = DROPOUT_MASK_BYTES if training.hidden_dropout > 0 else 0
-    outside_tp = (4 * e + 2 * masks) * sb * h / (t if sp else 1)
-    act_inputs = 2 if model.activation == "swiglu" else 1
-    sharded = e * sb * (2 * model.q_dim / t + 2 * kv_dim_per_rank(model, t)
-                        + (act_inputs + 1) * f / t)
-    core = 0.0
-    if parallelism.recompute == "none":
-        heads = model.heads / t
-        if training.fused_attention:
-            core = _FP32_BYTES * heads * s * b
-        else:
-            dropped = e + DROPOUT_MASK_BYTES if training.attention_dropout > 0 else 0
-            core = (e + dropped) * heads * s * s * b
-    return outside_tp + sharded + core
-
-
-def embedding_activation_bytes(model: Model, parallelism: Parallelism, training: Training) -> float:
-    """First stage, per micro-batch: the embedding dropout mask, sbh bytes (÷t with
-    sequence parallelism; Korthikanti et al. 2022 §4.3), none without hidden dropout. The
-    embedding output itself is the first block's input and is counted there."""
-    if training.hidden_dropout == 0:
-        return 0.0
-    sbh = training.seq_len * parallelism.micro_batch * model.hidden
-    return DROPOUT_MASK_BYTES * sbh / (parallelism.tp if parallelism.sequence_parallel else 1)
-
-
-def output_activation_bytes(model: Model, parallelism: Parallelism, training: Training) -> float:
-    """Last stage, per micro-batch: final-norm input and LM-head input (e·sbh each, ÷t
-    with sequence parallelism) and the fp32 logits 4·sb·⌈V/t⌉ kept for the cross-entropy.
-    With sequence parallelism this is Korthikanti et al. 2022 §4.3's 4·sbh/t·(1 + V/h)."""
-    t, sb = parallelism.tp, training.seq_len * parallelism.micro_batch
-    inputs = 2 * _activation_bytes(training) * sb * model.hidden
-    logits = _FP32_BYTES * sb * math.ceil(model.vocab / t)
-    return inputs / (t if parallelism.sequence_parallel else 1) + logits
 
 
 # ---------------------------------------------------------------- the whole device

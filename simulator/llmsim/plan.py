@@ -67,6 +67,14 @@ class Plan:
         return cls(scenario.system, scenario.nodes_used, scenario.parallelism, scenario.dp)
 
     @cached_property
+    def memo(self) -> dict[tuple[object, ...], tuple[object, object]]:
+        """Values worked out once per plan by the parts that route its groups: key (the
+        caller's name, then its arguments) → (the spec object it depends on, the value).
+        A topology's flow counts are asked for by the route of every axis that runs
+        beside another, and each walks every group touching a leaf or dragonfly group."""
+        return {}
+
+    @cached_property
     def degrees(self) -> dict[str, int]:
         """Degree of each axis (dp resolved)."""
         p = self.parallelism
@@ -190,7 +198,11 @@ class Plan:
         A group whose ranks are evenly spaced (one axis, or axes nested in the rank
         order: ``stage``, ``cp+dp``) is measured in closed form
         (:meth:`_progression_shape`), in time independent of its size; any other is
-        enumerated rank by rank (:meth:`_enumerated_shape`)."""
+        enumerated rank by rank (:meth:`_enumerated_shape`). Worked out once per axis
+        (:attr:`memo`): the cost model and the routes of the axes beside it ask again."""
+        known = self.memo.get(("placement", axis))
+        if known is not None:
+            return known[1]  # type: ignore[return-value]
         progression = self._progression(axis)
         worst: GroupPlacement | None = None
         for first in self._first_rank_of_groups(axis):
@@ -222,6 +234,7 @@ class Plan:
             ) > (worst.nodes_spanned, worst.domains_spanned, worst.span_devices):
                 worst = placement
         assert worst is not None
+        self.memo[("placement", axis)] = (self, worst)
         return worst
 
     def _progression(self, axis: str) -> tuple[int, int] | None:

@@ -19,6 +19,10 @@ The parts (docs/engine.md draws them):
 
 - :mod:`~llmsim.engine.replay`: :class:`Engine`, one process per device walking its
   schedule;
+- :mod:`~llmsim.engine.passes`: each pass priced once and recorded in parts;
+- :mod:`~llmsim.engine.uncontended`: the same step without SimPy where nothing contends,
+  with :mod:`~llmsim.engine.uncontended_buckets` for the gradient buckets and
+  :mod:`~llmsim.engine.uncontended_gathers` for ZeRO's weight gathers;
 - :mod:`~llmsim.engine.streams`: the streams and the compute units other kernels hold;
 - :mod:`~llmsim.engine.devices`: which devices are simulated;
 - :mod:`~llmsim.engine.pipeline`: the messages between pipeline stages;

@@ -2,29 +2,29 @@
 
 :class:`Engine` prices every chunk's passes once, starts one SimPy process per simulated
 device (:meth:`Engine._device`) that walks its stage's actions in order, and collects the
-records into a :class:`~llmsim.trace.Trace`. The pipeline messages, the gradient
-reductions and the weight gathers are the parts in :mod:`~llmsim.engine.pipeline`,
+records into a :class:`~llmsim.trace.Trace`. The passes' pricing and records, the
+pipeline messages, the gradient reductions and the weight gathers are the parts in
+:mod:`~llmsim.engine.passes`, :mod:`~llmsim.engine.pipeline`,
 :mod:`~llmsim.engine.gradients` and :mod:`~llmsim.engine.gathers`.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import simpy
 
-from llmsim.blocks import Block, CostModel, block_kind
-from llmsim.costs import HardwareCosts
+from llmsim.blocks import Block, CostModel
 from llmsim.engine import uncontended
 from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
 from llmsim.engine.gradients import GradientTraffic, Launch
+from llmsim.engine.passes import PassPricing
 from llmsim.engine.pipeline import PipelineMessages
 from llmsim.engine.replicas import replica_grad_allreduce
-from llmsim.engine.streams import Barrier, Contention, Fifo, Mark, Pause
+from llmsim.engine.streams import Barrier, Contention, Fifo, Mark
 from llmsim.ops import CommOp
 from llmsim.schedules import Action, aligned_grad_syncs
 from llmsim.trace import Record, Trace, by_device_start_stream
@@ -38,7 +38,7 @@ class StageCosts(Protocol):
     def between(self, stage: int, other: int) -> CostModel: ...
 
 
-class Engine(PipelineMessages, GradientTraffic, WeightGathers):
+class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
     """Replays one step; build it, then call :meth:`run`."""
 
     def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
@@ -188,49 +188,6 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         self.passes_started = 0
         """Pipeline actions begun so far (the progress of a long run)."""
 
-    def _priced(self, stage: int, chunk: int, kind: str, held: int) -> Block:
-        """A pass of ``kind`` ("F", "B"; "W" with its gradient accumulation, "w" without,
-        the micro-batches before :attr:`Workload.accumulate_from_microbatch`) on ``held``
-        compute units fewer, priced once."""
-        work = self.work.chunks[(stage, chunk)]
-        if kind == "W" and not work.accumulate:
-            kind = "w"  # nothing to accumulate: the same pass
-        key = (stage, chunk, kind, held)
-        block = self.priced.get(key)
-        if block is None:
-            ops = {"F": work.forward, "B": work.backward, "w": work.weight,
-                   "W": work.weight + work.accumulate}
-            passed, costs = ops[kind], self.stage_costs[stage]
-            if type(costs) is not HardwareCosts:  # e.g. jitter: a draw per call
-                block = Block.of(passed, costs, self.overlap_tp, held)
-            else:
-                same = (tuple(map(id, passed)), id(costs), held)
-                block = self.laid_out.get(same)
-                if block is None:
-                    block = self.laid_out[same] = Block.of(passed, costs, self.overlap_tp, held)
-            self.priced[key] = block
-        return block
-
-    @property
-    def backward_step(self) -> str:
-        """The pass after which a backward step sends its input gradient and posts its
-        next receive: "B" where the backward is split (Zero Bubble), else the fused
-        backward's last pass, "W"."""
-        return "B" if self.split_backward else "W"
-
-    def _kind(self, act: Action) -> str:
-        """Which of its chunk's passes ``act`` runs (:func:`block_kind`)."""
-        return block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
-
-    def _price(self, dev: Device, act: Action) -> Callable[[int], float]:
-        """Seconds ``act``'s pass takes on ``dev`` with a given number of units held."""
-        kind = self._kind(act)
-        return lambda held: self._priced(dev.stage, act.chunk, kind, held).duration_s
-
-    def _block(self, dev: Device, act: Action) -> Block:
-        """The block ``act`` runs on ``dev``, alone on the device."""
-        return self.blocks[(dev.stage, act.chunk, self._kind(act))]
-
     def _device(self, dev: Device) -> Iterator[simpy.Event]:
         env, work = self.env, self.work
         p, v = work.stages, work.chunks_per_stage
@@ -370,25 +327,6 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         for gather in work.dp_param_gathers(dev.stage):  # dense weights', then experts'
             yield env.process(self._collective(dev, gather))
 
-    def _record_pass(self, dev: Device, act: Action, block: Block, start: float,
-                     pauses: list[Pause]) -> None:
-        """Record a pass that ran from ``start`` to now, in parts around its ``pauses``."""
-        seg_start, seg_from = start, 0.0
-        for share, paused, resumed in pauses:
-            self._record_part(dev, act, seg_start, seg_from, share * block.duration_s, paused)
-            seg_start, seg_from = resumed, share * block.duration_s
-        if not pauses or pauses[-1][0] < 1.0:  # a pause at the very end leaves nothing
-            self._record_part(dev, act, seg_start, seg_from, math.inf)
-
-    def _record_part(self, dev: Device, act: Action, start: float, block_from: float,
-                     block_to: float, end: float | None = None) -> None:
-        """Record the part ``[block_from, block_to)`` of a pass's block, run from ``start``
-        to ``end`` (now by default)."""
-        self.records.append(Record(dev.id, dev.stage, "compute", label(act), act.kind,
-                                   act.microbatch, act.chunk, start,
-                                   self.env.now if end is None else end,
-                                   block_from, block_to))
-
     def run(self, progress: Callable[[float], None] | None = None,
             every_s: float = 5.0) -> Trace:
         """Simulate the step and return the trace.
@@ -399,7 +337,9 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
         devices do.
         """
         if uncontended.applies(self):
-            return uncontended.replay(self, progress, every_s)
+            trace = uncontended.replay(self, progress, every_s)
+            if trace is not None:
+                return trace
         procs = [self.env.process(self._device(d)) for d in self.devices]
         if progress is not None:
             total = sum(len(self.schedule[d.stage]) for d in self.devices)
@@ -441,7 +381,3 @@ class Engine(PipelineMessages, GradientTraffic, WeightGathers):
             if now - reported >= every_s:
                 progress(min(self.passes_started / total, 1.0))
                 reported = now
-
-
-def label(act: Action) -> str:
-    return f"{act.kind}{act.microbatch}" + (f"c{act.chunk}" if act.chunk else "")

@@ -24,10 +24,13 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device, stage_devices
-from llmsim.trace import Record, Trace, by_device_start_stream
+from llmsim.engine.uncontended_buckets import BucketTraffic
+from llmsim.engine.uncontended_gathers import DeviceGathers, SameInstant, new_record
+from llmsim.trace import Record, Trace
 
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
@@ -35,6 +38,9 @@ if TYPE_CHECKING:
 KNOWN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"})
 """Schedules whose replay :meth:`Engine._device` and this loop make the same way; a new
 schedule runs on SimPy until it is added here and to the grid of the equality test."""
+
+_start_stream = itemgetter(7, 2)
+"""A record's (start_s, stream): the trace's order within one device."""
 
 MessageKey = tuple[object, str, int, int]
 """(pipeline, direction "F"/"B", receiving virtual stage, micro-batch)."""
@@ -44,27 +50,36 @@ def applies(engine: Engine) -> bool:
     """Whether the step of ``engine`` can be replayed by :func:`replay`: a known schedule,
     every simulated device alone in its tensor- and data-parallel groups, nothing holding
     compute units, sends on each device's ``pp`` link priced in closed form (not posted on
-    a pair's communicator), no weight gathers on the ``dp`` stream and no kernels before a
-    gradient bucket's reduction."""
+    a pair's communicator) and no kernels before a gradient bucket's reduction (ZeRO's
+    weight gathers on the ``dp`` stream are replayed, :mod:`.uncontended_gathers`)."""
+    return not simpy_reason(engine)
+
+
+def simpy_reason(engine: Engine) -> str:
+    """Why the step of ``engine`` runs on SimPy, in a few words ("" where :func:`applies`)."""
     work = engine.work
-    if engine.schedule_name not in KNOWN_SCHEDULES or not engine.tight_loop:
-        return False
+    if engine.schedule_name not in KNOWN_SCHEDULES:
+        return f"schedule {engine.schedule_name or '?'} not in the tight loop"
+    if not engine.tight_loop:
+        return "per-stage cost models (a heterogeneous job)"
     if engine.rendezvous or not engine.closed_form_sends:
-        return False
-    if not engine.hooks_closed_form or not all(engine.closed_form.values()):
-        return False
+        return "pipeline sends posted on pairs' communicators"
+    if not all(engine.closed_form.values()):
+        return ("data-parallel collectives holding compute units"
+                if engine.collective_units else "data-parallel group members to wait for")
     if any(d.tp_group[1] > 1 for d in engine.devices):
-        return False
+        return "tensor-parallel group members to wait for"
     if any(c.variable for c in engine.contention.values()):
-        return False
+        return "kernels holding compute units beside the passes"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
-        return False
-    return not any(work.grad_sync_prep(first)
-                   for chunk in work.chunks.values()
-                   for _, first in work.dp_grad_buckets(chunk))
+        return "tied embeddings on one stage"
+    if any(work.grad_sync_prep(first) for chunk in work.chunks.values()
+           for _, first in work.dp_grad_buckets(chunk)):
+        return "kernels before the gradient buckets' reductions"
+    return ""
 
 
-class _Stream:
+class Stream:
     """A stream that runs one transfer at a time in the order queued: when it is free."""
 
     __slots__ = ("free_s",)
@@ -79,13 +94,15 @@ class _Stream:
         return start_s, self.free_s
 
 
-class _Replay:
+class _Replay(BucketTraffic):
     """The state of one tight-loop replay of ``engine``'s step."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.records: list[Record] = []
+        self.records: dict[int, list[Record]] = {d.id: [] for d in engine.devices}
+        """Device → its records, in the order made (sorted by start once, at the end)."""
         self.pp_waits: list[tuple[int, float, float, float]] = []
+        self.dp_waits: list[tuple[int, float, float]] = []
         self.arrival_s: dict[MessageKey, float] = {}
         self.sent_s: dict[MessageKey, float] = {}
         self.waiting: dict[MessageKey, tuple[Device, Iterator[MessageKey]]] = {}
@@ -93,32 +110,13 @@ class _Replay:
         self.now_s: dict[int, float] = {}
         self.last_compute: dict[int, float] = {}
         self.dp_done: dict[int, float] = {}
-        self.dp = {d.id: _Stream() for d in engine.devices}
-        self.buckets: dict[tuple[int, int], list[tuple[str, float]]] = {}
+        self.dp = {d.id: Stream() for d in engine.devices}
+        self.gathers: dict[int, DeviceGathers] = {}
+        """Device → its weight gathers (where the step has any)."""
+        self.buckets: dict[tuple[int, int], tuple[list[str], list[float]]] = {}
+        self.durations: dict[int, list[float]] = {}
         self.ready_s = 0.0
         """When every stage has its gradients: the optimizers start."""
-
-    def bucket_list(self, stage: int, chunk: int) -> list[tuple[str, float]]:
-        """(name, seconds) of each gradient bucket of a chunk, last layer's first
-        (:meth:`Workload.dp_grad_ops`'s names); a group of equal buckets priced once."""
-        key = (stage, chunk)
-        out = self.buckets.get(key)
-        if out is None:
-            out = self.buckets[key] = []
-            for count, first in self.engine.work.dp_grad_buckets(self.engine.work.chunks[key]):
-                stem, duration_s = first.name.removesuffix("_b0"), self.engine._comm_s(first, stage)
-                out += [(f"{stem}_b{i}", duration_s) for i in range(count)]
-        return out
-
-    def queue_buckets(self, dev: Device, launches: list[tuple[float, str, float]]) -> float:
-        """Queue gradient buckets (launch time, name, seconds) on ``dev``'s ``dp`` stream,
-        recording each; returns when the last ends."""
-        stream, records = self.dp[dev.id], self.records
-        end_s = -math.inf
-        for at_s, name, duration_s in launches:
-            start_s, end_s = stream.run(at_s, duration_s)
-            records.append(Record(dev.id, dev.stage, "dp", name, "W", -1, -1, start_s, end_s))
-        return end_s
 
     def device(self, dev: Device) -> Iterator[MessageKey]:
         """Walk ``dev``'s actions as :meth:`Engine._device` does, up to its gradients;
@@ -132,21 +130,31 @@ class _Replay:
         # its B pass where the backward is fused, its W pass where it is split
         hooked = (("W" if engine.split_backward else "B")
                   if engine.overlap_dp and work.zero != 3 and syncs is None else None)
+        zero3 = work.zero == 3
         backward_step = engine.backward_step
         gather_s = engine.pp_gather_s
         overlap_pp, overlap_dp = engine.overlap_pp, engine.overlap_dp
-        block_of, send_s = engine._block, engine.pp_send_s
+        send_s = engine.pp_send_s
         device, stage, pipe = dev.id, dev.stage, dev.pipe
         virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
         within: dict[int, bool] = {}
-        link = _Stream()
+        link = Stream()
         now = 0.0
         w_seen = [0] * work.chunks_per_stage
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
         deferred: list[tuple[int, int]] = []
         grads_end = -math.inf
-        records, pp_waits = self.records, self.pp_waits
+        records, pp_waits = self.records[dev.id], self.pp_waits
         arrival_s, sent_s, waiting, ready = self.arrival_s, self.sent_s, self.waiting, self.ready
+        durations = self.pass_durations(stage, actions)
+        gathers = None
+        if not engine.hooks_closed_form:
+            gathers = self.gathers[device] = DeviceGathers(engine, dev, actions,
+                                                           self.dp[device], records,
+                                                           self.dp_waits)
+        prefetching = gathers is not None and engine.prefetch_weights
+        if prefetching:
+            gathers.prefetch(0, now)
         for i, act in enumerate(actions):
             engine.passes_started += 1
             kind, mb, chunk = act.kind, act.microbatch, act.chunk
@@ -171,23 +179,27 @@ class _Replay:
                     records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
                                           start, now))
                     pp_waits.append((device, start, now, start))
-            duration_s = block_of(dev, act).duration_s
-            start = now
-            launches = carried.pop((chunk, mb), None) if kind == "W" else None
-            if kind == hooked and w_seen[chunk] + 1 == m:
-                launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
-            if launches:
-                now, last_end = self.marked_pass(dev, now, duration_s, launches)
-                grads_end = max(grads_end, last_end)
+            label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
+            if gathers is not None and gathers.gathered(i):
+                now = gathers.gathered_pass(i, now, label)
             else:
-                now = now + duration_s
-            records.append(Record(device, stage, "compute",
-                                  f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}", kind,
-                                  mb, chunk, start, now, 0.0, math.inf))
+                if prefetching:
+                    gathers.prefetch(i + 1, now)
+                duration_s = durations[i]
+                start = now
+                launches = carried.pop((chunk, mb), None) if kind == "W" else None
+                if kind == hooked and w_seen[chunk] + 1 == m:
+                    launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
+                if launches:
+                    now, last_end = self.marked_pass(dev, now, duration_s, launches)
+                    grads_end = max(grads_end, last_end)
+                else:
+                    now = now + duration_s
+                records.append(new_record(Record, (device, stage, "compute", label, kind, mb,
+                                                   chunk, start, now, 0.0, math.inf)))
             if syncs:
                 for c in syncs.get(i, ()):
-                    grads_end = max(grads_end, self.queue_buckets(
-                        dev, [(now, name, d) for name, d in self.bucket_list(stage, c)]))
+                    grads_end = max(grads_end, self.queue_buckets(dev, now, stage, c))
             to = -1
             if kind == "F" and vs < last_vs:
                 key, to = (pipe, "F", vs + 1, mb), (vs + 1) % p
@@ -198,8 +210,8 @@ class _Replay:
                 if near is None:
                     near = within[to] = engine._within_node(dev, to)
                 sent, end = link.run(now, send_s[near])
-                records.append(Record(device, stage, "pp", "pp_send", key[1], mb, chunk,
-                                      sent, end))
+                records.append(new_record(Record, (device, stage, "pp", "pp_send", key[1], mb,
+                                                   chunk, sent, end, 0.0, math.inf)))
                 sent_s[key], arrival_s[key] = sent, end  # the message is in: wake its receiver
                 waiter = waiting.pop(key, None)
                 if waiter is not None:
@@ -211,60 +223,24 @@ class _Replay:
                 w_seen[chunk] += 1
                 if not overlap_dp:
                     deferred.append((chunk, w_seen[chunk]))
+                elif zero3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
+                    grads_end = max(grads_end, self.queue_buckets(dev, now, stage, chunk))
         self.last_compute[dev.id] = now
         for c, count in deferred:  # without overlap: reduced after the last pass
-            if count == m:
-                grads_end = max(grads_end, self.queue_buckets(
-                    dev, [(now, name, d) for name, d in self.bucket_list(dev.stage, c)]))
+            if count == m or zero3:
+                grads_end = max(grads_end, self.queue_buckets(dev, now, stage, c))
         self.now_s[dev.id] = self.dp_done[dev.id] = max(now, grads_end)
 
-    def marked_pass(self, dev: Device, now_s: float, duration_s: float,
-                    launches: list[tuple[float, str, float]]) -> tuple[float, float]:
-        """A pass of ``duration_s`` from ``now_s`` whose marks (share of the pass, name,
-        seconds; shares sorted) launch gradient buckets onto ``dev``'s ``dp`` stream, each
-        recorded: (the pass's end, the last bucket's end). The times are the sums
-        :meth:`~llmsim.engine.streams.Contention.mark_times` makes, in one loop with the
-        queueing."""
-        stream, append = self.dp[dev.id], self.records.append
-        device, stage = dev.id, dev.stage
-        t, done, free = now_s, 0.0, stream.free_s
-        for share, name, bucket_s in launches:
-            if share > done + 1e-12:
-                t += (share - done) * duration_s
-                done = share
-            start = t if t > free else free
-            free = start + bucket_s
-            append(Record(device, stage, "dp", name, "W", -1, -1, start, free))
-        stream.free_s = free
-        if done < 1.0 - 1e-12:
-            t += (1.0 - done) * duration_s
-        return t, free
-
-    def bucket_marks(self, dev: Device, actions: list, i: int,
-                     carried: dict[tuple[int, int], list[tuple[float, str, float]]],
-                     ) -> list[tuple[float, str, float]]:
-        """The buckets the last micro-batch's backward launches as it makes them final,
-        as (share of pass ``actions[i]``, name, seconds) — the shares
-        :meth:`GradientTraffic._bucket_marks` gives; those of the W pass after a fused
-        B go to ``carried``."""
-        engine, act = self.engine, actions[i]
-        ops = self.bucket_list(dev.stage, act.chunk)
-        if not ops:
-            return []
-        own_s, next_s = engine._block(dev, act).duration_s, 0.0
-        if act.kind == "B":
-            next_s = engine._block(dev, actions[i + 1]).duration_s
-        own, later = [], []
-        n = len(ops)
-        for k, (name, duration_s) in enumerate(ops):
-            at = (k + 1) / n * (own_s + next_s)
-            if at <= own_s or next_s == 0:
-                own.append((at / own_s if own_s > 0 else 1.0, name, duration_s))
-            else:
-                later.append(((at - own_s) / next_s, name, duration_s))
-        if later:
-            carried.setdefault((act.chunk, act.microbatch), []).extend(later)
-        return own
+    def pass_durations(self, stage: int, actions: list) -> list[float]:
+        """Seconds each of a stage's actions takes alone on its device
+        (:meth:`Engine._block`, the block kind worked out inline), listed once per stage."""
+        if stage in self.durations:
+            return self.durations[stage]
+        blocks, accumulate_from = self.engine.blocks, self.engine.work.accumulate_from_microbatch
+        out = self.durations[stage] = [blocks[(stage, act.chunk,
+                        "w" if act.kind == "W" and act.microbatch < accumulate_from
+                        else act.kind)].duration_s for act in actions]
+        return out
 
     def run(self, progress: Callable[[float], None] | None, every_s: float) -> None:
         """Run every device's walk, each as far as its messages allow, until all end."""
@@ -305,31 +281,39 @@ class _Replay:
                 start = max(now[d.id] for d in pair)
                 for d in pair:
                     now[d.id] = start + tied_s
-                    records.append(Record(d.id, d.stage, "pp", tied.name, "O", -1, -1,
-                                          start, now[d.id]))
+                    records[d.id].append(Record(d.id, d.stage, "pp", tied.name, "O", -1,
+                                                -1, start, now[d.id]))
         ready_s = self.ready_s = max(now.values())
         step_end = -math.inf
         for d in engine.devices:
             end = ready_s + engine.costs.compute_s(work.optimizer[d.stage])
-            records.append(Record(d.id, d.stage, "compute", "optimizer", "O", -1, -1,
-                                  ready_s, end))
+            records[d.id].append(Record(d.id, d.stage, "compute", "optimizer", "O", -1,
+                                        -1, ready_s, end))
             for gather in work.dp_param_gathers(d.stage):
+                assert d.id not in self.gathers or self.gathers[d.id].pending is None
                 start, end = self.dp[d.id].run(end, engine._comm_s(gather, d.stage))
-                records.append(Record(d.id, d.stage, "dp", gather.name, gather.phase, -1, -1,
-                                      start, end))
+                records[d.id].append(Record(d.id, d.stage, "dp", gather.name,
+                                            gather.phase, -1, -1, start, end))
             step_end = max(step_end, end)
         return step_end
 
 
 def replay(engine: Engine, progress: Callable[[float], None] | None = None,
-           every_s: float = 5.0) -> Trace:
+           every_s: float = 5.0) -> Trace | None:
     """Replay ``engine``'s step in the tight loop (where :func:`applies`): the trace
-    :meth:`Engine.run` makes with SimPy."""
+    :meth:`Engine.run` makes with SimPy; None where a pass reaches a layer at the instant
+    its weights arrive (:class:`SameInstant`: the step is SimPy's to order)."""
     state = _Replay(engine)
-    state.run(progress, every_s)
+    try:
+        state.run(progress, every_s)
+    except SameInstant:
+        engine.passes_started = 0
+        return None
     step_end = state.finish()
-    records = state.records
-    records.sort(key=by_device_start_stream)
+    # The trace's order (device, start, stream; by_device_start_stream): each device's
+    # records sorted apart, stably, as one sort of them all would order them.
+    records = [r for device in sorted(state.records)
+               for r in sorted(state.records[device], key=_start_stream)]
     by_stage = stage_devices(engine.devices)
     return Trace(
         records=records,
@@ -341,7 +325,7 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
         optimizer_start_s=state.ready_s,
         step_end_s=step_end,
         pp_waits=sorted(state.pp_waits, key=lambda w: w[1]),
-        dp_waits=[],
+        dp_waits=sorted(state.dp_waits, key=lambda w: w[1]),
         pp_slowed_s={},
         replicas=engine.replicas,
     )

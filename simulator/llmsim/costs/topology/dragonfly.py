@@ -75,7 +75,12 @@ class DragonflyTopology:
 
     def _leaving(self, plan: Plan, axis: str, home_nodes: range, home: int) -> Counter[int]:
         """Ring (or chain) steps of every group of ``axis`` that leave dragonfly group
-        ``home`` (its ``home_nodes``), counted by the group they go to."""
+        ``home`` (its ``home_nodes``), counted by the group they go to; counted once per
+        plan (:attr:`Plan.memo`; a copy returned)."""
+        key = ("dragonfly._leaving", id(self.network), axis, home_nodes, home)
+        known = plan.memo.get(key)
+        if known is not None and known[0] is self.network:
+            return Counter(known[1])  # type: ignore[arg-type]
         size = self.network.nodes_per_group
         to_group: Counter[int] = Counter()
         for group in groups_touching(plan, axis, home_nodes):
@@ -83,6 +88,7 @@ class DragonflyTopology:
                 node_a, node_b = plan.location(a)[0], plan.location(b)[0]
                 if node_a in home_nodes and node_b // size != home:
                     to_group[node_b // size] += 1
+        plan.memo[key] = (self.network, Counter(to_group))
         return to_group
 
     def _with_concurrent(self, plan: Plan, axis: str, home_nodes: range, home: int,

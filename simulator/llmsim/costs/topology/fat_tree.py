@@ -89,11 +89,17 @@ class FatTreeTopology:
 
     def _leaving(self, plan: Plan, axis: str, leaf_nodes: range, k: int) -> int:
         """Ring (or chain) steps of every group of ``axis`` that leave the leaf holding
-        ``leaf_nodes`` for the spine (``k``: the axis's members per node)."""
+        ``leaf_nodes`` for the spine (``k``: the axis's members per node); counted once
+        per plan (:attr:`Plan.memo`)."""
+        key = ("fat_tree._leaving", id(self.network), axis, leaf_nodes, k)
+        known = plan.memo.get(key)
+        if known is not None and known[0] is self.network:
+            return known[1]  # type: ignore[return-value]
         flows = 0
         for group in groups_touching(plan, axis, leaf_nodes):
             flows += sum(1 for a, b in rank_steps(plan, group, is_chain(axis))
                          if plan.location(a)[0] in leaf_nodes and self._crosses(plan, a, b, k))
+        plan.memo[key] = (self.network, flows)
         return flows
 
 
