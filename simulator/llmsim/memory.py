@@ -19,6 +19,7 @@ from llmsim.errors import UserError
 from llmsim.experts import moe_activation_bytes_delta, moe_layers_in_flight
 from llmsim.in_flight import in_flight_chunks
 from llmsim.mla import mla_activation_bytes_delta
+from llmsim.mtp import mtp_activation_bytes, mtp_params_per_device
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
@@ -348,6 +349,10 @@ def memory_per_stage(
         else:
             dense, expert = stage_layers_params(model, t, parallelism.expert_ranks, split, i,
                                                 parallelism.etp)
+        if i == last_stage:  # the multi-token prediction modules (llmsim.mtp)
+            mtp_dense, mtp_expert = mtp_params_per_device(model, parallelism,
+                                                          first_stage != last_stage)
+            dense, expert = dense + mtp_dense, expert + mtp_expert
         params = dense + expert + (embedding_params if i == first_stage else 0) \
             + (head_params if i == last_stage else 0)
         dense_state = _state_bytes(params - expert, groups[0], zero, (w_b, g_b, o_b))
@@ -359,11 +364,15 @@ def memory_per_stage(
         activations = held * per_layer + (rematerialised if held else 0.0)
         if i == first_stage:
             activations += chunks[i][0] * embedding_acts
+        mtp_moe = 0
         if i == last_stage:
-            activations += chunks[i][-1] * output_acts
+            activations += chunks[i][-1] * (output_acts + mtp_activation_bytes(
+                model, parallelism, training, per_layer, output_acts,
+                _activation_bytes(training)))
+            mtp_moe = chunks[i][-1] * sum(model.mtp_is_moe(k) for k in range(model.mtp_depth))
         # the MoE delta is per rank already (of its s/cp tokens)
-        activations = activations / cp + moe_layers_in_flight(model, split, chunks[i], i) \
-            * moe_delta
+        activations = activations / cp + (moe_layers_in_flight(model, split, chunks[i], i)
+                                          + mtp_moe) * moe_delta
         buffers = _buffer_bytes(model, parallelism, training, dp, i, layers)
         tensors = weights + grads + optimizer + activations + buffers
         stage = distinct[key] = StageMemory(

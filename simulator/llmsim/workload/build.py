@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from llmsim.context import apply_context_parallel
 from llmsim.mla import apply_mla
 from llmsim.moe import replace_mlp
+from llmsim.mtp import mtp_ops, mtp_params_per_device
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
     DTYPE_BYTES,
@@ -70,7 +71,8 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
     an exchange of ``S`` bytes between the two stages on the pipeline path.
     """
     hops = placement(par.schedule, par.pp, par.virtual_stages)
-    if not model.tied_embeddings or par.pp < 2 or (hops and hops[0][0] == hops[-1][0]):
+    shared = model.tied_embeddings or model.mtp_depth > 0  # MTP's copy: llmsim.mtp
+    if not shared or par.pp < 2 or (hops and hops[0][0] == hops[-1][0]):
         return None  # one copy of the embedding (ZB-V: the first and last chunks on stage 0)
     words = math.ceil(model.vocab / par.tp) * model.hidden
     return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
@@ -128,13 +130,16 @@ Passes = tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
 @dataclass(frozen=True)
 class PassOps:
     """The op lists every chunk's passes are assembled from, for one micro-batch: a dense
-    transformer block's and (MoE models) an expert block's F, R, B and W ops, and the
-    embedding's and the LM head's F, B and W ops."""
+    transformer block's and (MoE models) an expert block's F, R, B and W ops, the
+    embedding's and the LM head's F, B and W ops, and the multi-token prediction
+    modules' (:mod:`llmsim.mtp`; empty without them), which follow the last stage's
+    head."""
 
     dense: Passes
     moe: Passes | None
     embedding: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
     head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+    mtp: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]] = ((), (), ())
 
     def block(self, model: Model, layer: int) -> Passes:
         """The passes of transformer layer ``layer`` (0-based)."""
@@ -159,9 +164,12 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
         moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
     emb_f, emb_b, emb_w = builder.embedding()
     head_f, head_b, head_w = builder.head()
-    return PassOps((tuple(layer_f), tuple(layer_r), tuple(layer_b), tuple(layer_w)), moe,
-                   (tuple(emb_f), tuple(emb_b), tuple(emb_w)),
-                   (tuple(head_f), tuple(head_b), tuple(head_w)))
+    dense = (tuple(layer_f), tuple(layer_r), tuple(layer_b), tuple(layer_w))
+    embedding = (tuple(emb_f), tuple(emb_b), tuple(emb_w))
+    head = (tuple(head_f), tuple(head_b), tuple(head_w))
+    blocks = [moe if moe is not None and model.mtp_is_moe(k) else dense
+              for k in range(model.mtp_depth)]
+    return PassOps(dense, moe, embedding, head, mtp_ops(builder, blocks, embedding, head))
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
@@ -252,24 +260,26 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
                                                       start)
             fwd: tuple[Op, ...] = emb_f if first else ()
-            bwd: tuple[Op, ...] = head_b if last else ()
-            wgt: tuple[Op, ...] = head_w if last else ()
+            bwd: tuple[Op, ...] = ops.mtp[1] + head_b if last else ()
+            wgt: tuple[Op, ...] = ops.mtp[2] + head_w if last else ()
             for i in range(start, start + n):
                 fwd += ops.block(model, i)[0]
             for i in reversed(range(start, start + n)):
                 block = ops.block(model, i)
                 bwd += block[1] + block[2]
                 wgt += block[3]
-            fwd += amax_f + (head_f if last else ())
+            fwd += amax_f + (head_f + ops.mtp[0] if last else ())
             bwd += amax_b + (emb_b if first else ())
             wgt += emb_w if first else ()
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
                                                   par.etp)
+            mtp_dense, mtp_experts = mtp_params_per_device(model, par, head_p > 1) \
+                if last else (0, 0)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
                 chunk_params(model, par.tp, n, first, last, head_p, par.expert_ranks, start,
-                             par.etp),
-                fwd, bwd, wgt, accumulate, expert_params=experts,
+                             par.etp) + mtp_dense + mtp_experts,
+                fwd, bwd, wgt, accumulate, expert_params=experts + mtp_experts,
             )
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
                    hops=hops)
