@@ -72,8 +72,9 @@ def mtp_ops(builder: LayerBuilder, blocks: list[Passes], embedding: PassLists,
         norms_f: list[Op] = [b._mem("hnorm", "F", b.stream, 2), b._mem("enorm", "F", b.stream, 2)]
         norms_b: list[Op] = [b._mem("hnorm", "B", b.stream, 4), b._mem("enorm", "B", b.stream, 4)]
         fwd += _renamed([*emb_f, *norms_f, *entry_f, proj, *gather, *blk_f, *head_f], k)
-        bwd += _renamed([*head_b, *blk_r, *blk_b, proj_dx, *exit_b, *norms_b], k)
-        wgt += _renamed([*head_w, *blk_w, proj_dw, *emb_w], k)
+        # the backward runs the deepest module first
+        bwd = _renamed([*head_b, *blk_r, *blk_b, proj_dx, *exit_b, *norms_b], k) + bwd
+        wgt = _renamed([*head_w, *blk_w, proj_dw, *emb_w], k) + wgt
     return fwd, bwd, wgt
 
 
