@@ -227,7 +227,8 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     if s.model.moe is not None:
         most = max(result.memory, key=lambda m: m.expert_state_bytes)
         split = f"ep {par.ep}" if par.etp == par.tp else \
-            f"whole, over tp·ep = {par.expert_ranks} ranks"
+            f"whole, over tp·ep = {par.expert_ranks} ranks" if par.etp == 1 else \
+            f"each over {par.etp} TP ranks, over tp/{par.etp}·ep = {par.expert_ranks} ranks"
         console.print(f"routed experts: {s.model.moe.experts // par.expert_ranks} of "
                       f"{s.model.moe.experts} per device and MoE layer ({split}); "
                       f"{most.expert_state_bytes / 1e9:.1f} GB of stage {most.stage}'s "

@@ -257,9 +257,9 @@ class Scenario(Spec):
             )
         if mdl.moe is not None and mdl.moe.experts % par.expert_ranks:
             raise ValueError(
-                f"parallelism.expert_tp: 1 splits the experts over tp·ep = {par.tp}·{par.ep}"
-                f" = {par.expert_ranks} ranks, which does not divide model.moe.experts="
-                f"{mdl.moe.experts}; lower ep, or remove expert_tp"
+                f"parallelism.expert_tp: {par.etp} splits the experts over tp·ep/expert_tp = "
+                f"{par.tp}·{par.ep}/{par.etp} = {par.expert_ranks} ranks, which does not "
+                f"divide model.moe.experts={mdl.moe.experts}; lower ep, or raise expert_tp"
             )
         if mdl.moe is not None and par.expert_ranks > 1 and par.tp > 1 \
                 and not par.sequence_parallel:
