@@ -121,6 +121,16 @@ def test_a_moe_mtp_block_holds_routed_experts():
     assert any(op.name == "mtp1_moe_dispatch" for op in last_b.forward)
 
 
+def test_import_hf_reads_the_mtp_depth():
+    """DeepSeek-V3's config.json: num_nextn_predict_layers 1 is the catalog's mtp_depth."""
+    from pathlib import Path
+
+    from llmsim.hf_config import model_fields
+
+    fields = model_fields(Path(__file__).parent / "data" / "hf" / "deepseek-v3.json")
+    assert fields["mtp_depth"] == DSV3.mtp_depth == 1
+
+
 # -- DeepEP-style dispatch and node-limited routing --------------------------------
 
 
