@@ -96,6 +96,18 @@ def test_mtp_weights_sit_on_the_last_stage_with_an_embedding_copy():
     assert llmsim.simulate(base).workload.embedding_grad_allreduce is None
 
 
+def test_a_tied_head_is_the_mtp_modules_embedding_copy():
+    """With tied embeddings the last stage holds the word embedding already (as its head):
+    MTP adds no second copy."""
+    base = make_scenario(model__tied_embeddings=True)
+    mtp = make_scenario(model__tied_embeddings=True, model__mtp_depth=1)
+    m, acc = base.model, base.system.node.accelerator
+    last = [memory_per_stage(s.model, s.parallelism, s.training, s.dp, acc)[-1].params
+            for s in (base, mtp)]
+    assert last[1] - last[0] == layer_params_per_device(m, 2) + 2 * m.hidden ** 2 // 2 \
+        + 6 * m.hidden
+
+
 def test_mtp_without_a_pipeline_shares_the_one_embedding():
     base = make_scenario(parallelism__pp=1, parallelism__tp=8)
     mtp = make_scenario(parallelism__pp=1, parallelism__tp=8, model__mtp_depth=1)

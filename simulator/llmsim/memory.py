@@ -350,8 +350,8 @@ def memory_per_stage(
             dense, expert = stage_layers_params(model, t, parallelism.expert_ranks, split, i,
                                                 parallelism.etp)
         if i == last_stage:  # the multi-token prediction modules (llmsim.mtp)
-            mtp_dense, mtp_expert = mtp_params_per_device(model, parallelism,
-                                                          first_stage != last_stage)
+            mtp_dense, mtp_expert = mtp_params_per_device(
+                model, t, parallelism.expert_ranks, parallelism.etp, first_stage != last_stage)
             dense, expert = dense + mtp_dense, expert + mtp_expert
         params = dense + expert + (embedding_params if i == first_stage else 0) \
             + (head_params if i == last_stage else 0)

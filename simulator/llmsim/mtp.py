@@ -78,24 +78,25 @@ def mtp_ops(builder: LayerBuilder, blocks: list[Passes], embedding: PassLists,
     return fwd, bwd, wgt
 
 
-def mtp_params_per_device(model: Model, par: Parallelism, embedding_copy: bool,
-                          ) -> tuple[int, int]:
+def mtp_params_per_device(model: Model, tp: int, ep: int, etp: int | None,
+                          embedding_copy: bool) -> tuple[int, int]:
     """(dense, routed-expert) weights of the multi-token prediction modules on one device
-    of the last stage: each module's block (split as the model's blocks are), its
-    projection (column-parallel, ``2h·h/t``) and norms, and with ``embedding_copy`` the
-    stage's copy of the word embedding (module docstring)."""
+    of the last stage: each module's block (split as the model's blocks are: ``ep`` the
+    ranks that split the routed experts, ``etp`` their TP degree), its projection
+    (column-parallel, ``2h·h/tp``) and norms, and with ``embedding_copy`` the stage's
+    copy of the word embedding (module docstring)."""
     if not model.mtp_depth:
         return 0, 0
-    t, h = par.tp, model.hidden
+    t, h = tp, model.hidden
     norms = model.mtp_module_extra_params - 2 * h * h
     dense = expert = 0
     for k in range(model.mtp_depth):
         if model.mtp_is_moe(k):
-            d, e = moe_layer_params_per_device(model, t, par.expert_ranks, par.etp)
+            d, e = moe_layer_params_per_device(model, t, ep, etp)
         else:
             d, e = layer_params_per_device(model, t), 0
         dense, expert = dense + d + 2 * h * h // t + norms, expert + e
-    if embedding_copy:
+    if embedding_copy and not model.tied_embeddings:  # a tied head is that copy already
         dense += embedding_params_per_device(model, t)
     return dense, expert
 

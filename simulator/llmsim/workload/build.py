@@ -114,12 +114,14 @@ def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
                  etp: int | None = None) -> int:
     """Parameters of one chunk on one device, its layers ``first_layer`` on (see
     :mod:`llmsim.params`; ``ep`` the ranks that split the routed experts, ``etp`` their
-    TP degree)."""
+    TP degree); the last chunk's include the multi-token prediction modules
+    (:func:`llmsim.mtp.mtp_params_per_device`, an embedding copy when ``stages`` > 1)."""
     params = sum(layers_params_per_device(model, tp, ep, first_layer, layers, etp))
     if first:
         params += embedding_params_per_device(model, tp)
     if last:
         params += head_params_per_device(model, tp, stages)
+        params += sum(mtp_params_per_device(model, tp, ep, etp, stages > 1))
     return params
 
 
@@ -130,16 +132,15 @@ Passes = tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
 @dataclass(frozen=True)
 class PassOps:
     """The op lists every chunk's passes are assembled from, for one micro-batch: a dense
-    transformer block's and (MoE models) an expert block's F, R, B and W ops, the
-    embedding's and the LM head's F, B and W ops, and the multi-token prediction
-    modules' (:mod:`llmsim.mtp`; empty without them), which follow the last stage's
-    head."""
+    transformer block's and (MoE models) an expert block's F, R, B and W ops, and the
+    embedding's and the last stage's F, B and W ops after its layers: the LM head and
+    loss, then the multi-token prediction modules (:mod:`llmsim.mtp`), whose backward
+    comes first."""
 
     dense: Passes
     moe: Passes | None
     embedding: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
     head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
-    mtp: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]] = ((), (), ())
 
     def block(self, model: Model, layer: int) -> Passes:
         """The passes of transformer layer ``layer`` (0-based)."""
@@ -169,7 +170,9 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     head = (tuple(head_f), tuple(head_b), tuple(head_w))
     blocks = [moe if moe is not None and model.mtp_is_moe(k) else dense
               for k in range(model.mtp_depth)]
-    return PassOps(dense, moe, embedding, head, mtp_ops(builder, blocks, embedding, head))
+    mtp_f, mtp_b, mtp_w = mtp_ops(builder, blocks, embedding, head)
+    return PassOps(dense, moe, embedding,
+                   (head[0] + mtp_f, mtp_b + head[1], mtp_w + head[2]))
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
@@ -260,25 +263,25 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
                                                       start)
             fwd: tuple[Op, ...] = emb_f if first else ()
-            bwd: tuple[Op, ...] = ops.mtp[1] + head_b if last else ()
-            wgt: tuple[Op, ...] = ops.mtp[2] + head_w if last else ()
+            bwd: tuple[Op, ...] = head_b if last else ()
+            wgt: tuple[Op, ...] = head_w if last else ()
             for i in range(start, start + n):
                 fwd += ops.block(model, i)[0]
             for i in reversed(range(start, start + n)):
                 block = ops.block(model, i)
                 bwd += block[1] + block[2]
                 wgt += block[3]
-            fwd += amax_f + (head_f + ops.mtp[0] if last else ())
+            fwd += amax_f + (head_f if last else ())
             bwd += amax_b + (emb_b if first else ())
             wgt += emb_w if first else ()
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
                                                   par.etp)
-            mtp_dense, mtp_experts = mtp_params_per_device(model, par, head_p > 1) \
-                if last else (0, 0)
+            _, mtp_experts = mtp_params_per_device(model, par.tp, par.expert_ranks, par.etp,
+                                                   head_p > 1) if last else (0, 0)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
                 chunk_params(model, par.tp, n, first, last, head_p, par.expert_ranks, start,
-                             par.etp) + mtp_dense + mtp_experts,
+                             par.etp),
                 fwd, bwd, wgt, accumulate, expert_params=experts + mtp_experts,
             )
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
