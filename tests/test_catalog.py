@@ -82,7 +82,7 @@ REQUIRED = {
     },
 }
 GPT4_FLOPS = 3e25
-NOT_GPT4_SIZED = {"selene-gpt3"}
+NOT_GPT4_SIZED = {"selene-gpt3", "deepseek-v3"}
 
 
 def _load(kind: str, name: str) -> Any:

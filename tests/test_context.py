@@ -118,3 +118,56 @@ def test_weight_gathers_without_cp_are_over_dp():
     s, work = workload(1, parallelism__zero=3)
     assert work.gather_group == ("dp", s.dp)
     assert {op.axis for op in work.weight_gathers(work.chunks[(0, 0)])} == {"dp"}
+
+
+# -- a ring that attention does not hide ---------------------------------------------------
+
+
+def exposed_scenario(seq_len: int):
+    """Llama 3 8B with tp 8 filling each DGX A100 and cp 4 across four nodes (Megatron's
+    rank order tp, cp: the ring's neighbours are on different nodes, one InfiniBand NIC
+    each): a rank holds 4 of the 32 heads and one of the 8 key/value heads."""
+    return make_scenario(nodes=4, model="llama3-8b", parallelism__tp=8, parallelism__pp=1,
+                         parallelism__cp=4, parallelism__sequence_parallel=True,
+                         training__seq_len=seq_len, training__global_batch=8,
+                         training__precision="bf16")
+
+
+def ring_and_attention(scenario):
+    """(ring op, attention op, the forward ops, the cost model) of one block's forward."""
+    from llmsim.costs import HardwareCosts
+
+    work = build_workload(scenario.model, scenario.parallelism, scenario.training,
+                          scenario.dp)
+    ops = work.chunks[(0, 0)].forward
+    i = next(k for k, op in enumerate(ops) if op.name == "cp_kv_ring")
+    costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    return ops[i], ops[i + 1], ops, costs
+
+
+@pytest.mark.parametrize("seq_len, exposed", [(4096, True), (32768, False)])
+def test_a_cross_node_ring_is_exposed_at_short_blocks_and_hidden_at_long_ones(seq_len, exposed):
+    """Each ring step sends the rank's K and V block, e·(s/cp)·2·d bytes (one key/value
+    head of d = 128 on this TP rank), over the network to the next node: α + bytes/β.
+    Attention per step grows with (s/cp)², the block with s/cp: at 4,096 tokens (1,024 a
+    rank) the transfer outlasts a step's attention and the block shows
+    (cp − 1)·(c − g/cp) of it; at 32,768 it hides. The block's span is that closed form."""
+    from llmsim.blocks import Block
+    from llmsim.costs.collectives import group_path
+
+    s = exposed_scenario(seq_len)
+    ring, attention, ops, costs = ring_and_attention(s)
+    plan = Plan.from_scenario(s)
+    assert plan.placement("cp").nodes_spanned == 4
+    assert ring.bytes == 2 * (seq_len // 4) * 2 * 128  # bf16, K and V, one head
+    path = group_path(s.system, plan.placement("cp"), plan)
+    launch = s.system.node.accelerator.kernel_launch_us * 1e-6
+    c = path.inter_latency_s + ring.bytes / path.sender_inter_bytes_per_s + launch
+    assert costs.comm_s(ring) == pytest.approx(c, rel=1e-12)
+    g = costs.compute_s(attention)
+    block = Block.of(ops, costs)
+    span = block.spans[ops.index(ring)].duration_s
+    assert span == pytest.approx(max(0.0, 3 * (c - g / 4)), rel=1e-9, abs=1e-15)
+    assert (span > 0) == exposed
+    cp_s = llmsim.simulate(s).breakdown_s["cp_comm"]
+    assert (cp_s > 0) == exposed

@@ -233,7 +233,8 @@ def test_model_flops_per_token_follow_the_active_parameters(name, ep):
     scales (2 per layer, the final one, MLA's two latent norms) or the sigmoid router's
     selection biases — plus the attention core's 6·L·s·heads·(d_qk + d_v) (forward
     2·s·heads·(d_qk + d_v) per token, backward twice that): Mixtral's d_qk = d_v = 128,
-    DeepSeek-V3's MLA 192 and 128."""
+    DeepSeek-V3's MLA 192 and 128. DeepSeek-V3's multi-token prediction module adds one
+    more MoE block, its 2h × h projection and a second pass through the LM head."""
     m = catalog_model(name)
     seq = 4096
     work = build_workload(m, Parallelism(ep=ep), Training(global_batch=ep, seq_len=seq), 1)
@@ -242,12 +243,18 @@ def test_model_flops_per_token_follow_the_active_parameters(name, ep):
         d_qk = d_v = m.head_dim
     else:
         d_qk, d_v = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim
-    attention = 6 * m.layers * seq * m.heads * (d_qk + d_v)
+    attention = 6 * (m.layers + m.mtp_depth) * seq * m.heads * (d_qk + d_v)
     norms = (2 * m.layers + 1) * m.hidden
+    block_norms = 2 * m.hidden
     if m.mla is not None:
         norms += m.layers * (m.mla.q_lora_rank + m.mla.kv_lora_rank)
+        block_norms += m.mla.q_lora_rank + m.mla.kv_lora_rank
     biases = m.moe_layer_count * m.moe.experts if m.moe.router == "sigmoid" else 0
     weights = 6 * (m.active_params_per_token - m.vocab * m.hidden - norms - biases)
+    idle = (m.moe.experts - m.moe.top_k) * m.expert_params
+    bias = m.moe.experts if m.moe.router == "sigmoid" else 0
+    mtp_block = m.params_per_moe_layer - idle - block_norms - bias
+    weights += 6 * m.mtp_depth * (mtp_block + 2 * m.hidden ** 2 + m.vocab * m.hidden)
     assert per_token == pytest.approx(weights + attention, rel=1e-9)
 
 

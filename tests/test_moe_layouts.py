@@ -88,9 +88,11 @@ def test_expert_tp_1_at_ep_1_still_exchanges_tokens_over_tp():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"parallelism__tp": 4, "parallelism__expert_tp": 2}, r"parallelism\.expert_tp: 2 with tp 4"),
+    ({"parallelism__tp": 4, "parallelism__expert_tp": 3},
+     r"parallelism\.expert_tp: 3 does not divide tp 4"),
     ({"parallelism__tp": 8, "parallelism__ep": 1, "parallelism__expert_tp": 1,
-      "model__moe": MOE | {"experts": 4}}, r"parallelism\.expert_tp: 1 splits the experts"),
+      "model__moe": MOE | {"experts": 4}},
+     r"parallelism\.expert_tp: 1 splits the experts over tp·ep/expert_tp"),
     ({"model__moe": None, "parallelism__ep": 1, "parallelism__expert_tp": 1},
      r"parallelism\.expert_tp: 1 needs a mixture-of-experts model"),
     ({"parallelism__moe_a2a_overlap": True, "model__moe": None, "parallelism__ep": 1},
@@ -184,11 +186,14 @@ def test_experts_held_whole_by_their_group_need_no_gather():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("parallelism.expert_tp=4", "parallelism.expert_tp: 4 with tp 8"),
+    ("parallelism.expert_tp=3", "parallelism.expert_tp: 3 does not divide tp 8"),
+    ("parallelism.expert_tp=4", "parallelism.expert_tp: 4 splits the experts over "
+     "tp·ep/expert_tp = 8·16/4 = 32 ranks"),
     ("parallelism.expert_tp=1", "parallelism.expert_tp: 1 splits the experts over tp·ep"),
 ])
 def test_cli_rejects_impossible_expert_layouts_in_one_line(override, message, capsys):
-    """gpt4-proxy-moe has 16 experts: tp 8 · ep 16 whole-expert ranks cannot split them."""
+    """gpt4-proxy-moe has 16 experts: tp 8 · ep 16 / expert_tp ranks (4 or 1) cannot
+    split them, and expert_tp must divide tp."""
     from test_cli import run_cli
 
     code, _, err = run_cli(["run", "openai-a100-moe", "--set", override], capsys)

@@ -216,10 +216,8 @@ def _experts(config: dict[str, Any], kind: str, where: str,
     if scoring not in ("softmax", "sigmoid"):
         raise UserError(f"{where}: scoring_func = {echo(scoring)}; llmsim's routers are "
                         "softmax or sigmoid")
-    if config.get("num_nextn_predict_layers"):
-        notes.append(f"{config['num_nextn_predict_layers']} multi-token prediction "
-                     "module(s) not counted")
     return {"mla": mla,
+            "mtp_depth": int(config.get("num_nextn_predict_layers") or 0),
             "moe": {"experts": _get(config, "n_routed_experts", 256, where),
                     "top_k": _get(config, "num_experts_per_tok", 8, where),
                     "ffn_hidden": _get(config, "moe_intermediate_size", 2048, where),

@@ -27,6 +27,7 @@ from llmsim.errors import UserError
 from llmsim.experts import moe_activation_bytes_delta, moe_layers_in_flight
 from llmsim.in_flight import in_flight_chunks
 from llmsim.mla import mla_activation_bytes_delta
+from llmsim.mtp import mtp_activation_bytes, mtp_params_per_device
 from llmsim.params import (
     embedding_params_per_device,
     head_params_per_device,
@@ -282,6 +283,11 @@ def memory_per_stage(
             else:
                 dense_j, expert_j = stage_layers_params(model, t, parallelism.expert_ranks,
                                                         split, j, parallelism.etp)
+            if j == last_stage:  # the multi-token prediction modules (llmsim.mtp)
+                mtp_dense, mtp_expert = mtp_params_per_device(
+                    model, t, parallelism.expert_ranks, parallelism.etp,
+                    first_stage != last_stage)
+                dense_j, expert_j = dense_j + mtp_dense, expert_j + mtp_expert
             dense, expert = dense + dense_j, expert + expert_j
             params += dense_j + expert_j + (embedding_params if j == first_stage else 0) \
                 + (head_params if j == last_stage else 0)
@@ -299,12 +305,19 @@ def memory_per_stage(
                                for n, j in zip(chunks[i], held_stages, strict=True))
         elif i == first_stage:
             activations += chunks[i][0] * embedding_acts
-        if i == last_stage and pipelines == 1:
-            activations += chunks[i][-1] * output_acts
+        mtp_moe = 0
+        if last_stage in held_stages:  # the head's chunk: its output and the MTP modules
+            in_flight = (chunks[i][-1] if pipelines == 1
+                         else chunks[i][held_stages.index(last_stage)])
+            activations += in_flight * ((output_acts if pipelines == 1 else 0.0)
+                                        + mtp_activation_bytes(model, parallelism, training,
+                                                               per_layer, output_acts,
+                                                               _activation_bytes(training)))
+            mtp_moe = in_flight * sum(model.mtp_is_moe(k) for k in range(model.mtp_depth))
         # the MoE delta is per rank already (of its s/cp tokens)
-        activations = activations / cp + sum(
+        activations = activations / cp + (sum(
             moe_layers_in_flight(model, split, chunks[i][k * v:(k + 1) * v], j)
-            for k, j in enumerate(held_stages)) * moe_delta
+            for k, j in enumerate(held_stages)) + mtp_moe) * moe_delta
         buffers = _buffer_bytes(model, parallelism, training, dp, i, layers)
         tensors = weights + grads + optimizer + activations + buffers
         stage = distinct[key] = StageMemory(

@@ -5,7 +5,11 @@ A MoE layer is the dense block (:mod:`llmsim.workload`) with its MLP replaced by
 GShard §2.2) the ops below, for expert tensor parallelism equal to ``tp``. With
 ``parallelism.expert_tp`` 1 every expert is whole on one rank: the TP collectives of the
 routed rows go, each rank routes its own ``T/t`` tokens, and the all-to-alls run over
-the ``tp·ep`` ranks that split the experts (``tp+ep``):
+the ``tp·ep`` ranks that split the experts (``tp+ep``). With ``expert_tp`` ``e`` between
+(a divisor of tp, Megatron-Core's ``--expert-tensor-parallel-size``) each expert is split
+over ``e`` adjacent TP ranks (``etp``), whose TP collectives of the routed rows run
+there, and the all-to-alls over the ``tp/e·ep`` ranks that hold different experts
+(``xtp+ep``: the TP ranks ``e`` apart, times ep):
 
 forward
     router GEMM (tokens × experts) and its top-k selection; permutation of the token rows
@@ -69,7 +73,7 @@ class MoeBlock:
         # Experts split over the TP group (the TP collectives of the routed rows), or
         # whole on each rank with the TP ranks in the all-to-all's group instead.
         self.split = self.etp > 1
-        self.axis: Axis = "ep" if self.etp == par.tp else "tp+ep"
+        self.axis: Axis = "ep" if self.etp == par.tp else "tp+ep" if self.etp == 1 else "xtp+ep"
         self.routing = self.moe.experts > 1
         self.tokens_routed = b.T / b.t if b.sp else float(b.T)  # T_s
         local, rows = expert_rows(m, par, b.trn)
@@ -107,7 +111,10 @@ class MoeBlock:
         whole on each rank)."""
         if not self.split:
             return []
-        return self.b._tp_comm(name, kind, phase, self.rows * self.b.m.hidden * self.b.e)
+        ops = self.b._tp_comm(name, kind, phase, self.rows * self.b.m.hidden * self.b.e)
+        if self.etp < self.b.t:  # over the expert-TP group, part of the TP group
+            return [replace(op, axis="etp") for op in ops]
+        return ops
 
     def _tp_exit(self, name: str, phase: str) -> list[CommOp]:
         return self._tp(name, "reduce_scatter" if self.b.sp else "all_reduce", phase)

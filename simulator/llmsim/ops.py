@@ -14,12 +14,15 @@ Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all",
                      "push_pull"]
-Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp", "tp+ep"]
+Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp", "tp+ep", "etp",
+               "xtp+ep"]
 """A parallel axis; ``stage``: every rank of one pipeline stage (all axes but pp); or a
 group spanning several axes, named by them: ``cp+ep+dp`` the ranks that hold the same
 dense weights (their gradient and ZeRO group), ``cp+dp`` those that hold the same
 routed experts (Megatron-Core's expert-data-parallel group), ``tp+ep`` the ranks that
-split the routed experts when each is whole on one rank (``expert_tp`` 1)."""
+split the routed experts when each is whole on one rank (``expert_tp`` 1); with
+``expert_tp`` between 1 and tp, ``etp`` the adjacent TP ranks that split one expert and
+``xtp+ep`` the ranks that hold different experts (:meth:`llmsim.plan.Plan._sub_axes`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,26 @@ class Plan:
             stride *= self.degrees[axis]
         return out
 
+    def _sub_axes(self) -> dict[str, tuple[int, int]]:
+        """(stride, degree) of the two parts of the TP axis when the routed experts' TP
+        degree ``e`` (``parallelism.expert_tp``) lies between 1 and tp: ``etp``, the ``e``
+        adjacent TP ranks that split an expert (Megatron-Core's expert-tensor-parallel
+        group), and ``xtp``, the ``tp/e`` TP ranks ``e`` apart that hold different experts
+        and so join the expert-parallel group (``xtp+ep``)."""
+        e, t = self.parallelism.etp, self.parallelism.tp
+        stride = self.strides["tp"]
+        return {"etp": (stride, e), "xtp": (stride * e, t // e)}
+
+    def _stride(self, axis: str) -> int:
+        return self.strides[axis] if axis in self.strides else self._sub_axes()[axis][0]
+
+    def _degree(self, axis: str) -> int:
+        return self.degrees[axis] if axis in self.degrees else self._sub_axes()[axis][1]
+
+    def _coord(self, rank: int, axis: str) -> int:
+        """Coordinate of ``rank`` along an axis or a part of the TP axis."""
+        return (rank // self._stride(axis)) % self._degree(axis)
+
     def rank(self, **coords: int) -> int:
         """Global rank of the given coordinates (missing axes are 0)."""
         return sum(coords.get(a, 0) * self.strides[a] for a in AXES)
@@ -126,13 +146,12 @@ class Plan:
             return sorted(ranks)
         axes = self.axes_of(axis)
         if len(axes) > 1:
-            coords = self.coords(rank)
-            ranks = [rank - sum(coords[a] * self.strides[a] for a in axes)]
+            ranks = [rank - sum(self._coord(rank, a) * self._stride(a) for a in axes)]
             for a in axes:
-                ranks = [r + j * self.strides[a] for r in ranks
-                         for j in range(self.degrees[a])]
+                ranks = [r + j * self._stride(a) for r in ranks
+                         for j in range(self._degree(a))]
             return sorted(ranks)
-        stride, size = self.strides[axis], self.degrees[axis]
+        stride, size = self._stride(axis), self._degree(axis)
         base = rank - (rank // stride) % size * stride  # its coordinate along axis, dropped
         return [base + j * stride for j in range(size)]
 
@@ -140,8 +159,7 @@ class Plan:
         """Lowest rank of the ``axis`` group that contains ``rank`` (the first of
         :meth:`members`, without listing them)."""
         axes = [a for a in AXES if a != "pp"] if axis == "stage" else self.axes_of(axis)
-        strides, degrees = self.strides, self.degrees  # the coordinates of :meth:`coords`
-        return rank - sum((rank // strides[a]) % degrees[a] * strides[a] for a in axes)
+        return rank - sum(self._coord(rank, a) * self._stride(a) for a in axes)
 
     def _domain(self, node: int) -> int:
         net = self.system.network
@@ -171,15 +189,20 @@ class Plan:
             return [self.rank(pp=s) for s in range(min(self.degrees["pp"], limit))]
         if "+" in axis:
             spanned = self.axes_of(axis)
-            others = [a for a in AXES if a not in spanned and self.degrees[a] > 1]
+            others = []
+            for a in AXES:
+                if a == "tp" and "xtp" in spanned:  # groups start at each expert-TP rank
+                    a = "etp"
+                if a not in spanned and self._degree(a) > 1:
+                    others.append(a)
             firsts = [0]
             for a in others:
-                firsts = [r + j * self.strides[a] for r in firsts
-                          for j in range(self.degrees[a])]
+                firsts = [r + j * self._stride(a) for r in firsts
+                          for j in range(self._degree(a))]
                 if len(firsts) >= limit:
                     break
             return sorted(firsts)[:limit]
-        stride, size = self.strides[axis], self.degrees[axis]
+        stride, size = self._stride(axis), self._degree(axis)
         out, rank = [], 0
         while rank < self.devices and len(out) < limit:
             out.append(rank)
@@ -217,8 +240,8 @@ class Plan:
             placement = GroupPlacement(
                 axis=axis,
                 size=size,
-                stride=min(self.strides[a] for a in self.axes_of(axis)) if "+" in axis
-                else self.strides.get(axis, 1),
+                stride=min(self._stride(a) for a in self.axes_of(axis)) if "+" in axis
+                else self._stride(axis) if axis != "stage" else 1,
                 members_per_node=local,
                 nodes_spanned=nodes,
                 domains_spanned=domains,
@@ -241,16 +264,16 @@ class Plan:
         """(stride, size) where every group of ``axis`` is the ranks ``first + j·stride``,
         ``j < size``: one axis, or axes each of whose stride is the one before's times its
         degree (``stage`` when pp is the outermost axis); None otherwise."""
-        axes = sorted((a for a in self.axes_of(axis) if self.degrees[a] > 1),
-                      key=lambda a: self.strides[a])
+        axes = sorted((a for a in self.axes_of(axis) if self._degree(a) > 1),
+                      key=self._stride)
         if not axes:
             return 1, 1
         stride = size = None
         for a in axes:
             if stride is None:
-                stride, size = self.strides[a], self.degrees[a]
-            elif self.strides[a] == stride * size:
-                size *= self.degrees[a]
+                stride, size = self._stride(a), self._degree(a)
+            elif self._stride(a) == stride * size:
+                size *= self._degree(a)
             else:
                 return None
         return stride, size

@@ -155,12 +155,17 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     console.print(
         f"[bold]{s.name}[/bold]: {s.model.name} ({s.model.params / 1e9:,.1f} B params"
         + (f", {s.model.active_params_per_token / 1e9:,.1f} B active per token"
-           if s.model.moe is not None else "") + ") on " + machine
+           if s.model.moe is not None else "")
+        + (f", multi-token prediction depth {s.model.mtp_depth} "
+           f"(+{s.model.mtp_params / 1e9:,.1f} B)" if s.model.mtp_depth else "")
+        + ") on " + machine
     )
     console.print(
         f"layout: tp {par.tp} · pp {par.pp} · dp {s.dp}"
         + "".join(f" · {a} {d}" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
         + (f" · expert tp {par.etp}" if par.etp != par.tp else "")
+        + (f" · {par.moe_dispatcher} dispatch" if par.moe_dispatcher != "alltoall" else "")
+        + (f", tokens to ≤ {par.moe_max_nodes} nodes" if par.moe_max_nodes else "")
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
         + (_stage_split(stage_layers(s.model.layers, par)) if s.placement is None
            else " · layers " + _runs(stage_layers(s.model.layers, par)))
@@ -222,7 +227,8 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     if s.model.moe is not None:
         most = max(result.memory, key=lambda m: m.expert_state_bytes)
         split = f"ep {par.ep}" if par.etp == par.tp else \
-            f"whole, over tp·ep = {par.expert_ranks} ranks"
+            f"whole, over tp·ep = {par.expert_ranks} ranks" if par.etp == 1 else \
+            f"each over {par.etp} TP ranks, over tp/{par.etp}·ep = {par.expert_ranks} ranks"
         console.print(f"routed experts: {s.model.moe.experts // par.expert_ranks} of "
                       f"{s.model.moe.experts} per device and MoE layer ({split}); "
                       f"{most.expert_state_bytes / 1e9:.1f} GB of stage {most.stage}'s "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from llmsim.calibration import Calibration
-from llmsim.costs.alltoall import AllToAllModel
+from llmsim.costs.alltoall import AllToAllModel, TokenDispatch
 from llmsim.costs.collectives import (
     ALGORITHMS,
     CollectiveModel,
@@ -72,6 +72,7 @@ class HardwareCosts:
         power_limit_w: float | None = None,
         cuda_graphs: bool = False,
         parameter_servers: int = 1,
+        token_dispatch: TokenDispatch | None = None,
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -98,7 +99,8 @@ class HardwareCosts:
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
-        self.all_to_all = AllToAllModel(system, plan, launch_s=accelerator.kernel_launch_us * 1e-6)
+        self.all_to_all = AllToAllModel(system, plan, launch_s=accelerator.kernel_launch_us * 1e-6,
+                                        dispatch=token_dispatch)
         self.parameter_server = (
             ParameterServerModel(system, plan, parameter_servers,
                                  launch_s=accelerator.kernel_launch_us * 1e-6)
@@ -113,7 +115,8 @@ class HardwareCosts:
         training = scenario.training
         return cls(scenario.system, plan, training.precision, calibration,
                    training.attention_kernel, training.power_limit_w, training.cuda_graphs,
-                   scenario.parallelism.parameter_servers)
+                   scenario.parallelism.parameter_servers,
+                   TokenDispatch.of(scenario.model, scenario.parallelism))
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""

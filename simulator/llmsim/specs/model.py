@@ -113,6 +113,13 @@ class Model(Spec):
     """Mixture-of-experts MLP (None: every layer dense)."""
     mla: MLA | None = None
     """Multi-head latent attention instead of (grouped-query) multi-head attention."""
+    mtp_depth: NonNegativeInt = 0
+    """Multi-token prediction modules trained beside the model (DeepSeek-V3 report
+    §2.2, its ``D``; Megatron-Core ``--mtp-num-layers``; Hugging Face
+    ``num_nextn_predict_layers``): module ``k`` predicts token ``i + k + 1`` from the
+    previous depth's hidden state and the embedding of token ``i + k`` through two
+    RMSNorms, a ``2h → h`` projection and one more transformer block, then the shared
+    LM head and a second cross-entropy (:mod:`llmsim.mtp`). 0: none. DeepSeek-V3: 1."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where the architecture comes from."""
     notes: str = ""
@@ -238,6 +245,31 @@ class Model(Spec):
             return self.params
         idle = (self.moe.experts - self.moe.top_k) * self.expert_params
         return self.params - self.moe_layer_count * idle
+
+    def mtp_is_moe(self, module: int) -> bool:
+        """Whether multi-token prediction module ``module`` (0-based) has a MoE MLP: the
+        block is the model's layer ``layers + module`` (DeepSeek-V3's weights hold it as
+        ``model.layers.61``, a MoE layer like every layer after the first three)."""
+        return self.moe is not None and self.moe.is_moe_layer(self.layers + module)
+
+    @property
+    def mtp_module_extra_params(self) -> int:
+        """Weights of one multi-token prediction module besides its transformer block:
+        the ``2h × h`` projection (``eh_proj``) and three norms, of the hidden state, of
+        the embedding and before the shared head (``hnorm``, ``enorm``,
+        ``shared_head.norm`` of DeepSeek-V3's ``README_WEIGHTS.md``); the embedding and
+        the LM head are the model's own."""
+        return 2 * self.hidden * self.hidden + 3 * self.hidden * (
+            2 if self.norm == "layernorm" else 1)
+
+    @property
+    def mtp_params(self) -> int:
+        """Weights of the ``mtp_depth`` multi-token prediction modules, not counted in
+        :attr:`params` (DeepSeek-V3's 671 B are the main model's; its weights'
+        ``README_WEIGHTS.md`` gives the module 11.5 B unique parameters, which is its
+        block, 11.51 B here, the projection's 0.10 B left out)."""
+        return sum((self.params_per_moe_layer if self.mtp_is_moe(k) else self.params_per_layer)
+                   + self.mtp_module_extra_params for k in range(self.mtp_depth))
 
     @property
     def embedding_params(self) -> int:

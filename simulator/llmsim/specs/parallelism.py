@@ -59,13 +59,29 @@ class Parallelism(Spec):
     the TP group like the dense MLP's. 1: every expert whole on one rank, the ``tp``
     ranks of a TP group joining the expert-parallel group instead, so that the experts
     are split over ``tp·ep`` ranks and Megatron-Core's ``--expert-model-parallel-size``
-    is ``tp·ep`` (see :attr:`expert_ranks`). Other values are not modelled."""
+    is ``tp·ep`` (see :attr:`expert_ranks`). Any divisor ``e`` of tp: each expert split
+    over ``e`` adjacent TP ranks, the ``tp/e`` such groups of a TP group holding different
+    experts (Megatron-Core's layout rule ``tp·cp·dp = expert_tp·ep·expert_dp`` in its own
+    counts, which llmsim's ``ep`` axis and ``dp`` satisfy for every divisor)."""
     moe_a2a_overlap: bool = False
     """Hide the MoE token all-to-alls behind computation (Megatron-Core
     ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe-style overlap of one
     micro-batch's forward with another's backward): each dispatch and combine costs only
     what exceeds the expert GEMM it is paired with (:mod:`llmsim.moe`). Needs ep > 1 or
     ``expert_tp`` 1 with tp > 1."""
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
+    """How the MoE tokens cross nodes. ``alltoall``: one NCCL all-to-all of the routed
+    rows, a token sent once per expert it is routed to (Megatron-Core's ``alltoall``
+    dispatcher). ``deepep``: DeepSeek's dispatch and combine kernels (DeepSeek-V3 report
+    §3.2.2; DeepEP, Megatron-Core ``--moe-token-dispatcher-type flex`` with
+    ``--moe-enable-deepep``): a token crosses the network once per node its experts are
+    on, to the GPU of the same index there, which forwards it over NVLink to its experts
+    (:mod:`llmsim.costs.alltoall`)."""
+    moe_max_nodes: PositiveInt | None = None
+    """Node-limited routing: each token's experts on at most this many nodes (DeepSeek-V3
+    §2.1.2, M = 4; Megatron-Core ``--moe-router-group-topk`` with one group a node). It
+    changes the price only with ``moe_dispatcher: deepep``, whose network traffic grows
+    with the nodes a token reaches. None: no limit."""
     moe_shared_expert_overlap: bool = False
     """Run the MoE shared experts' forward beside the token all-to-alls: the first
     projection during the dispatch, the second during the combine (Megatron-Core
@@ -358,11 +374,11 @@ class Parallelism(Spec):
                 f"per stage (pp = {self.pp}) and replaces first_stage_layers / "
                 "last_stage_layers; give pp counts and remove those two"
             )
-        if self.expert_tp is not None and self.expert_tp not in (1, self.tp):
+        if self.expert_tp is not None and self.tp % self.expert_tp:
             raise ValueError(
-                f"parallelism.expert_tp: {self.expert_tp} with tp {self.tp}; llmsim models "
-                f"routed experts split over the whole TP group or not at all — set "
-                f"expert_tp to {self.tp} or 1, or remove it"
+                f"parallelism.expert_tp: {self.expert_tp} does not divide tp {self.tp}; the "
+                "routed experts are split over adjacent ranks of the TP group (Megatron-Core's "
+                "tp·cp·dp = expert_tp·ep·expert-dp) — choose a divisor of tp, or remove it"
             )
         if sorted(self.rank_order) != sorted(["tp", "cp", "ep", "dp", "pp"]):
             raise ValueError(

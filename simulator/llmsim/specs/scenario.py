@@ -244,17 +244,22 @@ class Scenario(Spec):
                 f"parallelism.ep: {par.ep} does not divide model.moe.experts="
                 f"{mdl.moe.experts}; choose ep among the divisors of the expert count"
             )
-        for field in ("expert_tp", "moe_a2a_overlap"):
+        for field in ("expert_tp", "moe_a2a_overlap", "moe_max_nodes"):
             if getattr(par, field) not in (None, False) and mdl.moe is None:
                 raise ValueError(
                     f"parallelism.{field}: {getattr(par, field)} needs a mixture-of-experts "
                     f"model ({mdl.name} is dense); remove it or give the model a moe section"
                 )
+        if par.moe_dispatcher != "alltoall" and mdl.moe is None:
+            raise ValueError(
+                f"parallelism.moe_dispatcher: {par.moe_dispatcher} needs a mixture-of-experts "
+                f"model ({mdl.name} is dense); remove it or give the model a moe section"
+            )
         if mdl.moe is not None and mdl.moe.experts % par.expert_ranks:
             raise ValueError(
-                f"parallelism.expert_tp: 1 splits the experts over tp·ep = {par.tp}·{par.ep}"
-                f" = {par.expert_ranks} ranks, which does not divide model.moe.experts="
-                f"{mdl.moe.experts}; lower ep, or remove expert_tp"
+                f"parallelism.expert_tp: {par.etp} splits the experts over tp·ep/expert_tp = "
+                f"{par.tp}·{par.ep}/{par.etp} = {par.expert_ranks} ranks, which does not "
+                f"divide model.moe.experts={mdl.moe.experts}; lower ep, or raise expert_tp"
             )
         if mdl.moe is not None and par.expert_ranks > 1 and par.tp > 1 \
                 and not par.sequence_parallel:

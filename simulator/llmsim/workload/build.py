@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from llmsim.context import apply_context_parallel
 from llmsim.mla import apply_mla
 from llmsim.moe import replace_mlp
+from llmsim.mtp import mtp_ops, mtp_params_per_device
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
     DTYPE_BYTES,
@@ -70,7 +71,8 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
     an exchange of ``S`` bytes between the two stages on the pipeline path.
     """
     hops = placement(par.schedule, par.pp, par.virtual_stages)
-    if not model.tied_embeddings or par.pp < 2 or (hops and hops[0][0] == hops[-1][0]):
+    shared = model.tied_embeddings or model.mtp_depth > 0  # MTP's copy: llmsim.mtp
+    if not shared or par.pp < 2 or (hops and hops[0][0] == hops[-1][0]):
         return None  # one copy of the embedding (ZB-V: the first and last chunks on stage 0)
     if SCHEDULES[par.schedule].pipelines > 1:
         # Chimera: stage 0 holds the down pipeline's embedding and the up one's LM head,
@@ -116,12 +118,14 @@ def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
                  etp: int | None = None) -> int:
     """Parameters of one chunk on one device, its layers ``first_layer`` on (see
     :mod:`llmsim.params`; ``ep`` the ranks that split the routed experts, ``etp`` their
-    TP degree)."""
+    TP degree); the last chunk's include the multi-token prediction modules
+    (:func:`llmsim.mtp.mtp_params_per_device`, an embedding copy when ``stages`` > 1)."""
     params = sum(layers_params_per_device(model, tp, ep, first_layer, layers, etp))
     if first:
         params += embedding_params_per_device(model, tp)
     if last:
         params += head_params_per_device(model, tp, stages)
+        params += sum(mtp_params_per_device(model, tp, ep, etp, stages > 1))
     return params
 
 
@@ -133,7 +137,9 @@ Passes = tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
 class PassOps:
     """The op lists every chunk's passes are assembled from, for one micro-batch: a dense
     transformer block's and (MoE models) an expert block's F, R, B and W ops, and the
-    embedding's and the LM head's F, B and W ops."""
+    embedding's and the last stage's F, B and W ops after its layers: the LM head and
+    loss, then the multi-token prediction modules (:mod:`llmsim.mtp`), whose backward
+    comes first."""
 
     dense: Passes
     moe: Passes | None
@@ -163,9 +169,14 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
         moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
     emb_f, emb_b, emb_w = builder.embedding()
     head_f, head_b, head_w = builder.head()
-    return PassOps((tuple(layer_f), tuple(layer_r), tuple(layer_b), tuple(layer_w)), moe,
-                   (tuple(emb_f), tuple(emb_b), tuple(emb_w)),
-                   (tuple(head_f), tuple(head_b), tuple(head_w)))
+    dense = (tuple(layer_f), tuple(layer_r), tuple(layer_b), tuple(layer_w))
+    embedding = (tuple(emb_f), tuple(emb_b), tuple(emb_w))
+    head = (tuple(head_f), tuple(head_b), tuple(head_w))
+    blocks = [moe if moe is not None and model.mtp_is_moe(k) else dense
+              for k in range(model.mtp_depth)]
+    mtp_f, mtp_b, mtp_w = mtp_ops(builder, blocks, embedding, head)
+    return PassOps(dense, moe, embedding,
+                   (head[0] + mtp_f, mtp_b + head[1], mtp_w + head[2]))
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
@@ -269,11 +280,13 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             wgt += emb_w if first else ()
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
                                                   par.etp)
+            _, mtp_experts = mtp_params_per_device(model, par.tp, par.expert_ranks, par.etp,
+                                                   head_p > 1) if last else (0, 0)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
                 chunk_params(model, par.tp, n, first, last, head_p, par.expert_ranks, start,
                              par.etp),
-                fwd, bwd, wgt, accumulate, expert_params=experts,
+                fwd, bwd, wgt, accumulate, expert_params=experts + mtp_experts,
             )
     pipelines = SCHEDULES[par.schedule].pipelines
     for stage in range(p if pipelines > 1 else 0):  # Chimera's up pipeline: stage p−1−s
