@@ -171,9 +171,11 @@ def seconds_per_layer(scenario: Scenario, costs: CostModel) -> tuple[float, floa
 
 def balanced(scenario: Scenario) -> Scenario:
     """The scenario with its layers split over the stages (``parallelism.layers_per_stage``)
-    by :func:`balance_layers`; unchanged without a placement or with ``balance: given``."""
+    by :func:`balance_layers`; unchanged without a placement of stages or with
+    ``balance: given``."""
     placement = scenario.placement
-    if placement is None or scenario.parallelism.layers_per_stage is not None:
+    if placement is None or placement.by_replicas \
+            or scenario.parallelism.layers_per_stage is not None:
         return scenario
     costs = group_costs(scenario)
     per_group = {name: seconds_per_layer(scenario, c) for name, c in costs.items()}

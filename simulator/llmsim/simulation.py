@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from operator import itemgetter
 
-from llmsim import hetero, schedules
+from llmsim import hetero, hetero_replicas, schedules
 from llmsim.costs.collectives import posted_p2p_units
 from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
 from llmsim.engine.devices import fold_identical_tp_ranks
@@ -96,8 +96,16 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`, with the
     scenario's ``jitter`` (step 0 of its seed) when it has any.
     ``progress(share)`` is called every few seconds of a long run with the share of its
-    pipeline actions begun (``Engine.run``); it changes no result.
+    pipeline actions begun (``Engine.run``); it changes no result. With data-parallel
+    replicas on node groups, each group's replica is simulated and the step waits for the
+    slowest (:mod:`llmsim.hetero_replicas`).
     """
+    if scenario.placement is not None and scenario.placement.by_replicas:
+        runs = {key: simulate(sub, sub_costs, progress) for key, (sub, sub_costs)
+                in hetero_replicas.replica_runs(scenario, costs).items()}
+        result = hetero_replicas.combined(scenario, runs)
+        result.warnings = _warnings(scenario, result.memory)
+        return result
     scenario = hetero.balanced(scenario)
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
