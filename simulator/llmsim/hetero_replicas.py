@@ -17,7 +17,9 @@ A scenario's ``placement.replicas`` puts each data-parallel replica, a whole pip
   longest of the groups' simulated steps. A bucket's reduction in each group's run starts
   when that group's own gradients are ready; across groups it would wait for the latest
   group, so where another group's buckets come later the step is a lower bound by up to
-  that gap (the balance makes the replicas finish within one micro-batch's time).
+  that gap (without binding memory caps the balance makes the replicas finish within
+  about one micro-batch's time of each other; with them the capped group finishes first
+  and the slowest run is exact).
 
 Two identical groups give exactly the homogeneous run (tests/test_hetero_replicas.py).
 """

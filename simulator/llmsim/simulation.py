@@ -28,7 +28,12 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None,
     (``fold_identical``, :func:`~llmsim.engine.devices.fold_identical_tp_ranks`).
 
     With a ``placement`` (a heterogeneous job) each stage is priced on its node group's
-    hardware and the layers are split by :func:`llmsim.hetero.balanced` first."""
+    hardware and the layers are split by :func:`llmsim.hetero.balanced` first. Data-parallel
+    replicas on node groups have one engine per group's replica (:func:`simulate`)."""
+    if scenario.placement is not None and scenario.placement.by_replicas:
+        raise UserError("placement.replicas: each group's replica runs on its own engine; "
+                        "simulate the scenario, or build the engine of one of "
+                        "llmsim.hetero_replicas.replica_runs(scenario)")
     scenario = hetero.balanced(scenario)
     plan = Plan.from_scenario(scenario)
     par = scenario.parallelism
