@@ -17,7 +17,8 @@ import sys
 import time
 from typing import Any
 
-LAYOUTS: list[tuple[int, int, int, int]] = [(120, 2, 9, 2), (60, 4, 18, 2), (120, 2, 9, 1)]
+LAYOUTS: list[tuple[int, int, int, int]] = [(40, 6, 27, 2), (60, 4, 18, 2), (30, 8, 36, 2),
+                                            (120, 2, 9, 2), (60, 4, 18, 1), (120, 2, 9, 1)]
 """(pp, A100 replicas, V100 replicas, ZeRO stage) of the replica placements."""
 ZERO3: list[tuple[int, int, int, int]] = [(60, 4, 18, 3), (40, 6, 27, 3)]
 
