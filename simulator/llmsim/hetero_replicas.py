@@ -145,11 +145,11 @@ class ReplicaCosts:
         return self.own.comm_s(op)
 
 
-def replica_runs(scenario: Scenario, costs: CostModel | None = None
+def replica_runs(scenario: Scenario, split: list[int], costs: CostModel | None = None
                  ) -> dict[tuple[str, int], tuple[Scenario, CostModel]]:
-    """Per distinct (group, micro-batches) of the replicas, the scenario to simulate and
-    its cost model (``costs`` for every group when given, as in a what-if study)."""
-    split = micro_batch_split(scenario)
+    """Per distinct (group, micro-batches) of the replicas (``split``: each replica's
+    micro-batches, :func:`micro_batch_split`), the scenario to simulate and its cost model
+    (``costs`` for every group when given, as in a what-if study)."""
     assert scenario.placement is not None
     prices = hetero.group_costs(scenario) if costs is None else {}
     across = list(prices.values())
@@ -203,13 +203,14 @@ class ReplicasResult(Result):
         return out
 
 
-def combined(scenario: Scenario, runs: dict[tuple[str, int], Result]) -> ReplicasResult:
-    """The job's result from each group's replica run: the step waits for the slowest."""
+def combined(scenario: Scenario, runs: dict[tuple[str, int], Result], split: list[int]
+             ) -> ReplicasResult:
+    """The job's result from each group's replica run (``split``: each replica's
+    micro-batches): the step waits for the slowest."""
     slowest = max(runs.values(), key=lambda r: r.step_time_s)
     memory = [max((run.memory[s] for run in runs.values()),
                   key=lambda m: m.total_bytes / m.capacity_bytes)
               for s in range(scenario.parallelism.pp)]
-    split = micro_batch_split(scenario)
     return ReplicasResult(scenario=scenario, workload=slowest.workload, trace=slowest.trace,
                           memory=memory, step_time_s=slowest.step_time_s,
                           stages=slowest.stages,

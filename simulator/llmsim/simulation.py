@@ -106,9 +106,10 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     slowest (:mod:`llmsim.hetero_replicas`).
     """
     if scenario.placement is not None and scenario.placement.by_replicas:
+        split = hetero_replicas.micro_batch_split(scenario)
         runs = {key: simulate(sub, sub_costs, progress) for key, (sub, sub_costs)
-                in hetero_replicas.replica_runs(scenario, costs).items()}
-        result = hetero_replicas.combined(scenario, runs)
+                in hetero_replicas.replica_runs(scenario, split, costs).items()}
+        result = hetero_replicas.combined(scenario, runs, split)
         result.warnings = _warnings(scenario, result.memory)
         return result
     scenario = hetero.balanced(scenario)
