@@ -49,6 +49,9 @@ def test_identical_groups_equal_the_homogeneous_run(split, pp, zero, schedule) -
     assert twin.model_flops_per_step == pytest.approx(homo.model_flops_per_step, rel=1e-12)
     assert twin.mfu == pytest.approx(homo.mfu, rel=1e-12)
     assert twin.scenario.devices == homo.scenario.devices
+    twin_j, homo_j = step_energy(twin), step_energy(homo)
+    assert twin_j is not None and homo_j is not None
+    assert twin_j.total_j == pytest.approx(homo_j.total_j, rel=1e-12)
 
 
 def test_balance_closed_forms() -> None:

@@ -113,7 +113,7 @@ def step_energy(result: Result) -> StepEnergy | None:
     # A heterogeneous job's stages draw their own group's accelerator's power.
     powers = ([device_power(s.system.group(g).node.accelerator)
                for g in s.placement.group_of_stage()] if s.placement is not None
-              and not s.placement.by_replicas else [power] * s.parallelism.pp)
+              else [power] * s.parallelism.pp)
     if s.placement is not None and s.placement.by_replicas:  # replicas on node groups
         powers = [_mean_power(s)] * s.parallelism.pp
     if power is None or any(p is None for p in powers):
