@@ -19,6 +19,7 @@ tp, cp, ep and dp degrees and sits on whole nodes of its group, so:
   one every 1F1B step waits for — is as fast as it can be.
 
 A system of two identical groups gives exactly the homogeneous run (tests/test_hetero.py).
+Data-parallel replicas (whole pipelines) on node groups: :mod:`llmsim.hetero_replicas`.
 """
 
 from __future__ import annotations
