@@ -19,6 +19,7 @@ tp, cp, ep and dp degrees and sits on whole nodes of its group, so:
   one every 1F1B step waits for — is as fast as it can be.
 
 A system of two identical groups gives exactly the homogeneous run (tests/test_hetero.py).
+Data-parallel replicas (whole pipelines) on node groups: :mod:`llmsim.hetero_replicas`.
 """
 
 from __future__ import annotations
@@ -171,9 +172,11 @@ def seconds_per_layer(scenario: Scenario, costs: CostModel) -> tuple[float, floa
 
 def balanced(scenario: Scenario) -> Scenario:
     """The scenario with its layers split over the stages (``parallelism.layers_per_stage``)
-    by :func:`balance_layers`; unchanged without a placement or with ``balance: given``."""
+    by :func:`balance_layers`; unchanged without a placement of stages or with
+    ``balance: given``."""
     placement = scenario.placement
-    if placement is None or scenario.parallelism.layers_per_stage is not None:
+    if placement is None or placement.by_replicas \
+            or scenario.parallelism.layers_per_stage is not None:
         return scenario
     costs = group_costs(scenario)
     per_group = {name: seconds_per_layer(scenario, c) for name, c in costs.items()}

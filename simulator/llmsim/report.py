@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from llmsim import hetero
+from llmsim import hetero, hetero_replicas
 from llmsim.calendar import CalendarSummary
 from llmsim.calendar.energy import JOULES_PER_KWH
 from llmsim.calendar.stragglers import StepSpread
@@ -112,12 +112,52 @@ def _render_groups(result: Result, console: Console) -> None:
                       f"{b['to']}: {fmt_seconds(b['to_s'])})")
 
 
+def _micro_batches(result: Result) -> str:
+    """Micro-batches per pipeline: one number, or per replica on node groups (ranges)."""
+    if not isinstance(result, hetero_replicas.ReplicasResult):
+        return str(result.scenario.micro_batches)
+    return "–".join(str(m) for m in sorted({min(result.split), max(result.split)}))
+
+
+def _render_replica_groups(result: hetero_replicas.ReplicasResult, console: Console) -> None:
+    """A job of data-parallel replicas on node groups: each group's replicas, their
+    micro-batches and simulated steps, and the gradient reduction across the groups
+    (:mod:`llmsim.hetero_replicas`)."""
+    s = result.scenario
+    assert s.placement is not None
+    rule = "balanced by throughput" if s.placement.balance == "throughput" else "as given"
+    table = Table(title=f"Node groups of {s.system.name} (data-parallel replicas, "
+                        f"micro-batches {rule})", title_justify="left")
+    for col in ("group", "replicas", "micro-batches each", "replica's step", "nodes",
+                "devices", "accelerator", "network"):
+        table.add_column(col, justify="left" if col in ("group", "accelerator", "network")
+                         else "right")
+    for row in hetero_replicas.group_rows(result):
+        table.add_row(str(row["group"]), str(row["replicas"]),
+                      ", ".join(map(str, row["micro_batches"])),  # type: ignore[call-overload]
+                      ", ".join(map(fmt_seconds, row["step_s"])),  # type: ignore[call-overload]
+                      f"{row['nodes']:,} of {row['of_nodes']:,}", f"{row['devices']:,}",
+                      str(row["accelerator"]), str(row["network"]))
+    console.print(table)
+    bucket = hetero_replicas.gradient_bucket(result)
+    if bucket is not None:
+        sides = ", ".join(f"{g}: {fmt_seconds(t)}"
+                          for g, t in bucket["per_group_s"].items())  # type: ignore[attr-defined]
+        console.print(f"between groups: a gradient bucket's {bucket['collective']} "
+                      f"({bucket['bytes'] / 1e6:,.1f} MB, stage 0) takes "
+                      f"{fmt_seconds(bucket['across_s'])}, the slowest group's path ({sides}); "
+                      "the step waits for the slowest replica")
+
+
 def _render_placement(result: Result, console: Console) -> None:
     """Where each parallel group sits: ranks per node, nodes, the network level and hops
     of its ring's steps, and its route (leaves / dragonfly groups / torus dimensions)."""
     s = result.scenario
-    if s.placement is not None:
+    if isinstance(result, hetero_replicas.ReplicasResult):
+        _render_replica_groups(result, console)
+    elif s.placement is not None:
         _render_groups(result, console)
+    if s.placement is not None:
         for name in s.group_systems():
             system = hetero.job_system(s, name)
             plan = Plan(system, s.devices // system.node.devices_per_node, s.parallelism, s.dp)
@@ -169,7 +209,7 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
         + (f" · {par.virtual_stages} chunks/stage" if par.virtual_stages > 1 else "")
         + (_stage_split(stage_layers(s.model.layers, par)) if s.placement is None
            else " · layers " + _runs(stage_layers(s.model.layers, par)))
-        + f", {par.schedule}, {s.micro_batches} micro-batches of {par.micro_batch} × "
+        + f", {par.schedule}, {_micro_batches(result)} micro-batches of {par.micro_batch} × "
         f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
         f"{s.training.precision}, {_overlaps(par)}{_kernel_switches(result)}"
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from operator import itemgetter
 
-from llmsim import hetero, schedules
+from llmsim import hetero, hetero_replicas, schedules
 from llmsim.costs.collectives import posted_p2p_units
 from llmsim.engine import CostModel, Device, Engine, Trace, devices_for
 from llmsim.engine.devices import fold_identical_tp_ranks
@@ -28,7 +28,12 @@ def build_engine(scenario: Scenario, costs: CostModel | None = None,
     (``fold_identical``, :func:`~llmsim.engine.devices.fold_identical_tp_ranks`).
 
     With a ``placement`` (a heterogeneous job) each stage is priced on its node group's
-    hardware and the layers are split by :func:`llmsim.hetero.balanced` first."""
+    hardware and the layers are split by :func:`llmsim.hetero.balanced` first. Data-parallel
+    replicas on node groups have one engine per group's replica (:func:`simulate`)."""
+    if scenario.placement is not None and scenario.placement.by_replicas:
+        raise UserError("placement.replicas: each group's replica runs on its own engine; "
+                        "simulate the scenario, or build the engine of one of "
+                        "llmsim.hetero_replicas.replica_runs(scenario)")
     scenario = hetero.balanced(scenario)
     plan = Plan.from_scenario(scenario)
     par = scenario.parallelism
@@ -96,8 +101,17 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
     a what-if study); by default it is :class:`llmsim.costs.HardwareCosts`, with the
     scenario's ``jitter`` (step 0 of its seed) when it has any.
     ``progress(share)`` is called every few seconds of a long run with the share of its
-    pipeline actions begun (``Engine.run``); it changes no result.
+    pipeline actions begun (``Engine.run``); it changes no result. With data-parallel
+    replicas on node groups, each group's replica is simulated and the step waits for the
+    slowest (:mod:`llmsim.hetero_replicas`).
     """
+    if scenario.placement is not None and scenario.placement.by_replicas:
+        split = hetero_replicas.micro_batch_split(scenario)
+        runs = {key: simulate(sub, sub_costs, progress) for key, (sub, sub_costs)
+                in hetero_replicas.replica_runs(scenario, split, costs).items()}
+        result = hetero_replicas.combined(scenario, runs, split)
+        result.warnings = _warnings(scenario, result.memory)
+        return result
     scenario = hetero.balanced(scenario)
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work

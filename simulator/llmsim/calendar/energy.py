@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from llmsim.ops import ComputeOp
 from llmsim.result import Result
-from llmsim.specs import Accelerator, DevicePower
+from llmsim.specs import Accelerator, DevicePower, Scenario
 
 JOULES_PER_MWH = 3.6e9
 """Joules in a megawatt-hour."""
@@ -114,6 +114,8 @@ def step_energy(result: Result) -> StepEnergy | None:
     powers = ([device_power(s.system.group(g).node.accelerator)
                for g in s.placement.group_of_stage()] if s.placement is not None
               else [power] * s.parallelism.pp)
+    if s.placement is not None and s.placement.by_replicas:  # replicas on node groups
+        powers = [_mean_power(s)] * s.parallelism.pp
     if power is None or any(p is None for p in powers):
         return None
     per_stage = s.devices / s.parallelism.pp
@@ -134,6 +136,18 @@ def step_energy(result: Result) -> StepEnergy | None:
     idle_w = (devices_idle_w + node_w) / facility.conversion_efficiency * facility.pue
     return StepEnergy(gemm, memory, comm, wait, node_w * result.step_time_s, facility.pue,
                       result.step_time_s, idle_w, facility.conversion_efficiency)
+
+
+def _mean_power(s: Scenario) -> DevicePower | None:
+    """The mean device power of a job of data-parallel replicas on node groups, weighted by
+    each group's devices (every stage's devices are the replicas' of every group; the
+    slowest replica's breakdown stands for them all); None if a group has no figures."""
+    shares = [(devices / s.devices, device_power(s.system.group(g).node.accelerator))
+              for g, (_, devices) in s.group_nodes().items()]
+    if any(p is None for _, p in shares):
+        return None
+    return DevicePower(**{f: sum(w * getattr(p, f) for w, p in shares)
+                          for f in DevicePower.model_fields})
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
-from llmsim.specs.placement import Placement
+from llmsim.specs.placement import Placement, check_replica_batch, check_replicas
 from llmsim.specs.system import System
 from llmsim.specs.training import Training
 
@@ -113,7 +113,9 @@ class Scenario(Spec):
         else:
             chunk_layers(mdl.layers, par)  # raises a ValueError naming the field
         per_step = par.micro_batch * self.dp * par.ep
-        if trn.global_batch % per_step:
+        if self.placement is not None and self.placement.by_replicas:
+            check_replica_batch(self.placement, par, trn, self.dp)
+        elif trn.global_batch % per_step:
             named = "micro_batch·dp·ep" if par.ep > 1 else "micro_batch·dp"
             factors = f"{par.micro_batch}·{self.dp}" + (f"·{par.ep}" if par.ep > 1 else "")
             raise ValueError(
@@ -121,7 +123,8 @@ class Scenario(Spec):
                 f"{named} = {factors} = {per_step}; use a multiple of {per_step}"
             )
         self._check_experts_and_context()
-        if par.schedule == "interleaved-1f1b" and self.micro_batches % par.pp:
+        if par.schedule == "interleaved-1f1b" and self.micro_batches % par.pp \
+                and not (self.placement is not None and self.placement.by_replicas):
             raise ValueError(_interleaved_hint(trn.global_batch, par.micro_batch,
                                                self.dp * par.ep, par.pp))
         if self.sim_passes > self.max_sim_passes:
@@ -166,6 +169,9 @@ class Scenario(Spec):
                 "parallelism.dp: auto with a placement; give the data-parallel degree "
                 "(every stage runs on tp·cp·ep·dp devices of its group)"
             )
+        if placement.by_replicas:
+            check_replicas(placement, self.system, par)
+            return
         staged = sum(run.stages for run in placement.stages)
         if staged != par.pp:
             raise ValueError(
@@ -223,13 +229,14 @@ class Scenario(Spec):
     def _layers_wait_for_balance(self) -> bool:
         """Whether the layer split is computed later, by the throughput balance."""
         return (self.placement is not None and self.placement.balance == "throughput"
+                and not self.placement.by_replicas
                 and self.parallelism.layers_per_stage is None)
 
     def group_systems(self) -> dict[str, System]:
         """The node groups the job runs on, by name (the system itself without placement)."""
         if self.placement is None:
             return {self.system.name: self.system}
-        return {name: self.system.group(name) for name in self.placement.stage_counts()}
+        return {name: self.system.group(name) for name in self.placement.group_names()}
 
     def _check_experts_and_context(self) -> None:
         """Expert and context parallelism as Megatron-Core accepts them."""
@@ -323,6 +330,10 @@ class Scenario(Spec):
         par = self.parallelism
         per_stage = par.tp * par.cp * par.ep * (par.dp if isinstance(par.dp, int) else 1)
         out = {}
+        for name, replicas in self.placement.replica_counts().items():
+            dpn = self.system.group(name).node.devices_per_node
+            devices = replicas * par.tp * par.pp * par.cp * par.ep
+            out[name] = (-(-devices // dpn), devices)
         for name, stages in self.placement.stage_counts().items():
             dpn = self.system.group(name).node.devices_per_node
             out[name] = (-(-stages * per_stage // dpn), stages * per_stage)
