@@ -3,7 +3,11 @@
 Every kernel takes the longer of its math time and its memory time, plus a fixed launch
 cost (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
 
-    t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory_bound_fraction)) + launch
+    t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory fraction(kind))) + launch
+
+The memory fraction is ``memory_bound_fraction`` for streaming kernels, and the measured
+``memory_fraction_by_kind`` for the kinds that run slower (norms and their backward, the
+optimizer step) where the catalog has them.
 
 The achieved-efficiency factor η depends on the kernel kind:
 
@@ -32,13 +36,14 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
 from llmsim.calibration import GemmPoint
 from llmsim.costs.clocks import compute_kind, slowdown, slowdowns, sustained_mhz
 from llmsim.ops import ComputeOp
-from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel
+from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +291,11 @@ class ComputeModel:
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
+        self.memory_rates: dict[MemoryKind, float] = {
+            kind: accelerator.memory_bytes_per_s(kind) for kind in get_args(MemoryKind)}
+        """Bandwidth of each kind of memory-bound kernel, bytes/s (``stream`` is
+        :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
+        them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
         self.compute_launch_s = 0.0 if cuda_graphs else self.launch_s
         """Launch cost of each compute kernel, s: none where the step's kernels replay from
@@ -309,11 +319,12 @@ class ComputeModel:
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
         """
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
-               op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape)
+               op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape,
+               op.memory_kind)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
-                max(self.math_s(op), op.bytes / self.memory_bytes_per_s)
+                max(self.math_s(op), op.bytes / self.memory_rates[op.memory_kind])
                 + op.splits * self.compute_launch_s
             )
         return cached
