@@ -5,6 +5,7 @@ Run::
     python benchmarks/time_layers.py selene-gpt3             # on the local GPU
     python benchmarks/time_layers.py my-scenario.yaml --layers 4 --set training.seq_len=4096
     python benchmarks/time_layers.py selene-gpt3 --device cpu --layers 1 --shrink 16  # a smoke run
+    python benchmarks/time_layers.py MEGREADME-H100-04 --tp 8   # a validation row's rank
 
 The scenario is cut to one device (tp = pp = dp = 1, no ZeRO, one micro-batch of the
 scenario's size, the node cut to one device, no recompute, no dropout) and to as many
@@ -21,6 +22,12 @@ dependency of llmsim: ``pip install torch``.
 
 ``--shrink N`` divides the hidden size, heads, FFN width and vocabulary by N (for a CPU
 smoke run); both sides then run the shrunken model.
+
+``--tp N`` times one tensor-parallel rank's share instead: PyTorch runs the layers with the
+heads, KV heads, FFN width and vocabulary divided by N and the hidden size whole (what
+Megatron's column- and row-parallel GEMMs leave on a rank, without sequence parallelism),
+and llmsim prices the scenario at tp = N on one node and sums the compute kernels of rank 0
+(the tensor-parallel collectives run on their own stream and are not counted on either side).
 """
 
 from __future__ import annotations
@@ -40,17 +47,26 @@ HEADROOM = 0.85
 """Share of device memory llmsim's estimate may fill when the layers are cut to fit."""
 
 
-def single_device(scenario: Scenario, layers: int, shrink: int = 1) -> Scenario:
+def single_device(scenario: Scenario, layers: int, shrink: int = 1, tp: int = 1) -> Scenario:
     """``scenario`` on one device: tp = pp = dp = 1, ZeRO 0, one micro-batch, ``layers``
-    transformer layers, the node cut to one device; sizes divided by ``shrink``."""
+    transformer layers, the node cut to one device; sizes divided by ``shrink``. With
+    ``tp`` > 1, one node of ``tp`` devices running tensor parallelism alone."""
     raw: dict[str, Any] = scenario.model_dump(mode="json", exclude_none=True)
     node = raw["system"]["node"]
-    node.update(devices_per_node=1, fabric=[])
+    if tp > 1:  # the node's fabric cut to the tp devices used
+        tiers: list[dict[str, Any]] = []
+        for tier in node.get("fabric", []):
+            cut = dict(tier, devices=min(tier["devices"], tp))
+            if not tiers or tiers[-1]["devices"] < cut["devices"]:
+                tiers.append(cut)
+        node.update(devices_per_node=tp, fabric=tiers)
+    else:
+        node.update(devices_per_node=1, fabric=[])
     raw["nodes"] = 1
     par = raw["parallelism"]
     for key in ("first_stage_layers", "last_stage_layers", "tp_overlap_gemms"):
         par.pop(key, None)
-    par.update(tp=1, pp=1, dp=1, cp=1, ep=1, zero=0, virtual_stages=1, schedule="1f1b",
+    par.update(tp=tp, pp=1, dp=1, cp=1, ep=1, zero=0, virtual_stages=1, schedule="1f1b",
                sequence_parallel=False, overlap_tp_comm=False, overlap_param_gather=False,
                recompute="none")
     training = raw["training"]
@@ -72,7 +88,8 @@ def single_device(scenario: Scenario, layers: int, shrink: int = 1) -> Scenario:
     return load_scenario(raw)
 
 
-def layers_that_fit(scenario: Scenario, shrink: int, capacity_gb: float | None) -> int:
+def layers_that_fit(scenario: Scenario, shrink: int, capacity_gb: float | None,
+                    tp: int = 1) -> int:
     """The most layers (at most the model's) whose weights, gradients, activations and
     reserve in llmsim's memory model fit ``capacity_gb`` (the accelerator's own memory
     when None) × :data:`HEADROOM`."""
@@ -80,7 +97,7 @@ def layers_that_fit(scenario: Scenario, shrink: int, capacity_gb: float | None) 
     low, high = 1, scenario.model.layers
     while low < high:
         mid = (low + high + 1) // 2
-        memory = simulate(single_device(scenario, mid, shrink)).memory[0]
+        memory = simulate(single_device(scenario, mid, shrink, tp)).memory[0]
         held = (memory.weights_bytes + memory.grads_bytes + memory.activations_bytes
                 + memory.reserve_bytes)  # no optimizer state: the benchmark takes no step
         if held <= HEADROOM * capacity * 1e9:
@@ -91,21 +108,26 @@ def layers_that_fit(scenario: Scenario, shrink: int, capacity_gb: float | None) 
 
 
 def predicted_s(scenario: Scenario) -> tuple[float, float]:
-    """llmsim's forward and forward + backward compute time of the one micro-batch, s."""
+    """llmsim's forward and forward + backward compute time of the one micro-batch on
+    device 0, s."""
     df = simulate(scenario).to_dataframe()
-    by_phase = df[df["stream"] == "compute"].groupby("kind")["duration_s"].sum()
+    rank0 = df[(df["stream"] == "compute") & (df["device"] == 0)]
+    by_phase = rank0.groupby("kind")["duration_s"].sum()
     forward = float(by_phase.get("F", 0.0))
     backward = float(sum(by_phase.get(p, 0.0) for p in ("R", "B", "W")))
     return forward, forward + backward
 
 
 def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any) -> Any:
-    """The scenario's model as a PyTorch module that returns the loss of a batch."""
+    """The scenario's model as a PyTorch module that returns the loss of a batch: one
+    tensor-parallel rank's share of it where the scenario's tp > 1."""
     nn, F = torch.nn, torch.nn.functional
-    m = scenario.model
-    h, heads, kv, d = m.hidden, m.heads, m.n_kv_heads, m.head_dim
+    m, tp = scenario.model, scenario.parallelism.tp
+    h, d = m.hidden, m.head_dim
+    heads, kv = m.heads // tp, max(1, m.n_kv_heads // tp)
+    ffn, vocab = m.ffn_hidden // tp, -(-m.vocab // tp)
     norm = (lambda: nn.LayerNorm(h)) if m.norm == "layernorm" else (lambda: nn.RMSNorm(h))
-    up_width = 2 * m.ffn_hidden if m.activation == "swiglu" else m.ffn_hidden
+    up_width = 2 * ffn if m.activation == "swiglu" else ffn
 
     class Layer(nn.Module):
         def __init__(self) -> None:
@@ -114,7 +136,7 @@ def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any) -> Any:
             self.qkv = nn.Linear(h, (heads + 2 * kv) * d, bias=m.bias)
             self.proj = nn.Linear(heads * d, h, bias=m.bias)
             self.up = nn.Linear(h, up_width, bias=m.bias)
-            self.down = nn.Linear(m.ffn_hidden, h, bias=m.bias)
+            self.down = nn.Linear(ffn, h, bias=m.bias)
 
         def forward(self, x: Any) -> Any:
             b, s, _ = x.shape
@@ -136,21 +158,21 @@ def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any) -> Any:
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embed = nn.Embedding(m.vocab, h)
+            self.embed = nn.Embedding(vocab, h)
             self.pos = (nn.Embedding(scenario.training.seq_len, h)
                         if m.position_embedding == "learned" else None)
             self.layers = nn.ModuleList(Layer() for _ in range(m.layers))
             self.norm = norm()
-            self.head = nn.Linear(h, m.vocab, bias=False)
+            self.head = nn.Linear(h, vocab, bias=False)
 
         def forward(self, tokens: Any) -> Any:
-            x = self.embed(tokens)
+            x = self.embed(tokens % vocab)
             if self.pos is not None:
                 x = x + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
             for layer in self.layers:
                 x = layer(x)
             logits = self.head(self.norm(x)).float()
-            return F.cross_entropy(logits.view(-1, m.vocab), tokens.view(-1))
+            return F.cross_entropy(logits.view(-1, vocab), tokens.view(-1) % vocab)
 
     return Model().to(device=device, dtype=dtype)
 
@@ -187,9 +209,22 @@ def time_model(torch: Any, scenario: Scenario, device: str, repeats: int) -> tup
     return times[0], times[1]
 
 
+def resolve(name: str, overrides: list[str]) -> Scenario:
+    """A scenario file or catalog name, or a validation row's id (its scenario as
+    ``llmsim validate`` builds it), with ``overrides`` applied."""
+    from llmsim.validation import load_runs, scenario_for
+
+    runs = {run.id: run for run in load_runs()}
+    if name in runs:
+        row = scenario_for(runs[name]).model_dump(mode="json", exclude_none=True)
+        return load_scenario(row, overrides)
+    return load_scenario(name, overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scenario", help="Scenario file or catalog name.")
+    parser.add_argument("scenario",
+                        help="Scenario file, catalog name or validation row id.")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="Override a scenario field (repeatable).")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu.")
@@ -198,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink", type=int, default=1,
                         help="Divide hidden, heads, FFN and vocabulary by N (smoke runs).")
     parser.add_argument("--repeats", type=int, default=5, help="Timed calls per pass.")
+    parser.add_argument("--tp", type=int, default=1,
+                        help="Time one rank of N-way tensor parallelism (default 1).")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -207,14 +244,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.device != "cpu" and not torch.cuda.is_available():
         print("no CUDA device is visible; run on a GPU node, or pass --device cpu to try it")
         return 1
-    scenario = load_scenario(args.scenario, args.overrides)
+    scenario = resolve(args.scenario, args.overrides)
     capacity_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9
                    if args.device != "cpu" else None)
-    layers = args.layers or layers_that_fit(scenario, args.shrink, capacity_gb)
-    one = single_device(scenario, layers, args.shrink)
+    layers = args.layers or layers_that_fit(scenario, args.shrink, capacity_gb, args.tp)
+    one = single_device(scenario, layers, args.shrink, args.tp)
     where = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
     print(f"{one.model.name}: {layers} of {scenario.model.layers} layers, micro-batch "
-          f"{one.parallelism.micro_batch} x {one.training.seq_len} tokens, on {where} "
+          f"{one.parallelism.micro_batch} x {one.training.seq_len} tokens, tp {args.tp} "
+          f"(one rank's share), on {where} "
           f"(PyTorch {torch.__version__}); llmsim prices it on {one.system.node.accelerator.name}")
     measured = time_model(torch, one, args.device, args.repeats)
     predicted = predicted_s(one)

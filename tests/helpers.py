@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from llmsim import load_scenario
@@ -52,3 +55,18 @@ class LayerOnlyCosts:
 
     def comm_s(self, op: Any) -> float:
         return 0.0
+
+
+ROOT = Path(__file__).parents[1]
+"""The repository's root."""
+
+
+def load_script(relative: str, name: str | None = None) -> ModuleType:
+    """A script of the repository that is not part of the package (``benchmarks/x.py``,
+    ``docs/hooks/y.py``), imported as a module."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

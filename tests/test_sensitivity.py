@@ -3,11 +3,10 @@ workloads/validation/sensitivity.yaml, benchmarks/sensitivity.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
+from helpers import load_script
 
 from llmsim.errors import UserError
 from llmsim.validation import load_runs, predict
@@ -64,12 +63,7 @@ def test_with_values_replaces_and_drops_choices() -> None:
 
 
 def _script():
-    path = Path(__file__).parents[1] / "benchmarks" / "sensitivity.py"
-    spec = importlib.util.spec_from_file_location("sensitivity_script", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/sensitivity.py", "sensitivity_script")
 
 
 def test_script_prints_the_table_and_writes_every_combination(tmp_path, capsys) -> None:

@@ -3,18 +3,12 @@ PyTorch side as a CPU smoke run where PyTorch is installed (it is not a dependen
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from helpers import load_script
 
 from llmsim import load_scenario
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "time_layers.py"
-_spec = importlib.util.spec_from_file_location("time_layers", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-time_layers = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(time_layers)
+time_layers = load_script("benchmarks/time_layers.py")
 
 GPT3 = load_scenario("selene-gpt3")
 
@@ -26,6 +20,20 @@ def test_single_device_scenario_runs_one_micro_batch_on_one_device() -> None:
     assert one.parallelism.recompute == "none" and one.training.hidden_dropout == 0
     shrunk = time_layers.single_device(GPT3, 1, shrink=16)
     assert shrunk.model.hidden == GPT3.model.hidden // 16
+
+
+def test_one_tensor_parallel_rank() -> None:
+    rank = time_layers.single_device(GPT3, 2, tp=8)
+    assert rank.devices == 8 and rank.parallelism.tp == 8 and rank.dp == 1
+    assert rank.system.node.devices_per_node == 8
+    whole_fwd, whole_both = time_layers.predicted_s(time_layers.single_device(GPT3, 2))
+    rank_fwd, rank_both = time_layers.predicted_s(rank)
+    assert rank_fwd < whole_fwd / 4 and rank_both < whole_both / 4  # a share, not the whole
+
+
+def test_validation_row_as_the_scenario() -> None:
+    row = time_layers.resolve("MEGREADME-H100-04", [])
+    assert row.system.node.accelerator.name == "h100-sxm5-80gb" and row.parallelism.tp == 8
 
 
 def test_llmsim_side_grows_with_the_layers() -> None:
