@@ -62,6 +62,9 @@ class ComputeOp:
     attention_shape: tuple[int, int] | None = None
     """(sequence length, head dimension) of a fused attention kernel: its efficiency
     depends on both (FlashAttention-2 is slower on short sequences and small heads)."""
+    attention_heads: tuple[int, int] | None = None
+    """(query heads, key-value heads) of a fused attention kernel on this device, times the
+    micro-batch: the kernel's grid runs over both, so its rate depends on them."""
     memory_kind: MemoryKind = "stream"
     """What a memory-bound kernel (or a kernel's memory term) does: the accelerator's
     bandwidth depends on it (:meth:`llmsim.specs.Accelerator.memory_bytes_per_s`)."""

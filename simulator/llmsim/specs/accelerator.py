@@ -41,6 +41,14 @@ MeasuredGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
 """One GEMM timed on a board: M, N, K and its achieved TFLOP/s."""
 
 
+MeasuredAttention = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveFloat,
+                          PositiveFloat]
+"""One causal flash attention kernel timed on a board: query heads and key-value heads (times
+the micro-batch), sequence length, head dimension, then its forward and backward TFLOP/s with
+FLOPs counted as llmsim's attention ops execute them (the causal half; the backward 2.5× the
+forward)."""
+
+
 class GemmModel(Spec):
     """Achieved GEMM throughput model: best-case fraction of peak, then tile effects.
 
@@ -125,6 +133,12 @@ class Accelerator(Spec):
     counts them: the causal half, the backward 2.5× the forward). Where given, it prices
     ``training.attention_kernel: flash`` shape by shape in place of ``attention_fraction``
     (:func:`llmsim.costs.compute.flash_attention_flops`)."""
+    flash_attention_measured: list[MeasuredAttention] = Field(default_factory=list)
+    """Flash attention kernels timed on the board by shape (heads, KV heads, sequence,
+    head dimension, forward and backward TFLOP/s; see :data:`MeasuredAttention`). An attention
+    op of one of these shapes under ``training.attention_kernel: flash`` runs at its measured
+    rate instead of ``flash_attention_tflops`` or ``attention_fraction``; every other shape
+    keeps those."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
     tdp_w: PositiveFloat | None = None

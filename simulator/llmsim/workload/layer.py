@@ -179,7 +179,8 @@ class LayerBuilder:
             io = self.e * self.T * d * (2 * heads + 2 * kv_local)  # read Q, K, V; write O
             return [ComputeOp("attn", "attention", phase, flops, float(io),
                               executed_fraction=0.5, dtype=self.attn_dtype,
-                              attention_shape=(s, d)),
+                              attention_shape=(s, d),
+                              attention_heads=(b * heads, b * kv_local)),
                     *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
@@ -215,7 +216,8 @@ class LayerBuilder:
             # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
             return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,
                               executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype,
-                              attention_shape=fwd.attention_shape),
+                              attention_shape=fwd.attention_shape,
+                              attention_heads=fwd.attention_heads),
                     *self._attention_layout_copies("B")]
         probs = float(b * heads * s * s)
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
