@@ -121,9 +121,12 @@ FAST_IDS = [
 # The H100's sustained clocks under its 700 W limit (GEMMs at 1,350 / 1,230 MHz, measured)
 # and its measured streaming bandwidth, to 6.76 %, with seven rows worse than 20 %. The
 # MLPerf rows' FP8 as run (GEMM rates measured by shape, weights cast once per step, TE
-# 0.8's per-module amax updates) moved them by -0.1 ... +0.2 points: 6.7631 %.
+# 0.8's per-module amax updates) moved them by -0.1 ... +0.2 points: 6.7631 %. Norms and
+# their backward at their measured rates on the H100 and the A100 80 GB (and the H100's
+# fused Adam; memory_fraction_by_kind), to 6.6422 %; the MLPerf rows' flash attention at
+# its rate measured on the H100 at their shape (flash_attention_measured), to 6.5968 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.77
+TARGET_MAPE_CEILING_PCT = 6.60
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -404,7 +407,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 6.76 %, median 3.9 %, but 7 rows worse than 20 %, worst +56 % "
+    reason="target-set MAPE 6.60 %, median 3.8 %, but 7 rows worse than 20 %, worst +56 % "
     "(NAR21-T2-06, ZeRO-3), and 8 of 12 Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -41,10 +41,10 @@ def _projections(builder: LayerBuilder) -> list[ComputeOp]:
     T, h = b.T, b.m.hidden
     return [
         b._gemm("mla_q_down", "F", T, a.q_lora_rank, h),
-        b._mem("mla_q_norm", "F", T * a.q_lora_rank, 2),
+        b._mem("mla_q_norm", "F", T * a.q_lora_rank, 2, kind="rmsnorm"),
         b._gemm("mla_q_up", "F", T, heads * d_qk, a.q_lora_rank),
         b._gemm("mla_kv_down", "F", T, a.kv_lora_rank + a.qk_rope_head_dim, h),
-        b._mem("mla_kv_norm", "F", T * a.kv_lora_rank, 2),
+        b._mem("mla_kv_norm", "F", T * a.kv_lora_rank, 2, kind="rmsnorm"),
         b._gemm("mla_kv_up", "F", T, heads * (a.qk_nope_head_dim + d_v), a.kv_lora_rank),
     ]
 
@@ -57,7 +57,8 @@ def apply_mla(lists: tuple[list[Op], ...], builder: LayerBuilder) -> tuple[list[
     fwd = _projections(b)
     gemms = [op for op in fwd if op.kind == "gemm"]
     grads = [b._gemm_grads(op) for op in gemms]
-    norms_bwd = [replace(op, name=f"{op.name}_bwd", phase="B", bytes=2 * op.bytes)
+    norms_bwd = [replace(op, name=f"{op.name}_bwd", phase="B", bytes=2 * op.bytes,
+                         memory_kind="norm_backward")
                  for op in fwd if op.kind == "memory"]
     dx = [g[0] for g in reversed(grads)] + norms_bwd
     dw = [g[1] for g in reversed(grads)]

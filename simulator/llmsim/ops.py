@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from llmsim.specs import MemoryKind
+
 ComputeKind = Literal["gemm", "attention", "memory"]
 Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
@@ -63,6 +65,12 @@ class ComputeOp:
     attention_shape: tuple[int, int] | None = None
     """(sequence length, head dimension) of a fused attention kernel: its efficiency
     depends on both (FlashAttention-2 is slower on short sequences and small heads)."""
+    attention_heads: tuple[int, int] | None = None
+    """(query heads, key-value heads) of a fused attention kernel on this device, times the
+    micro-batch: the kernel's grid runs over both, so its rate depends on them."""
+    memory_kind: MemoryKind = "stream"
+    """What a memory-bound kernel (or a kernel's memory term) does: the accelerator's
+    bandwidth depends on it (:meth:`llmsim.specs.Accelerator.memory_bytes_per_s`)."""
 
     @property
     def executed_flops(self) -> float:

@@ -97,4 +97,4 @@ def optimizer_step(par: Parallelism, training: Training, params: int, tensors: i
     reset = g * held if training.grad_accumulation != "autograd" else 0.0
     launches = 6 * tensors if training.optimizer_kernels == "per_tensor" else 1
     return ComputeOp("optimizer", "memory", "O", 0.0, per_param * shard + reset,
-                     splits=launches)
+                     splits=launches, memory_kind="optimizer")

@@ -3,7 +3,11 @@
 Every kernel takes the longer of its math time and its memory time, plus a fixed launch
 cost (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
 
-    t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory_bound_fraction)) + launch
+    t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory fraction(kind))) + launch
+
+The memory fraction is ``memory_bound_fraction`` for streaming kernels, and the measured
+``memory_fraction_by_kind`` for the kinds that run slower (norms and their backward, the
+optimizer step) where the catalog has them.
 
 The achieved-efficiency factor η depends on the kernel kind:
 
@@ -32,6 +36,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 
@@ -39,7 +44,7 @@ from llmsim.calibration import GemmPoint
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import compute_kind, slowdown, slowdowns, sustained_mhz
 from llmsim.ops import ComputeOp
-from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel
+from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,9 +289,20 @@ class ComputeModel:
         self.flash_curve = (
             accelerator.flash_attention_tflops if attention_kernel == "flash" else None
         )
+        self.flash_measured = {
+            (q, kv, seq, dim): (fwd * 1e12, bwd * 1e12)
+            for q, kv, seq, dim, fwd, bwd in accelerator.flash_attention_measured
+        } if attention_kernel == "flash" else {}
+        """Forward and backward FLOP/s of the flash kernels timed by shape on the board,
+        keyed by (heads, KV heads, sequence, head dimension) (``flash_attention_measured``)."""
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
+        self.memory_rates: dict[MemoryKind, float] = {
+            kind: accelerator.memory_bytes_per_s(kind) for kind in get_args(MemoryKind)}
+        """Bandwidth of each kind of memory-bound kernel, bytes/s (``stream`` is
+        :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
+        them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
         self.compute_launch_s = 0.0 if cuda_graphs else self.launch_s
         """Launch cost of each compute kernel, s: none where the step's kernels replay from
@@ -310,11 +326,12 @@ class ComputeModel:
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
         """
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
-               op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape)
+               op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape,
+               op.memory_kind, op.attention_heads, op.kind == "attention" and op.phase == "B")
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
-                max(self.math_s(op), op.bytes / self.memory_bytes_per_s)
+                max(self.math_s(op), op.bytes / self.memory_rates[op.memory_kind])
                 + op.splits * self.compute_launch_s
             )
         return cached
@@ -382,7 +399,9 @@ class ComputeModel:
         Where the accelerator has a measured FlashAttention-2 curve
         (``flash_attention_tflops``) the FlashAttention-2 kernel runs at the curve's
         throughput for its sequence length and head dimension
-        (:func:`flash_attention_flops`) instead.
+        (:func:`flash_attention_flops`) instead, and a flash kernel timed on the board at its
+        very shape (``flash_attention_measured``: heads and KV heads on the device, sequence,
+        head dimension) at the measured forward or backward rate before either.
 
         A device without a fused attention kernel (``attention_fraction == 0``) computes
         the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
@@ -395,6 +414,10 @@ class ComputeModel:
         """
         units = self.accelerator.gemm.compute_units
         slowed = units / (units - op.reserved_units)
+        if self.flash_measured and op.attention_shape and op.attention_heads:
+            rates = self.flash_measured.get((*op.attention_heads, *op.attention_shape))
+            if rates is not None:  # timed at this shape: forward or backward rate
+                return slowed * op.executed_flops / rates[op.phase == "B"]
         if self.flash_curve and op.attention_shape is not None:
             seq_len, head_dim = op.attention_shape
             return slowed * op.executed_flops / flash_attention_flops(

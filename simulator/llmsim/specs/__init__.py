@@ -1,6 +1,6 @@
 """Typed, validated specs: the inputs of every simulation."""
 
-from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel
+from llmsim.specs.accelerator import Accelerator, DenseTflops, Dtype, GemmModel, MemoryKind
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.collectives import CollectiveLibrary
@@ -30,6 +30,7 @@ __all__ = [
     "FatTree",
     "GemmModel",
     "Jitter",
+    "MemoryKind",
     "Model",
     "Network",
     "Node",

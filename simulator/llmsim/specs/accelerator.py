@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
@@ -11,6 +11,13 @@ from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.power import DevicePower
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
+
+MemoryKind = Literal["stream", "layernorm", "rmsnorm", "norm_backward", "optimizer"]
+"""What a memory-bound kernel does, where kinds run at different shares of the HBM
+bandwidth: ``stream`` elementwise kernels (copies, casts, activations, residual adds),
+``layernorm`` and ``rmsnorm`` a norm's forward (a reduction over each row, then a pass),
+``norm_backward`` a norm's backward (input gradient and the weight and bias gradients),
+``optimizer`` the multi-tensor Adam step over the local shard."""
 
 
 class DenseTflops(Spec):
@@ -32,6 +39,14 @@ class DenseTflops(Spec):
 
 MeasuredGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
 """One GEMM timed on a board: M, N, K and its achieved TFLOP/s."""
+
+
+MeasuredAttention = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveFloat,
+                          PositiveFloat]
+"""One causal flash attention kernel timed on a board: query heads and key-value heads (times
+the micro-batch), sequence length, head dimension, then its forward and backward TFLOP/s with
+FLOPs counted as llmsim's attention ops execute them (the causal half; the backward 2.5× the
+forward)."""
 
 
 class GemmModel(Spec):
@@ -108,6 +123,12 @@ class Accelerator(Spec):
     """Achieved GEMM efficiency model."""
     memory_bound_fraction: float = Field(gt=0, le=1)
     """Achieved fraction of peak HBM bandwidth for streaming (memory-bound) kernels."""
+    memory_fraction_by_kind: dict[MemoryKind, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict)
+    """Measured fraction of peak HBM bandwidth for kinds of memory-bound kernel that differ
+    from ``memory_bound_fraction`` (norms, their backward, the optimizer step), counting
+    the bytes llmsim counts for the kernel; a kind not given runs at
+    ``memory_bound_fraction``."""
     attention_fraction: float = Field(default=0.0, ge=0, le=1)
     """Achieved fraction of dense peak of a fused (flash) attention kernel; 0 = no fused kernel."""
     cudnn_attention_fraction: float | None = Field(default=None, gt=0, le=1)
@@ -119,6 +140,12 @@ class Accelerator(Spec):
     counts them: the causal half, the backward 2.5× the forward). Where given, it prices
     ``training.attention_kernel: flash`` shape by shape in place of ``attention_fraction``
     (:func:`llmsim.costs.compute.flash_attention_flops`)."""
+    flash_attention_measured: list[MeasuredAttention] = Field(default_factory=list)
+    """Flash attention kernels timed on the board by shape (heads, KV heads, sequence,
+    head dimension, forward and backward TFLOP/s; see :data:`MeasuredAttention`). An attention
+    op of one of these shapes under ``training.attention_kernel: flash`` runs at its measured
+    rate instead of ``flash_attention_tflops`` or ``attention_fraction``; every other shape
+    keeps those."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
     tdp_w: PositiveFloat | None = None
@@ -186,3 +213,9 @@ class Accelerator(Spec):
     def sustained_memory_bytes_per_s(self) -> float:
         """Bandwidth memory-bound kernels reach, bytes/s (peak × ``memory_bound_fraction``)."""
         return self.hbm_bytes_per_s * self.memory_bound_fraction
+
+    def memory_bytes_per_s(self, kind: MemoryKind) -> float:
+        """Bandwidth a memory-bound kernel of ``kind`` reaches, bytes/s: peak × its
+        ``memory_fraction_by_kind``, else × ``memory_bound_fraction``."""
+        return self.hbm_bytes_per_s * self.memory_fraction_by_kind.get(
+            kind, self.memory_bound_fraction)

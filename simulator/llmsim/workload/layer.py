@@ -20,7 +20,7 @@ from llmsim.optimizer import (
 from llmsim.params import (
     embedding_params_per_device,
 )
-from llmsim.specs import Model, Parallelism, Training
+from llmsim.specs import MemoryKind, Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 
 if TYPE_CHECKING:
@@ -106,11 +106,12 @@ class LayerBuilder:
         return replace(gemm, reserved_units=cfg.num_sm)
 
     def _mem(self, name: str, phase: str, elements: float, passes: float,
-             masks: int = 0) -> ComputeOp:
-        """A memory-bound kernel touching ``elements`` values ``passes`` times, and writing
-        or reading ``masks`` 1-byte dropout masks of as many elements."""
+             masks: int = 0, kind: MemoryKind = "stream") -> ComputeOp:
+        """A memory-bound kernel of ``kind`` touching ``elements`` values ``passes`` times,
+        and writing or reading ``masks`` 1-byte dropout masks of as many elements."""
         return ComputeOp(name, "memory", phase, 0.0,
-                         float(elements * (passes * self.e + masks * DROPOUT_MASK_BYTES)))
+                         float(elements * (passes * self.e + masks * DROPOUT_MASK_BYTES)),
+                         memory_kind=kind)
 
     def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
         """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
@@ -178,7 +179,8 @@ class LayerBuilder:
             io = self.e * self.T * d * (2 * heads + 2 * kv_local)  # read Q, K, V; write O
             return [ComputeOp("attn", "attention", phase, flops, float(io),
                               executed_fraction=0.5, dtype=self.attn_dtype,
-                              attention_shape=(s, d)),
+                              attention_shape=(s, d),
+                              attention_heads=(b * heads, b * kv_local)),
                     *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
@@ -214,7 +216,8 @@ class LayerBuilder:
             # Model FLOPs 2× forward; FlashAttention-2 executes 2.5× forward (it recomputes P).
             return [ComputeOp("attn_bwd", "attention", "B", 2 * fwd.flops, 2 * fwd.bytes,
                               executed_fraction=0.5 * 2.5 / 2, dtype=self.attn_dtype,
-                              attention_shape=fwd.attention_shape),
+                              attention_shape=fwd.attention_shape,
+                              attention_heads=fwd.attention_heads),
                     *self._attention_layout_copies("B")]
         probs = float(b * heads * s * s)
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
@@ -246,7 +249,7 @@ class LayerBuilder:
         drop = int(self.trn.hidden_dropout > 0)
         separate_bias = m.bias and self.trn.bias_kernels == "separate"
         fwd: list[Op] = [
-            self._mem("ln1", "F", n_sp, 2),
+            self._mem("ln1", "F", n_sp, 2, kind=self.m.norm),
             *self._entry("tp_ag_attn", "F"),
             *self._fp8_cast(qkv, "input"),
             qkv,
@@ -256,7 +259,7 @@ class LayerBuilder:
             proj,
             *self._exit("tp_attn", "F"),
             self._mem("residual1", "F", n_sp, 3, masks=drop),
-            self._mem("ln2", "F", n_sp, 2),
+            self._mem("ln2", "F", n_sp, 2, kind=self.m.norm),
             *self._entry("tp_ag_mlp", "F"),
             *self._fp8_cast(up, "input"),
             up,
@@ -300,7 +303,7 @@ class LayerBuilder:
             *_in_phase(self._fp8_cast(up, "grad"), "B"),
             up_dx,
             *self._exit("tp_mlp_bwd", "B"),
-            self._mem("ln2_bwd", "B", n_sp, 4),
+            self._mem("ln2_bwd", "B", n_sp, 4, kind="norm_backward"),
             self._mem("residual1_bwd", "B", n_sp, 3 + 2 * drop, masks=drop),
             *self._entry("tp_ag_attn_bwd", "B"),
             *_in_phase(self._fp8_cast(proj, "grad"), "B"),
@@ -309,7 +312,7 @@ class LayerBuilder:
             *_in_phase(self._fp8_cast(qkv, "grad"), "B"),
             qkv_dx,
             *self._exit("tp_attn_bwd", "B"),
-            self._mem("ln1_bwd", "B", n_sp, 4),
+            self._mem("ln1_bwd", "B", n_sp, 4, kind="norm_backward"),
             self._mem("input_grad_sum", "B", n_sp, 3),
         ]
         if separate_bias:
@@ -351,12 +354,13 @@ class LayerBuilder:
         # Engine module: with SP its input all-gather blocks, TP overlap or not.
         head_ag = self._tp_comm("head_ag", "all_gather", "F", T * m.hidden * self.e) \
             if self.sp else []
-        fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2), *head_ag, head,
+        fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2, kind=self.m.norm), *head_ag,
+                         head,
                          ComputeOp("loss", "memory", "F", 0.0, float(T * v * fwd_bytes)),
                          *loss_tp]
         bwd: list[Op] = [ComputeOp("loss", "memory", "B", 0.0, float(T * v * bwd_bytes)), dx,
                          *self._exit("head_rs", "B"),
-                         self._mem("final_norm", "B", n_sp, 4)]
+                         self._mem("final_norm", "B", n_sp, 4, kind="norm_backward")]
         return fwd, bwd, [dw]
 
 
