@@ -41,9 +41,10 @@ def tiny(system: Any, **changes: Any) -> dict[str, Any]:
 
 
 def twin_system(nodes_each: int) -> dict[str, Any]:
-    """Two identical groups of abci-a100 nodes."""
-    return {"name": "twins", "groups": [{"name": "left", "system": a100_nodes(nodes_each)},
-                                        {"name": "right", "system": a100_nodes(nodes_each)}]}
+    """Two identical groups of abci-a100 nodes, in abci-a100's facility (its PUE)."""
+    return {"name": "twins", "facility": A100.get("facility", {}),
+            "groups": [{"name": "left", "system": a100_nodes(nodes_each)},
+                       {"name": "right", "system": a100_nodes(nodes_each)}]}
 
 
 TWIN_PLACEMENT = {"stages": [{"group": "left", "stages": 2}, {"group": "right", "stages": 2}]}
