@@ -44,6 +44,10 @@ class Layout:
     parameter_servers: int = 0
     """Parameter servers the gradients go through (``dp_mode: parameter_server``); 0: the
     data-parallel ranks all-reduce them."""
+    expert_tp: int = 0
+    """Tensor-parallel degree of the routed experts (MoE models): ``tp`` (each expert split
+    like the dense MLP) or 1 (whole experts over tp·ep ranks); 0: as the base scenario
+    has it (its expert_tp 1 kept, one equal to its tp following the layout's tp)."""
 
     @property
     def key(self) -> str:
@@ -54,7 +58,8 @@ class Layout:
                 f"sp{int(self.sequence_parallel)}.{self.recompute}.o{flags}.gb{self.global_batch}"
                 + (f".ep{self.ep}" if self.ep > 1 else "")
                 + (f".cp{self.cp}" if self.cp > 1 else "")
-                + (f".ps{self.parameter_servers}" if self.parameter_servers else ""))
+                + (f".ps{self.parameter_servers}" if self.parameter_servers else "")
+                + (f".etp{self.expert_tp}" if self.expert_tp else ""))
 
     @property
     def devices(self) -> int:
@@ -74,12 +79,15 @@ class Layout:
                 "cp": self.cp,
                 "dp_mode": "parameter_server" if self.parameter_servers else "all_reduce",
                 **({"parameter_servers": self.parameter_servers}
-                   if self.parameter_servers else {})}
+                   if self.parameter_servers else {}),
+                **({"expert_tp": None if self.expert_tp == self.tp else self.expert_tp}
+                   if self.expert_tp else {})}
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, for a table row."""
         return {"nodes": self.nodes, **self.parallelism_updates(),
-                "parameter_servers": self.parameter_servers, "global_batch": self.global_batch}
+                "parameter_servers": self.parameter_servers, "global_batch": self.global_batch,
+                "expert_tp": self.expert_tp}
 
     @property
     def replicas(self) -> int:
@@ -99,5 +107,6 @@ def layout_of(scenario: Scenario) -> Layout:
                   par.recompute, par.overlap_dp_comm, par.overlap_tp_comm,
                   par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch,
                   par.ep, par.cp,
-                  par.parameter_servers if par.dp_mode == "parameter_server" else 0)
+                  par.parameter_servers if par.dp_mode == "parameter_server" else 0,
+                  par.etp if scenario.model.moe is not None else 0)
 

@@ -19,7 +19,8 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
     run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, uneven first/last stage
     splits when pp differs from the scenario's, and the MoE all-to-all overlap where no
-    all-to-all is left; an ``expert_tp`` equal to the scenario's tp follows the layout's.
+    all-to-all is left. The layout's ``expert_tp`` (tp or 1) is set; where it leaves it
+    (0), an ``expert_tp`` equal to the scenario's tp follows the layout's and 1 is kept.
     """
     par = scenario.parallelism
     updates = layout.parallelism_updates()
@@ -34,10 +35,11 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
         updates["last_stage_layers"] = None
     # Experts split like the dense MLP follow the layout's tp; whole experts (expert_tp
     # 1) need tp·ep to divide them, and the all-to-all overlap an all-to-all.
-    if par.expert_tp not in (None, 1):
+    if not layout.expert_tp and par.expert_tp not in (None, 1):
         updates["expert_tp"] = None
     moe = scenario.model.moe
-    whole = par.expert_tp == 1 and moe is not None
+    etp = layout.expert_tp or par.expert_tp
+    whole = etp == 1 and moe is not None
     if whole and moe.experts % (layout.tp * layout.ep):
         raise ValueError(f"expert_tp 1: tp·ep = {layout.tp * layout.ep} does not divide the "
                          f"{moe.experts} experts")

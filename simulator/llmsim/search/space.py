@@ -122,8 +122,10 @@ def cores(scenario: Scenario, options: SpaceOptions,
     dp such that tp·pp·dp fills whole nodes, at most the scenario's; the micro-batch
     dividing the global batch's share of a replica, micro-batches a multiple of pp for
     the interleaved schedule (Megatron-LM's rule). ZeRO stages above 0 only with dp > 1;
-    sequence parallelism only with tp > 1. ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole
-    branches whose model state cannot fit.
+    sequence parallelism only with tp > 1; an MoE model's experts split like the dense
+    MLP and, where tp·ep divides them, whole (``expert_tp`` 1).
+    ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole branches whose model state
+    cannot fit.
     """
     fx = options.fixed
     model, node = scenario.model, scenario.system.node
@@ -141,13 +143,23 @@ def cores(scenario: Scenario, options: SpaceOptions,
             for pp in _choices("pp", divisors(model.layers), fx):
                 for ep in _choices("ep", divisors(experts), fx):
                     for cp in _choices("cp", cps or [1], fx):
-                        yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes, model.layers,
-                                             options, state_fits)
+                        for etp in _choices("expert_tp", _expert_tps(model, tp, ep), fx):
+                            yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes,
+                                                 model.layers, options, state_fits, etp)
+
+
+def _expert_tps(model: Any, tp: int, ep: int) -> list[int]:
+    """The routed experts' TP degrees tried: none for a dense model (0); split like the
+    dense MLP (tp) and, where tp·ep divides the experts, whole (1; Megatron-Core's
+    ``--expert-tensor-parallel-size 1``)."""
+    if model.moe is None:
+        return [0]
+    return [tp, 1] if tp > 1 and model.moe.experts % (tp * ep) == 0 else [tp]
 
 
 def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_nodes: int,
               layers: int, options: SpaceOptions,
-              state_fits: StateFilter | None) -> Iterator[Layout]:
+              state_fits: StateFilter | None, etp: int = 0) -> Iterator[Layout]:
     fx = options.fixed
     for dp in _choices("dp", divisors(gb), fx):
         if gb % (dp * ep):
@@ -168,8 +180,8 @@ def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_no
             if state_fits is None or state_fits(tp, pp, dp, ep, cp, zero):
                 servers = _servers(nodes, dp, ep, cp, zero, options)
                 for layout in _per_replica(gb, nodes, tp, pp, dp * ep, zero, layers, options):
-                    layout = replace(layout, dp=dp, ep=ep, cp=cp) if ep > 1 or cp > 1 \
-                        else layout
+                    layout = replace(layout, dp=dp, ep=ep, cp=cp, expert_tp=etp) \
+                        if ep > 1 or cp > 1 or etp else layout
                     for k in servers:
                         yield replace(layout, parameter_servers=k) if k else layout
 
