@@ -165,7 +165,7 @@ def test_an_engine_run_over_the_timeout_is_given_up_and_the_next_tried() -> None
 @pytest.mark.parametrize(("p", "m"), [(2, 3), (3, 7), (4, 16), (12, 30), (32, 40)])
 @pytest.mark.parametrize("blocking", [False, True])
 def test_the_compiled_zb_v_walk_equals_the_walk(p: int, m: int, blocking: bool) -> None:
-    """ZB-V's walk replayed from its compiled order (a loop, or numpy levels from 32
+    """ZB-V's walk replayed from its compiled order (a loop, or numpy levels from 24
     stages) gives exactly the walk's numbers, with unequal stages, chunks and hops."""
     from llmsim.search.pipeline import StageTimes, zb_v_walk_compiled_s, zb_v_walk_s
 

@@ -27,11 +27,11 @@ from llmsim.in_flight import schedule_order
 KINDS = {"F": 0, "B": 1, "W": 2}
 """A pass kind's column within its chunk's three (F, B, W)."""
 
-NUMPY_FROM_STAGES = 32
+NUMPY_FROM_STAGES = 24
 """Pipelines of this many stages or more are replayed level by level with numpy (a level
-costs a few numpy calls, ~6 µs; a pass of the loop ~0.3 µs: the levels win once they
-hold ~20-40 passes; on a loaded machine, 48 stages and 768
-micro-batches: 104 ms against 298)."""
+costs a few numpy calls, a pass of the loop 0.1-0.3 µs). Measured, 384 micro-batches, on
+a quiet 2-core machine: 16 stages 3.8 ms by the loop against 4.9 by levels, 24 stages
+6.0 against 5.1; 48 stages and 768 micro-batches 25.5 against 12.2."""
 
 CACHE_PASSES = 3_000_000
 """Most passes of compiled walks one process keeps (least recently used dropped)."""
