@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/bench_search.py                  # GPT-3 175B on 1,024 A100 (selene-gpt3)
     python benchmarks/bench_search.py frontier --max-layouts 20000 --workers 2
+    python benchmarks/bench_search.py selene-gpt3 --every 10   # one process, CPU seconds
 
 Prints, for the scenario: the size of the space (core layouts, layouts after the overlap
 switches), layouts priced, rejected for memory and invalid, the estimator's layouts/s
@@ -53,13 +54,44 @@ def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float
     return (time.perf_counter() - start) / repeats * 1e6
 
 
+def every_nth_batch(name: str, every: int) -> None:
+    """Price every ``every``-th batch of the scenario's whole space in this process and
+    print the CPU seconds: a measure of the pricing alone that other jobs on the machine
+    disturb little (no pool, no confirmation)."""
+    from llmsim.search import BATCH_CORES
+    from llmsim.search.price import price_batch, state_fits
+    from llmsim.search.space import SpaceOptions, cores
+
+    base = llmsim.load_scenario(name).model_copy(update={"fidelity": "reduced"})
+    start = time.process_time()
+    space = list(cores(base, SpaceOptions(fixed={}), state_fits(base, 0.1)))
+    enumerated = time.process_time() - start
+    batches = [space[i:i + BATCH_CORES] for i in range(0, len(space), BATCH_CORES)][::every]
+    start = time.process_time()
+    priced = over = invalid = 0
+    for batch in batches:
+        result = price_batch(base, batch, {}, 0.1)
+        priced, over, invalid = (priced + len(result), over + result.out_of_memory,
+                                 invalid + result.invalid)
+    cpu = time.process_time() - start
+    print(f"scenario {name}: {len(space):,} core layouts (enumerated in {enumerated:.1f} s "
+          f"CPU); every {every}th batch: {len(batches):,} batches, priced {priced:,}, over "
+          f"memory {over:,}, invalid {invalid:,}; {cpu:.1f} s CPU, "
+          f"{priced / cpu:,.0f} layouts priced per CPU-second")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", nargs="?", default="selene-gpt3")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--max-layouts", type=int, default=None)
+    parser.add_argument("--every", type=int, default=None,
+                        help="only price every N-th batch in this process (CPU seconds)")
     args = parser.parse_args()
+    if args.every:
+        every_nth_batch(args.scenario, args.every)
+        return
     scenario = llmsim.load_scenario(args.scenario)
 
     start = time.perf_counter()

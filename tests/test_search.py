@@ -419,3 +419,58 @@ def test_an_moe_model_s_space_has_expert_parallel_layouts_that_fill_the_devices(
     sc = apply(scenario, _row_layout(row))
     assert Estimator().estimate(sc).step_time_s == pytest.approx(simulate(sc).step_time_s,
                                                                  rel=0.05)
+
+
+MOE_EXPERT_TP = [("openai-a100-moe", ["parallelism.ep=2", "parallelism.dp=104"]),
+                 ("frontier-moe", ["parallelism.ep=2", "parallelism.dp=512"])]
+"""The catalog's MoE scenarios at ep 2, where tp·ep (16) divides the 16 experts: both
+expert_tp 1 (whole experts over 16 ranks) and expert_tp = tp (8) are layouts."""
+
+
+@pytest.mark.parametrize(("name", "sets"), MOE_EXPERT_TP)
+def test_estimator_agrees_with_the_engine_on_whole_and_split_experts(name: str,
+                                                                     sets: list[str]) -> None:
+    """Within 5 % of the engine at expert_tp = tp and 1, priced by one estimator one after
+    the other (its memo keys tell the two apart: the second equals a fresh estimator's)."""
+    one = Estimator()
+    for etp in (8, 1):
+        scenario = llmsim.load_scenario(name, [*sets, f"parallelism.expert_tp={etp}"])
+        scenario = scenario.model_copy(update={"fidelity": "reduced"})
+        estimate = one.estimate(scenario).step_time_s
+        assert estimate == Estimator().estimate(scenario).step_time_s
+        assert estimate == pytest.approx(simulate(scenario).step_time_s, rel=0.05)
+
+
+def test_the_search_tries_whole_experts_where_tp_ep_divides_them() -> None:
+    """An MoE model's layouts come with expert_tp = tp and, where tp·ep divides the
+    experts, 1; a dense model's leave it (0); --fix narrows it."""
+    scenario = llmsim.load_scenario("openai-a100-moe")
+    fixed = {"pp": 15, "virtual_stages": 1, "schedule": "1f1b", "micro_batch": 1,
+             "zero": 1, "recompute": "full", "sequence_parallel": True}
+    seen = {(c.tp, c.ep, c.expert_tp) for c in cores(scenario, SpaceOptions(fixed=fixed))}
+    for tp, ep, etp in seen:
+        assert etp == tp or (etp == 1 and 16 % (tp * ep) == 0)
+    assert {(8, 2, 1), (8, 2, 8), (8, 4, 8), (2, 8, 1)} <= seen
+    assert (8, 4, 1) not in seen
+    only = {c.expert_tp for c in cores(scenario, SpaceOptions(fixed={**fixed,
+                                                                      "expert_tp": 1}))}
+    assert only == {1}
+    dense = llmsim.load_scenario("selene-gpt3")
+    assert {c.expert_tp for c in cores(dense, SpaceOptions(fixed=fixed | {"pp": 8}))} == {0}
+
+
+def test_the_estimator_counts_whole_experts_as_the_workload_does() -> None:
+    """With biases (replicated on every TP rank of a split expert) whole experts hold
+    fewer parameters per device: the estimator's chunk equals the engine's workload's."""
+    from helpers import make_scenario
+
+    from llmsim.workload import build_workload
+
+    for etp in (None, 1):
+        s = make_scenario(nodes=1, model__moe={"experts": 8, "top_k": 2, "ffn_hidden": 1024},
+                          model__bias=True, parallelism__pp=1, parallelism__tp=2,
+                          parallelism__ep=2, parallelism__expert_tp=etp,
+                          parallelism__sequence_parallel=True)
+        chunk = build_workload(s.model, s.parallelism, s.training, s.dp).chunks[(0, 0)]
+        params, experts, _, _ = Estimator()._chunk_params(s, chunk.layers, True, True, 0)
+        assert (params, experts) == (chunk.params, chunk.expert_params)

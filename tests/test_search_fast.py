@@ -160,3 +160,21 @@ def test_an_engine_run_over_the_timeout_is_given_up_and_the_next_tried() -> None
     assert summary.timed_out == 4 and summary.confirmed == 0  # 2·top tried, none in time
     assert table["timed_out"].sum() == 4
     assert table.attrs["best"] is None
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 3), (3, 7), (4, 16), (12, 30), (32, 40)])
+@pytest.mark.parametrize("blocking", [False, True])
+def test_the_compiled_zb_v_walk_equals_the_walk(p: int, m: int, blocking: bool) -> None:
+    """ZB-V's walk replayed from its compiled order (a loop, or numpy levels from 24
+    stages) gives exactly the walk's numbers, with unequal stages, chunks and hops."""
+    from llmsim.search.pipeline import StageTimes, zb_v_walk_compiled_s, zb_v_walk_s
+
+    rng = random.Random(p * 1000 + m)
+    stages = [(StageTimes(1.0, 1.0, 1.0, hop_f=rng.random() / 10, hop_b=rng.random() / 10,
+                          chunk_forward=[rng.random(), rng.random()],
+                          chunk_backward=[(rng.random(), rng.random()),
+                                          (rng.random(), rng.random())]),
+               (rng.random(), 2 * rng.random(), rng.random())) for _ in range(p)]
+    walk, ends = zb_v_walk_s(stages, m, blocking=blocking)
+    fast, fast_ends = zb_v_walk_compiled_s(stages, m, blocking=blocking)
+    assert fast == walk and list(fast_ends) == list(ends)

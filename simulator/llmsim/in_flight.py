@@ -14,6 +14,7 @@ from itertools import islice
 
 from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES, build, chunks_at_peak
+from llmsim.schedules.action import Action
 
 
 def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int]:
@@ -25,13 +26,22 @@ def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int
             yield from [chunk] * group
 
 
+@functools.lru_cache(maxsize=2)
+def schedule_order(schedule: str, stages: int, microbatches: int,
+                   chunks: int) -> tuple[tuple[Action, ...], ...]:
+    """:func:`~llmsim.schedules.build`'s per-stage order, memoised for the last two shapes:
+    the layout search reads the same order twice in a row (its memory here, then its
+    ZB-V walk, :mod:`llmsim.search.zb_v_walk`)."""
+    return tuple(tuple(row) for row in build(schedule, stages, microbatches, chunks))
+
+
 @functools.lru_cache(maxsize=4096)
 def _in_flight_chunks(schedule: str, stages: int, microbatches: int,
                       chunks: int) -> tuple[tuple[int, ...], ...]:
     info = SCHEDULES[schedule]
     if info.route is not None:  # chunks placed otherwise than c·p + s: count the order's
         return tuple(tuple(chunks_at_peak(row))
-                     for row in build(schedule, stages, microbatches, chunks))
+                     for row in schedule_order(schedule, stages, microbatches, chunks))
     out = []
     for i in range(stages):
         peak = info.peak_forwards(stages, i, microbatches, chunks)

@@ -30,7 +30,15 @@ from llmsim.search.bound import DaysBound, applies, by_devices
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
-from llmsim.search.space import Layout, SpaceOptions, apply, cores, layout_of, parse_fix
+from llmsim.search.space import (
+    LAYOUT_FIELDS,
+    Layout,
+    SpaceOptions,
+    apply,
+    cores,
+    layout_of,
+    parse_fix,
+)
 from llmsim.search.store import Store
 from llmsim.specs import Scenario
 
@@ -156,7 +164,8 @@ def search(
                 "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
                 "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp,
-                "bound": bounded}
+                "bound": bounded, "layout_fields": list(LAYOUT_FIELDS)}
+    # The layout fields too: a store kept before expert_tp was one has no such column.
     if max_parameter_servers:  # only then: a store kept before the option still resumes
         manifest["max_parameter_servers"] = max_parameter_servers
     store = Store(Path(out) if out is not None else None, manifest, resume)

@@ -101,7 +101,7 @@ class Estimator(SharedParts):
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
-        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp,
+        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp, par.etp,
                     *contention_key(par), servers(sc))
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)

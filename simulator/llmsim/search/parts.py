@@ -103,7 +103,7 @@ class SharedParts:
         """The plan of ``sc`` and its hardware costs (one per distinct placement)."""
         par = sc.parallelism
         key = (self._family(sc), sc.nodes_used, par.tp, par.pp, sc.dp, par.ep, par.cp,
-               tuple(par.rank_order), *contention_key(par), servers(sc))
+               par.etp, tuple(par.rank_order), *contention_key(par), servers(sc))
         hit = self._costs.get(key)
         if hit is None:
             plan = Plan.from_scenario(sc)
@@ -125,7 +125,7 @@ class SharedParts:
         tp_path = plan.placements["tp"]
         key = (self._family(sc), tp_path, plan.placements.get("ep"),
                plan.placements.get("cp"), *contention_key(par), par.tp, par.ep, par.cp,
-               par.micro_batch,
+               par.etp, par.micro_batch,
                par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
                tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
@@ -209,14 +209,18 @@ class SharedParts:
         hops = placement(par.schedule, par.pp, par.virtual_stages)
         # One LM head copy where the first and last chunks share a stage (ZB-V's V).
         head_p = 1 if hops and hops[0][0] == hops[-1][0] else par.pp
-        key = (self._family(sc), par.tp, head_p, par.ep, n, first, last, moe_start)
+        # The routed experts are split over the expert ranks (tp·ep with whole experts) and
+        # their matrices over etp, as the engine's workload counts them.
+        ranks, etp = par.expert_ranks, par.etp
+        key = (self._family(sc), par.tp, head_p, ranks, etp, n, first, last, moe_start)
         hit = self._params.get(key)
         if hit is None:
-            _, experts = layers_params_per_device(model, par.tp, par.ep, start, n)
+            _, experts = layers_params_per_device(model, par.tp, ranks, start, n, etp)
             moe_blocks = sum(model.moe.is_moe_layer(i) for i in range(start, start + n)) \
                 if model.moe is not None else 0
             hit = self._params[key] = (
-                chunk_params(model, par.tp, n, first, last, head_p, par.ep, start), experts,
+                chunk_params(model, par.tp, n, first, last, head_p, ranks, start, etp),
+                experts,
                 param_tensors(model, n, first, last, head_p), moe_blocks)
         return hit
 

@@ -92,8 +92,9 @@ def state_fits(scenario: Scenario,
 
     The busiest stage holds at least the average stage's parameters; its weights,
     gradients and optimizer state (sharded by ZeRO as :func:`memory_per_stage` shards
-    them: the dense weights over dp·ep·cp ranks, the routed experts' over dp·cp) alone
-    must fit in the capacity less the headroom, or no layout of the branch can fit.
+    them: the dense weights over dp·ep·cp ranks, the routed experts' over dp·cp; the
+    fewer of split and whole experts) alone must fit in the capacity less the headroom,
+    or no layout of the branch can fit.
     """
     model, precision = scenario.model, scenario.training.precision
     capacity = scenario.system.node.accelerator.hbm_bytes * (1 - headroom)
@@ -103,6 +104,10 @@ def state_fits(scenario: Scenario,
     def fits(tp: int, pp: int, dp: int, ep: int, cp: int, zero: int) -> bool:
         if (tp, pp, ep) not in totals:
             dense, expert = layers_params_per_device(model, tp, ep, 0, model.layers)
+            if model.moe is not None and model.moe.experts % (tp * ep) == 0:
+                # whole experts (expert_tp 1) hold no replicated bias per TP rank: fewer
+                expert = min(expert, layers_params_per_device(model, tp, tp * ep, 0,
+                                                              model.layers, 1)[1])
             ends = embedding_params_per_device(model, tp) + head_params_per_device(model, tp, pp)
             totals[(tp, pp, ep)] = ((dense + ends) / pp, expert / pp)
         dense, expert = totals[(tp, pp, ep)]

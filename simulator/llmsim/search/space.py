@@ -1,13 +1,10 @@
 """The layout space: every valid parallel layout of a scenario's model on its machine.
 
-A :class:`Layout` is the part of a scenario the search varies — the degrees (tp, pp, dp,
-virtual stages), the schedule, the micro-batch, the ZeRO stage, recompute, sequence
-parallelism, the overlap switches, the nodes used and the global batch. Everything else
-(the framework's behaviour: bucket size, rank order, gather style, …) is the scenario's.
-
-:func:`layouts` enumerates the space cheaply from integer rules (divisibility, the
-schedule's rules); the estimator validates each candidate as a real
-:class:`~llmsim.specs.Scenario` before pricing it, so a rule missed here only costs time.
+:func:`cores` enumerates the space cheaply from integer rules (divisibility, the
+schedule's rules) with the overlap switches at their defaults, and
+:func:`switch_variants` adds the others; the estimator validates each candidate as a
+real :class:`~llmsim.specs.Scenario` (:mod:`.layout_scenario`) before pricing it, so a
+rule missed here only costs time. A point of the space is a :class:`.layout.Layout`.
 """
 
 from __future__ import annotations
@@ -18,89 +15,21 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from llmsim.errors import UserError
+from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
+from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_layout
 from llmsim.specs import Scenario
 
-SWITCHES = ("overlap_dp_comm", "overlap_tp_comm", "overlap_pp_comm", "overlap_param_gather")
-"""The overlap switches the search varies."""
+__all__ = ["LAYOUT_FIELDS", "RECOMPUTE", "SCHEDULES", "SWITCHES", "Layout", "SpaceOptions",
+           "apply", "cores", "divisors", "layout_of", "parallelism_of", "parse_fix",
+           "switch_variants", "switched", "tp_candidates", "variant_count", "with_layout"]
+"""Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
+which were defined here before."""
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2", "zb-v")
 """The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
 the same as any other; ZB-V with its two chunks per stage)."""
 
 RECOMPUTE = ("none", "selective", "full")
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Layout:
-    """One point of the layout space."""
-
-    nodes: int
-    tp: int
-    pp: int
-    dp: int
-    virtual_stages: int
-    schedule: str
-    micro_batch: int
-    zero: int
-    sequence_parallel: bool
-    recompute: str
-    overlap_dp_comm: bool
-    overlap_tp_comm: bool
-    overlap_pp_comm: bool
-    overlap_param_gather: bool
-    global_batch: int
-    ep: int = 1
-    """Expert-parallel degree (MoE models)."""
-    cp: int = 1
-    """Context-parallel degree."""
-    parameter_servers: int = 0
-    """Parameter servers the gradients go through (``dp_mode: parameter_server``); 0: the
-    data-parallel ranks all-reduce them."""
-
-    @property
-    def key(self) -> str:
-        """A stable text key (the store's primary key): ``tp8.pp8.dp16.v1.1f1b.mb1…``."""
-        flags = "".join("1" if getattr(self, s) else "0" for s in SWITCHES)
-        return (f"n{self.nodes}.tp{self.tp}.pp{self.pp}.dp{self.dp}.v{self.virtual_stages}."
-                f"{self.schedule}.mb{self.micro_batch}.z{self.zero}."
-                f"sp{int(self.sequence_parallel)}.{self.recompute}.o{flags}.gb{self.global_batch}"
-                + (f".ep{self.ep}" if self.ep > 1 else "")
-                + (f".cp{self.cp}" if self.cp > 1 else "")
-                + (f".ps{self.parameter_servers}" if self.parameter_servers else ""))
-
-    @property
-    def devices(self) -> int:
-        """Devices the layout uses."""
-        return self.tp * self.pp * self.dp * self.ep * self.cp
-
-    def parallelism_updates(self) -> dict[str, Any]:
-        """The ``parallelism`` fields this layout sets."""
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp,
-                "virtual_stages": self.virtual_stages, "schedule": self.schedule,
-                "micro_batch": self.micro_batch, "zero": self.zero,
-                "sequence_parallel": self.sequence_parallel, "recompute": self.recompute,
-                "overlap_dp_comm": self.overlap_dp_comm,
-                "overlap_tp_comm": self.overlap_tp_comm,
-                "overlap_pp_comm": self.overlap_pp_comm,
-                "overlap_param_gather": self.overlap_param_gather, "ep": self.ep,
-                "cp": self.cp,
-                "dp_mode": "parameter_server" if self.parameter_servers else "all_reduce",
-                **({"parameter_servers": self.parameter_servers}
-                   if self.parameter_servers else {})}
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values, for a table row."""
-        return {"nodes": self.nodes, **self.parallelism_updates(),
-                "parameter_servers": self.parameter_servers, "global_batch": self.global_batch}
-
-    @property
-    def replicas(self) -> int:
-        """Pipelines that each run their own micro-batches: dp·ep (expert-parallel ranks
-        hold different sequences)."""
-        return self.dp * self.ep
-
-
-LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 
 @dataclass(frozen=True)
@@ -193,8 +122,10 @@ def cores(scenario: Scenario, options: SpaceOptions,
     dp such that tp·pp·dp fills whole nodes, at most the scenario's; the micro-batch
     dividing the global batch's share of a replica, micro-batches a multiple of pp for
     the interleaved schedule (Megatron-LM's rule). ZeRO stages above 0 only with dp > 1;
-    sequence parallelism only with tp > 1. ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole
-    branches whose model state cannot fit.
+    sequence parallelism only with tp > 1; an MoE model's experts split like the dense
+    MLP and, where tp·ep divides them, whole (``expert_tp`` 1).
+    ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole branches whose model state
+    cannot fit.
     """
     fx = options.fixed
     model, node = scenario.model, scenario.system.node
@@ -212,13 +143,23 @@ def cores(scenario: Scenario, options: SpaceOptions,
             for pp in _choices("pp", divisors(model.layers), fx):
                 for ep in _choices("ep", divisors(experts), fx):
                     for cp in _choices("cp", cps or [1], fx):
-                        yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes, model.layers,
-                                             options, state_fits)
+                        for etp in _choices("expert_tp", _expert_tps(model, tp, ep), fx):
+                            yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes,
+                                                 model.layers, options, state_fits, etp)
+
+
+def _expert_tps(model: Any, tp: int, ep: int) -> list[int]:
+    """The routed experts' TP degrees tried: none for a dense model (0); split like the
+    dense MLP (tp) and, where tp·ep divides the experts, whole (1; Megatron-Core's
+    ``--expert-tensor-parallel-size 1``)."""
+    if model.moe is None:
+        return [0]
+    return [tp, 1] if tp > 1 and model.moe.experts % (tp * ep) == 0 else [tp]
 
 
 def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_nodes: int,
               layers: int, options: SpaceOptions,
-              state_fits: StateFilter | None) -> Iterator[Layout]:
+              state_fits: StateFilter | None, etp: int = 0) -> Iterator[Layout]:
     fx = options.fixed
     for dp in _choices("dp", divisors(gb), fx):
         if gb % (dp * ep):
@@ -239,8 +180,8 @@ def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_no
             if state_fits is None or state_fits(tp, pp, dp, ep, cp, zero):
                 servers = _servers(nodes, dp, ep, cp, zero, options)
                 for layout in _per_replica(gb, nodes, tp, pp, dp * ep, zero, layers, options):
-                    layout = replace(layout, dp=dp, ep=ep, cp=cp) if ep > 1 or cp > 1 \
-                        else layout
+                    layout = replace(layout, dp=dp, ep=ep, cp=cp, expert_tp=etp) \
+                        if ep > 1 or cp > 1 or etp else layout
                     for k in servers:
                         yield replace(layout, parameter_servers=k) if k else layout
 
@@ -318,92 +259,3 @@ def _switch_choices(core: Layout, fixed: Mapping[str, Any]) -> tuple[list, list,
     return (_choices("overlap_tp_comm", tp_overlap, fixed),
             _choices("overlap_pp_comm", pp_overlap, fixed),
             _choices("overlap_param_gather", gather, fixed))
-
-
-def layout_of(scenario: Scenario) -> Layout:
-    """The layout a scenario already has (its point in the space)."""
-    par = scenario.parallelism
-    return Layout(scenario.nodes_used, par.tp, par.pp, scenario.dp, par.virtual_stages,
-                  par.schedule, par.micro_batch, par.zero, par.sequence_parallel,
-                  par.recompute, par.overlap_dp_comm, par.overlap_tp_comm,
-                  par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch,
-                  par.ep, par.cp,
-                  par.parameter_servers if par.dp_mode == "parameter_server" else 0)
-
-
-def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
-    """The validated ``parallelism`` and ``training`` of ``scenario`` with ``layout``
-    (raises ValueError when a rule of theirs rules it out).
-
-    Framework settings of the scenario that a layout rules out are dropped, as the
-    frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
-    run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, uneven first/last stage
-    splits when pp differs from the scenario's, and the MoE all-to-all overlap where no
-    all-to-all is left; an ``expert_tp`` equal to the scenario's tp follows the layout's.
-    """
-    par = scenario.parallelism
-    updates = layout.parallelism_updates()
-    if par.grad_reduce_launch == "pp_aligned" and (
-            layout.schedule not in ("1f1b", "interleaved-1f1b") or layout.zero == 3):
-        updates["grad_reduce_launch"] = "bucket_ready"
-    if layout.zero == 3:
-        updates["grad_bucket_nan_check"] = False
-        updates["grad_bucket_prescale"] = False
-    if layout.pp != par.pp or layout.virtual_stages != par.virtual_stages:
-        updates["first_stage_layers"] = None
-        updates["last_stage_layers"] = None
-    # Experts split like the dense MLP follow the layout's tp; whole experts (expert_tp
-    # 1) need tp·ep to divide them, and the all-to-all overlap an all-to-all.
-    if par.expert_tp not in (None, 1):
-        updates["expert_tp"] = None
-    moe = scenario.model.moe
-    whole = par.expert_tp == 1 and moe is not None
-    if whole and moe.experts % (layout.tp * layout.ep):
-        raise ValueError(f"expert_tp 1: tp·ep = {layout.tp * layout.ep} does not divide the "
-                         f"{moe.experts} experts")
-    if par.moe_a2a_overlap and layout.ep * (layout.tp if whole else 1) == 1:
-        updates["moe_a2a_overlap"] = False
-    new_par = type(par).model_validate({**_dump(par), **updates})
-    training = scenario.training
-    if layout.global_batch != training.global_batch:
-        training = type(training).model_validate(
-            {**training.model_dump(exclude_unset=True), "global_batch": layout.global_batch})
-    return new_par, training
-
-
-def apply(scenario: Scenario, layout: Layout) -> Scenario:
-    """``scenario`` with ``layout``, validated (raises ValueError when it cannot run); see
-    :func:`parallelism_of` for the settings a layout drops."""
-    new_par, training = parallelism_of(scenario, layout)
-    return with_layout(scenario, layout.nodes, new_par, training)
-
-
-def with_layout(scenario: Scenario, nodes: int, par: Any, training: Any) -> Scenario:
-    """``scenario`` (every field kept) on ``nodes`` nodes with ``par`` and ``training``,
-    in reduced fidelity, validated by the scenario's own rules."""
-    fields = {name: getattr(scenario, name) for name in type(scenario).model_fields}
-    return type(scenario).model_validate({
-        **fields, "nodes": nodes, "parallelism": par, "training": training,
-        "fidelity": "reduced"})
-
-
-def switched(core: Scenario, base: Scenario, layout: Layout) -> Scenario:
-    """``core`` (a validated scenario of a core layout) with the overlap switches of
-    ``layout``, one of its :func:`switch_variants`: only the parallelism changes, so only
-    it and the scenario's own rules are checked again (raises ValueError)."""
-    new_par, _ = parallelism_of(base, layout)
-    scenario = core.model_copy(update={"parallelism": new_par})
-    scenario._check_layout()  # the scenario's rules: the TP overlap's compute units
-    return scenario
-
-
-_DUMPS: dict[int, tuple[Any, dict[str, Any]]] = {}
-
-
-def _dump(par: Any) -> dict[str, Any]:
-    """``par.model_dump()``, memoised per object (a search applies thousands of layouts to
-    one base)."""
-    hit = _DUMPS.get(id(par))
-    if hit is None or hit[0] is not par:
-        hit = _DUMPS[id(par)] = (par, par.model_dump())
-    return hit[1]
