@@ -45,8 +45,9 @@ priced by :meth:`JitteredCosts.pass_compute_s` / :meth:`~JitteredCosts.pass_comm
 has the mean and the variance of m independent draws (m·E[X] and m·Var[X], where one
 shared factor would give m²·Var[X]). What the mean loses is the order of the draws
 within the step — which micro-batch drew the slow one — which moves the pipeline's
-critical path only in the warm-up and cool-down. Ops that run once per step (the
-optimizer, the gradient buckets' preparation and reduction) draw one factor.
+critical path only in the warm-up and cool-down. The pipeline sends (priced once per
+stage pair, :mod:`llmsim.engine.pipeline`) are drawn the same way; ops that run once per
+step (the optimizer, the gradient buckets' preparation and reduction) draw one factor.
 
 **Draws.** Factors come from a :class:`numpy.random.Generator` seeded from
 (``seed``, step), in the order the engine prices its ops; the slow devices from

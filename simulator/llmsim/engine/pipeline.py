@@ -170,12 +170,15 @@ class PipelineMessages:
 
     def _send_s(self, stage: int, to_stage: int, within: bool) -> float:
         """Seconds a pipeline send from ``stage`` to ``to_stage`` takes: priced on the pair's
-        cost model (:attr:`pair_costs`, the slower group's path across node groups), once."""
+        cost model (:attr:`pair_costs`, the slower group's path across node groups), once,
+        as a pass's message (``pass_comm_s`` where the cost model has it: the jitter's mean
+        over the step's micro-batches, :mod:`llmsim.costs.jitter`)."""
         key = (stage, to_stage, within)
         priced = self.pair_send_s.get(key)
         if priced is None:
-            priced = self.pair_send_s[key] = self.pair_costs(stage, to_stage).comm_s(
-                self.pp_send_op[within])
+            costs = self.pair_costs(stage, to_stage)
+            price = getattr(costs, "pass_comm_s", costs.comm_s)
+            priced = self.pair_send_s[key] = price(self.pp_send_op[within])
         return priced
 
     @property
