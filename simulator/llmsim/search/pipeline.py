@@ -32,10 +32,7 @@ forms the schedules' tests check.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
-from llmsim.schedules import build
-from llmsim.schedules.action import Action
 from llmsim.search.zb_v_walk import compiled, walk_s
 
 
@@ -155,7 +152,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     elif schedule == "zb-v":
         stages = [(st, pass_times) for (st, n), pass_times in zip(runs, passes, strict=True)
                   for _ in range(n)]
-        walk, stage_ends = zb_v_walk_compiled_s(stages, m, blocking=blocking)
+        walk, stage_ends = zb_v_walk_s(stages, m, blocking=blocking)
         extra = max(st.first_forward_gather for st, _ in runs)
         total = max(walk, m * top) + extra
         ends, s = [], 0
@@ -185,28 +182,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     return total, ends
 
 
-@lru_cache(maxsize=64)
-def _zb_v_order(p: int, m: int) -> tuple[tuple[Action, ...], ...]:
-    """ZB-V's per-stage action order (memoised: the search prices many layouts of one
-    (p, m))."""
-    return tuple(tuple(row) for row in build("zb-v", p, m, 2))
-
-
-def zb_v_walk_compiled_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int,
+def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int,
                          *, blocking: bool) -> tuple[float, list[float]]:
-    """:func:`zb_v_walk_s`, replayed from its compiled order (:mod:`.zb_v_walk`): the
-    same numbers at a fraction of the cost."""
-    durations: list[float] = []
-    for st, (f, b, w) in stages:
-        for sf, sb, sw in zip(*_chunk_shares(st), strict=True):
-            durations += (f * sf, b * sb, w * sw)
-    hops = [0.0] * (1 + 2 * len(stages)) if blocking else \
-        [0.0, *(st.hop_f for st, _ in stages), *(st.hop_b for st, _ in stages)]
-    return walk_s(compiled(len(stages), m), durations, hops)
-
-
-def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int, *,
-                blocking: bool) -> tuple[float, list[float]]:
     """ZB-V's pipeline phase: (its length, when each stage's last pass ends), seconds.
 
     ``stages`` is per stage its times and its (forward, backward, weight-gradient) time
@@ -219,53 +196,16 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
     V (stage s holds virtual stages s and 2p − 1 − s, Qi et al. 2024 §6) sends chunk 0
     down and chunk 1 up; a non-blocking send adds its hop (``hop_f`` to the next stage,
     ``hop_b`` to the previous one), a blocking one is in the pass times already, and the
-    turn at the last stage sends nothing. O(passes) after the order is built.
+    turn at the last stage sends nothing. Replayed from the order compiled once per
+    (p, m) (:mod:`.zb_v_walk`).
     """
-    p = len(stages)
-    order = _zb_v_order(p, m)
-    hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
-    index = {hop: k for k, hop in enumerate(hops)}
-    duration = [[{"F": f * sf, "B": b * sb, "W": w * sw}
-                 for sf, sb, sw in zip(*_chunk_shares(st), strict=True)]
-                for st, (f, b, w) in stages]
-
-    def arrival(s: int, t: float, to: int) -> float:
-        """When a message stage s sends at t reaches stage ``to``."""
-        if blocking or to == s:
-            return t
-        st = stages[s][0]
-        return t + (st.hop_f if to == s + 1 else st.hop_b)
-
-    done: dict[tuple[str, int, int], float] = {}  # (kind, mb, virtual stage) → arrival
-    free = [0.0] * p
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for s, row in enumerate(order):
-            while position[s] < len(row):
-                a = row[position[s]]
-                k = index[(s, a.chunk)]
-                if a.kind == "F":
-                    need = ("F", a.microbatch, k - 1) if k > 0 else None
-                elif a.kind == "B":  # the last virtual stage's B after its own F
-                    need = ("B", a.microbatch, k + 1) if k < 2 * p - 1 else ("F", a.microbatch, k)
-                else:
-                    need = ("W", a.microbatch, k)
-                if need is not None and need not in done:
-                    break
-                start = max(free[s], done[need]) if need is not None else free[s]
-                free[s] = end = start + duration[s][a.chunk][a.kind]
-                if a.kind == "F":  # to the next virtual stage
-                    to = hops[k + 1][0] if k < 2 * p - 1 else s
-                    done[("F", a.microbatch, k)] = arrival(s, end, to)
-                elif a.kind == "B":  # to the previous virtual stage; W may follow
-                    to = hops[k - 1][0] if k > 0 else s
-                    done[("B", a.microbatch, k)] = arrival(s, end, to)
-                    done[("W", a.microbatch, k)] = end
-                position[s] += 1
-                progress = True
-    return max(free), free
+    durations: list[float] = []
+    for st, (f, b, w) in stages:
+        for sf, sb, sw in zip(*_chunk_shares(st), strict=True):
+            durations += (f * sf, b * sb, w * sw)
+    hops = [0.0] * (1 + 2 * len(stages)) if blocking else \
+        [0.0, *(st.hop_f for st, _ in stages), *(st.hop_b for st, _ in stages)]
+    return walk_s(compiled(len(stages), m), durations, hops)
 
 
 def _chunk_shares(st: StageTimes) -> tuple[list[float], list[float], list[float]]:

@@ -1,7 +1,8 @@
 """ZB-V's walk compiled: the order of one (p, m) as index arrays, replayed per layout.
 
-:func:`llmsim.search.pipeline.zb_v_walk_s` replays ZB-V's action order with a layout's
-pass times: each pass starts when its stage is free and its input has arrived. Which
+The search replays ZB-V's action order with a layout's pass times
+(:func:`llmsim.search.pipeline.zb_v_walk_s`): each pass starts when its stage is free and
+its input has arrived. Which
 pass waits for which does not depend on the times, only on (p, m), so :func:`compiled`
 works it out once — per pass its stage, its duration's column, the pass it waits for
 and the hop that input takes — and :func:`walk_s` replays it with a layout's times in
@@ -9,10 +10,10 @@ a tight loop (O(passes) float operations, no dictionaries or tuples), or, on dee
 pipelines, level by level with numpy: passes whose inputs are all in (one per stage at
 most) are computed together, about 6·m levels instead of 6·p·m passes.
 
-The replay does the same float operations in the same order as
-:func:`~llmsim.search.pipeline.zb_v_walk_s` (an arrival is ``end + hop``, a start the
-larger of it and the stage's free time, an end ``start + duration``), so the two are
-equal (``tests/test_search_fast.py`` checks it).
+The replay does the same float operations in the same order as a straightforward walk
+of the order, pass by pass (an arrival is ``end + hop``, a start the larger of it and the
+stage's free time, an end ``start + duration``), so the two are equal
+(``tests/test_search_fast.py`` keeps that walk as its reference and checks it).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def compiled(p: int, m: int) -> CompiledWalk:
 
 
 def _compile(p: int, m: int) -> CompiledWalk:
-    """Walk ZB-V's order as :func:`~llmsim.search.pipeline.zb_v_walk_s` does, recording
-    for each pass what it waits for instead of when it runs."""
+    """Walk ZB-V's order once, recording for each pass what it waits for instead of when
+    it runs."""
     order = schedule_order("zb-v", p, m, 2)
     hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
     index = {hop: k for k, hop in enumerate(hops)}
