@@ -9,6 +9,7 @@ checked against the rows' source's own sweep (docs/validation.md §8).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -125,15 +126,17 @@ def test_every_other_catalog_accelerator_keeps_tiled_batched_gemms():
 
 # --- one process per node (48 threads over 4 CMGs) against one per CMG (12 threads) ---
 
-SWEEP_124M_S = {"fugaku": 1489.7, "fugaku-cmg": 721.7}
+SWEEP_124M_S = {"fugaku": 1489.7, "fugaku-cmg": 721.7, "fugaku, tcmalloc": 976.2}
 """Seconds per iteration of a 124M GPT on one Fugaku node, PyTorch 1.7, 2.0 GHz, glibc
 malloc (no LD_PRELOAD), global batch 1,024 of 1,024 tokens, micro-batch 1: one process of
-48 threads (DP 1) against four of 12, one per CMG (``max-proc-per-node=4``, DP 4).
+48 threads (DP 1) against four of 12, one per CMG (``max-proc-per-node=4``, DP 4), and
+the one process with tcmalloc preloaded (``LD_PRELOAD=libtcmalloc.so``), all else alike.
 Fugaku-LLM/DeepSpeedFugaku ``experiments/124m_13b_benchmarking/fugaku_sweep.md`` (table
-"124M model, Sequence Length=1024, PyTorch 1.7", rows 1 and 6; in the repository's history
+"124M model, Sequence Length=1024, PyTorch 1.7", rows 1, 6 and 4; in the repository's history
 before commit bb88177, which removed ``experiments/``)."""
 
 
+@functools.cache
 def sweep_124m_step_s(system: str) -> float:
     """llmsim's step of the 124M sweep run on ``system``: FUGAKU-DEV-6's scenario (the same
     source, software and choices) with the 124M model (12 layers, hidden 768, 12 heads, the
@@ -194,3 +197,22 @@ def test_the_sweep_ratio_of_a_process_per_node_to_one_per_cmg_is_reproduced():
     measured = SWEEP_124M_S["fugaku"] / SWEEP_124M_S["fugaku-cmg"]
     predicted = sweep_124m_step_s("fugaku") / sweep_124m_step_s("fugaku-cmg")
     assert predicted == pytest.approx(measured, rel=0.2)
+
+
+def test_one_process_per_node_is_priced_as_it_runs_with_an_allocator_that_keeps_its_pages():
+    """llmsim prices no allocator: its memory is there when a kernel runs, as with tcmalloc,
+    which keeps freed pages for reuse. Glibc's malloc hands blocks of 32 MiB and more
+    back with munmap, so each step faults them in again; priced with the A64FX's peak
+    write throughput (128 GB/s per MAC) the zeroing is below 1 % of the step, and the
+    fault path itself has no sourced rate (docs/validation.md §8). With tcmalloc the
+    source's one-process node is within 20 % of llmsim's; with glibc it is not."""
+    per_node = sweep_124m_step_s("fugaku")
+    assert per_node == pytest.approx(SWEEP_124M_S["fugaku, tcmalloc"], rel=0.2)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "llmsim gives the 124M node 816.5 s a step; with glibc malloc it took 1,489.7 s (-45 %), "
+    "with tcmalloc 976.2 s: glibc's page faults in a 48-thread process are not priced "
+    "(no sourced fault rate for A64FX; docs/validation.md section 8)"))
+def test_one_process_per_node_with_glibc_malloc_is_reproduced():
+    assert sweep_124m_step_s("fugaku") == pytest.approx(SWEEP_124M_S["fugaku"], rel=0.2)
