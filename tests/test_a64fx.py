@@ -203,3 +203,48 @@ def test_one_process_per_node_with_glibc_malloc_is_reproduced():
     for row in ("FUGAKU-DEV-9", "FUGAKU-DEV-10"):
         measured, model = predicted(row)
         assert model == pytest.approx(measured, rel=0.2), row
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    import sys
+
+    from llmsim.cli import main
+
+    old, sys.argv = sys.argv, ["llmsim", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        sys.argv = old
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _cmg_node_file(tmp_path: Any, precision: str) -> str:
+    import yaml
+
+    path = tmp_path / "cmg.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "one-fugaku-node-per-cmg", "system": "fugaku-cmg", "nodes": 1,
+        "model": {"name": "t", "layers": 4, "hidden": 768, "heads": 12, "ffn_hidden": 3072,
+                  "vocab": 50304},
+        "parallelism": {"tp": 1, "pp": 1, "dp": 4},
+        "training": {"global_batch": 8, "seq_len": 1024, "precision": precision,
+                     "attention_kernel": "unfused", "tokens": 1e9},
+    }))
+    return str(path)
+
+
+def test_llmsim_run_places_one_rank_per_cmg(tmp_path, capsys):
+    code, out, err = _cli(["run", _cmg_node_file(tmp_path, "fp32")], capsys)
+    assert code == 0, err
+    assert "on 4 × a64fx-cmg (1 nodes of fugaku-cmg)" in out
+    assert "all 4 ranks on one node" in out  # the data-parallel group is the node's CMGs
+
+
+def test_a_cmg_has_no_bf16_and_says_so(tmp_path, capsys):
+    code, out, err = _cli(["run", _cmg_node_file(tmp_path, "bf16")], capsys)
+    assert code == 2
+    assert "bf16" in err and "fp32" in err and "Traceback" not in err + out
