@@ -111,8 +111,9 @@ class Accelerator(Spec):
     """Human-readable name."""
     vendor: str = ""
     """Manufacturer."""
-    device_unit: Literal["package", "gcd", "stack", "chip"] = "package"
-    """What one device is: a whole package, one GCD of a multi-die package, one stack, a chip."""
+    device_unit: Literal["package", "gcd", "stack", "chip", "numa_domain"] = "package"
+    """What one device is: a whole package, one GCD of a multi-die package, one stack, a chip,
+    or one NUMA domain of a chip (an A64FX CMG, when a process runs on each)."""
     dense_tflops: DenseTflops
     """Dense peak per data type, TFLOP/s."""
     hbm_gb: PositiveFloat
