@@ -16,6 +16,11 @@ the timed blocks is kept. Row-major A and B are timed: a framework's weight-grad
 GEMM reads a transposed operand, which cuBLAS may run a few percent differently.
 Batched GEMMs (``batch`` > 1) are skipped: llmsim looks them up by volume.
 ``--device cpu`` runs the same loop on the CPU, to try the script where there is no GPU.
+FP8 GEMMs accumulate in split mode by default (``use_fast_accum=False``: partial sums
+promoted to FP32, Transformer Engine's setting for the input- and weight-gradient GEMMs,
+``_2X_ACC_DGRAD`` and ``_2X_ACC_WGRAD``); ``--fp8-fast-accum`` times them with cuBLAS's fast
+accumulation, TE's setting for the forward GEMMs (``_2X_ACC_FPROP = False``, passed to
+``CUBLASLT_MATMUL_DESC_FAST_ACCUM``).
 """
 
 from __future__ import annotations
@@ -55,8 +60,10 @@ def write_table(path: Path, comment: str,
         writer.writerows([m, n, k, d, f"{tf:.5g}", f"{us:.5g}"] for m, n, k, d, tf, us in results)
 
 
-def operands(torch, m: int, n: int, k: int, dtype: str, device: str):
-    """A function that runs the GEMM once, or None where this device cannot run it."""
+def operands(torch, m: int, n: int, k: int, dtype: str, device: str,
+             fp8_fast_accum: bool = False):
+    """A function that runs the GEMM once, or None where this device cannot run it; FP8
+    with cuBLAS's fast accumulation if ``fp8_fast_accum``."""
     torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
     if dtype == "fp8":
         if device == "cpu" or not hasattr(torch, "_scaled_mm"):
@@ -67,7 +74,8 @@ def operands(torch, m: int, n: int, k: int, dtype: str, device: str):
         b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major B
         one = torch.ones((), device=device)
         return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one,
-                                        out_dtype=torch.bfloat16)
+                                        out_dtype=torch.bfloat16,
+                                        use_fast_accum=fp8_fast_accum)
     torch_dtype = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32,
                    "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     a = torch.randn(m, k, device=device, dtype=torch_dtype)
@@ -104,6 +112,9 @@ def main() -> int:
                         help="Timed run per shape, seconds (default 1).")
     parser.add_argument("--max-shapes", type=int, default=None,
                         help="Only the first N rows (the largest FLOP shares come first).")
+    parser.add_argument("--fp8-fast-accum", action="store_true",
+                        help="FP8 with cuBLAS's fast accumulation (Transformer Engine's forward "
+                             "GEMMs); default: split accumulation (its gradient GEMMs).")
     args = parser.parse_args()
     try:
         import torch
@@ -121,7 +132,7 @@ def main() -> int:
         if int(row.get("batch") or 1) > 1:
             print(f"{m}x{n}x{k} {dtype}: batched, skipped (llmsim looks it up by volume)")
             continue
-        gemm = operands(torch, m, n, k, dtype, args.device)
+        gemm = operands(torch, m, n, k, dtype, args.device, args.fp8_fast_accum)
         if gemm is None:
             print(f"{m}x{n}x{k} {dtype}: this device cannot run {dtype} GEMMs, skipped")
             continue
@@ -130,7 +141,8 @@ def main() -> int:
         print(f"{m}x{n}x{k} {dtype}: {t * 1e6:.1f} us, {tflops:.4g} TFLOP/s")
         results.append((m, n, k, dtype, tflops, t * 1e6))
     write_table(args.out, f"{where}, PyTorch {torch.__version__}, CUDA {torch.version.cuda}; "
-                f"benchmarks/time_gemms.py, {args.seconds} s per shape", results)
+                f"benchmarks/time_gemms.py, {args.seconds} s per shape; FP8 "
+                f"use_fast_accum={args.fp8_fast_accum}", results)
     print(f"wrote {args.out} ({len(results)} shapes); next: llmsim calibrate gemm {args.out}")
     return 0
 

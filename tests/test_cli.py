@@ -390,6 +390,38 @@ def test_time_gemms_reads_the_shapes_and_writes_what_calibrate_gemm_reads(tmp_pa
     assert {p.tflops for p in points} == {123.46}
 
 
+def test_time_gemms_passes_the_fp8_accumulation_mode():
+    """``--fp8-fast-accum`` reaches ``torch._scaled_mm`` as ``use_fast_accum`` (Transformer
+    Engine's forward GEMMs), off by default (its gradient GEMMs); a stand-in for torch
+    records the call, so no GPU is needed."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    script = Path(__file__).parents[1] / "benchmarks" / "time_gemms.py"
+    spec = importlib.util.spec_from_file_location("time_gemms", script)
+    time_gemms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(time_gemms)
+    calls = []
+
+    class Tensor:
+        def to(self, _dtype):
+            return self
+
+        def t(self):
+            return self
+
+    fake = SimpleNamespace(
+        backends=SimpleNamespace(cuda=SimpleNamespace(matmul=SimpleNamespace())),
+        _scaled_mm=lambda *a, **kw: calls.append(kw["use_fast_accum"]),
+        cuda=SimpleNamespace(get_device_capability=lambda: (9, 0)),
+        randn=lambda *a, **kw: Tensor(), ones=lambda *a, **kw: Tensor(),
+        float8_e4m3fn="e4m3", bfloat16="bf16")
+    for fast in (False, True):
+        time_gemms.operands(fake, 16, 16, 16, "fp8", "cuda", fp8_fast_accum=fast)()
+    time_gemms.operands(fake, 16, 16, 16, "fp8", "cuda")()
+    assert calls == [False, True, False]
+
+
 def test_starting_loads_no_table_or_plotting_library():
     """``import llmsim`` and the command line load pandas and matplotlib only when a
     command uses them (their import is most of a start's fixed cost)."""

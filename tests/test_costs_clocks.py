@@ -43,8 +43,8 @@ def gemm_tflops(accelerator: Accelerator, dtype: str, power_limit_w: float | Non
 
 def unclocked(accelerator: Accelerator) -> Accelerator:
     """The accelerator at the catalog's rates with no clock model: its shapes timed on the
-    board (``gemm.measured_tflops``) at the rate they would have at the clock of those
-    rates (``rates_at_mhz``)."""
+    board (``gemm.measured_tflops``) and its misaligned-GEMM rate (``gemm.unaligned_tflops``)
+    at the rate they would have at the clock of those rates (``rates_at_mhz``)."""
     clocks = accelerator.clocks
     assert clocks is not None
     measured = {
@@ -53,7 +53,12 @@ def unclocked(accelerator: Accelerator) -> Accelerator:
                 for m, n, k, tflops in points]
         for dtype, points in accelerator.gemm.measured_tflops.items()
         for kind in ["gemm_fp8" if dtype == "fp8" else "gemm"]}
-    gemm = accelerator.gemm.model_copy(update={"measured_tflops": measured})
+    unaligned = {dtype: tflops * clocks.rates_at_mhz[kind]
+                 / sustained_mhz(clocks, kind, clocks.power_limit_w)
+                 for dtype, tflops in accelerator.gemm.unaligned_tflops.items()
+                 for kind in ["gemm_fp8" if dtype == "fp8" else "gemm"]}
+    gemm = accelerator.gemm.model_copy(update={"measured_tflops": measured,
+                                               "unaligned_tflops": unaligned})
     return accelerator.model_copy(update={"clocks": None, "gemm": gemm})
 
 
@@ -104,6 +109,9 @@ def test_raised_limit_gives_the_catalog_rates_exactly() -> None:
     for dtype in ("bf16", "fp8"):
         assert gemm_tflops(H100, dtype, power_limit_w=1e5) == gemm_tflops(unclocked(H100), dtype)
     assert slowdowns(H100.clocks, 1e5) == {"gemm": 1.0, "gemm_fp8": 1.0}
+    odd = ComputeOp("g", "gemm", "F", 2.0 * N * 6283 * N, 0.0, mnk=(N, 6283, N))  # misaligned
+    assert (ComputeModel(H100, "bf16", power_limit_w=1e5).compute_s(odd)
+            == ComputeModel(unclocked(H100), "bf16").compute_s(odd))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp8"])

@@ -404,3 +404,83 @@ def test_more_units_held_never_run_a_gemm_faster(m: int, n: int, k: int, held: i
     op = gemm_op(m, n, k)
     fewer = model.compute_s(replace(op, reserved_units=held))
     assert model.compute_s(replace(op, reserved_units=min(held + more, UNITS - 1))) >= fewer
+
+
+# --- GEMMs off the library's alignment (gemm.unaligned_tflops) ----------------------------
+
+def _h100() -> Accelerator:
+    from llmsim.loader import load_spec
+
+    return load_spec("accelerators", "h100-sxm5-80gb")
+
+
+def _measured_unaligned_bf16() -> list[tuple[int, int, int, float]]:
+    """The BF16 shapes of the H100 board's table with a dimension not a multiple of 8:
+    (M, N, K, measured seconds)."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "gemm_h100_sxm5_2026_11.csv"
+    with path.open() as f:
+        rows = csv.DictReader(line for line in f if not line.startswith("#"))
+        return [(int(r["m"]), int(r["n"]), int(r["k"]), float(r["time_us"]) * 1e-6)
+                for r in rows
+                if r["dtype"] == "bf16" and any(int(r[d]) % 8 for d in "mnk")]
+
+
+def test_misaligned_gemms_take_the_board_measured_rate() -> None:
+    """The 12 misaligned BF16 shapes timed on the H100 (an unpadded 50,257-word vocabulary
+    split 4 and 8 ways): together priced within 1 % of their measured time at the board's
+    power limit (the catalog's rate is their harmonic mean), each within 10 %."""
+    shapes = _measured_unaligned_bf16()
+    assert len(shapes) == 12
+    model = ComputeModel(_h100(), "bf16")
+    priced = [model.compute_s(ComputeOp("g", "gemm", "F", 2.0 * m * n * k, 0.0, mnk=(m, n, k)))
+              for m, n, k, _ in shapes]
+    measured = [s for *_, s in shapes]
+    assert sum(priced) == pytest.approx(sum(measured), rel=0.01)
+    for p, s in zip(priced, measured, strict=True):
+        assert p == pytest.approx(s, rel=0.10)
+
+
+def test_aligned_neighbours_keep_the_tile_model() -> None:
+    """Padding the columns to a multiple of 8 (6,283 → 6,288) brings the GEMM back to the
+    tile model, more than 4× faster; an accelerator without ``unaligned_tflops`` prices the
+    misaligned shape like its aligned neighbour."""
+    h100 = _h100()
+    model = ComputeModel(h100, "bf16")
+
+    def seconds(n: int, m: ComputeModel = model) -> float:
+        return m.compute_s(ComputeOp("g", "gemm", "F", 2.0 * 2048 * n * 12288, 0.0,
+                                     mnk=(2048, n, 12288)))
+
+    assert seconds(6283) > 4 * seconds(6288)
+    plain = h100.model_copy(update={"gemm": h100.gemm.model_copy(update={"unaligned_tflops": {}})})
+    without = ComputeModel(plain, "bf16")
+    assert seconds(6283, without) == pytest.approx(seconds(6288, without), rel=0.01)
+
+
+def test_misaligned_rate_follows_the_clock_like_timed_shapes() -> None:
+    """Under a power limit above every draw the misaligned rate rises by the same clock
+    ratio as a shape timed on the board (``gemm.measured_tflops``): both were timed at the
+    sustained GEMM clock."""
+    from llmsim.costs.clocks import sustained_mhz
+
+    h100 = _h100()
+    clocks = h100.clocks
+    assert clocks is not None
+    op = ComputeOp("g", "gemm", "F", 2.0 * 2048 * 6283 * 12288, 0.0, mnk=(2048, 6283, 12288))
+    at_limit = ComputeModel(h100, "bf16").math_s(op)
+    raised = ComputeModel(h100, "bf16", power_limit_w=1e5).math_s(op)
+    assert at_limit / raised == pytest.approx(
+        clocks.rates_at_mhz["gemm"] / sustained_mhz(clocks, "gemm", clocks.power_limit_w),
+        rel=1e-12)
+
+
+@given(m=st.integers(1, 4096), n=st.integers(1, 4096), k=st.integers(1, 4096),
+       dtype=st.sampled_from(["bf16", "fp16", "fp8", "fp32"]))
+def test_alignment_is_16_bytes_of_elements(m: int, n: int, k: int, dtype: str) -> None:
+    from llmsim.costs.gemm_tables import is_aligned
+
+    elements = {"bf16": 8, "fp16": 8, "fp8": 16, "fp32": 4}[dtype]
+    assert is_aligned(m, n, k, dtype, 16) == all(d % elements == 0 for d in (m, n, k))  # type: ignore[arg-type]

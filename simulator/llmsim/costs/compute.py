@@ -27,7 +27,8 @@ comm-GEMM overlap, see :func:`gemm_math_s`).
 A measured GEMM table (:class:`llmsim.calibration.Calibration`) replaces η_gemm by the
 achieved TFLOP/s interpolated among the measured shapes (:class:`GemmTable`); without
 one, a shape the catalog timed on the board (``gemm.measured_tflops``) takes its measured
-rate (:func:`measured_shape_rates`).
+rate (:func:`measured_shape_rates`), and a GEMM with a dimension off the library's 16-byte
+alignment (an unpadded vocabulary) the rate measured for such GEMMs (``gemm.unaligned_tflops``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import numpy as np
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
-from llmsim.costs.gemm_tables import measured_shape_rates
+from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
 
@@ -247,6 +248,9 @@ class ComputeModel:
         self.measured_shapes = measured_shape_rates(accelerator)
         """FLOP/s of the catalog's GEMMs timed by shape (``gemm.measured_tflops``), at the
         clock the catalog's rates are given at; keyed by (dtype, M, N, K)."""
+        self.unaligned_rates = unaligned_rates(accelerator)
+        """FLOP/s of a GEMM off the library's alignment, by dtype, at the clock the catalog's
+        rates are given at (``gemm.unaligned_tflops``)."""
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
             "gemm": self.gemm_math_s,
@@ -295,7 +299,9 @@ class ComputeModel:
 
     def gemm_math_s(self, op: ComputeOp) -> float:
         """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput (a calibration
-        table, else the catalog's own measured shape, :func:`measured_shape_rates`).
+        table, else the catalog's own measured shape, :func:`measured_shape_rates`); a GEMM
+        with a dimension off the library's alignment at the catalog's measured rate for
+        such GEMMs where it has one (``gemm.unaligned_tflops``).
 
         A GEMM in ``splits`` chunks is priced as that many GEMMs of ⌈M/splits⌉ rows, up to
         ``concurrent_splits`` of them at once, on the compute units its neighbours'
@@ -321,6 +327,10 @@ class ComputeModel:
         if measured is not None:
             units = gemm.compute_units
             return op.executed_flops / measured * units / (units - op.reserved_units)
+        unaligned = self.unaligned_rates.get(dtype)
+        if unaligned is not None and not is_aligned(rows, n, k, dtype, gemm.alignment_bytes):
+            units = gemm.compute_units
+            return op.executed_flops / unaligned * units / (units - op.reserved_units)
         if gemm.batched == "one_matrix_per_unit" and op.batch > 1:
             return op.splits * op.executed_fraction * one_matrix_per_unit_s(
                 rows, n, k, op.batch, gemm, peak, dtype, op.reserved_units)

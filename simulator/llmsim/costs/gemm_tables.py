@@ -69,11 +69,38 @@ def measured_shape_rates(accelerator: Accelerator) -> dict[tuple[str, int, int, 
     """
     rates: dict[tuple[str, int, int, int], float] = {}
     for dtype, points in accelerator.gemm.measured_tflops.items():
-        kind = compute_kind("gemm", dtype)
-        clocks = accelerator.clocks
-        scale = 1.0
-        if clocks is not None and kind in clocks.measured and kind in clocks.rates_at_mhz:
-            scale = clocks.rates_at_mhz[kind] / sustained_mhz(clocks, kind, clocks.power_limit_w)
+        scale = _to_rates_clock(accelerator, dtype)
         for m, n, k, tflops in points:
             rates[(dtype, m, n, k)] = tflops * 1e12 * scale
     return rates
+
+
+def unaligned_rates(accelerator: Accelerator) -> dict[str, float]:
+    """FLOP/s, by dtype, of a GEMM with a dimension off the library's alignment
+    (``gemm.unaligned_tflops``), at the clock of the catalog's rates, scaled as
+    :func:`measured_shape_rates` scales a timed shape."""
+    return {dtype: tflops * 1e12 * _to_rates_clock(accelerator, dtype)
+            for dtype, tflops in accelerator.gemm.unaligned_tflops.items()}
+
+
+def is_aligned(m: int, n: int, k: int, dtype: Dtype, alignment_bytes: int) -> bool:
+    """Whether M, N and K are all multiples of ``alignment_bytes`` worth of ``dtype``
+    elements (1 byte for FP8, 2 for 16-bit types, 4 for FP32 and TF32, 8 for FP64)."""
+    elements = max(1, alignment_bytes // _ELEMENT_BYTES[dtype])
+    return m % elements == 0 and n % elements == 0 and k % elements == 0
+
+
+_ELEMENT_BYTES: dict[str, int] = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2,
+                                  "fp8": 1}
+"""Bytes of one GEMM input element by dtype."""
+
+
+def _to_rates_clock(accelerator: Accelerator, dtype: Dtype) -> float:
+    """Factor from a rate measured at the board's sustained clock of the dtype's GEMM kind
+    (``clocks.measured``) to the clock of the catalog's rates (``clocks.rates_at_mhz``);
+    1 without both clocks."""
+    kind = compute_kind("gemm", dtype)
+    clocks = accelerator.clocks
+    if clocks is None or kind not in clocks.measured or kind not in clocks.rates_at_mhz:
+        return 1.0
+    return clocks.rates_at_mhz[kind] / sustained_mhz(clocks, kind, clocks.power_limit_w)

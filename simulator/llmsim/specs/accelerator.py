@@ -92,6 +92,16 @@ class GemmModel(Spec):
     clock of the accelerator's ``clocks.measured`` point for its kind (at the board's power
     limit). A GEMM of one of these shapes runs at its measured rate instead of the model's
     (:class:`llmsim.costs.compute.ComputeModel`); every other shape keeps the model."""
+    unaligned_tflops: dict[Dtype, PositiveFloat] = Field(default_factory=dict)
+    """Achieved TFLOP/s, by dtype, of a GEMM one of whose M, N, K is not a multiple of
+    ``alignment_bytes`` worth of elements (an unpadded vocabulary split over tensor ranks:
+    50,257 / 8 = 6,283 columns), measured on the board at the sustained clock of its kind
+    as ``measured_tflops`` are: the library cannot use its vectorised (TMA) kernels and
+    falls back to slower ones. A dtype not given prices such a GEMM like any other."""
+    alignment_bytes: PositiveInt = 16
+    """Leading-dimension alignment, bytes, that the library's fast GEMM kernels need
+    (cuBLAS: 16 bytes, NVIDIA's Matrix Multiplication Background guide, "Tensor Core
+    Requirements"): 8 BF16 elements, 16 FP8 ones."""
 
     def tiles(self) -> list[tuple[int, int]]:
         """Every output tile (rows, columns) the library runs, the main one first."""
