@@ -1,11 +1,14 @@
-"""Measured collectives on LUMI (MI250X, Slingshot-11) against llmsim's topology model.
+"""Measured collectives on LUMI and Frontier (MI250X, Slingshot-11) against llmsim's
+topology model.
 
 ``workloads/validation/collectives.csv`` holds collectives timed inside training runs on
 LUMI-G: the DeepSpeed comms logger (``prof_all``) of the 175B strong-scaling logs in
 spyysalo/lumi-llm-scaling (June 2023; the same runs as the LUMI23 validation rows) timed
 every collective of rank 0. It also holds microbenchmark references (``LUMI-RF-*``): the
 rccl-tests bandwidth the LUMI team's ReFrame checks hold LUMI-G to, with no spread given
-(their ``p10_ms`` is empty). Each point is a group shape on the machine (ranks, nodes, how
+(their ``p10_ms`` is empty), and RCCL all-gathers and reduce-scatters of 1 GiB timed on
+8-1,024 GCDs of Frontier by the PCCL authors (``FRONTIER-PCCL-*``, axonn-ai/sc2025-pccl-reproducer,
+mean of 20 calls). Each point is a group shape on the machine (ranks, nodes, how
 many groups of the axis share a node's NICs) and a message; llmsim prices the same
 collective on a plan of that shape. The tolerance of each point is in the file (25 %).
 
@@ -13,8 +16,11 @@ Points where llmsim is off by more than that are expected failures, each with th
 and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)"): the 8-GCD
 all-gather inside a node is 2.5x faster than llmsim's ring over one 50 GB/s
 Infinity Fabric link, and the transfers between nodes are 1.7-2.4x slower than 90 % of
-the NICs' line rate. They are strict: a model that comes within the tolerance fails
-them, and the mark is then removed.
+the NICs' line rate. On Frontier, RCCL's 1 GiB all-gather and reduce-scatter run 2.1-2.6x
+faster than llmsim's ring over one 50 GB/s link on 8-256 GCDs (RCCL's rings use several
+of a GCD's Infinity Fabric links at once), and RCCL itself slows down 2-6x from 512 GCDs on,
+where the two errors cancel (AG0512, RS1024 pass). They are strict: a model that comes
+within the tolerance fails them, and the mark is then removed.
 """
 
 from __future__ import annotations
@@ -75,6 +81,19 @@ KNOWN_GAPS = {
     "LUMI23-C-DPAG16": "dp all-gather, 8 groups per node: llmsim 117 ms, measured 271",
     "LUMI23-C-DPAG32": "dp all-gather, 8 groups per node: llmsim 121 ms, measured 280",
     "LUMI-RF-C-AR16": "rccl-tests all-reduce, 16 GCDs on 2 nodes: llmsim 7.26 ms, reference 2.96",
+    "FRONTIER-PCCL-C-AG0008": "1 GiB all-gather, 1 node x 8: llmsim 26.9 ms, measured 10.5",
+    "FRONTIER-PCCL-C-AG0016": "1 GiB all-gather, 2 nodes x 8: llmsim 28.8 ms, measured 14.0",
+    "FRONTIER-PCCL-C-AG0064": "1 GiB all-gather, 8 nodes x 8: llmsim 30.3 ms, measured 14.5",
+    "FRONTIER-PCCL-C-AG0128": "1 GiB all-gather, 16 nodes x 8: llmsim 30.7 ms, measured 14.9",
+    "FRONTIER-PCCL-C-AG0256": "1 GiB all-gather, 32 nodes x 8: llmsim 31.1 ms, measured 14.9",
+    "FRONTIER-PCCL-C-AG1024": "1 GiB all-gather, 128 nodes x 8: llmsim 33.0 ms, measured 93.2",
+    "FRONTIER-PCCL-C-RS0008": "1 GiB reduce-scatter, 1 node x 8: llmsim 26.9 ms, measured 12.4",
+    "FRONTIER-PCCL-C-RS0016": "1 GiB reduce-scatter, 2 nodes x 8: llmsim 28.8 ms, measured 12.9",
+    "FRONTIER-PCCL-C-RS0032": "1 GiB reduce-scatter, 4 nodes x 8: llmsim 29.8 ms, measured 13.1",
+    "FRONTIER-PCCL-C-RS0064": "1 GiB reduce-scatter, 8 nodes x 8: llmsim 30.3 ms, measured 13.4",
+    "FRONTIER-PCCL-C-RS0128": "1 GiB reduce-scatter, 16 nodes x 8: llmsim 30.7 ms, measured 13.8",
+    "FRONTIER-PCCL-C-RS0256": "1 GiB reduce-scatter, 32 nodes x 8: llmsim 31.1 ms, measured 14.5",
+    "FRONTIER-PCCL-C-RS0512": "1 GiB reduce-scatter, 64 nodes x 8: llmsim 31.8 ms, measured 17.3",
 }
 
 
