@@ -196,6 +196,10 @@ _device_of = itemgetter(0)
 """A record's device."""
 
 
+_PASSES = ("F", "B", "W")
+"""The kinds of a pass's compute record (:meth:`Trace.block_of`)."""
+
+
 def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> StageBreakdown:
     """Split ``step_s`` of one stage's representative device into its parts."""
@@ -203,13 +207,16 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
-    block_of = trace.block_of
-    for r in records:
-        if r.kind == "W" and r.stream == "dp":  # a gradient bucket: in dp's tail below
+    blocks, accumulate_from = trace.blocks, trace.accumulate_from_microbatch
+    for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
+        kind, stream = r.kind, r.stream
+        if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
             continue
-        block = block_of(r)
-        if block is not None:
-            # Record.block_share and Record.slowed_s, inlined: a step has ~10⁵ records.
+        start_s, end_s = r.start_s, r.end_s
+        if stream == "compute" and kind in _PASSES:  # Trace.block_of, inlined
+            block = blocks[(r.stage, r.chunk,
+                            "w" if kind == "W" and r.microbatch < accumulate_from else kind)]
+            # Record.block_share and Record.slowed_s, inlined.
             duration_s = block.duration_s
             share = (1.0 if duration_s <= 0 else
                      (min(r.block_to_s, duration_s) - r.block_from_s) / duration_s)
@@ -219,19 +226,19 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             else:
                 ran[1] += share
             share_s = duration_s * share  # the compute units other kernels held meanwhile:
-            excess = r.end_s - r.start_s - share_s
+            excess = end_s - start_s - share_s
             if excess > 1e-9 * share_s:
                 dp += excess
-        elif r.kind == "D":  # a gradient bucket's kernels before its reduction
-            if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
-                dp += r.end_s - r.start_s
-        elif r.kind == "O":
-            if r.stream == "compute":
-                optimizer += r.end_s - r.start_s
-            elif r.stream == "pp":  # the tied embedding's gradient exchange
-                pp += r.end_s - r.start_s
+        elif kind == "D":  # a gradient bucket's kernels before its reduction
+            if end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
+                dp += end_s - start_s
+        elif kind == "O":
+            if stream == "compute":
+                optimizer += end_s - start_s
+            elif stream == "pp":  # the tied embedding's gradient exchange
+                pp += end_s - start_s
             else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
-                dp += r.end_s - r.start_s
+                dp += end_s - start_s
     for block, share in shares.values():
         compute += block.compute_s * share
         tp += block.tp_s * share

