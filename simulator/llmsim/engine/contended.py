@@ -73,6 +73,21 @@ class _Op:
         self.start_s = 0.0
 
 
+class _PassPrices(dict):
+    """Units held → seconds one pass takes beside them (:meth:`Engine._priced`), each
+    priced when first asked for."""
+
+    __slots__ = ("engine", "key")
+
+    def __init__(self, engine: Engine, stage: int, chunk: int, kind: str) -> None:
+        super().__init__()
+        self.engine, self.key = engine, (stage, chunk, kind)
+
+    def __missing__(self, held: int) -> float:
+        out = self[held] = self.engine._priced(*self.key, held).duration_s
+        return out
+
+
 class _Device:
     """One device's state in the loop: its walk, the units held on it and its pass."""
 
@@ -88,7 +103,7 @@ class _Device:
         self.slowed_s = 0.0
         """Seconds the passes ran longer for the posted operations' units
         (:attr:`Contention.p2p_slowed_s`)."""
-        self.price: Callable[[int], float] = float
+        self.price: dict[int, float] = {}
         self.alone_s = 0.0
         self.marks: list[tuple[float, str, float]] = []
         self.next_mark = 0
@@ -124,8 +139,12 @@ class _Contended(_Replay):
         """Message → its send, at the head of its stream, waiting for the receive."""
         self.receiving: dict[MessageKey, _Op] = {}
         """Message → its posted receive, holding units until it is in."""
-        self.prices: dict[tuple[int, int, str, int], float] = {}
+        self.prices: dict[tuple[int, int, str], _PassPrices] = {}
+        self.peers: dict[tuple[int, int], tuple[float, int]] = {}
+        """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
+        self.changed: list[_Device] = []
+        """Devices whose pass's segment a change of units held ended at this instant."""
 
     def at(self, time_s: float, call: Callable, arg: object, generation: int = 0) -> None:
         self.seq += 1
@@ -135,19 +154,18 @@ class _Contended(_Replay):
 
     def hold(self, ds: _Device, collective: int, posted: int) -> None:
         """Take (positive) or give back units on ``ds`` now: the segment under way ends
-        here and the pass goes on at the new rate (:meth:`Contention.hold`)."""
+        here, and the pass goes on at the rate of the units held once this instant's
+        work is done (:meth:`run`; SimPy's pass resumes once, after the change event,
+        :meth:`Contention.hold`)."""
         if not collective and not posted:
             return
         if ds.active:
             elapsed = self.now - ds.segment_s
             ds.done = ds.done + elapsed / ds.rate_s
             self._slowed(ds, elapsed)
-            ds.collective += collective
-            ds.posted += posted
-            self.advance(ds)
-        else:
-            ds.collective += collective
-            ds.posted += posted
+            self.changed.append(ds)
+        ds.collective += collective
+        ds.posted += posted
 
     def _slowed(self, ds: _Device, elapsed: float) -> None:
         """Count a segment's excess time to the posted operations' share of the units."""
@@ -170,7 +188,7 @@ class _Contended(_Replay):
             return
         target = ds.target = marks[ds.next_mark][0] if ds.next_mark < len(marks) else 1.0
         held = ds.held = (ds.collective, ds.posted)
-        rate_s = ds.rate_s = ds.price(held[0] + held[1])
+        rate_s = ds.rate_s = ds.price[held[0] + held[1]]
         ds.segment_s, ds.active = self.now, True
         ds.generation += 1
         self.at(self.now + (target - done) * rate_s, self.segment_end, ds, ds.generation)
@@ -182,22 +200,22 @@ class _Contended(_Replay):
         self._slowed(ds, self.now - ds.segment_s)
         self.advance(ds)
 
-    def start_pass(self, ds: _Device, price: Callable[[int], float],
+    def start_pass(self, ds: _Device, price: _PassPrices,
                    marks: list[tuple[float, str, float]]) -> None:
-        ds.price, ds.alone_s, ds.marks, ds.next_mark, ds.done = price, price(0), marks, 0, 0.0
+        ds.price, ds.alone_s, ds.marks, ds.next_mark, ds.done = price, price[0], marks, 0, 0.0
         self.advance(ds)
 
-    def price_of(self, stage: int, chunk: int, kind: str) -> Callable[[int], float]:
-        """Seconds a pass takes with a number of units held (:meth:`Engine._price`)."""
-        prices, engine = self.prices, self.engine
-
-        def price(held: int) -> float:
-            key = (stage, chunk, kind, held)
-            out = prices.get(key)
-            if out is None:
-                out = prices[key] = engine._priced(stage, chunk, kind, held).duration_s
-            return out
-        return price
+    def peer(self, dev: Device, stage: int) -> tuple[float, int]:
+        """A send's seconds from ``dev`` to its pipeline's ``stage`` and the units a posted
+        operation with that peer holds (:meth:`PipelineMessages._send_s`, ``p2p_units``)."""
+        key = (dev.id, stage)
+        known = self.peers.get(key)
+        if known is None:
+            engine = self.engine
+            within = engine._within_node(dev, stage)
+            known = self.peers[key] = (engine._send_s(dev.stage, stage, within),
+                                       engine.p2p_units[within])
+        return known
 
     # --- the dp stream --------------------------------------------------------------
 
@@ -309,12 +327,10 @@ class _Contended(_Replay):
 
     def send(self, ds: _Device, key: MessageKey, mb: int, chunk: int, to_stage: int) -> None:
         """Send message ``key`` to ``to_stage`` now (:meth:`PipelineMessages._post_send`)."""
-        engine, dev = self.engine, ds.dev
-        within = engine._within_node(dev, to_stage)
-        send_s = engine._send_s(dev.stage, to_stage, within)
-        if engine.rendezvous:
-            self.post(ds, to_stage, _Op(ds, key, engine.p2p_units[within], send_s, mb, chunk,
-                                        to_stage))
+        dev = ds.dev
+        send_s, units = self.peer(dev, to_stage)
+        if self.engine.rendezvous:
+            self.post(ds, to_stage, _Op(ds, key, units, send_s, mb, chunk, to_stage))
             return
         start, end = self.links[dev.id].run(self.now, send_s)
         self.message_start[key] = start
@@ -325,8 +341,8 @@ class _Contended(_Replay):
 
     def receive(self, ds: _Device, key: MessageKey, from_stage: int) -> None:
         """Post the receive of message ``key`` from ``from_stage`` (:meth:`_recv`)."""
-        units = self.engine.p2p_units[self.engine._within_node(ds.dev, from_stage)]
-        self.post(ds, from_stage, _Op(ds, key, units, 0.0, peer=from_stage))
+        self.post(ds, from_stage, _Op(ds, key, self.peer(ds.dev, from_stage)[1], 0.0,
+                                      peer=from_stage))
 
     # --- the walks --------------------------------------------------------------------
 
@@ -347,7 +363,7 @@ class _Contended(_Replay):
         device, stage, pipe = dev.id, dev.stage, dev.pipe
         virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
         records, pp_waits = self.records[device], self.pp_waits
-        prices = {}
+        prices = self.prices
         w_seen = [0] * work.chunks_per_stage
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
         deferred: list[tuple[int, int]] = []
@@ -384,9 +400,9 @@ class _Contended(_Replay):
                                           start, self.now))
                     pp_waits.append((device, start, self.now, start))
             block = block_kind(kind, mb, accumulate_from)
-            price = prices.get((chunk, block))
+            price = prices.get((stage, chunk, block))
             if price is None:
-                price = prices[(chunk, block)] = self.price_of(stage, chunk, block)
+                price = prices[(stage, chunk, block)] = _PassPrices(engine, stage, chunk, block)
             marks = carried.pop((chunk, mb), []) if kind == "W" else []
             if kind == hooked and w_seen[chunk] + 1 == per_chunk:
                 marks += self.bucket_marks(dev, actions, i, carried)
@@ -460,9 +476,13 @@ class _Contended(_Replay):
             ready.append(ds)
         total = max(sum(len(engine.schedule[d.stage]) for d in engine.devices), 1)
         reported = time.monotonic()
+        changed = self.changed
         while True:
-            while ready:
-                self.resume(ready.popleft())
+            while ready or changed:
+                while ready:
+                    self.resume(ready.popleft())
+                while changed:
+                    self.advance(changed.pop())
             if not heap:
                 break
             self.now, _, call, arg, generation = heappop(heap)
