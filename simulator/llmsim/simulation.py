@@ -125,7 +125,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
             "bandwidths, the model's sizes) and correct them"
         )
     reps = _representatives(trace)
-    stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
+    parts = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
+    stages = [breakdown for breakdown, _ in parts]
     memory = (memory_per_stage(scenario.model, par, trn, scenario.dp,
                                scenario.system.node.accelerator)
               if scenario.placement is None else hetero.group_memory(scenario))
@@ -136,7 +137,7 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
         memory=memory,
         step_time_s=step,
         stages=stages,
-        bubble_fraction_per_stage=[_bubble_fraction(trace, reps[s]) for s in range(par.pp)],
+        bubble_fraction_per_stage=[bubble for _, bubble in parts],
         warnings=_warnings(scenario, memory),
     )
 
@@ -201,9 +202,11 @@ _PASSES = ("F", "B", "W")
 
 
 def _stage_breakdown(trace: Trace, stage: int, step_s: float,
-                     rep: _Representative) -> StageBreakdown:
-    """Split ``step_s`` of one stage's representative device into its parts."""
+                     rep: _Representative) -> tuple[StageBreakdown, float]:
+    """Split ``step_s`` of one stage's representative device into its parts; with its
+    bubble fraction (:func:`_bubble_fraction`, from the same walk over its records)."""
     records, waits, dp_waits = rep
+    busy: list[float] = []  # the compute stream's passes and bucket kernels, in order
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
@@ -214,6 +217,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             continue
         start_s, end_s = r.start_s, r.end_s
         if stream == "compute" and kind in _PASSES:  # Trace.block_of, inlined
+            busy.append(end_s - start_s)
             block = blocks[(r.stage, r.chunk,
                             "w" if kind == "W" and r.microbatch < accumulate_from else kind)]
             # Record.block_share and Record.slowed_s, inlined.
@@ -230,6 +234,8 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             if excess > 1e-9 * share_s:
                 dp += excess
         elif kind == "D":  # a gradient bucket's kernels before its reduction
+            if stream == "compute":
+                busy.append(end_s - start_s)
             if end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
                 dp += end_s - start_s
         elif kind == "O":
@@ -250,15 +256,15 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     held_by_pp = min(trace.pp_slowed_s.get(records[0].device, 0.0) if records else 0.0, dp)
     pp, dp = pp + held_by_pp, dp - held_by_pp
     bubble = step_s - compute - tp - a2a - cp - optimizer - dp - pp
-    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a, cp)
+    return (StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a, cp),
+            _bubble_fraction(trace, busy))
 
 
-def _bubble_fraction(trace: Trace, rep: _Representative) -> float:
-    """Idle share of the compute stream of a stage's first device during the pipeline phase."""
+def _bubble_fraction(trace: Trace, busy: list[float]) -> float:
+    """Idle share of the compute stream of a stage's first device during the pipeline
+    phase, ``busy`` the seconds of its passes and gradient buckets' kernels."""
     phase = max(trace.stage_last_compute_s.values())
-    busy = sum(r.end_s - r.start_s for r in rep[0]
-               if r.stream == "compute" and r.kind in "FBWD")
-    return (phase - busy) / phase if phase > 0 else 0.0
+    return (phase - sum(busy)) / phase if phase > 0 else 0.0
 
 
 def _warnings(scenario: Scenario, memory: list) -> list[str]:
