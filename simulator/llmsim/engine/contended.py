@@ -31,12 +31,13 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from heapq import heappop, heappush
+from heapq import heappop
 from typing import TYPE_CHECKING
 
 from llmsim.blocks import block_kind
 from llmsim.engine import uncontended
-from llmsim.engine.devices import Device
+from llmsim.engine.contended_messages import _MESSAGE, _SENT, PostedMessages
+from llmsim.engine.contended_units import DeviceState, Op, PassPrices, UnitHolders
 from llmsim.engine.uncontended import MessageKey, _Replay
 from llmsim.engine.uncontended_gathers import new_record
 from llmsim.trace import Record, Trace
@@ -44,9 +45,9 @@ from llmsim.trace import Record, Trace
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
 
-_PASS, _MESSAGE, _SENT, _AT, _DP = range(5)
-"""What a device's walk yields: run a pass; wait for a message, for its own send's end,
-for a time, for its ``dp`` stream to drain."""
+_PASS, _AT, _DP = 0, 3, 4
+"""What a device's walk yields: run a pass; wait for a message (``_MESSAGE``), for its
+own send's end (``_SENT``), for a time, for its ``dp`` stream to drain."""
 
 
 def applies(engine: Engine) -> bool:
@@ -57,68 +58,7 @@ def applies(engine: Engine) -> bool:
         and engine.hooks_closed_form and not uncontended.simpy_reason(engine, contended=True)
 
 
-class _Op:
-    """A posted send or receive on a pair's stream, or a collective on a ``dp`` stream."""
-
-    __slots__ = ("chunk", "device", "duration_s", "key", "microbatch", "name", "peer",
-                 "start_s", "units")
-
-    def __init__(self, device: _Device, key: MessageKey | None, units: int,
-                 duration_s: float, microbatch: int = -1, chunk: int = -1, peer: int = -1,
-                 name: str = "") -> None:
-        self.device, self.key, self.units, self.duration_s = device, key, units, duration_s
-        self.microbatch, self.chunk, self.peer, self.name = microbatch, chunk, peer, name
-        """A send's micro-batch and chunk (−1: a receive); the peer stage of its pair's
-        stream; a collective's name."""
-        self.start_s = 0.0
-
-
-class _PassPrices(dict):
-    """Units held → seconds one pass takes beside them (:meth:`Engine._priced`), each
-    priced when first asked for."""
-
-    __slots__ = ("engine", "key")
-
-    def __init__(self, engine: Engine, stage: int, chunk: int, kind: str) -> None:
-        super().__init__()
-        self.engine, self.key = engine, (stage, chunk, kind)
-
-    def __missing__(self, held: int) -> float:
-        out = self[held] = self.engine._priced(*self.key, held).duration_s
-        return out
-
-
-class _Device:
-    """One device's state in the loop: its walk, the units held on it and its pass."""
-
-    __slots__ = ("active", "alone_s", "collective", "dev", "done", "dp_queue", "drain_wait",
-                 "generation", "held", "marks", "next_mark", "posted", "price", "rate_s",
-                 "segment_s", "slowed_s", "target", "walk")
-
-    def __init__(self, dev: Device) -> None:
-        self.dev = dev
-        self.walk: Iterator[tuple[int, object]] | None = None
-        self.collective = self.posted = 0
-        """Compute units held by collectives and by posted pipeline operations."""
-        self.slowed_s = 0.0
-        """Seconds the passes ran longer for the posted operations' units
-        (:attr:`Contention.p2p_slowed_s`)."""
-        self.price: dict[int, float] = {}
-        self.alone_s = 0.0
-        self.marks: list[tuple[float, str, float]] = []
-        self.next_mark = 0
-        self.done = self.target = self.rate_s = self.segment_s = 0.0
-        self.held = (0, 0)
-        """(collective, posted) units the segment under way runs beside."""
-        self.active = False
-        """Whether a pass's segment is under way (ending at a scheduled time)."""
-        self.generation = 0
-        """Counts segments: a segment end scheduled before the last change is stale."""
-        self.dp_queue: deque[_Op] = deque()
-        self.drain_wait = False
-
-
-class _Contended(_Replay):
+class _Contended(UnitHolders, PostedMessages, _Replay):
     """The state of one contended-loop replay of ``engine``'s step."""
 
     def __init__(self, engine: Engine) -> None:
@@ -126,227 +66,28 @@ class _Contended(_Replay):
         self.heap: list[tuple[float, int, Callable, object, int]] = []
         self.seq = 0
         self.now = 0.0
-        self.ready: deque[_Device] = deque()  # type: ignore[assignment]
-        self.state = {d.id: _Device(d) for d in engine.devices}
+        self.ready: deque[DeviceState] = deque()  # type: ignore[assignment]
+        self.state = {d.id: DeviceState(d) for d in engine.devices}
         self.arrived: set[MessageKey] = set()
         self.sent: set[MessageKey] = set()
         self.message_start: dict[MessageKey, float] = {}
-        self.waits: dict[tuple[int, MessageKey], _Device] = {}
+        self.waits: dict[tuple[int, MessageKey], DeviceState] = {}
         """(what is awaited, message) → the device waiting for it."""
-        self.pair_streams: dict[tuple[int, int], deque[_Op]] = {}
+        self.pair_streams: dict[tuple[int, int], deque[Op]] = {}
         self.recv_posted: set[MessageKey] = set()
-        self.send_waiting: dict[MessageKey, _Op] = {}
+        self.send_waiting: dict[MessageKey, Op] = {}
         """Message → its send, at the head of its stream, waiting for the receive."""
-        self.receiving: dict[MessageKey, _Op] = {}
+        self.receiving: dict[MessageKey, Op] = {}
         """Message → its posted receive, holding units until it is in."""
-        self.prices: dict[tuple[int, int, str], _PassPrices] = {}
+        self.prices: dict[tuple[int, int, str], PassPrices] = {}
         self.peers: dict[tuple[int, int], tuple[float, int]] = {}
         """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
-        self.changed: list[_Device] = []
+        self.changed: list[DeviceState] = []
         """Devices whose pass's segment a change of units held ended at this instant."""
 
-    def at(self, time_s: float, call: Callable, arg: object, generation: int = 0) -> None:
-        self.seq += 1
-        heappush(self.heap, (time_s, self.seq, call, arg, generation))
 
-    # --- compute units and passes -----------------------------------------------------
-
-    def hold(self, ds: _Device, collective: int, posted: int) -> None:
-        """Take (positive) or give back units on ``ds`` now: the segment under way ends
-        here, and the pass goes on at the rate of the units held once this instant's
-        work is done (:meth:`run`; SimPy's pass resumes once, after the change event,
-        :meth:`Contention.hold`)."""
-        if not collective and not posted:
-            return
-        if ds.active:
-            elapsed = self.now - ds.segment_s
-            ds.done = ds.done + elapsed / ds.rate_s
-            self._slowed(ds, elapsed)
-            self.changed.append(ds)
-        ds.collective += collective
-        ds.posted += posted
-
-    def _slowed(self, ds: _Device, elapsed: float) -> None:
-        """Count a segment's excess time to the posted operations' share of the units."""
-        ds.active = False
-        collective, posted = ds.held
-        if posted and ds.rate_s > ds.alone_s:
-            excess = elapsed * (1.0 - ds.alone_s / ds.rate_s)
-            ds.slowed_s += excess * posted / (collective + posted)
-
-    def advance(self, ds: _Device) -> None:
-        """Fire the marks ``ds``'s pass has reached, then start its next segment, or end
-        the pass and wake the walk (the loop of :meth:`Contention.run`)."""
-        marks, done = ds.marks, ds.done
-        while ds.next_mark < len(marks) and marks[ds.next_mark][0] <= done + 1e-12:
-            _, name, bucket_s = marks[ds.next_mark]
-            ds.next_mark += 1
-            self.launch(ds, name, bucket_s)
-        if done >= 1.0 - 1e-12:
-            self.ready.append(ds)
-            return
-        target = ds.target = marks[ds.next_mark][0] if ds.next_mark < len(marks) else 1.0
-        held = ds.held = (ds.collective, ds.posted)
-        rate_s = ds.rate_s = ds.price[held[0] + held[1]]
-        ds.segment_s, ds.active = self.now, True
-        ds.generation += 1
-        self.at(self.now + (target - done) * rate_s, self.segment_end, ds, ds.generation)
-
-    def segment_end(self, ds: _Device, generation: int) -> None:
-        if generation != ds.generation or not ds.active:
-            return  # the segment was ended by a change of the units held
-        ds.done = ds.target
-        self._slowed(ds, self.now - ds.segment_s)
-        self.advance(ds)
-
-    def start_pass(self, ds: _Device, price: _PassPrices,
-                   marks: list[tuple[float, str, float]]) -> None:
-        ds.price, ds.alone_s, ds.marks, ds.next_mark, ds.done = price, price[0], marks, 0, 0.0
-        self.advance(ds)
-
-    def peer(self, dev: Device, stage: int) -> tuple[float, int]:
-        """A send's seconds from ``dev`` to its pipeline's ``stage`` and the units a posted
-        operation with that peer holds (:meth:`PipelineMessages._send_s`, ``p2p_units``)."""
-        key = (dev.id, stage)
-        known = self.peers.get(key)
-        if known is None:
-            engine = self.engine
-            within = engine._within_node(dev, stage)
-            known = self.peers[key] = (engine._send_s(dev.stage, stage, within),
-                                       engine.p2p_units[within])
-        return known
-
-    # --- the dp stream --------------------------------------------------------------
-
-    def launch(self, ds: _Device, name: str, bucket_s: float) -> None:
-        """Queue a gradient bucket on ``ds``'s ``dp`` stream now: in closed form where
-        collectives hold no units (:class:`BucketRun`), else as one that holds them."""
-        dev = ds.dev
-        if not self.units:
-            stream = self.dp[dev.id]
-            start = self.now if self.now > stream.free_s else stream.free_s
-            stream.free_s = start + bucket_s
-            self.records[dev.id].append(new_record(Record, (
-                dev.id, dev.stage, "dp", name, "W", -1, -1, start, stream.free_s, 0.0,
-                math.inf)))
-            return
-        ds.dp_queue.append(_Op(ds, None, self.units, bucket_s, name=name))
-        if len(ds.dp_queue) == 1:
-            self.collective_start(ds)
-
-    def queue_chunk(self, ds: _Device, chunk: int) -> None:
-        """Queue every gradient bucket of ``chunk`` now (:meth:`GradientTraffic._queue_all`)."""
-        if not self.units:
-            self.queue_buckets(ds.dev, self.now, ds.dev.stage, chunk)
-            return
-        for name, bucket_s in zip(*self.bucket_list(ds.dev.stage, chunk), strict=True):
-            self.launch(ds, name, bucket_s)
-
-    def collective_start(self, ds: _Device) -> None:
-        op = ds.dp_queue[0]
-        op.start_s = self.now
-        self.hold(ds, op.units, 0)
-        self.at(self.now + op.duration_s, self.collective_end, ds)
-
-    def collective_end(self, ds: _Device, _: int) -> None:
-        op = ds.dp_queue.popleft()
-        self.hold(ds, -op.units, 0)
-        dev = ds.dev
-        self.records[dev.id].append(new_record(Record, (
-            dev.id, dev.stage, "dp", op.name, "W", -1, -1, op.start_s, self.now, 0.0,
-            math.inf)))
-        self.dp[dev.id].free_s = self.now
-        if ds.dp_queue:
-            self.collective_start(ds)
-        elif ds.drain_wait:
-            ds.drain_wait = False
-            self.ready.append(ds)
-
-    # --- pipeline messages ------------------------------------------------------------
-
-    def post(self, ds: _Device, peer_stage: int, op: _Op) -> None:
-        """Queue a posted send or receive on the stream of ``ds``'s pair with ``peer_stage``."""
-        key = (ds.dev.id, peer_stage)
-        stream = self.pair_streams.get(key)
-        if stream is None:
-            stream = self.pair_streams[key] = deque()
-        stream.append(op)
-        if len(stream) == 1:
-            self.op_start(op)
-
-    def op_start(self, op: _Op) -> None:
-        """An operation reaches the head of its stream: it holds its units; a receive is
-        posted (its send may start), a send starts once its receive is."""
-        self.hold(op.device, 0, op.units)
-        key = op.key
-        if op.microbatch < 0:  # a receive
-            self.recv_posted.add(key)
-            self.receiving[key] = op
-            send = self.send_waiting.pop(key, None)
-            if send is not None:
-                self.transfer(send)
-        elif key in self.recv_posted:
-            self.transfer(op)
-        else:
-            self.send_waiting[key] = op
-
-    def transfer(self, op: _Op) -> None:
-        op.start_s = self.message_start[op.key] = self.now
-        self.at(self.now + op.duration_s, self.send_end, op)
-
-    def _next_on(self, stream_key: tuple[int, int]) -> None:
-        stream = self.pair_streams[stream_key]
-        stream.popleft()
-        if stream:
-            self.op_start(stream[0])
-
-    def send_end(self, op: _Op, _: int) -> None:
-        """A posted send ends: both halves give back their units, the next operations
-        of both streams start, and the message is in."""
-        ds, key = op.device, op.key
-        dev = ds.dev
-        self.records[dev.id].append(new_record(Record, (
-            dev.id, dev.stage, "pp", "pp_send", key[1], op.microbatch, op.chunk, op.start_s,
-            self.now, 0.0, math.inf)))
-        self.hold(ds, 0, -op.units)
-        self._next_on((dev.id, op.peer))
-        recv = self.receiving.pop(key)
-        self.hold(recv.device, 0, -recv.units)
-        self._next_on((recv.device.dev.id, recv.peer))
-        self.delivered(key)
-
-    def delivered(self, key: MessageKey, _: int = 0) -> None:
-        """Message ``key`` is in (and its send ended): wake who waits for either."""
-        self.arrived.add(key)
-        self.sent.add(key)
-        for what in (_MESSAGE, _SENT):
-            waiter = self.waits.pop((what, key), None)
-            if waiter is not None:
-                self.ready.append(waiter)
-
-    def send(self, ds: _Device, key: MessageKey, mb: int, chunk: int, to_stage: int) -> None:
-        """Send message ``key`` to ``to_stage`` now (:meth:`PipelineMessages._post_send`)."""
-        dev = ds.dev
-        send_s, units = self.peer(dev, to_stage)
-        if self.engine.rendezvous:
-            self.post(ds, to_stage, _Op(ds, key, units, send_s, mb, chunk, to_stage))
-            return
-        start, end = self.links[dev.id].run(self.now, send_s)
-        self.message_start[key] = start
-        self.records[dev.id].append(new_record(Record, (
-            dev.id, dev.stage, "pp", "pp_send", key[1], mb, chunk, start, end, 0.0,
-            math.inf)))
-        self.at(end, self.delivered, key)
-
-    def receive(self, ds: _Device, key: MessageKey, from_stage: int) -> None:
-        """Post the receive of message ``key`` from ``from_stage`` (:meth:`_recv`)."""
-        self.post(ds, from_stage, _Op(ds, key, self.peer(ds.dev, from_stage)[1], 0.0,
-                                      peer=from_stage))
-
-    # --- the walks --------------------------------------------------------------------
-
-    def device_walk(self, ds: _Device) -> Iterator[tuple[int, object]]:
+    def device_walk(self, ds: DeviceState) -> Iterator[tuple[int, object]]:
         """Walk ``ds``'s actions as :meth:`Engine._device` does, up to its gradients,
         yielding each pass and wait to :meth:`run`."""
         engine, work, dev = self.engine, self.engine.work, ds.dev
@@ -402,7 +143,7 @@ class _Contended(_Replay):
             block = block_kind(kind, mb, accumulate_from)
             price = prices.get((stage, chunk, block))
             if price is None:
-                price = prices[(stage, chunk, block)] = _PassPrices(engine, stage, chunk, block)
+                price = prices[(stage, chunk, block)] = PassPrices(engine, stage, chunk, block)
             marks = carried.pop((chunk, mb), []) if kind == "W" else []
             if kind == hooked and w_seen[chunk] + 1 == per_chunk:
                 marks += self.bucket_marks(dev, actions, i, carried)
@@ -449,7 +190,7 @@ class _Contended(_Replay):
             yield _DP, None
         self.now_s[device] = self.dp_done[device] = max(self.now, self.dp[device].free_s)
 
-    def resume(self, ds: _Device) -> None:
+    def resume(self, ds: DeviceState) -> None:
         """Run ``ds``'s walk until it yields a pass or a wait, and set that up."""
         step = next(ds.walk, None)  # type: ignore[arg-type]
         if step is None:
@@ -464,7 +205,7 @@ class _Contended(_Replay):
         else:
             self.waits[(what, arg)] = ds  # type: ignore[index]
 
-    def woken(self, ds: _Device, _: int) -> None:
+    def woken(self, ds: DeviceState, _: int) -> None:
         self.ready.append(ds)
 
     def run(self, progress: Callable[[float], None] | None, every_s: float) -> None:
