@@ -161,6 +161,7 @@ class UnitHolders:
                    marks: list[tuple[float, str, float]]) -> None:
         ds.price, ds.alone_s, ds.marks, ds.next_mark, ds.done = price, price[0], marks, 0, 0.0
         self.advance(ds)
+
     def launch(self, ds: DeviceState, name: str, bucket_s: float) -> None:
         """Queue a gradient bucket on ``ds``'s ``dp`` stream now: in closed form where
         collectives hold no units (:class:`BucketRun`), else as one that holds them."""
