@@ -5,7 +5,9 @@ device shares anything with another but its pipeline messages; with ``Engine.tig
 off the same engine runs its SimPy processes. Over a grid of schedules, layouts (stages,
 chunks, micro-batches, data-parallel degree, nodes) and overlap switches both must give
 every record's start and end, the waits, the stage times and the step time to 1e-9; where
-something contends the loop must not be taken.
+something contends the loop must not be taken. Where only compute units are shared (posted
+pipeline operations, collectives holding units) the contended loop
+(:mod:`llmsim.engine.contended`) must give the same, the passes' slowed time included.
 """
 
 from __future__ import annotations
