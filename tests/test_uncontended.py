@@ -5,7 +5,9 @@ device shares anything with another but its pipeline messages; with ``Engine.tig
 off the same engine runs its SimPy processes. Over a grid of schedules, layouts (stages,
 chunks, micro-batches, data-parallel degree, nodes) and overlap switches both must give
 every record's start and end, the waits, the stage times and the step time to 1e-9; where
-something contends the loop must not be taken.
+something contends the loop must not be taken. Where only compute units are shared (posted
+pipeline operations, collectives holding units) the contended loop
+(:mod:`llmsim.engine.contended`) must give the same, the passes' slowed time included.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 from helpers import make_scenario
 
 from llmsim import simulate
-from llmsim.engine import uncontended
+from llmsim.engine import contended, uncontended
 from llmsim.simulation import build_engine
 
 SCHEDULES = [("1f1b", 1), ("gpipe", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)]
@@ -78,7 +80,9 @@ def _key(r):
     return (r.device, r.stream, r.name, r.kind, r.microbatch, r.chunk, round(r.start_s, 9))
 
 
-def assert_same_trace(fast, slow) -> None:
+def assert_same_trace(fast, slow, slowed: bool = False) -> None:
+    """Both traces record the same step to 1e-9; ``slowed``: passes may run slower for
+    posted pipeline operations (:attr:`Trace.pp_slowed_s`, compared too), else none."""
     assert _close(fast.step_end_s, slow.step_end_s)
     assert _close(fast.optimizer_start_s, slow.optimizer_start_s)
     assert len(fast.records) == len(slow.records)
@@ -103,7 +107,11 @@ def assert_same_trace(fast, slow) -> None:
     assert len(dp_waits[0]) == len(dp_waits[1])
     for a, b in zip(*dp_waits, strict=True):
         assert a[0] == b[0] and all(_close(x, y) for x, y in zip(a[1:], b[1:], strict=True))
-    assert fast.pp_slowed_s == slow.pp_slowed_s == {}
+    if not slowed:
+        assert fast.pp_slowed_s == slow.pp_slowed_s == {}
+    assert fast.pp_slowed_s.keys() == slow.pp_slowed_s.keys()
+    for device, slowed_s in slow.pp_slowed_s.items():
+        assert _close(fast.pp_slowed_s[device], slowed_s)
 
 
 @pytest.mark.parametrize("overrides", GRID, ids=lambda o: "-".join(
@@ -132,7 +140,8 @@ def test_the_step_has_what_the_grid_means_to_cover():
 
 @pytest.mark.parametrize(("overrides", "why"), [
     ({"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
-      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True}, "posted"),
+      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True,
+      "parallelism__zero": 1, "parallelism__overlap_param_gather": True}, "posted"),
     ({"fidelity": "full", "nodes": 2}, "group members"),
     ({"parallelism__grad_bucket_nan_check": True, "nodes": 2}, "kernels before"),
 ])
@@ -201,3 +210,68 @@ def test_a_gather_ending_as_its_layer_is_reached_sends_the_step_to_simpy(monkeyp
     assert calls and engine.env.now == fast.step_end_s > 0  # SimPy ran the step
     assert engine.passes_started == sum(len(engine.schedule[d.stage]) for d in engine.devices)
     assert_same_trace(fast, slow)
+
+
+# The contended loop (llmsim.engine.contended): Megatron-LM's posted pipeline operations
+# (interleaved, overlap_pp_comm) and collectives holding the node's compute units, each
+# over the layouts and the switches that reach its different paths.
+CONTENDED_SWITCHES = [
+    {},
+    {"parallelism__overlap_dp_comm": False},
+    {"parallelism__zero": 1},
+    {"parallelism__grad_reduce_launch": "pp_aligned"},
+    {"model__tied_embeddings": True},
+    {"parallelism__pp_scatter_gather": "megatron"},
+    {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
+]
+CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contended)
+    ("interleaved-1f1b", 2, {"parallelism__overlap_pp_comm": True}),
+    ("interleaved-1f1b", 3, {"parallelism__overlap_pp_comm": True,
+                             "system__node__collective_units": 4}),
+    ("1f1b", 1, {"system__node__collective_units": 4}),
+    ("zb-h1", 1, {"system__node__collective_units": 4,
+                  "parallelism__overlap_pp_comm": False}),
+]
+
+
+def _contended_grid():
+    for (schedule, v, path), (nodes, pp, batch), switch in itertools.product(
+            CONTENDED_PATHS, LAYOUTS[1:], CONTENDED_SWITCHES):
+        if switch.get("parallelism__grad_reduce_launch") and schedule == "zb-h1":
+            continue
+        if nodes * 8 == 2 * pp and "parallelism__overlap_pp_comm" not in switch \
+                and v == 1:
+            continue  # dp 1 (tp 2): no data-parallel collective to hold units
+        yield {"nodes": nodes, "parallelism__pp": pp, "training__global_batch": batch,
+               "parallelism__schedule": schedule, "parallelism__virtual_stages": v,
+               "model__layers": 2 * pp * v, "parallelism__dp_bucket_mb": 4, **path, **switch}
+
+
+CONTENDED_GRID = list(_contended_grid())
+
+
+@pytest.mark.parametrize("overrides", CONTENDED_GRID, ids=lambda o: "-".join(
+    str(v) for k, v in o.items() if k != "parallelism__dp_bucket_mb"))
+def test_contended_loop_and_simpy_record_the_same_step(overrides):
+    engine = _engine(overrides, tight=True)
+    assert not uncontended.applies(engine) and contended.applies(engine)
+    fast = engine.run()
+    assert engine.env.now == 0  # no SimPy event ran
+    slow_engine = _engine(overrides, tight=False)
+    assert not contended.applies(slow_engine)
+    assert_same_trace(fast, slow_engine.run(), slowed=True)
+
+
+def test_the_contended_grid_slows_passes_by_both_holders():
+    """Posted operations and collectives holding units make passes slower on the
+    contended loop (else its grid would compare the tight loop's sums again)."""
+    posted = _engine(CONTENDED_GRID[0], tight=True)
+    trace = posted.run()
+    assert posted.rendezvous and sum(trace.pp_slowed_s.values()) > 0
+    held = next(o for o in CONTENDED_GRID if o["parallelism__schedule"] == "1f1b"
+                and o["nodes"] == 2 and o["parallelism__pp"] == 4)
+    free = {k: v for k, v in held.items() if k != "system__node__collective_units"}
+    with_units, without = (_engine(o, tight=True) for o in (held, free))
+    assert with_units.collective_units and contended.applies(with_units)
+    assert uncontended.applies(without)
+    assert with_units.run().step_end_s > without.run().step_end_s

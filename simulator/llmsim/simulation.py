@@ -125,7 +125,8 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
             "bandwidths, the model's sizes) and correct them"
         )
     reps = _representatives(trace)
-    stages = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
+    parts = [_stage_breakdown(trace, s, step, reps[s]) for s in range(par.pp)]
+    stages = [breakdown for breakdown, _ in parts]
     memory = (memory_per_stage(scenario.model, par, trn, scenario.dp,
                                scenario.system.node.accelerator)
               if scenario.placement is None else hetero.group_memory(scenario))
@@ -136,7 +137,7 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
         memory=memory,
         step_time_s=step,
         stages=stages,
-        bubble_fraction_per_stage=[_bubble_fraction(trace, reps[s]) for s in range(par.pp)],
+        bubble_fraction_per_stage=[bubble for _, bubble in parts],
         warnings=_warnings(scenario, memory),
     )
 
@@ -196,20 +197,30 @@ _device_of = itemgetter(0)
 """A record's device."""
 
 
+_PASSES = ("F", "B", "W")
+"""The kinds of a pass's compute record (:meth:`Trace.block_of`)."""
+
+
 def _stage_breakdown(trace: Trace, stage: int, step_s: float,
-                     rep: _Representative) -> StageBreakdown:
-    """Split ``step_s`` of one stage's representative device into its parts."""
+                     rep: _Representative) -> tuple[StageBreakdown, float]:
+    """Split ``step_s`` of one stage's representative device into its parts; with its
+    bubble fraction (:func:`_bubble_fraction`, from the same walk over its records)."""
     records, waits, dp_waits = rep
+    busy: list[float] = []  # the compute stream's passes and bucket kernels, in order
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
-    block_of = trace.block_of
-    for r in records:
-        if r.kind == "W" and r.stream == "dp":  # a gradient bucket: in dp's tail below
+    blocks, accumulate_from = trace.blocks, trace.accumulate_from_microbatch
+    for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
+        kind, stream = r.kind, r.stream
+        if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
             continue
-        block = block_of(r)
-        if block is not None:
-            # Record.block_share and Record.slowed_s, inlined: a step has ~10⁵ records.
+        start_s, end_s = r.start_s, r.end_s
+        if stream == "compute" and kind in _PASSES:  # Trace.block_of, inlined
+            busy.append(end_s - start_s)
+            block = blocks[(r.stage, r.chunk,
+                            "w" if kind == "W" and r.microbatch < accumulate_from else kind)]
+            # Record.block_share and Record.slowed_s, inlined.
             duration_s = block.duration_s
             share = (1.0 if duration_s <= 0 else
                      (min(r.block_to_s, duration_s) - r.block_from_s) / duration_s)
@@ -219,19 +230,21 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
             else:
                 ran[1] += share
             share_s = duration_s * share  # the compute units other kernels held meanwhile:
-            excess = r.end_s - r.start_s - share_s
+            excess = end_s - start_s - share_s
             if excess > 1e-9 * share_s:
                 dp += excess
-        elif r.kind == "D":  # a gradient bucket's kernels before its reduction
-            if r.end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
-                dp += r.end_s - r.start_s
-        elif r.kind == "O":
-            if r.stream == "compute":
-                optimizer += r.end_s - r.start_s
-            elif r.stream == "pp":  # the tied embedding's gradient exchange
-                pp += r.end_s - r.start_s
+        elif kind == "D":  # a gradient bucket's kernels before its reduction
+            if stream == "compute":
+                busy.append(end_s - start_s)
+            if end_s <= trace.stage_last_compute_s[stage]:  # later ones: the tail below
+                dp += end_s - start_s
+        elif kind == "O":
+            if stream == "compute":
+                optimizer += end_s - start_s
+            elif stream == "pp":  # the tied embedding's gradient exchange
+                pp += end_s - start_s
             else:  # the ZeRO weight all-gather after the optimizer: nothing overlaps it
-                dp += r.end_s - r.start_s
+                dp += end_s - start_s
     for block, share in shares.values():
         compute += block.compute_s * share
         tp += block.tp_s * share
@@ -243,15 +256,15 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     held_by_pp = min(trace.pp_slowed_s.get(records[0].device, 0.0) if records else 0.0, dp)
     pp, dp = pp + held_by_pp, dp - held_by_pp
     bubble = step_s - compute - tp - a2a - cp - optimizer - dp - pp
-    return StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a, cp)
+    return (StageBreakdown(stage, compute, tp, pp, dp, max(bubble, 0.0), optimizer, a2a, cp),
+            _bubble_fraction(trace, busy))
 
 
-def _bubble_fraction(trace: Trace, rep: _Representative) -> float:
-    """Idle share of the compute stream of a stage's first device during the pipeline phase."""
+def _bubble_fraction(trace: Trace, busy: list[float]) -> float:
+    """Idle share of the compute stream of a stage's first device during the pipeline
+    phase, ``busy`` the seconds of its passes and gradient buckets' kernels."""
     phase = max(trace.stage_last_compute_s.values())
-    busy = sum(r.end_s - r.start_s for r in rep[0]
-               if r.stream == "compute" and r.kind in "FBWD")
-    return (phase - busy) / phase if phase > 0 else 0.0
+    return (phase - sum(busy)) / phase if phase > 0 else 0.0
 
 
 def _warnings(scenario: Scenario, memory: list) -> list[str]:

@@ -23,6 +23,10 @@ The parts (docs/engine.md draws them):
 - :mod:`~llmsim.engine.uncontended`: the same step without SimPy where nothing contends,
   with :mod:`~llmsim.engine.uncontended_buckets` for the gradient buckets and
   :mod:`~llmsim.engine.uncontended_gathers` for ZeRO's weight gathers;
+- :mod:`~llmsim.engine.contended`: the same where posted pipeline operations or
+  collectives hold compute units, with :mod:`~llmsim.engine.contended_units` for the
+  passes' rates and the ``dp`` stream and :mod:`~llmsim.engine.contended_messages` for
+  the pipeline messages;
 - :mod:`~llmsim.engine.streams`: the streams and the compute units other kernels hold;
 - :mod:`~llmsim.engine.devices`: which devices are simulated;
 - :mod:`~llmsim.engine.pipeline`: the messages between pipeline stages;

@@ -135,26 +135,30 @@ class PipelineMessages:
         The first forward's receive comes before any pass; the first backward's after the
         last warmup forward, the one before the first steady-state step's forward (or,
         when every forward is a warmup one, right before the backward)."""
-        last_vs = self.work.stages * self.work.chunks_per_stage - 1
+        work = self.work
+        last_vs = work.stages * work.chunks_per_stage - 1
+        virtual = [work.chunks[(dev.stage, c)].virtual_stage
+                   for c in range(work.chunks_per_stage)]
+        stage_of = [work.stage_of(vs) for vs in range(last_vs + 1)]
         posts: dict[int, list[tuple[object, int]]] = defaultdict(list)
-        last = {"F": -1, "B": -1}
+        last_f = last_b = -1
         forwards = sum(act.kind == "F" for act in actions)
+        backward_step = self.backward_step
         for j, act in enumerate(actions):
-            vs = self.work.chunks[(dev.stage, act.chunk)].virtual_stage
-            if act.kind == "F" and vs > 0:
-                posts[last["F"]].append(((dev.pipe, "F", vs, act.microbatch),
-                                          self.work.stage_of(vs - 1)))
-            elif act.kind == "B" and vs < last_vs:
-                after = last["B"]
+            kind = act.kind
+            vs = virtual[act.chunk]
+            if kind == "F" and vs > 0:
+                posts[last_f].append(((dev.pipe, "F", vs, act.microbatch), stage_of[vs - 1]))
+            elif kind == "B" and vs < last_vs:
+                after = last_b
                 if after < 0:
                     warmup_only = sum(a.kind == "F" for a in actions[:j]) == forwards
                     after = j - 1 if warmup_only else j - 2
-                posts[after].append(((dev.pipe, "B", vs, act.microbatch),
-                                     self.work.stage_of(vs + 1)))
-            if act.kind == "F":
-                last["F"] = j
-            elif act.kind == self.backward_step:
-                last["B"] = j
+                posts[after].append(((dev.pipe, "B", vs, act.microbatch), stage_of[vs + 1]))
+            if kind == "F":
+                last_f = j
+            elif kind == backward_step:
+                last_b = j
         return posts
 
     def _gather_messages(self, dev: Device, act: Action, count: int) -> Iterator[simpy.Event]:

@@ -17,7 +17,7 @@ from typing import Protocol
 import simpy
 
 from llmsim.blocks import Block, CostModel
-from llmsim.engine import uncontended
+from llmsim.engine import contended, uncontended
 from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
 from llmsim.engine.gradients import GradientTraffic, Launch
@@ -340,6 +340,8 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
             trace = uncontended.replay(self, progress, every_s)
             if trace is not None:
                 return trace
+        elif contended.applies(self):
+            return contended.replay(self, progress, every_s)
         procs = [self.env.process(self._device(d)) for d in self.devices]
         if progress is not None:
             total = sum(len(self.schedule[d.stage]) for d in self.devices)

@@ -39,8 +39,8 @@ KNOWN_SCHEDULES = frozenset({"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"})
 """Schedules whose replay :meth:`Engine._device` and this loop make the same way; a new
 schedule runs on SimPy until it is added here and to the grid of the equality test."""
 
-_start_stream = itemgetter(7, 2)
-"""A record's (start_s, stream): the trace's order within one device."""
+_start, _stream = itemgetter(7), itemgetter(2)
+"""A record's start_s and stream: the trace's order within one device is by both."""
 
 MessageKey = tuple[object, str, int, int]
 """(pipeline, direction "F"/"B", receiving virtual stage, micro-batch)."""
@@ -55,21 +55,24 @@ def applies(engine: Engine) -> bool:
     return not simpy_reason(engine)
 
 
-def simpy_reason(engine: Engine) -> str:
-    """Why the step of ``engine`` runs on SimPy, in a few words ("" where :func:`applies`)."""
+def simpy_reason(engine: Engine, contended: bool = False) -> str:
+    """Why the step of ``engine`` runs on SimPy, in a few words ("" where :func:`applies`);
+    ``contended``: with posted pipeline operations and collectives holding compute units
+    allowed (the contended loop's, :mod:`~llmsim.engine.contended`)."""
     work = engine.work
     if engine.schedule_name not in KNOWN_SCHEDULES:
         return f"schedule {engine.schedule_name or '?'} not in the tight loop"
     if not engine.tight_loop:
         return "per-stage cost models (a heterogeneous job)"
-    if engine.rendezvous or not engine.closed_form_sends:
+    if (engine.rendezvous and not contended) or not engine.closed_form_sends:
         return "pipeline sends posted on pairs' communicators"
-    if not all(engine.closed_form.values()):
-        return ("data-parallel collectives holding compute units"
-                if engine.collective_units else "data-parallel group members to wait for")
+    if any(d.dp_group[1] > 1 for d in engine.devices):
+        return "data-parallel group members to wait for"
+    if not all(engine.closed_form.values()) and not contended:
+        return "data-parallel collectives holding compute units"
     if any(d.tp_group[1] > 1 for d in engine.devices):
         return "tensor-parallel group members to wait for"
-    if any(c.variable for c in engine.contention.values()):
+    if any(c.variable for c in engine.contention.values()) and not contended:
         return "kernels holding compute units beside the passes"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
         return "tied embeddings on one stage"
@@ -309,11 +312,24 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
     except SameInstant:
         engine.passes_started = 0
         return None
-    step_end = state.finish()
+    return trace_of(state, state.finish())
+
+
+def trace_of(state: _Replay, step_end: float,
+             pp_slowed_s: dict[int, float] | None = None) -> Trace:
+    """The trace of a replay ``state`` run and finished (its last device ending at
+    ``step_end``); ``pp_slowed_s``: device → seconds its passes ran longer for posted
+    pipeline operations (:attr:`Trace.pp_slowed_s`)."""
+    engine = state.engine
     # The trace's order (device, start, stream; by_device_start_stream): each device's
     # records sorted apart, stably, as one sort of them all would order them.
-    records = [r for device in sorted(state.records)
-               for r in sorted(state.records[device], key=_start_stream)]
+    # Sorted by stream, then stably by start: the order of one sort by (start, stream),
+    # with scalar keys (a third less time than a tuple key on a ZeRO-3 step's records).
+    records: list[Record] = []
+    for device in sorted(state.records):
+        ordered = sorted(state.records[device], key=_stream)
+        ordered.sort(key=_start)
+        records += ordered
     by_stage = stage_devices(engine.devices)
     return Trace(
         records=records,
@@ -326,6 +342,6 @@ def replay(engine: Engine, progress: Callable[[float], None] | None = None,
         step_end_s=step_end,
         pp_waits=sorted(state.pp_waits, key=lambda w: w[1]),
         dp_waits=sorted(state.dp_waits, key=lambda w: w[1]),
-        pp_slowed_s={},
+        pp_slowed_s=pp_slowed_s or {},
         replicas=engine.replicas,
     )
