@@ -237,7 +237,8 @@ def memory_per_stage(
     chunks = in_flight_chunks(parallelism.schedule, p, m, v)
     per_layer = activation_bytes_per_layer(model, parallelism, training) + \
         mla_activation_bytes_delta(model, parallelism, training, _activation_bytes(training))
-    no_recompute = parallelism.model_copy(update={"recompute": "none"})
+    no_recompute = parallelism.model_copy(update={"recompute": "none",
+                                                  "recompute_norms_and_up_proj": False})
     rematerialised = (activation_bytes_per_layer(model, no_recompute, training)
                       + mla_activation_bytes_delta(model, no_recompute, training,
                                                    _activation_bytes(training)) - per_layer)

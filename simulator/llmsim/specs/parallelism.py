@@ -116,6 +116,12 @@ class Parallelism(Spec):
     off), instead of blocking before it."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none, attention core only, or every layer."""
+    recompute_norms_and_up_proj: bool = False
+    """Recompute every RMSNorm, and MLA's up-projections, in the backward instead of
+    storing their outputs (DeepSeek-V3 report §3.2.3, "Recomputation of RMSNorm and MLA
+    Up-Projection"): a block keeps its norms' inputs and MLA's latents, not the normalised
+    tensors nor the per-head queries, keys and values. Not with ``recompute: full``,
+    which recomputes them already."""
     overlap_dp_comm: bool = True
     """Overlap the gradient reduction with the backward pass (bucketed)."""
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
@@ -309,6 +315,11 @@ class Parallelism(Spec):
                 f"{self.zero}; its down and up pipelines need an even pp (Li & Hoefler "
                 "2021 §3.1), and ZeRO-3's per-layer gathers over the two weight replicas "
                 "are not modelled: use an even pp and zero 0 to 2, or another schedule"
+            )
+        if self.recompute_norms_and_up_proj and self.recompute == "full":
+            raise ValueError(
+                "parallelism.recompute_norms_and_up_proj: true with recompute full, which "
+                "recomputes every layer already; drop it, or use recompute none or selective"
             )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(

@@ -162,10 +162,14 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
             (layer_f, layer_r, layer_b, layer_w), builder)
     layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
         (layer_f, layer_r, layer_b, layer_w), builder)
+    if par.recompute_norms_and_up_proj:
+        layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
     moe = None
     if model.moe is not None:
         moe_f, moe_b, moe_w = replace_mlp(layer_f, layer_b, layer_w, builder)
         moe_r = [_as_phase(op, "R") for op in moe_f] if par.recompute == "full" else layer_r
+        if training.fp8_activation_cache:
+            moe_r = [*moe_r, *_recomputed(moe_f, EXPERT_ACTIVATIONS)]
         moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
     emb_f, emb_b, emb_w = builder.embedding()
     head_f, head_b, head_w = builder.head()
@@ -177,6 +181,22 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     mtp_f, mtp_b, mtp_w = mtp_ops(builder, blocks, embedding, head)
     return PassOps(dense, moe, embedding,
                    (head[0] + mtp_f, mtp_b + head[1], mtp_w + head[2]))
+
+
+NORMS_AND_UP_PROJECTIONS = frozenset({"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up",
+                                      "mla_kv_up"})
+"""The forward ops ``parallelism.recompute_norms_and_up_proj`` runs again in the backward
+(DeepSeek-V3 report §3.2.3): the block's two RMSNorms, MLA's latent norms and its
+up-projections."""
+EXPERT_ACTIVATIONS = frozenset({"expert_act", "shared_act"})
+"""The forward ops ``training.fp8_activation_cache`` runs again in the backward
+(DeepSeek-V3 report §3.3.3): the routed and shared experts' activations (SwiGLU), whose
+inputs are cached in FP8 and outputs not kept."""
+
+
+def _recomputed(forward: list[Op], names: frozenset[str]) -> list[Op]:
+    """The ops of ``forward`` named in ``names``, in order, as recompute (phase R) ops."""
+    return [_as_phase(op, "R") for op in forward if op.name in names]
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
