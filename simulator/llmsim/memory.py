@@ -287,7 +287,7 @@ def memory_per_stage(
             if j == last_stage:  # the multi-token prediction modules (llmsim.mtp)
                 mtp_dense, mtp_expert = mtp_params_per_device(
                     model, t, parallelism.expert_ranks, parallelism.etp,
-                    first_stage != last_stage)
+                    first_stage != last_stage and pipelines == 1)  # DualPipe: §3.2.3
                 dense_j, expert_j = dense_j + mtp_dense, expert_j + mtp_expert
             dense, expert = dense + dense_j, expert + expert_j
             params += dense_j + expert_j + (embedding_params if j == first_stage else 0) \

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from llmsim.context import apply_context_parallel
 from llmsim.mla import apply_mla
-from llmsim.moe import replace_mlp
+from llmsim.moe import pairs_overlap, replace_mlp
 from llmsim.mtp import mtp_ops, mtp_params_per_device
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
@@ -278,6 +278,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     virtual = {hop: k for k, hop in enumerate(hops)} if hops else {}
     # A separate LM head copy exists only when the first and last chunks sit apart.
     head_p = 1 if hops and hops[0][0] == hops[-1][0] else p
+    # With two pipelines (DualPipe) the last stage's rank holds the other pipeline's
+    # embedding, which its MTP modules share (DeepSeek-V3 §3.2.3): no copy of its own.
+    mtp_copy = SCHEDULES[par.schedule].pipelines == 1
     chunks: dict[tuple[int, int], Chunk] = {}
     for stage in range(p):
         for c in range(v):
@@ -301,7 +304,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
                                                   par.etp)
             _, mtp_experts = mtp_params_per_device(model, par.tp, par.expert_ranks, par.etp,
-                                                   head_p > 1) if last else (0, 0)
+                                                   head_p > 1 and mtp_copy) if last else (0, 0)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
                 chunk_params(model, par.tp, n, first, last, head_p, par.expert_ranks, start,
@@ -314,7 +317,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             chunks[(stage, v + c)] = replace(chunks[(p - 1 - stage, c)], stage=stage,
                                              chunk=v + c)
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
-                   hops=hops, pipelines=pipelines)
+                   hops=hops, pipelines=pipelines, overlapped_pairs=pairs_overlap(par))
     for stage in range(p):
         tensors = sum(param_tensors(model, c.layers, c.first, c.last, head_p)
                       for (s, _), c in chunks.items() if s == stage)
