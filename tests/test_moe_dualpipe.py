@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_cli import run_cli
 from test_hetero import a100_nodes, tiny
 from test_moe_search_hetero import MIXTRAL
 
@@ -91,3 +92,26 @@ def test_1f1b_keeps_the_per_pass_overlap() -> None:
     plain = build_engine(_scenario(False, "1f1b"))
     assert not engine.pass_kinds
     assert engine.blocks[(1, 0, "F")].a2a_s < plain.blocks[(1, 0, "F")].a2a_s
+
+
+def test_the_all_to_all_kernels_units_slow_only_the_paired_passes() -> None:
+    """``moe_comm_units`` (DeepSeek-V3: 20 SMs) leaves a pair's computation fewer units:
+    its passes compute longer, the passes outside pairs as before."""
+    base = _scenario(True)
+    held = base.model_copy(update={"parallelism": base.parallelism.model_copy(
+        update={"moe_comm_units": 20})})
+    a, b = build_engine(base), build_engine(held)
+    for key, block in b.blocks.items():
+        own = a.blocks[key]
+        if "&" in key[2]:
+            assert block.compute_s > own.compute_s
+        else:
+            assert block.duration_s == own.duration_s
+    assert simulate(held).step_time_s > simulate(base).step_time_s
+
+
+def test_comm_units_without_the_overlap_is_a_one_line_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(["run", "deepseek-v3", "--set", "parallelism.moe_a2a_overlap=false",
+                            "--set", "parallelism.moe_comm_units=20"], capsys)
+    assert code == 2 and "parallelism.moe_comm_units" in err and "Traceback" not in err

@@ -67,11 +67,13 @@ class PassPricing:
     def _paired(self, stage: int, chunk: int, kind: str, held: int) -> Block:
         """A forward (``F&c``) or backward (``B&c``) run overlapped with a pass of chunk
         ``c``: its all-to-alls beside that partner's computation (the backward's with
-        its weight gradients), priced once (:mod:`llmsim.engine.pairs`)."""
+        its weight gradients), both computing on the units the all-to-all kernels leave
+        (:attr:`Workload.pair_comm_units`), priced once (:mod:`llmsim.engine.pairs`)."""
         key = (stage, chunk, kind, held)
         block = self.priced.get(key)
         if block is None:
             own, partner = kind[0], int(kind[2:])
+            held += self.work.pair_comm_units
             partners = ("B", "W") if own == "F" else ("F",)
             partner_s = computation_s(*(self._priced(stage, partner, k, held)
                                         for k in partners))

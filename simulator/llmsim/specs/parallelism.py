@@ -82,6 +82,11 @@ class Parallelism(Spec):
     §2.1.2, M = 4; Megatron-Core ``--moe-router-group-topk`` with one group a node). It
     changes the price only with ``moe_dispatcher: deepep``, whose network traffic grows
     with the nodes a token reaches. None: no limit."""
+    moe_comm_units: NonNegativeInt = 0
+    """Compute units (SMs) the all-to-all kernels hold beside the computation while an
+    overlapped pair runs (``moe_a2a_overlap`` under DualPipe, :mod:`llmsim.engine.pairs`):
+    the pair's computation runs on the units left. DeepSeek-V3 dedicates 20 of the
+    H800's 132 SMs to its dispatch and combine kernels (report §3.2.2). 0: none held."""
     moe_shared_expert_overlap: bool = False
     """Run the MoE shared experts' forward beside the token all-to-alls: the first
     projection during the dispatch, the second during the combine (Megatron-Core
@@ -315,6 +320,12 @@ class Parallelism(Spec):
                 f"{self.zero}; its down and up pipelines need an even pp (Li & Hoefler "
                 "2021 §3.1), and ZeRO-3's per-layer gathers over the two weight replicas "
                 "are not modelled: use an even pp and zero 0 to 2, or another schedule"
+            )
+        if self.moe_comm_units and not self.moe_a2a_overlap:
+            raise ValueError(
+                f"parallelism.moe_comm_units: {self.moe_comm_units} without moe_a2a_overlap; "
+                "the all-to-all kernels hold units only while overlapped: set "
+                "moe_a2a_overlap true, or moe_comm_units 0"
             )
         if self.recompute_norms_and_up_proj and self.recompute == "full":
             raise ValueError(

@@ -317,7 +317,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             chunks[(stage, v + c)] = replace(chunks[(p - 1 - stage, c)], stage=stage,
                                              chunk=v + c)
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
-                   hops=hops, pipelines=pipelines, overlapped_pairs=pairs_overlap(par))
+                   hops=hops, pipelines=pipelines, overlapped_pairs=pairs_overlap(par),
+                   pair_comm_units=par.moe_comm_units if pairs_overlap(par) else 0)
     for stage in range(p):
         tensors = sum(param_tensors(model, c.layers, c.first, c.last, head_p)
                       for (s, _), c in chunks.items() if s == stage)

@@ -135,6 +135,9 @@ class Workload:
     each beside the other's computation (``parallelism.moe_a2a_overlap`` under a schedule
     with :attr:`ScheduleInfo.overlapped_pairs`, DualPipe; :mod:`llmsim.engine.pairs`);
     the passes' own all-to-alls are then priced whole."""
+    pair_comm_units: int = 0
+    """Compute units the all-to-all kernels hold while an overlapped pair computes
+    (``parallelism.moe_comm_units``)."""
 
     @property
     def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
