@@ -115,3 +115,26 @@ def test_comm_units_without_the_overlap_is_a_one_line_error(
     code, _, err = run_cli(["run", "deepseek-v3", "--set", "parallelism.moe_a2a_overlap=false",
                             "--set", "parallelism.moe_comm_units=20"], capsys)
     assert code == 2 and "parallelism.moe_comm_units" in err and "Traceback" not in err
+
+
+def test_mtp_shares_the_other_pipelines_embedding_under_dualpipe() -> None:
+    """DualPipe's last stage holds the reverse direction's embedding (report §3.2.3): the
+    MTP module adds its own weights there and no copy of the embedding; 1F1B's last stage
+    keeps a copy."""
+    from helpers import make_scenario
+
+    from llmsim.memory import memory_per_stage
+    from llmsim.mtp import mtp_params_per_device
+
+    def last_stage_params(schedule: str, depth: int) -> int:
+        s = make_scenario(parallelism__schedule=schedule, model__mtp_depth=depth)
+        mem = memory_per_stage(s.model, s.parallelism, s.training, s.dp,
+                               s.system.node.accelerator)
+        return mem[-1].params
+
+    s = make_scenario(model__mtp_depth=1)
+    module, _ = mtp_params_per_device(s.model, s.parallelism.tp, 1, None, False)
+    copy, _ = mtp_params_per_device(s.model, s.parallelism.tp, 1, None, True)
+    assert copy > module
+    assert last_stage_params("dualpipe", 1) - last_stage_params("dualpipe", 0) == module
+    assert last_stage_params("1f1b", 1) - last_stage_params("1f1b", 0) == copy
