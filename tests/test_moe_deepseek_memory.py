@@ -108,3 +108,10 @@ def test_impossible_savings_are_one_line_errors(
     args = ["run", "selene-gpt3"] + [x for s in sets for x in ("--set", s)]
     code, _, err = run_cli(args, capsys)
     assert code == 2 and field in err and "Traceback" not in err
+
+
+def test_llmsim_run_names_the_savings_and_the_overlap(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(["run", "deepseek-v3"], capsys)
+    assert code == 0, err
+    assert "(+ norms, MLA up-projections)" in out and "cached in FP8" in out
+    assert "all-to-all (20 units held)" in out and "dualpipe" in out
