@@ -145,7 +145,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 152
+    assert len(RUNS) == len(BY_ID) == 160
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",
@@ -164,6 +164,7 @@ def test_rows_are_the_published_ones_with_a_full_layout():
         "MBRIDGE-2604-MOE",
         "AURORA26",
         "DSV3",
+        "NEMOLS",
     }
     for r in RUNS:
         tp, pp, dp = (int(r.row[k]) for k in ("tp", "pp", "dp"))

@@ -47,6 +47,9 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     * flash attention instead stores only the fp32 log-sum-exp, 4·a·s·b/t (Dao et al.
       2022 §3.1), and regenerates its dropout mask.
 
+    With ``recompute_norms_and_up_proj`` (DeepSeek-V3 §3.2.3) the two norms' outputs, the
+    QKV-GEMM and MLP-up inputs, are recomputed in the backward: 2·e·sbh less outside the
+    TP region (MLA's own tensors: :func:`llmsim.mla.mla_activation_bytes_delta`).
     Selective recompute drops the core; full recompute keeps only the block input,
     e·sbh (÷t with sequence parallelism). For a GPT shape this is exactly sbh·(34 +
     5as/h) without parallelism, sbh·(10 + 24/t + 5as/(ht)) with TP and sbh/t·(34 +
@@ -58,7 +61,8 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     if parallelism.recompute == "full":
         return e * sb * h / (t if sp else 1)
     masks = DROPOUT_MASK_BYTES if training.hidden_dropout > 0 else 0
-    outside_tp = (4 * e + 2 * masks) * sb * h / (t if sp else 1)
+    norm_outputs = 0 if parallelism.recompute_norms_and_up_proj else 2
+    outside_tp = ((2 + norm_outputs) * e + 2 * masks) * sb * h / (t if sp else 1)
     act_inputs = 2 if model.activation == "swiglu" else 1
     sharded = e * sb * (2 * model.q_dim / t + 2 * kv_dim_per_rank(model, t)
                         + (act_inputs + 1) * f / t)

@@ -23,6 +23,10 @@ from llmsim.specs import Model, Parallelism, Training
 FP32_BYTES = 4
 """The router's logits and probabilities are kept in FP32 (Megatron-Core ``TopKRouter``
 casts its input with ``moe_router_dtype`` fp32 for stability)."""
+FP8_CACHED_BYTES = 1 + 4 / 128
+"""Bytes of one activation element cached in FP8 with DeepSeek-V3's fine-grained
+quantisation: one byte, plus one FP32 scaling factor per 1×128 tile of a row (DeepSeek-V3
+report §3.3.1 and §3.3.3)."""
 
 
 def busiest_rank_factor(rows: float, ep: int) -> float:
@@ -105,6 +109,12 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     gradient) and the router's FP32 probabilities, ``4·sb·experts`` (÷t with sequence
     parallelism). One expert is the dense MLP: no router, no permutation, and the delta
     is 0 when its width is the dense one.
+
+    With ``training.fp8_activation_cache`` (DeepSeek-V3 report §3.3.3) the permuted rows
+    and the routed and shared experts' activation inputs are kept in FP8
+    (:data:`FP8_CACHED_BYTES` an element) and the down-projection inputs are not kept
+    (the activation is recomputed in the backward): ``e_8·R·(h + g·f_e/t_e)`` and
+    ``e_8·sb·g·s·f_e/t``.
     """
     moe = model.moe
     if moe is None or par.recompute == "full":
@@ -113,11 +123,15 @@ def moe_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     g = 2 if model.activation == "swiglu" else 1
     dense = element_bytes * sb * (g + 1) * model.ffn_hidden / t
     rows = routed_rows(model, par, training)
-    routed = element_bytes * rows * (g + 1) * moe.ffn_hidden / par.etp
-    shared = element_bytes * sb * (g + 1) * moe.shared_experts * moe.ffn_hidden / t
+    # bytes an element and elements a row of the experts' activation input and output
+    kept, widths = ((FP8_CACHED_BYTES, g) if training.fp8_activation_cache
+                    else (element_bytes, g + 1))
+    routed = kept * rows * widths * moe.ffn_hidden / par.etp
+    shared = kept * sb * widths * moe.shared_experts * moe.ffn_hidden / t
     routing = 0.0
     if moe.experts > 1:
-        routing = (element_bytes * rows * model.hidden
+        row_bytes = FP8_CACHED_BYTES if training.fp8_activation_cache else element_bytes
+        routing = (row_bytes * rows * model.hidden
                    + FP32_BYTES * sb * moe.experts / (t if par.sequence_parallel else 1))
     return routed + shared + routing - dense
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from llmsim.blocks import Block
 from llmsim.calibration import load_calibration
 from llmsim.costs import CostModel, HardwareCosts
+from llmsim.costs.alltoall import TokenDispatch
 from llmsim.engine import Device
 from llmsim.errors import UserError
 from llmsim.memory import StageMemory, memory_per_stage
@@ -147,7 +148,9 @@ def group_costs(scenario: Scenario) -> dict[str, HardwareCosts]:
         out[name] = HardwareCosts(system, plan, scenario.training.precision, calibration,
                                   scenario.training.attention_kernel,
                                   scenario.training.power_limit_w,
-                                  scenario.training.cuda_graphs)
+                                  scenario.training.cuda_graphs,
+                                  scenario.parallelism.parameter_servers,
+                                  TokenDispatch.of(scenario.model, scenario.parallelism))
     return out
 
 

@@ -237,7 +237,8 @@ def memory_per_stage(
     chunks = in_flight_chunks(parallelism.schedule, p, m, v)
     per_layer = activation_bytes_per_layer(model, parallelism, training) + \
         mla_activation_bytes_delta(model, parallelism, training, _activation_bytes(training))
-    no_recompute = parallelism.model_copy(update={"recompute": "none"})
+    no_recompute = parallelism.model_copy(update={"recompute": "none",
+                                                  "recompute_norms_and_up_proj": False})
     rematerialised = (activation_bytes_per_layer(model, no_recompute, training)
                       + mla_activation_bytes_delta(model, no_recompute, training,
                                                    _activation_bytes(training)) - per_layer)
@@ -286,7 +287,7 @@ def memory_per_stage(
             if j == last_stage:  # the multi-token prediction modules (llmsim.mtp)
                 mtp_dense, mtp_expert = mtp_params_per_device(
                     model, t, parallelism.expert_ranks, parallelism.etp,
-                    first_stage != last_stage)
+                    first_stage != last_stage and pipelines == 1)  # DualPipe: §3.2.3
                 dense_j, expert_j = dense_j + mtp_dense, expert_j + mtp_expert
             dense, expert = dense + dense_j, expert + expert_j
             params += dense_j + expert_j + (embedding_params if j == first_stage else 0) \

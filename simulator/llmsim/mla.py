@@ -109,6 +109,9 @@ def mla_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     replicated over TP; per head on this rank the query and key (``d_qk`` each), the
     value and the attention output (``d_v`` each). They replace the query and attention
     output (``h/t`` each) and the key and value (``kv/t`` each) of the usual count.
+    With ``recompute_norms_and_up_proj`` (DeepSeek-V3 report §3.2.3) the normalised
+    latents and the queries, keys and values are recomputed in the backward from the
+    stored latents: ``q_lora + kv_lora + qk_rope`` and the attention output are kept.
     """
     a = model.mla
     if a is None or par.recompute == "full":
@@ -116,7 +119,10 @@ def mla_activation_bytes_delta(model: Model, par: Parallelism, training: Trainin
     t, sb = par.tp, par.micro_batch * training.seq_len
     d_qk, d_v = a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
     heads = model.heads // t
-    mla = (2 * a.q_lora_rank + 2 * a.kv_lora_rank + a.qk_rope_head_dim
-           + heads * (2 * d_qk + 2 * d_v))
+    if par.recompute_norms_and_up_proj:
+        mla = a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim + heads * d_v
+    else:
+        mla = (2 * a.q_lora_rank + 2 * a.kv_lora_rank + a.qk_rope_head_dim
+               + heads * (2 * d_qk + 2 * d_v))
     usual = 2 * model.hidden / t + 2 * max(model.n_kv_heads // t, 1) * model.head_dim
     return element_bytes * sb * (mla - usual)

@@ -36,7 +36,9 @@ attention or MLP computation) every all-to-all costs only what exceeds a GEMM
 after it, the combine the last before it. That GEMM stands in for the other
 micro-batch's sub-module, which is at least as long (the MLP's backward is about twice
 its forward); the warm-up and cool-down passes of the pipeline, which have no partner,
-are priced as overlapped too.
+are priced as overlapped too. Under a schedule that runs such pairs itself (DualPipe,
+:attr:`llmsim.schedules.ScheduleInfo.overlapped_pairs`) the passes keep their
+all-to-alls whole and the engine prices each pair (:mod:`llmsim.engine.pairs`).
 
 One expert (top-1) is the dense MLP: no router, no permutation, and no all-to-all
 without expert parallelism, so its ops price exactly as the dense block's. Sizes:
@@ -51,9 +53,17 @@ from typing import TYPE_CHECKING
 
 from llmsim.experts import FP32_BYTES, expert_group_tokens, expert_rows
 from llmsim.ops import Axis, CommOp, ComputeOp
+from llmsim.schedules import SCHEDULES
 
 if TYPE_CHECKING:
+    from llmsim.specs import Parallelism
     from llmsim.workload import LayerBuilder, Op
+
+def pairs_overlap(par: Parallelism) -> bool:
+    """Whether the all-to-alls hide in the schedule's overlapped forward-backward pairs
+    (``moe_a2a_overlap`` under DualPipe) rather than beside a GEMM of their own pass."""
+    return par.moe_a2a_overlap and SCHEDULES[par.schedule].overlapped_pairs is not None
+
 
 ROUTER_PASSES = 3
 """FP32 passes over the router logits: the score function (softmax or sigmoid) reads
@@ -86,7 +96,8 @@ class MoeBlock:
         g = 2 if m.activation == "swiglu" else 1
         self.up_n = self.moe.ffn_hidden * g // self.etp
         self.down_k = self.moe.ffn_hidden // self.etp
-        self.overlap_a2a = par.moe_a2a_overlap
+        # under a schedule that pairs passes (DualPipe) the pair hides the all-to-alls
+        self.overlap_a2a = par.moe_a2a_overlap and not pairs_overlap(par)
 
     # -- pieces -------------------------------------------------------------------
     def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:

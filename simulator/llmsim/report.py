@@ -65,7 +65,9 @@ def _runs(layers: list[int]) -> str:
 def _overlaps(par: Parallelism) -> str:
     """The communication overlaps switched on, named as in the scenario."""
     names = [("DP", par.overlap_dp_comm), ("TP", par.overlap_tp_comm),
-             ("PP", par.overlap_pp_comm), ("param gather", par.overlap_param_gather)]
+             ("PP", par.overlap_pp_comm), ("param gather", par.overlap_param_gather),
+             ("all-to-all" + (f" ({par.moe_comm_units} units held)" if par.moe_comm_units
+                              else ""), par.moe_a2a_overlap)]
     on = [name for name, flag in names if flag]
     return "overlap " + (", ".join(on) if on else "none")
 
@@ -210,8 +212,11 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
         + (_stage_split(stage_layers(s.model.layers, par)) if s.placement is None
            else " · layers " + _runs(stage_layers(s.model.layers, par)))
         + f", {par.schedule}, {_micro_batches(result)} micro-batches of {par.micro_batch} × "
-        f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}, "
-        f"{s.training.precision}, {_overlaps(par)}{_kernel_switches(result)}"
+        f"{s.training.seq_len:,} tokens, ZeRO-{par.zero}, recompute {par.recompute}"
+        + (" (+ norms, MLA up-projections)" if par.recompute_norms_and_up_proj else "")
+        + f", {s.training.precision}"
+        + (" (expert activations cached in FP8)" if s.training.fp8_activation_cache else "")
+        + f", {_overlaps(par)}{_kernel_switches(result)}"
     )
     summary = Table(title="Step", show_header=False, title_justify="left")
     summary.add_column("metric")

@@ -90,6 +90,10 @@ class Trace:
     (:func:`llmsim.engine.devices.fold_identical_tp_ranks`) and records only it; empty
     where every simulated device stands for itself alone."""
 
+    pass_kinds: dict[tuple[int, str, int, int], str] = field(default_factory=dict)
+    """(stage, kind, micro-batch, chunk) → the block kind of a pass run in an overlapped
+    pair (:mod:`llmsim.engine.pairs`); empty where no pass is."""
+
     def devices(self) -> list[int]:
         """Every device of the step the records stand for, in order."""
         if self.replicas:
@@ -100,7 +104,9 @@ class Trace:
         """The ops a compute record of a pass ran (None for any other record)."""
         if r.stream != "compute" or r.kind not in ("F", "B", "W"):
             return None
-        kind = block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
+        kind = (self.pass_kinds.get((r.stage, r.kind, r.microbatch, r.chunk))
+                if self.pass_kinds else None) \
+            or block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
         return self.blocks[(r.stage, r.chunk, kind)]
 
     def shown(self, limit: int) -> Iterable[Record]:

@@ -17,6 +17,7 @@ import simpy
 from llmsim.blocks import Block, CostModel, block_kind
 from llmsim.costs import HardwareCosts
 from llmsim.engine.devices import Device
+from llmsim.engine.pairs import PassKey, beside_partner, computation_s
 from llmsim.engine.streams import Pause
 from llmsim.schedules import Action
 from llmsim.trace import Record
@@ -36,11 +37,14 @@ class PassPricing:
     priced: dict[tuple[int, int, str, int], Block]
     laid_out: dict[tuple[tuple[int, ...], int, int], Block]
     blocks: dict[tuple[int, int, str], Block]
+    pass_kinds: dict[PassKey, str]
 
     def _priced(self, stage: int, chunk: int, kind: str, held: int) -> Block:
         """A pass of ``kind`` ("F", "B"; "W" with its gradient accumulation, "w" without,
         the micro-batches before :attr:`Workload.accumulate_from_microbatch`) on ``held``
         compute units fewer, priced once."""
+        if "&" in kind:  # a pass of an overlapped pair (llmsim.engine.pairs)
+            return self._paired(stage, chunk, kind, held)
         work = self.work.chunks[(stage, chunk)]
         if kind == "W" and not work.accumulate:
             kind = "w"  # nothing to accumulate: the same pass
@@ -60,6 +64,23 @@ class PassPricing:
             self.priced[key] = block
         return block
 
+    def _paired(self, stage: int, chunk: int, kind: str, held: int) -> Block:
+        """A forward (``F&c``) or backward (``B&c``) run overlapped with a pass of chunk
+        ``c``: its all-to-alls beside that partner's computation (the backward's with
+        its weight gradients), both computing on the units the all-to-all kernels leave
+        (:attr:`Workload.pair_comm_units`), priced once (:mod:`llmsim.engine.pairs`)."""
+        key = (stage, chunk, kind, held)
+        block = self.priced.get(key)
+        if block is None:
+            own, partner = kind[0], int(kind[2:])
+            held += self.work.pair_comm_units
+            partners = ("B", "W") if own == "F" else ("F",)
+            partner_s = computation_s(*(self._priced(stage, partner, k, held)
+                                        for k in partners))
+            block = self.priced[key] = beside_partner(
+                self._priced(stage, chunk, own, held), partner_s)
+        return block
+
     @property
     def backward_step(self) -> str:
         """The pass after which a backward step sends its input gradient and posts its
@@ -68,8 +89,12 @@ class PassPricing:
         return "B" if self.split_backward else "W"
 
     def _kind(self, act: Action) -> str:
-        """Which of its chunk's passes ``act`` runs (:func:`block_kind`)."""
-        return block_kind(act.kind, act.microbatch, self.work.accumulate_from_microbatch)
+        """Which of its chunk's passes ``act`` runs (:func:`block_kind`; a pass of an
+        overlapped pair, :attr:`pass_kinds`)."""
+        paired = self.pass_kinds.get((act.stage, act.kind, act.microbatch, act.chunk)) \
+            if self.pass_kinds else None
+        return paired or block_kind(act.kind, act.microbatch,
+                                    self.work.accumulate_from_microbatch)
 
     def _price(self, dev: Device, act: Action) -> Callable[[int], float]:
         """Seconds ``act``'s pass takes on ``dev`` with a given number of units held."""

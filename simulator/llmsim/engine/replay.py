@@ -21,6 +21,7 @@ from llmsim.engine import contended, uncontended
 from llmsim.engine.devices import Device, stage_devices
 from llmsim.engine.gathers import WeightGathers
 from llmsim.engine.gradients import GradientTraffic, Launch
+from llmsim.engine.pairs import paired_kinds
 from llmsim.engine.passes import PassPricing
 from llmsim.engine.pipeline import PipelineMessages
 from llmsim.engine.replicas import replica_grad_allreduce
@@ -124,8 +125,13 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
         """(ids of a pass's ops, id of its stage's cost model, units held) → the pass:
         stages whose chunks run the same op objects (the middle stages of a uniform
         pipeline) share one, where the cost model prices an op the same at every call."""
+        self.pass_kinds = paired_kinds(schedule, schedule_name, workload)
+        """(stage, kind, micro-batch, chunk) → the block kind of a pass run in an
+        overlapped pair (DualPipe's F&B, :mod:`~llmsim.engine.pairs`); empty without."""
         self.blocks = {(s, c, kind): self._priced(s, c, kind, 0)
                        for s, c in workload.chunks for kind in ("F", "B", "w", "W")}
+        for (s, _, _, c), kind in self.pass_kinds.items():
+            self.blocks[(s, c, kind)] = self._priced(s, c, kind, 0)
         """(stage, chunk, kind) → the pass alone on its device."""
         self.contention = {
             d.id: Contention(self.env, bool(self.collective_units) or any(self.p2p_units))
@@ -363,6 +369,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
             pp_slowed_s={d: c.p2p_slowed_s for d, c in self.contention.items()
                          if c.p2p_slowed_s},
             replicas=self.replicas,
+            pass_kinds=self.pass_kinds,
         )
 
 

@@ -64,6 +64,8 @@ def simpy_reason(engine: Engine, contended: bool = False) -> str:
         return f"schedule {engine.schedule_name or '?'} not in the tight loop"
     if not engine.tight_loop:
         return "per-stage cost models (a heterogeneous job)"
+    if engine.pass_kinds:  # pass_durations reads the plain blocks
+        return "overlapped forward-backward pairs (llmsim.engine.pairs)"
     if (engine.rendezvous and not contended) or not engine.closed_form_sends:
         return "pipeline sends posted on pairs' communicators"
     if any(d.dp_group[1] > 1 for d in engine.devices):

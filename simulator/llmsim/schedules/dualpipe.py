@@ -35,11 +35,24 @@ def dualpipe_bubble(p: int, m: int, v: int, f: float, b: float, w: float) -> flo
     return (p // 2 - 1) * (max(f, full) + full - 3 * w)
 
 
+def forward_backward_pairs(actions: list[Action]) -> list[tuple[int, int]]:
+    """The (forward, backward) index pairs of a rank's order that DualPipe runs
+    overlapped: each forward directly followed by a backward of the other chunk, which
+    are the ``_forward_backward_chunk`` calls of steps 4 and 5 of ``DualPipe.step``
+    (deepseek-ai/DualPipe; the report's §3.2.1, Figure 4), ``2(m/2 − p + h + 1) +
+    p/2 − h − 1`` of them on rank r (:func:`dualpipe`). The backward's W follows it at
+    once (not deferred in those steps) and belongs to the pair."""
+    return [(i, i + 1) for i in range(len(actions) - 1)
+            if actions[i].kind == "F" and actions[i + 1].kind == "B"
+            and actions[i + 1].chunk != actions[i].chunk]
+
+
 @register("dualpipe", split_backward=True,
           route=lambda p, m, v: dualpipe_route(p, m),
           peak_forwards=lambda p, i, m, v: p + 1,
           bubble=dualpipe_bubble,
-          pipelines=2)
+          pipelines=2,
+          overlapped_pairs=forward_backward_pairs)
 def dualpipe(stages: int, microbatches: int, chunks: int) -> list:
     """DualPipe's per-rank order, step by step as ``DualPipe.step`` of deepseek-ai/DualPipe
     runs it (commit bb214e8): rank ``r`` holds stage ``r`` of the forward direction

@@ -29,6 +29,8 @@ class Schedule(list[list[Action]]):
 ScheduleFn = Callable[[int, int, int], list[list[Action]]]
 """``(stages, microbatches, chunks) → per-stage actions``; raises UserError on a bad
 combination."""
+PairsFn = Callable[[list[Action]], list[tuple[int, int]]]
+"""A stage's actions → the (forward, backward) index pairs it runs overlapped."""
 PeakFn = Callable[[int, int, int, int], int]
 """``(p, stage i, m, v)`` → forward passes (chunk-micro-batches) held at the peak."""
 BubbleFn = Callable[[int, int, int, float, float, float], float]
@@ -60,6 +62,11 @@ class ScheduleInfo:
     """Whole pipelines sharing the stages, each with its own replica of the weights:
     2 for Chimera's down and up pipelines, whose chunk ``c`` of stage ``s`` is chunk
     ``c mod v`` of pipeline ``c // v``; 1 for the others."""
+    overlapped_pairs: PairsFn | None = None
+    """A stage's actions → the indices (i, j) of a forward and a backward of another
+    chunk that the schedule runs as one overlapped pair, each one's all-to-alls beside
+    the other's computation (DualPipe's "F&B"; the engine prices them so with
+    ``parallelism.moe_a2a_overlap``, :mod:`llmsim.engine.pairs`); None: no pairs."""
 
     def __call__(self, stages: int, microbatches: int, chunks: int) -> list[list[Action]]:
         return self.order(stages, microbatches, chunks)
@@ -84,7 +91,8 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
              route: Callable[[int, int, int], Route] | None = None,
              weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1,
              replayed: bool = True,
-             pipelines: int = 1) -> Callable[[ScheduleFn], ScheduleFn]:
+             pipelines: int = 1,
+             overlapped_pairs: PairsFn | None = None) -> Callable[[ScheduleFn], ScheduleFn]:
     """Decorator: ``@register("1f1b", peak_forwards=…, bubble=…)`` adds the function below
     it to :data:`SCHEDULES` with its closed forms (the fields of :class:`ScheduleInfo`)."""
 
@@ -92,7 +100,8 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
         if name in SCHEDULES:
             raise ValueError(f"schedule {name!r} is registered twice")
         SCHEDULES[name] = ScheduleInfo(name, fn, peak_forwards, bubble, split_backward,
-                                       route, weight_versions, replayed, pipelines)
+                                       route, weight_versions, replayed, pipelines,
+                                       overlapped_pairs)
         if split_backward:
             SPLIT_BACKWARD.add(name)
         return fn

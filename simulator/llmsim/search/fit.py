@@ -62,9 +62,10 @@ class PeakMemory:
         """``max(s.total_bytes for s in memory_per_stage(model, par, training, dp, …))``,
         bytes (raises UserError where :func:`memory_per_stage` does)."""
         model = self.model
-        # MoE models, and schedules that place chunks their own way (ZB-V's V) or stash
-        # weight versions (PipeDream), take the memory model itself.
-        if model.moe is not None or par.schedule not in LOOPING_ONE_VERSION:
+        # MoE models, models with multi-token prediction modules (on the last stage), and
+        # schedules that place chunks their own way (ZB-V's V) or stash weight versions
+        # (PipeDream), take the memory model itself.
+        if model.moe is not None or model.mtp_depth or par.schedule not in LOOPING_ONE_VERSION:
             return max(s.total_bytes for s in memory_per_stage(model, par, training, dp,
                                                                 self.accelerator))
         p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero

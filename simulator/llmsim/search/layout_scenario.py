@@ -18,9 +18,11 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     Framework settings of the scenario that a layout rules out are dropped, as the
     frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
     run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, uneven first/last stage
-    splits when pp differs from the scenario's, and the MoE all-to-all overlap where no
-    all-to-all is left. The layout's ``expert_tp`` (tp or 1) is set; where it leaves it
-    (0), an ``expert_tp`` equal to the scenario's tp follows the layout's and 1 is kept.
+    splits when pp differs from the scenario's, the MoE all-to-all overlap (and the units
+    it holds) where no all-to-all is left, and the recompute of the norms and MLA
+    up-projections under full recompute. The layout's ``expert_tp`` (tp or 1) is set;
+    where it leaves it (0), an ``expert_tp`` equal to the scenario's tp follows the
+    layout's and 1 is kept.
     """
     par = scenario.parallelism
     updates = layout.parallelism_updates()
@@ -45,6 +47,9 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
                          f"{moe.experts} experts")
     if par.moe_a2a_overlap and layout.ep * (layout.tp if whole else 1) == 1:
         updates["moe_a2a_overlap"] = False
+        updates["moe_comm_units"] = 0  # held only while all-to-alls overlap
+    if layout.recompute == "full":  # recomputes the norms and up-projections already
+        updates["recompute_norms_and_up_proj"] = False
     new_par = type(par).model_validate({**_dump(par), **updates})
     training = scenario.training
     if layout.global_batch != training.global_batch:

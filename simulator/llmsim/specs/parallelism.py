@@ -82,6 +82,11 @@ class Parallelism(Spec):
     §2.1.2, M = 4; Megatron-Core ``--moe-router-group-topk`` with one group a node). It
     changes the price only with ``moe_dispatcher: deepep``, whose network traffic grows
     with the nodes a token reaches. None: no limit."""
+    moe_comm_units: NonNegativeInt = 0
+    """Compute units (SMs) the all-to-all kernels hold beside the computation while an
+    overlapped pair runs (``moe_a2a_overlap`` under DualPipe, :mod:`llmsim.engine.pairs`):
+    the pair's computation runs on the units left. DeepSeek-V3 dedicates 20 of the
+    H800's 132 SMs to its dispatch and combine kernels (report §3.2.2). 0: none held."""
     moe_shared_expert_overlap: bool = False
     """Run the MoE shared experts' forward beside the token all-to-alls: the first
     projection during the dispatch, the second during the combine (Megatron-Core
@@ -116,6 +121,12 @@ class Parallelism(Spec):
     off), instead of blocking before it."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none, attention core only, or every layer."""
+    recompute_norms_and_up_proj: bool = False
+    """Recompute every RMSNorm, and MLA's up-projections, in the backward instead of
+    storing their outputs (DeepSeek-V3 report §3.2.3, "Recomputation of RMSNorm and MLA
+    Up-Projection"): a block keeps its norms' inputs and MLA's latents, not the normalised
+    tensors nor the per-head queries, keys and values. Not with ``recompute: full``,
+    which recomputes them already."""
     overlap_dp_comm: bool = True
     """Overlap the gradient reduction with the backward pass (bucketed)."""
     grad_reduce_dtype: Literal["fp32", "bf16", "fp16"] | None = None
@@ -309,6 +320,17 @@ class Parallelism(Spec):
                 f"{self.zero}; its down and up pipelines need an even pp (Li & Hoefler "
                 "2021 §3.1), and ZeRO-3's per-layer gathers over the two weight replicas "
                 "are not modelled: use an even pp and zero 0 to 2, or another schedule"
+            )
+        if self.moe_comm_units and not self.moe_a2a_overlap:
+            raise ValueError(
+                f"parallelism.moe_comm_units: {self.moe_comm_units} without moe_a2a_overlap; "
+                "the all-to-all kernels hold units only while overlapped: set "
+                "moe_a2a_overlap true, or moe_comm_units 0"
+            )
+        if self.recompute_norms_and_up_proj and self.recompute == "full":
+            raise ValueError(
+                "parallelism.recompute_norms_and_up_proj: true with recompute full, which "
+                "recomputes every layer already; drop it, or use recompute none or selective"
             )
         if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
             raise ValueError(

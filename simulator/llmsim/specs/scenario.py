@@ -262,6 +262,11 @@ class Scenario(Spec):
                 f"parallelism.moe_dispatcher: {par.moe_dispatcher} needs a mixture-of-experts "
                 f"model ({mdl.name} is dense); remove it or give the model a moe section"
             )
+        if trn.fp8_activation_cache and mdl.moe is None:
+            raise ValueError(
+                f"training.fp8_activation_cache: true needs a mixture-of-experts model "
+                f"({mdl.name} is dense); remove it or give the model a moe section"
+            )
         if mdl.moe is not None and mdl.moe.experts % par.expert_ranks:
             raise ValueError(
                 f"parallelism.expert_tp: {par.etp} splits the experts over tp·ep/expert_tp = "

@@ -102,6 +102,13 @@ class Training(Spec):
     histories and scales. ``per_region`` (TE 1.x): once per ``fp8_autocast`` region's
     forward and backward, two kernels for all its tensors; ``per_module`` (TE 0.x): each
     TE module before its own forward and backward, two to four small kernels each."""
+    fp8_activation_cache: bool = False
+    """With ``precision: fp8``, a MoE model's experts keep what their backward needs in
+    FP8 (DeepSeek-V3 report §3.3.3, "Low-Precision Storage and Communication"): the
+    routed experts' input rows (quantised before the dispatch) and the routed and shared
+    experts' activation (SwiGLU) inputs, 1 byte an element plus an FP32 scale per
+    1×128 tile (§3.3.1); the activation's output, the down-projection's input, is
+    recomputed in the backward instead of stored (:mod:`llmsim.experts`)."""
     cuda_graphs: bool = False
     """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
     a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel
@@ -142,6 +149,15 @@ class Training(Spec):
             raise ValueError(
                 f"training.fp8_amax_reduction is true but training.precision is "
                 f"{self.precision}; set precision to fp8 or drop fp8_amax_reduction"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _activation_cache_needs_fp8(self) -> Training:
+        if self.fp8_activation_cache and self.precision != "fp8":
+            raise ValueError(
+                f"training.fp8_activation_cache is true but training.precision is "
+                f"{self.precision}; set precision to fp8 or drop fp8_activation_cache"
             )
         return self
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from llmsim.context import apply_context_parallel
 from llmsim.mla import apply_mla
-from llmsim.moe import replace_mlp
+from llmsim.moe import pairs_overlap, replace_mlp
 from llmsim.mtp import mtp_ops, mtp_params_per_device
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
@@ -162,10 +162,14 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
             (layer_f, layer_r, layer_b, layer_w), builder)
     layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
         (layer_f, layer_r, layer_b, layer_w), builder)
+    if par.recompute_norms_and_up_proj:
+        layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
     moe = None
     if model.moe is not None:
         moe_f, moe_b, moe_w = replace_mlp(layer_f, layer_b, layer_w, builder)
         moe_r = [_as_phase(op, "R") for op in moe_f] if par.recompute == "full" else layer_r
+        if training.fp8_activation_cache:
+            moe_r = [*moe_r, *_recomputed(moe_f, EXPERT_ACTIVATIONS)]
         moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
     emb_f, emb_b, emb_w = builder.embedding()
     head_f, head_b, head_w = builder.head()
@@ -177,6 +181,22 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     mtp_f, mtp_b, mtp_w = mtp_ops(builder, blocks, embedding, head)
     return PassOps(dense, moe, embedding,
                    (head[0] + mtp_f, mtp_b + head[1], mtp_w + head[2]))
+
+
+NORMS_AND_UP_PROJECTIONS = frozenset({"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up",
+                                      "mla_kv_up"})
+"""The forward ops ``parallelism.recompute_norms_and_up_proj`` runs again in the backward
+(DeepSeek-V3 report §3.2.3): the block's two RMSNorms, MLA's latent norms and its
+up-projections."""
+EXPERT_ACTIVATIONS = frozenset({"expert_act", "shared_act"})
+"""The forward ops ``training.fp8_activation_cache`` runs again in the backward
+(DeepSeek-V3 report §3.3.3): the routed and shared experts' activations (SwiGLU), whose
+inputs are cached in FP8 and outputs not kept."""
+
+
+def _recomputed(forward: list[Op], names: frozenset[str]) -> list[Op]:
+    """The ops of ``forward`` named in ``names``, in order, as recompute (phase R) ops."""
+    return [_as_phase(op, "R") for op in forward if op.name in names]
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
@@ -258,6 +278,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
     virtual = {hop: k for k, hop in enumerate(hops)} if hops else {}
     # A separate LM head copy exists only when the first and last chunks sit apart.
     head_p = 1 if hops and hops[0][0] == hops[-1][0] else p
+    # With two pipelines (DualPipe) the last stage's rank holds the other pipeline's
+    # embedding, which its MTP modules share (DeepSeek-V3 §3.2.3): no copy of its own.
+    mtp_copy = SCHEDULES[par.schedule].pipelines == 1
     chunks: dict[tuple[int, int], Chunk] = {}
     for stage in range(p):
         for c in range(v):
@@ -281,7 +304,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
                                                   par.etp)
             _, mtp_experts = mtp_params_per_device(model, par.tp, par.expert_ranks, par.etp,
-                                                   head_p > 1) if last else (0, 0)
+                                                   head_p > 1 and mtp_copy) if last else (0, 0)
             chunks[(stage, c)] = Chunk(
                 stage, c, vs, n, first, last,
                 chunk_params(model, par.tp, n, first, last, head_p, par.expert_ranks, start,
@@ -294,7 +317,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             chunks[(stage, v + c)] = replace(chunks[(p - 1 - stage, c)], stage=stage,
                                              chunk=v + c)
     work = replace(step_traffic(model, par, training, dp), chunks=chunks, optimizer={},
-                   hops=hops, pipelines=pipelines)
+                   hops=hops, pipelines=pipelines, overlapped_pairs=pairs_overlap(par),
+                   pair_comm_units=par.moe_comm_units if pairs_overlap(par) else 0)
     for stage in range(p):
         tensors = sum(param_tensors(model, c.layers, c.first, c.last, head_p)
                       for (s, _), c in chunks.items() if s == stage)

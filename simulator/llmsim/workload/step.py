@@ -130,6 +130,14 @@ class Workload:
     """Whole pipelines sharing the stages (:attr:`ScheduleInfo.pipelines`): 2 for Chimera,
     whose chunk 1 of stage ``s`` is the up pipeline's replica of stage ``p − 1 − s``'s
     layers and runs half the micro-batches."""
+    overlapped_pairs: bool = False
+    """Whether the schedule's forward-backward pairs run overlapped, the all-to-alls of
+    each beside the other's computation (``parallelism.moe_a2a_overlap`` under a schedule
+    with :attr:`ScheduleInfo.overlapped_pairs`, DualPipe; :mod:`llmsim.engine.pairs`);
+    the passes' own all-to-alls are then priced whole."""
+    pair_comm_units: int = 0
+    """Compute units the all-to-all kernels hold while an overlapped pair computes
+    (``parallelism.moe_comm_units``)."""
 
     @property
     def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
