@@ -211,6 +211,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
     blocks, accumulate_from = trace.blocks, trace.accumulate_from_microbatch
+    pass_kinds = trace.pass_kinds  # passes run in an overlapped pair (llmsim.engine.pairs)
     for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
         kind, stream = r.kind, r.stream
         if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
@@ -219,7 +220,8 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
         if stream == "compute" and kind in _PASSES:  # Trace.block_of, inlined
             busy.append(end_s - start_s)
             block = blocks[(r.stage, r.chunk,
-                            "w" if kind == "W" and r.microbatch < accumulate_from else kind)]
+                            (pass_kinds and pass_kinds.get((r.stage, kind, r.microbatch, r.chunk)))
+                            or ("w" if kind == "W" and r.microbatch < accumulate_from else kind))]
             # Record.block_share and Record.slowed_s, inlined.
             duration_s = block.duration_s
             share = (1.0 if duration_s <= 0 else
