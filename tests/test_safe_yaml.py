@@ -95,3 +95,18 @@ def test_the_checks_hold_on_libyaml_events_too():
         parse_yaml("name: &n [1, *n]", FAST)
     assert parse_yaml("a: 010\nb: 1:20\nc: 1e9\nd: yes\ne: !\nf: 0x1f", FAST) == {
         "a": 10, "b": "1:20", "c": 1e9, "d": "yes", "e": None, "f": 31}
+
+
+def test_a_text_read_again_gives_a_fresh_copy_of_its_value():
+    """The parsed values are kept by text; each caller gets its own copy to change."""
+    text = "system: {nodes: 4, groups: [a, b]}\nshared: &s [1]\nagain: *s\n"
+    first = parse_yaml(text)
+    first["system"]["groups"].append("c")
+    first["shared"].append(2)
+    second = parse_yaml(text)
+    assert second == {"system": {"nodes": 4, "groups": ["a", "b"]}, "shared": [1],
+                      "again": [1]}
+    assert second["shared"] is second["again"]  # an alias still names one value
+    for _ in range(2):  # a refusal is not kept: it is refused again
+        with pytest.raises(yaml.YAMLError, match="given twice"):
+            parse_yaml("{tp: 1, tp: 2}")

@@ -23,7 +23,9 @@ a traceback:
 from __future__ import annotations
 
 import codecs
+import copy
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -257,13 +259,38 @@ def parse_yaml(text: str, loader_class: type | None = None) -> Any:
     it refuses is read again in pure Python, so that a refusal is worded, and its line
     given, as PyYAML's pure-Python parser gives them, and so is a document that libyaml
     would read where that parser refuses it (:data:`_PURE_PYTHON_ONLY`). ``loader_class``
-    picks a loader, for tests."""
-    if loader_class is None and len(_LOADERS) > 1 and not _PURE_PYTHON_ONLY.search(text):
+    picks a loader, for tests.
+
+    A text read before is not parsed again: a copy of its value is returned (the last
+    :data:`PARSED_KEPT` texts of up to :data:`PARSED_KEPT_CHARS` characters are kept;
+    ``llmsim validate`` reads the same few catalog files some 500 times)."""
+    if loader_class is not None:
+        return _parse(text, loader_class)
+    if len(text) <= PARSED_KEPT_CHARS:
+        return copy.deepcopy(_parsed(text))
+    return _parse_any(text)
+
+
+PARSED_KEPT = 128
+"""Texts whose values :func:`parse_yaml` keeps."""
+PARSED_KEPT_CHARS = 64 * 1024
+"""Longest text whose value :func:`parse_yaml` keeps, characters (a catalog entry: 1–10 k)."""
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _parsed(text: str) -> Any:
+    """:func:`_parse_any`, remembered (a refusal is not: it raises again)."""
+    return _parse_any(text)
+
+
+def _parse_any(text: str) -> Any:
+    """:func:`parse_yaml` without the memory: libyaml's events, else pure Python."""
+    if len(_LOADERS) > 1 and not _PURE_PYTHON_ONLY.search(text):
         try:
             return _parse(text, _LOADERS[0])
         except (yaml.YAMLError, ValueError):  # ValueError: text libyaml cannot encode
             pass
-    return _parse(text, loader_class or _Loader)
+    return _parse(text, _Loader)
 
 
 def _parse(text: str, loader_class: type) -> Any:
