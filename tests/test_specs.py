@@ -85,8 +85,34 @@ def test_scenario_round_trips():
 
 @pytest.mark.parametrize("spec", [Accelerator, System, Model, Parallelism, Training, Scenario])
 def test_every_field_is_documented(spec):
-    for name, field in spec.model_fields.items():
-        assert field.description, f"{spec.__name__}.{name} has no docstring"
+    docs = spec.field_descriptions()
+    assert set(docs) == set(spec.model_fields)
+    for name, doc in docs.items():
+        assert doc, f"{spec.__name__}.{name} has no docstring"
+
+
+def test_field_descriptions_are_the_attribute_docstrings_an_inherited_field_too():
+    """Read from the source on first ask: the docstring under each field, cleaned of its
+    indentation, the parent's for an inherited field, "" for a field without one."""
+    from typing import ClassVar
+
+    from llmsim.specs._base import Spec
+
+    class Parent(Spec):
+        a_s: float = 1.0
+        """Seconds of a.
+
+        Second paragraph."""
+
+    class Child(Parent):
+        b_bytes: int = 2
+        """Bytes of b."""
+        c: int = 3
+        d: ClassVar[str] = "not a field"
+        """A class variable's docstring is no field's."""
+
+    assert Child.field_descriptions() == {"a_s": "Seconds of a.\n\nSecond paragraph.",
+                                          "b_bytes": "Bytes of b.", "c": ""}
 
 
 def test_specs_are_frozen_and_reject_unknown_fields():

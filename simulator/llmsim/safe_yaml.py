@@ -23,12 +23,18 @@ a traceback:
 from __future__ import annotations
 
 import codecs
+import copy
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.events import Event, ScalarEvent
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.resolver import Resolver
 
 from llmsim.errors import UserError
 
@@ -94,9 +100,11 @@ def read_text(path: str | Path, what: str = "file") -> str:
     return text
 
 
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader with YAML 1.2 core-schema scalars, a depth limit, no duplicate
-    keys and a cap on alias expansion."""
+class _Checks:
+    """What llmsim's loaders add to PyYAML's safe loading: YAML 1.2 core-schema scalars
+    (the resolvers set below), a depth limit, no duplicate keys and, with
+    :func:`_check_expansion`, a cap on alias expansion. Mixed into a loader ahead of
+    PyYAML's ``Composer`` and ``SafeConstructor``."""
 
     _depth = 0
 
@@ -153,6 +161,47 @@ class _Loader(yaml.SafeLoader):
         return float(value)
 
 
+class _Loader(_Checks, yaml.SafeLoader):  # type: ignore[misc]
+    """PyYAML's pure-Python safe loader with llmsim's checks (:class:`_Checks`)."""
+
+
+_CParser = getattr(getattr(yaml, "_yaml", None), "CParser", None)
+"""libyaml's scanner and parser (PyYAML built with it), or None."""
+
+_PURE_PYTHON_ONLY = re.compile("[\t?\ufeff]|[|>][-+0-9]*#")
+"""Text that libyaml may read otherwise than PyYAML's pure-Python scanner: a tab inside a
+plain scalar and a ``?`` inside a plain scalar in a flow collection (libyaml reads a
+string, PyYAML refuses), a comment right after a block scalar's indicator (``>#``) and a
+byte-order mark inside the text (libyaml skips it, PyYAML keeps it in a string). Such a
+document is read in pure Python, so that llmsim reads and refuses what it always has
+(a differential fuzz of the two found no other difference; tests/test_safe_yaml.py)."""
+
+if _CParser is not None and getattr(yaml, "__with_libyaml__", False):
+    class _FastLoader(_Checks, _CParser, Composer, SafeConstructor, Resolver):  # type: ignore[misc, valid-type]
+        """The same loader on libyaml's events: the scanner and parser, nine tenths of
+        the pure-Python loader's time, run in C; the nodes are still composed here in
+        Python (PyYAML's ``Composer``, so :class:`_Checks` sees every node as it is made)."""
+
+        get_single_node = Composer.get_single_node  # not CParser's: it composes in C
+        check_node = Composer.check_node
+        get_node = Composer.get_node
+
+        def __init__(self, stream: str) -> None:
+            _CParser.__init__(self, stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+        def get_event(self) -> Event:
+            event = _CParser.get_event(self)
+            if isinstance(event, ScalarEvent) and event.tag == "!":
+                event.implicit = (True, False)  # as PyYAML's parser marks "!": `a: !` is null
+            return event
+
+    _LOADERS: tuple[type, ...] = (_FastLoader, _Loader)
+else:  # pragma: no cover - PyYAML without libyaml
+    _LOADERS = (_Loader,)
+
 _Loader.yaml_implicit_resolvers = {}
 for _tag, _pattern, _first in (  # YAML 1.2.2 spec, §10.3.2 (core schema), in this order
     ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
@@ -166,6 +215,9 @@ for _tag, _pattern, _first in (  # YAML 1.2.2 spec, §10.3.2 (core schema), in t
                                   list(_first))
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+for _loader in _LOADERS[:-1]:  # the same resolvers and constructors
+    _loader.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
+    _loader.yaml_constructors = _Loader.yaml_constructors
 
 
 def _check_expansion(root: Node) -> None:
@@ -199,10 +251,51 @@ def _check_expansion(root: Node) -> None:
         stack.extend((c, False) for c in children if id(c) not in size)
 
 
-def parse_yaml(text: str) -> Any:
+def parse_yaml(text: str, loader_class: type | None = None) -> Any:
     """The Python value of one YAML document (YAML 1.2 core scalars, the limits above);
-    raises ``yaml.YAMLError`` (often a ``MarkedYAMLError`` with a line) when malformed."""
-    loader = _Loader(text)
+    raises ``yaml.YAMLError`` (often a ``MarkedYAMLError`` with a line) when malformed.
+
+    Read with libyaml's parser where PyYAML has it (about six times faster); a document
+    it refuses is read again in pure Python, so that a refusal is worded, and its line
+    given, as PyYAML's pure-Python parser gives them, and so is a document that libyaml
+    would read where that parser refuses it (:data:`_PURE_PYTHON_ONLY`). ``loader_class``
+    picks a loader, for tests.
+
+    A text read before is not parsed again: a copy of its value is returned (the last
+    :data:`PARSED_KEPT` texts of up to :data:`PARSED_KEPT_CHARS` characters are kept;
+    ``llmsim validate`` reads the same few catalog files some 500 times)."""
+    if loader_class is not None:
+        return _parse(text, loader_class)
+    if len(text) <= PARSED_KEPT_CHARS:
+        return copy.deepcopy(_parsed(text))
+    return _parse_any(text)
+
+
+PARSED_KEPT = 128
+"""Texts whose values :func:`parse_yaml` keeps."""
+PARSED_KEPT_CHARS = 64 * 1024
+"""Longest text whose value :func:`parse_yaml` keeps, characters (a catalog entry: 1–10 k)."""
+
+
+@lru_cache(maxsize=PARSED_KEPT)
+def _parsed(text: str) -> Any:
+    """:func:`_parse_any`, remembered (a refusal is not: it raises again)."""
+    return _parse_any(text)
+
+
+def _parse_any(text: str) -> Any:
+    """:func:`parse_yaml` without the memory: libyaml's events, else pure Python."""
+    if len(_LOADERS) > 1 and not _PURE_PYTHON_ONLY.search(text):
+        try:
+            return _parse(text, _LOADERS[0])
+        except (yaml.YAMLError, ValueError):  # ValueError: text libyaml cannot encode
+            pass
+    return _parse(text, _Loader)
+
+
+def _parse(text: str, loader_class: type) -> Any:
+    """:func:`parse_yaml` with one loader."""
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         if node is None:

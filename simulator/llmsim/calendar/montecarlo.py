@@ -147,9 +147,16 @@ def _lost_s(plan: RunPlan, length: float, failures: np.ndarray,
     tail = -math.expm1(-lam * length)  # P(a failure comes within the segment)
     total = int(failures.sum())
     if total <= MAX_EXACT_DRAWS:
-        t = -np.log1p(-rng.random(total) * tail) / lam
+        # t = -log1p(-u · tail) / λ, in place: millions of draws, and each temporary array
+        # of them cost more in fresh pages than the arithmetic (the same values, bit for bit)
+        t = rng.random(total)
+        np.negative(t, out=t)
+        t *= tail
+        np.log1p(t, out=t)
+        np.negative(t, out=t)
+        t /= lam
         if plan.write_s > 0 and not math.isinf(plan.interval_s):
-            t = t + plan.interval_s * (t < plan.write_s)
+            t += plan.interval_s * (t < plan.write_s)
         run_of = np.repeat(np.arange(failures.size), failures)
         return np.bincount(run_of, weights=t, minlength=failures.size)
     mean = 1.0 / lam - length * (1 - tail) / tail
