@@ -28,7 +28,7 @@ from llmsim.schedules import (
     unit_timeline,
 )
 from llmsim.specs import ScheduleName
-from llmsim.specs.parallelism import NOT_REPLAYED
+from llmsim.specs.parallelism_rules import NOT_REPLAYED
 
 FLAT = ("gpipe", "1f1b", "zb-h1")
 

@@ -7,12 +7,10 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
 
 from llmsim.specs._base import Spec
+from llmsim.specs.parallelism_rules import check_layout_rules
 
 ScheduleName = Literal["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v",
                        "chimera", "dualpipe", "pipedream"]
-NOT_REPLAYED = ("pipedream",)
-"""Schedules ``llmsim schedule show`` draws but the engine does not replay yet
-(PipeDream's run without a flush)."""
 Axis = Literal["tp", "cp", "ep", "dp", "pp"]
 TpOverlapGemmName = Literal["qkv_fprop", "qkv_dgrad", "qkv_wgrad", "proj_fprop", "proj_dgrad",
                             "fc1_fprop", "fc1_dgrad", "fc1_wgrad", "fc2_fprop", "fc2_dgrad"]
@@ -302,109 +300,5 @@ class Parallelism(Spec):
 
     @model_validator(mode="after")
     def _check(self) -> Parallelism:
-        if self.dp_mode == "parameter_server" and (self.zero or self.ep > 1 or self.cp > 1):
-            raise ValueError(
-                f"parallelism.dp_mode: parameter_server with zero {self.zero}, ep {self.ep}, "
-                f"cp {self.cp}; the servers hold whole gradients of dense replicas: set zero "
-                "to 0 and ep and cp to 1, or use dp_mode all_reduce"
-            )
-        if self.schedule in NOT_REPLAYED:
-            raise ValueError(
-                f"parallelism.schedule: {self.schedule} is drawn by `llmsim schedule show` "
-                "but the engine does not replay it yet; use gpipe, 1f1b, interleaved-1f1b, "
-                "zb-h1, zb-h2, zb-v, chimera or dualpipe"
-            )
-        if self.schedule in ("chimera", "dualpipe") and (self.pp % 2 or self.zero == 3):
-            raise ValueError(
-                f"parallelism.schedule: {self.schedule} with pp {self.pp} and zero "
-                f"{self.zero}; its down and up pipelines need an even pp (Li & Hoefler "
-                "2021 §3.1), and ZeRO-3's per-layer gathers over the two weight replicas "
-                "are not modelled: use an even pp and zero 0 to 2, or another schedule"
-            )
-        if self.moe_comm_units and not self.moe_a2a_overlap:
-            raise ValueError(
-                f"parallelism.moe_comm_units: {self.moe_comm_units} without moe_a2a_overlap; "
-                "the all-to-all kernels hold units only while overlapped: set "
-                "moe_a2a_overlap true, or moe_comm_units 0"
-            )
-        if self.recompute_norms_and_up_proj and self.recompute == "full":
-            raise ValueError(
-                "parallelism.recompute_norms_and_up_proj: true with recompute full, which "
-                "recomputes every layer already; drop it, or use recompute none or selective"
-            )
-        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
-            raise ValueError(
-                "parallelism.virtual_stages: 1 with schedule interleaved-1f1b; "
-                "set virtual_stages to 2 or more, or use schedule 1f1b"
-            )
-        if self.schedule == "zb-v" and self.virtual_stages != 2:
-            raise ValueError(
-                f"parallelism.virtual_stages: {self.virtual_stages} with schedule zb-v, which "
-                "places exactly two model chunks on each stage; set virtual_stages to 2"
-            )
-        if self.schedule not in ("interleaved-1f1b", "zb-v") and self.virtual_stages != 1:
-            raise ValueError(
-                f"parallelism.virtual_stages: {self.virtual_stages} needs schedule "
-                f"interleaved-1f1b (got {self.schedule}); change one of them"
-            )
-        if self.overlap_tp_comm and self.tp > 1 and not self.sequence_parallel:
-            raise ValueError(
-                "parallelism.overlap_tp_comm: true needs sequence_parallel: true (the "
-                "overlap pipelines its all-gathers and reduce-scatters, as Megatron-LM's "
-                "--tp-comm-overlap requires --sequence-parallel); set both or neither"
-            )
-        if self.async_tp_allreduce and self.sequence_parallel:
-            raise ValueError(
-                "parallelism.async_tp_allreduce: true needs sequence_parallel: false (with "
-                "sequence parallelism the backward reduce-scatters instead; Megatron-LM "
-                "ignores the flag then); turn one of them off"
-            )
-        if self.overlap_param_gather and self.zero not in (1, 2):
-            raise ValueError(
-                f"parallelism.overlap_param_gather: true needs zero 1 or 2 (got {self.zero}): "
-                "it overlaps the distributed optimizer's weight all-gather; set zero or turn "
-                "it off"
-            )
-        if self.grad_reduce_launch == "pp_aligned" and (
-                self.schedule not in ("1f1b", "interleaved-1f1b") or self.zero == 3):
-            raise ValueError(
-                f"parallelism.grad_reduce_launch: pp_aligned with schedule {self.schedule} "
-                f"and zero {self.zero}; it is how Megatron-Core's DDP issues the reductions "
-                "in its 1f1b and interleaved-1f1b schedules, at zero 0 to 2 — change those, "
-                "or use bucket_ready"
-            )
-        if self.zero == 3:
-            for field in ("grad_bucket_nan_check", "grad_bucket_prescale"):
-                if getattr(self, field):
-                    raise ValueError(
-                        f"parallelism.{field}: true with zero 3; the bucket checks are "
-                        "Megatron-Core DDP's, whose ZeRO stops at 2 — set zero to 1 or 2, or "
-                        "turn it off"
-                    )
-        if self.pp == 1:
-            for field in ("first_stage_layers", "last_stage_layers"):
-                if getattr(self, field) is not None:
-                    raise ValueError(
-                        f"parallelism.{field}: {getattr(self, field)} needs pp ≥ 2 (one stage "
-                        "holds every layer); remove it or raise pp"
-                    )
-        if self.layers_per_stage is not None and (
-                len(self.layers_per_stage) != self.pp or self.first_stage_layers is not None
-                or self.last_stage_layers is not None):
-            raise ValueError(
-                f"parallelism.layers_per_stage: {self.layers_per_stage} must give one count "
-                f"per stage (pp = {self.pp}) and replaces first_stage_layers / "
-                "last_stage_layers; give pp counts and remove those two"
-            )
-        if self.expert_tp is not None and self.tp % self.expert_tp:
-            raise ValueError(
-                f"parallelism.expert_tp: {self.expert_tp} does not divide tp {self.tp}; the "
-                "routed experts are split over adjacent ranks of the TP group (Megatron-Core's "
-                "tp·cp·dp = expert_tp·ep·expert-dp) — choose a divisor of tp, or remove it"
-            )
-        if sorted(self.rank_order) != sorted(["tp", "cp", "ep", "dp", "pp"]):
-            raise ValueError(
-                f"parallelism.rank_order: {self.rank_order} must list each of tp, cp, ep, dp, pp "
-                "exactly once"
-            )
+        check_layout_rules(self)
         return self
