@@ -28,6 +28,7 @@ from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
+from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.specs import Scenario
 from llmsim.workload import (
     Chunk,
@@ -212,6 +213,23 @@ class Estimator(SharedParts):
                 own.chunk_backward, own.first_forward_gather,
                 chunk_forward=own.chunk_forward), count])
             tails.append(kind.tail_s)
+        if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
+            devices = [Device(st, all_chunks[(kinds[key].stage, 0)], kinds[key].tensors,
+                              kinds[key].times.grad_buckets[0])
+                       for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
+                                                          runs, strict=True)
+                       for _ in range(n)]
+            pipe, ready, opt_s = phase_s(devices, par.schedule, m,
+                                         blocking=not par.overlap_pp_comm,
+                                         overlap_dp=par.overlap_dp_comm, traffic=traffic,
+                                         costs=costs, par=par, training=trn, node_of=node_of)
+            return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
+                            dp_tail_s=ready - pipe, optimizer_s=opt_s,
+                            model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
+                            tokens_per_step=trn.tokens_per_step, devices=sc.devices,
+                            peak_flops_per_device=sc.system.node.accelerator.peak_flops(
+                                trn.precision),
+                            run_flops=trn.flops, run_tokens=trn.tokens)
         # The optimizer step of each kind of stage (the slowest one's is on the step's path).
         work = replace(traffic, chunks=all_chunks)
         opt_s = 0.0
