@@ -223,7 +223,7 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
                     continue
                 if schedule == "interleaved-1f1b" and (per_replica // mb) % pp:
                     continue
-                if not allows(schedule, pp, per_replica // mb):  # Chimera's, DualPipe's m
+                if not allows(schedule, pp, per_replica // mb, zero):  # Chimera's, DualPipe's m
                     continue
                 for sp in _choices("sequence_parallel", [False, True] if tp > 1 else [False],
                                    fx):

@@ -42,12 +42,15 @@ def has_two_pipelines(schedule: str) -> bool:
     return SCHEDULES[schedule].pipelines > 1
 
 
-def allows(schedule: str, p: int, m: int) -> bool:
-    """Whether ``schedule`` can run ``m`` micro-batches on ``p`` stages: for Chimera and
-    DualPipe an even p (both) and whole units of p micro-batches (Chimera, Li & Hoefler
-    2021 §3.5) or an even m ≥ 2p (DualPipe, deepseek-ai/DualPipe's assertion); the
-    schedules' own rules, checked here so that the search does not build a scenario to
-    learn it. Every other schedule: True."""
+def allows(schedule: str, p: int, m: int, zero: int = 0) -> bool:
+    """Whether ``schedule`` can run ``m`` micro-batches on ``p`` stages at ZeRO stage
+    ``zero``: for Chimera and DualPipe an even p and ZeRO 0–2 (both, the parallelism
+    spec's rule) and whole units of p micro-batches (Chimera, Li & Hoefler 2021 §3.5) or
+    an even m ≥ 2p (DualPipe, deepseek-ai/DualPipe's assertion); the schedules' own
+    rules, checked here so that the search does not build a scenario to learn them.
+    Every other schedule: True."""
+    if has_two_pipelines(schedule) and zero == 3:
+        return False
     if schedule == "chimera":
         return p % 2 == 0 and m % p == 0
     if schedule == "dualpipe":
