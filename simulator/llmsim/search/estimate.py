@@ -29,6 +29,11 @@ from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
+from llmsim.search.zero3_queue import (
+    cooldown_share,
+    per_microbatch_s,
+    reduce_scatter_wait_s,
+)
 from llmsim.specs import Scenario
 from llmsim.workload import (
     Chunk,
@@ -130,6 +135,7 @@ class Estimator(SharedParts):
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops = placement(par.schedule, p, v)  # () for the looping c·p + s
+        cooled = cooldown_share(par.schedule, p, m, v) if zero3 else 0.0
         virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
@@ -142,6 +148,7 @@ class Estimator(SharedParts):
             if kind is None:
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
                 grads: list[tuple[int, float]] = []
+                rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 backward: list[tuple[float, float]] = []
                 forward: list[float] = []
                 chunks: dict[tuple[int, int], Chunk] = {}
@@ -181,13 +188,19 @@ class Estimator(SharedParts):
                     tensors_s += tensors
                     chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
                     grads.append(bucket)
+                    if zero3 and par.overlap_dp_comm:
+                        first = cf if traffic.regather_for_recompute else \
+                            cooled * cb + (1 - cooled) * cf  # the next pass's, all layers
+                        rs_waits.append(reduce_scatter_wait_s(
+                            bucket, layer_gather, first / units, prefetch=par.prefetch_weights))
                     if gathers_f_on:
                         gathers_f += units * layer_gather
                     if gathers_b_on:
                         gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
                     if overlapped_gather:  # the first forward's layers wait for their weights
                         waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
-                own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m,
+                own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m
+                                 + per_microbatch_s(rs_waits, m),
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward)
