@@ -6,21 +6,20 @@ issued (:mod:`llmsim.engine.gathers`, :mod:`llmsim.engine.uncontended_gathers`):
 each weight-gradient pass (W) the chunk's gradient buckets are reduce-scattered, and
 the next pass's layer gathers, issued one layer ahead (``prefetch_weights``) or when
 each layer is reached, queue behind them. The next pass's first layer was gathered
-while W ran; its second layer's gather waits for every bucket of that W. So after each
-W but the stage's last (whose reduce-scatters are the step's tail,
-:func:`llmsim.search.pipeline.reduction_tail_s`) the compute stream stands idle for
+while W ran, so its second layer starts ``R + g`` after the W ends instead of
+``max(u, g)``: after each W but the stage's last (whose reduce-scatters are the step's
+tail, :func:`llmsim.search.pipeline.reduction_tail_s`) the next pass ends later by
 
-    wait = max(0, R + g − u)    with prefetch,
-    wait = R                    without (the first layer's gather waits too),
+    wait = max(0, R − max(0, u − g))    with prefetch,
+    wait = R                            without (the first layer's gather waits too),
 
 ``R`` the chunk's buckets back to back, ``g`` one layer's gather, ``u`` the next pass's
 first layer: a forward layer in the steady state of 1F1B (F follows W), a backward
 layer in its cool-down (B follows W), weighted by the share of each
-(:func:`cooldown_share`).
-The estimator's per-pass closed forms take each pass as the slower of its compute and
-its gathers, so without this term they miss that wait: measured on 12 sampled
-interleaved ZeRO-3 layouts of ``selene-gpt3`` the estimate was 0.66–0.94 of the engine
-(``docs/search.md``).
+(:func:`cooldown_share`). The estimator's per-pass closed forms take each pass as the
+slower of its compute and its gathers, so without this term they miss that wait:
+measured on 12 sampled interleaved ZeRO-3 layouts of ``selene-gpt3`` the estimate was
+0.66–0.94 of the engine (``docs/search.md``).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ def reduce_scatter_wait_s(buckets: tuple[int, float], layer_gather_s: float,
     queued_s = count * seconds
     if not prefetch:
         return queued_s
-    return max(0.0, queued_s + layer_gather_s - next_layer_s)
+    return max(0.0, queued_s - max(0.0, next_layer_s - layer_gather_s))
 
 
 def per_microbatch_s(waits: list[float], m: int) -> float:
