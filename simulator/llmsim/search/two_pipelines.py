@@ -23,8 +23,8 @@ here with each chunk's last backward taken from the walk), then the pair ``s``,
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
 
 from llmsim.in_flight import schedule_order
@@ -71,10 +71,31 @@ class CompiledOrder:
     last_w: dict[tuple[int, int], int]
 
 
-@lru_cache(maxsize=256)
+CACHE_PASSES = 3_000_000
+"""Most passes of compiled orders one process keeps (least recently used dropped), as
+:data:`llmsim.search.zb_v_walk.CACHE_PASSES`."""
+_CACHE: OrderedDict[tuple[str, int, int], CompiledOrder] = OrderedDict()
+_CACHED_PASSES = [0]
+
+
 def compiled(schedule: str, p: int, m: int) -> CompiledOrder:
     """The compiled order of ``schedule`` (Chimera or DualPipe) over ``p`` stages and
-    ``m`` micro-batches (memoised per process)."""
+    ``m`` micro-batches (memoised per process up to :data:`CACHE_PASSES` passes)."""
+    key = (schedule, p, m)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    hit = _CACHE[key] = _compile(schedule, p, m)
+    _CACHED_PASSES[0] += len(hit.passes)
+    while _CACHED_PASSES[0] > CACHE_PASSES and len(_CACHE) > 1:
+        _, old = _CACHE.popitem(last=False)
+        _CACHED_PASSES[0] -= len(old.passes)
+    return hit
+
+
+def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
+    """Walk the order once, recording for each pass what it waits for."""
     order = schedule_order(schedule, p, m, 1)
     route = SCHEDULES[schedule].route_of(p, m, 1)
     split = schedule in SPLIT_BACKWARD
