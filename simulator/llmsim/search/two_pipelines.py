@@ -99,7 +99,13 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
     order = schedule_order(schedule, p, m, 1)
     route = SCHEDULES[schedule].route_of(p, m, 1)
     split = schedule in SPLIT_BACKWARD
-    routes = [route(mb) for mb in range(m)]
+    positions: dict[tuple, dict[tuple[int, int], int]] = {}  # a route → (stage, chunk) → k
+    routes = []
+    for mb in range(m):
+        hops = route(mb)
+        if hops not in positions:
+            positions[hops] = {hop: k for k, hop in enumerate(hops)}
+        routes.append(positions[hops])
     last = p - 1
     # (kind, micro-batch, virtual stage) → (pass, device) whose end releases it
     produced: dict[tuple[str, int, int], tuple[int, int]] = {}
@@ -112,7 +118,7 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
         for s, row in enumerate(order):
             while position[s] < len(row):
                 a = row[position[s]]
-                k = routes[a.microbatch].index((s, a.chunk))
+                k = routes[a.microbatch][(s, a.chunk)]
                 if a.kind == "F":
                     need = ("F", a.microbatch, k - 1) if k > 0 else None
                 elif a.kind == "B":
