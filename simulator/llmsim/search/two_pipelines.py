@@ -209,7 +209,7 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
     split = schedule in SPLIT_BACKWARD
     done: list[float] = []
     last_pass = [0.0] * p
-    for k, (s, *_rest) in enumerate(order.passes, start=1):
+    for k, (s, *_) in enumerate(order.passes, start=1):
         last_pass[s] = end[k]
     for s, dev in enumerate(devices):
         chunks = []
@@ -228,11 +228,11 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
             finish = max(finish, free)
         done.append(finish)
     # The two replicas' gradients summed between s and p − 1 − s, then the optimizer.
-    chunks = {}
+    held_chunks = {}
     for s, dev in enumerate(devices):
-        chunks[(s, 0)] = dev.chunk
-        chunks[(s, 1)] = replace(devices[p - 1 - s].chunk, stage=s, chunk=1)
-    work = replace(traffic, chunks=chunks, pipelines=2)
+        held_chunks[(s, 0)] = dev.chunk
+        held_chunks[(s, 1)] = replace(devices[p - 1 - s].chunk, stage=s, chunk=1)
+    work = replace(traffic, chunks=held_chunks, pipelines=2)
     ready_all, opt_s = 0.0, 0.0
     for s, dev in enumerate(devices):
         mirror = p - 1 - s
