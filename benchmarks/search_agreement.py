@@ -4,6 +4,8 @@ Usage::
 
     python benchmarks/search_agreement.py                 # validation rows + 200 layouts
     python benchmarks/search_agreement.py --layouts 50 --scenario frontier
+    python benchmarks/search_agreement.py --no-rows --layouts 12 --fix zero=3 \
+        --fix schedule=interleaved-1f1b                   # one part of the space
 
 For every validation row (the target set and the rest) and for a seeded random sample of
 layouts of a scenario's search space that fit in memory, prints the distribution of the
@@ -23,7 +25,7 @@ import pandas as pd
 import llmsim
 from llmsim.search.estimate import Estimator
 from llmsim.search.price import state_fits
-from llmsim.search.space import SpaceOptions, apply, cores, switch_variants
+from llmsim.search.space import SpaceOptions, apply, cores, parse_fix, switch_variants
 from llmsim.simulation import simulate
 
 
@@ -46,11 +48,12 @@ def validation_rows() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def sampled_layouts(name: str, count: int, seed: int) -> pd.DataFrame:
+def sampled_layouts(name: str, count: int, seed: int,
+                    fixed: dict | None = None) -> pd.DataFrame:
     scenario = llmsim.load_scenario(name)
-    options = SpaceOptions(fixed={})
+    options = SpaceOptions(fixed=fixed or {})
     space = [v for c in cores(scenario, options, state_fits(scenario, 0.1))
-             for v in switch_variants(c, {})]
+             for v in switch_variants(c, fixed or {})]
     rng, est, rows = random.Random(seed), Estimator(), []
     limit = scenario.system.node.accelerator.hbm_bytes * 0.9
     while len(rows) < count:
@@ -74,13 +77,17 @@ def main() -> None:
     parser.add_argument("--scenario", default="selene-gpt3")
     parser.add_argument("--layouts", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
+                        help="sample only layouts with this value (as llmsim search --fix)")
+    parser.add_argument("--no-rows", action="store_true", help="skip the validation rows")
     args = parser.parse_args()
-    rows = validation_rows()
-    print("validation target rows:", describe(rows[rows["target"]]["ratio"].tolist()))
-    print("all validation rows:   ", describe(rows["ratio"].tolist()))
-    worst = rows.iloc[(rows["ratio"] - 1).abs().argsort()[::-1][:3]]
-    print("  furthest:", ", ".join(f"{r.id} {r.ratio:.4f}" for r in worst.itertuples()))
-    table = sampled_layouts(args.scenario, args.layouts, args.seed)
+    if not args.no_rows:
+        rows = validation_rows()
+        print("validation target rows:", describe(rows[rows["target"]]["ratio"].tolist()))
+        print("all validation rows:   ", describe(rows["ratio"].tolist()))
+        worst = rows.iloc[(rows["ratio"] - 1).abs().argsort()[::-1][:3]]
+        print("  furthest:", ", ".join(f"{r.id} {r.ratio:.4f}" for r in worst.itertuples()))
+    table = sampled_layouts(args.scenario, args.layouts, args.seed, parse_fix(args.fix))
     print(f"{args.layouts} random fitting layouts of {args.scenario}:",
           describe(table["ratio"].tolist()))
     rho = table["estimate_s"].rank().corr(table["engine_s"].rank())

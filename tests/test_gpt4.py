@@ -12,6 +12,7 @@ from test_cli import run_cli
 
 from llmsim import gpt4, gpt4_sources, loader
 from llmsim.errors import UserError
+from llmsim.simulation import simulate
 
 
 def test_source_method_reproduces_the_source_arithmetic():
@@ -42,7 +43,7 @@ def test_source_method_counts_packages_in_llmsim_devices():
     ("lumi", 2_978, 40_960),      # 20,480 packages = 40,960 GCDs > 2,978 nodes × 8
     ("aurora", 10_624, 127_488),  # 63,744 GPUs = 127,488 stacks = 10,624 nodes × 12
     ("fugaku", 158_976, 158_976),
-])  # abci: the catalog's heterogeneous hand layout, no search (test_cli_end_to_end...)
+])  # abci: its placements on the node groups are searched (test_cli_end_to_end...)
 def test_search_base_is_the_sources_count_or_the_whole_machine(system, nodes, source_devices):
     row = next(r for r in gpt4_sources.SOURCE_TABLE if r.system == system)
     catalog, base, devices = gpt4.whole_machine(row)
@@ -92,7 +93,10 @@ def test_cli_end_to_end_on_one_machine(tmp_path, capsys):
     assert float(row["source_days"]) == 770
     assert float(row["days_over_source"]) == pytest.approx(float(row["days"]) / 770)
     assert int(row["devices"]) + int(row["idle_devices"]) == 960 + 4_352  # the whole job
-    assert int(row["idle_devices"]) == 0 and row["catalog_layout_won"] == "True"
+    # the catalog's placement is run too: a sampled placement search never makes it worse
+    catalog = loader.load_scenario("abci")
+    assert float(row["days"]) <= simulate(catalog).days_to_train * (1 + 1e-12)
+    assert (row["catalog_layout_won"] == "True") == (row["layout"] == gpt4.compact_of(catalog))
     assert 0 < float(row["mfu"]) < 1 and 0 < float(row["memory_gb"]) <= 40
     # the whole run (llmsim.calendar): failures and checkpoints only add days
     assert float(row["days"]) <= float(row["calendar_days_p10"]) \

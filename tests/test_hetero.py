@@ -251,7 +251,9 @@ def test_system_of_groups_takes_its_first_groups_nodes(tmp_path, capsys) -> None
     assert len(err.strip().splitlines()) == 1
 
 
-def test_search_refuses_a_placement(capsys) -> None:
-    code, _, err = run_cli(["search", "abci", "--max-layouts", "3", "--workers", "1"], capsys)
-    assert code == 2 and "the layout search does not vary" in err
-    assert len(err.strip().splitlines()) == 1
+def test_search_of_a_placement_searches_the_placement(capsys) -> None:
+    """(llmsim.search.placement_search; tests/test_placement_search.py runs it whole.)"""
+    code, out, err = run_cli(["search", "abci", "--max-layouts", "3", "--workers", "1"],
+                             capsys)
+    assert code == 0, err
+    assert "abci: " in out and "(a random sample)" in out

@@ -87,8 +87,9 @@ def search(
     objective: Annotated[str, typer.Option(
         help="What to optimise: days, step_time, mfu or tokens_per_device.")] = "days",
     top: Annotated[int, typer.Option(help="Best layouts re-run by the SimPy engine.")] = 20,
-    memory_headroom: Annotated[float, typer.Option(
-        help="Share of device memory a layout must leave free (0.1 = 10 %).")] = 0.10,
+    memory_headroom: Annotated[float | None, typer.Option(
+        help="Share of device memory a layout must leave free (default 0.1 = 10 %; 0 for "
+        "a heterogeneous job's placements, whose layer balance fills each stage).")] = None,
     batch_range: Annotated[str | None, typer.Option(
         metavar="LOW..HIGH", help="Let the global batch vary over this range of sequences "
         "(default: the scenario's).")] = None,
@@ -211,6 +212,8 @@ def describe(row: object) -> str:
     r = row  # a pandas row or a mapping
     parts = [f"tp{r['tp']}", f"pp{r['pp']}", f"dp{r['dp']}"]
     parts += [f"{axis}{r[axis]}" for axis in ("ep", "cp") if r.get(axis, 1) > 1]
+    if isinstance(r.get("placement"), str):  # a heterogeneous job's (placement_search)
+        parts.append(r["placement"])
     schedule = r["schedule"] if r["pp"] > 1 else ""
     if schedule == "interleaved-1f1b":
         schedule = f"int-v{r['virtual_stages']}"

@@ -95,7 +95,12 @@ def compact_of(scenario: Scenario) -> str:
     """:func:`compact` of a scenario's layout."""
     from llmsim.search.space import layout_of
 
-    return compact(layout_of(scenario))
+    text = compact(layout_of(scenario))
+    if scenario.placement is not None:  # a heterogeneous job's (search.placement_search)
+        from llmsim.search.placement_search import describe_placement
+
+        text += f" · {describe_placement(scenario.placement)}"
+    return text
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def run_system(row: SourceRow, *, max_layouts: int | None, top: int, workers: in
     import pandas as pd
 
     if row.hand_layout:
-        return run_hand_layout(row)
+        return run_hand_layout(row, max_layouts)
     from llmsim.calendar.summary import table_columns
     from llmsim.search import search
     from llmsim.search.confirm import layout_of_row
@@ -262,7 +267,8 @@ def to_frame(results: list[SystemResult]) -> pd.DataFrame:
             "source_days": r.source.source_days, "source_doubtful": r.source.source_doubtful,
             "peak_eflops": r.peak_flops / 1e18, "factor": r.source.factor,
             "factor_stated": r.source.factor_stated, "method_days": r.method_days,
-            "layout": compact(layout_of_row(e)) if e else None,
+            "layout": (compact(layout_of_row(e)) + (f" · {e['placement']}" if e.get("placement")
+                                                    else "")) if e else None,
             "catalog_layout_won": r.catalog_layout_won,
             "step_time_s": e.get("step_time_s"), "mfu": e.get("mfu"),
             "memory_gb": e.get("memory_gb"), "days": r.days if e else None,
@@ -300,19 +306,26 @@ def days_table(systems: str | None = None, *, max_layouts: int | None = DEFAULT_
     return to_frame(results), results
 
 
-def run_hand_layout(row: SourceRow) -> SystemResult:
-    """``row``'s catalog scenario, layout and all, through the engine (no search): the row
-    of a heterogeneous machine (:attr:`SourceRow.hand_layout`)."""
+def run_hand_layout(row: SourceRow, max_layouts: int | None = None) -> SystemResult:
+    """``row``'s heterogeneous machine (:attr:`SourceRow.hand_layout`): the catalog
+    scenario's own placement and the best of the placements searched on its node groups
+    (:mod:`llmsim.search.placement_search`: every candidate, or a seeded sample of
+    ``max_layouts``), each run by the engine; the fewer days win."""
     import time
 
     from llmsim import loader
     from llmsim.calendar.summary import table_columns
+    from llmsim.search.placement_search import describe_placement, search_placements
     from llmsim.search.space import layout_of
     from llmsim.simulation import simulate
 
     started = time.perf_counter()
-    catalog = loader.load_scenario(row.scenario)
-    result = simulate(catalog.model_copy(update={"fidelity": "reduced"}))
+    catalog = loader.load_scenario(row.scenario).model_copy(update={"fidelity": "reduced"})
+    result = simulate(catalog)
+    rows, searched, info = search_placements(catalog, max_candidates=max_layouts)
+    won = searched is None or not result.fits or rows[0]["days"] >= result.days_to_train
+    if not won:
+        catalog, result = searched, simulate(searched)
     calendar = table_columns(result)  # failures, checkpoints, energy (llmsim.calendar)
     peak = sum(part_peak_flops(p) for p in row.parts)
     method = source_method_days(catalog.training.flops or 0.0, peak, row.factor)
@@ -326,7 +339,9 @@ def run_hand_layout(row: SourceRow) -> SystemResult:
               "mfu": result.mfu, "days": result.days_to_train,
               "memory_gb": max(m.total_bytes for m in result.memory) / 1e9,
               "fits": result.fits, "devices": catalog.devices,
-              "idle_devices": source_devices - catalog.devices}
+              "idle_devices": source_devices - catalog.devices,
+              "placement": describe_placement(catalog.placement)}
     return SystemResult(row, source_devices, source_devices, peak, method,
-                        catalog if result.fits else None, engine, True, bottleneck, 0, 0,
+                        catalog if result.fits else None, engine, won, bottleneck,
+                        info.priced + info.out_of_memory + info.invalid + 1, 0,
                         time.perf_counter() - started, calendar)

@@ -52,9 +52,10 @@ class SourceRow:
     max_tp: int | None = None
     """Largest TP degree searched (None: the search's default, a node's devices or 8)."""
     hand_layout: bool = False
-    """Run the catalog scenario's own layout through the engine instead of searching
-    (:func:`run_hand_layout`): the search does not place pipeline stages on node groups,
-    so a heterogeneous machine's row is its hand layout."""
+    """A heterogeneous machine (:func:`run_hand_layout`): the catalog scenario's own
+    placement and the placements searched on its node groups
+    (:mod:`llmsim.search.placement_search`), each run by the engine, instead of the
+    layout search of one group."""
     max_layouts: int | None = None
     """Core layouts sampled on this machine when ``--max-layouts`` is not given (None:
     the whole space)."""
@@ -88,9 +89,9 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
               770, False, GPU_FACTOR, False,
-              "the heterogeneous job (15 A100 + 68 V100 pipeline stages, FP16) is the catalog "
-              "scenario's hand layout run by the engine: the search does not place stages on "
-              "node groups", hand_layout=True),
+              "the heterogeneous job (A100 and V100 node groups in one job, FP16): its "
+              "placement of stages or replicas on the groups searched and run by the engine",
+              hand_layout=True),
 )
 """The source's table (brief.md: machine, accelerators, days) and its method's factors."""
 

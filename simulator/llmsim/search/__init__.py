@@ -82,6 +82,11 @@ class SearchSummary:
     the ``top`` best (``bound``; 0 without it)."""
 
 
+DEFAULT_HEADROOM = 0.10
+"""Share of device memory a layout must leave free unless told otherwise (a heterogeneous
+job's placements: none, :mod:`.placement_search`)."""
+
+
 def search(
     scenario: Scenario,
     *,
@@ -89,7 +94,7 @@ def search(
     fix: Mapping[str, Any] | list[str] | None = None,
     batch_range: tuple[int, int] | None = None,
     max_layouts: int | None = None,
-    memory_headroom: float = 0.10,
+    memory_headroom: float | None = None,
     top: int = 20,
     workers: int | None = None,
     client: Any = None,
@@ -118,7 +123,12 @@ def search(
     priced most devices first and those that provably cannot be among the estimator's
     ``top`` best are skipped (:mod:`.bound`; ``summary.skipped``). With
     ``max_parameter_servers``, parameter servers in place of the gradient all-reduce
-    (``dp_mode: parameter_server``).
+    (``dp_mode: parameter_server``). ``memory_headroom`` is 0.1 unless given.
+
+    A scenario with a ``placement`` (a heterogeneous job) has its placement searched
+    instead: stages or replicas on its system's node groups, each run by the engine
+    (:func:`.placement_search.placement_table`; ``objective``, ``max_layouts`` and
+    ``memory_headroom``, 0 unless given, apply; the other options do not).
     """
     started = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -127,7 +137,7 @@ def search(
             and scenario.training.flops is None:
         raise UserError("--objective: days needs training.tokens or training.flops in the "
                         "scenario; set one, or use --objective step_time")
-    if not 0 <= memory_headroom < 1:
+    if memory_headroom is not None and not 0 <= memory_headroom < 1:
         raise UserError(f"--memory-headroom: {memory_headroom} must be at least 0 and below 1 "
                         "(a share of device memory, e.g. 0.1)")
     if top < 0:
@@ -135,10 +145,12 @@ def search(
     if max_parameter_servers < 0:
         raise UserError(f"--max-parameter-servers: {max_parameter_servers} must be 0 (none) "
                         "or more")
-    if scenario.placement is not None:
-        raise UserError(f"scenario {scenario.name!r}: its placement puts pipeline stages on "
-                        "node groups, which the layout search does not vary; remove placement "
-                        "to search the system's first group (docs/heterogeneous.md)")
+    if scenario.placement is not None:  # a heterogeneous job: its placement is searched
+        from llmsim.search.placement_search import placement_table
+
+        return placement_table(scenario, objective=objective, max_layouts=max_layouts,
+                               memory_headroom=memory_headroom or 0.0)
+    memory_headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
     if confirm_timeout_s is not None and not confirm_timeout_s > 0:
         raise UserError(f"--confirm-timeout: {confirm_timeout_s} must be above 0 (seconds "
                         "one engine run may take)")

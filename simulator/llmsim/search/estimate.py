@@ -28,6 +28,12 @@ from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
+from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
+from llmsim.search.zero3_queue import (
+    cooldown_share,
+    per_microbatch_s,
+    reduce_scatter_wait_s,
+)
 from llmsim.specs import Scenario
 from llmsim.workload import (
     Chunk,
@@ -129,6 +135,7 @@ class Estimator(SharedParts):
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops = placement(par.schedule, p, v)  # () for the looping c·p + s
+        cooled = cooldown_share(par.schedule, p, m, v) if zero3 else 0.0
         virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
@@ -141,6 +148,7 @@ class Estimator(SharedParts):
             if kind is None:
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
                 grads: list[tuple[int, float]] = []
+                rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 backward: list[tuple[float, float]] = []
                 forward: list[float] = []
                 chunks: dict[tuple[int, int], Chunk] = {}
@@ -180,13 +188,19 @@ class Estimator(SharedParts):
                     tensors_s += tensors
                     chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
                     grads.append(bucket)
+                    if zero3 and par.overlap_dp_comm:
+                        first = cf if traffic.regather_for_recompute else \
+                            cooled * cb + (1 - cooled) * cf  # the next pass's, all layers
+                        rs_waits.append(reduce_scatter_wait_s(
+                            bucket, layer_gather, first / units, prefetch=par.prefetch_weights))
                     if gathers_f_on:
                         gathers_f += units * layer_gather
                     if gathers_b_on:
                         gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
                     if overlapped_gather:  # the first forward's layers wait for their weights
                         waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
-                own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m,
+                own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m
+                                 + per_microbatch_s(rs_waits, m),
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward)
@@ -212,6 +226,23 @@ class Estimator(SharedParts):
                 own.chunk_backward, own.first_forward_gather,
                 chunk_forward=own.chunk_forward), count])
             tails.append(kind.tail_s)
+        if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
+            devices = [Device(st, all_chunks[(kinds[key].stage, 0)], kinds[key].tensors,
+                              kinds[key].times.grad_buckets[0])
+                       for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
+                                                          runs, strict=True)
+                       for _ in range(n)]
+            pipe, ready, opt_s = phase_s(devices, par.schedule, m,
+                                         blocking=not par.overlap_pp_comm,
+                                         overlap_dp=par.overlap_dp_comm, traffic=traffic,
+                                         costs=costs, par=par, training=trn, node_of=node_of)
+            return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
+                            dp_tail_s=ready - pipe, optimizer_s=opt_s,
+                            model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
+                            tokens_per_step=trn.tokens_per_step, devices=sc.devices,
+                            peak_flops_per_device=sc.system.node.accelerator.peak_flops(
+                                trn.precision),
+                            run_flops=trn.flops, run_tokens=trn.tokens)
         # The optimizer step of each kind of stage (the slowest one's is on the step's path).
         work = replace(traffic, chunks=all_chunks)
         opt_s = 0.0

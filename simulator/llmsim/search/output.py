@@ -32,7 +32,8 @@ def scenario_yaml(scenario: Scenario, note: str = "") -> str:
     data["system"] = scenario.system.model_dump(mode="json")
     data["model"] = scenario.model.model_dump(mode="json")
     data["training"] = scenario.training.model_dump(mode="json", exclude_defaults=True)
-    data["nodes"] = scenario.nodes_used
+    if scenario.placement is None:  # a placement says the nodes of each group itself
+        data["nodes"] = scenario.nodes_used
     data["fidelity"] = "reduced"
     if note:
         data["description"] = (scenario.description + " " + note).strip()
@@ -63,7 +64,7 @@ def write_outputs(table: pd.DataFrame, out: Path, fmt: str = "csv") -> list[Path
             best, f"[Best layout of `llmsim search` by {table.attrs['summary'].objective}: "
                   f"{row['key']}.]"), encoding="utf-8")
         written.append(path)
-    if len(table) and "est_step_time_s" in table:
+    if len(table) and "est_step_time_s" in table and table["est_step_time_s"].notna().any():
         path = out / "search.png"
         plot(table).savefig(path, dpi=120, bbox_inches="tight")
         written.append(path)

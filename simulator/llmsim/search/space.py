@@ -17,6 +17,7 @@ from typing import Any
 from llmsim.errors import UserError
 from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
 from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_layout
+from llmsim.search.two_pipelines import allows
 from llmsim.specs import Scenario
 
 __all__ = ["LAYOUT_FIELDS", "RECOMPUTE", "SCHEDULES", "SWITCHES", "Layout", "SpaceOptions",
@@ -25,9 +26,12 @@ __all__ = ["LAYOUT_FIELDS", "RECOMPUTE", "SCHEDULES", "SWITCHES", "Layout", "Spa
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
 which were defined here before."""
 
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2", "zb-v")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2", "zb-v", "chimera",
+             "dualpipe")
 """The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
-the same as any other; ZB-V with its two chunks per stage)."""
+the same as any other; ZB-V with its two chunks per stage; Chimera and DualPipe with
+their two pipelines, :mod:`.two_pipelines`). PipeDream is not among them: its
+asynchronous updates are not a step the engine replays (``NOT_REPLAYED``)."""
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -218,6 +222,8 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
                 if per_replica % mb:
                     continue
                 if schedule == "interleaved-1f1b" and (per_replica // mb) % pp:
+                    continue
+                if not allows(schedule, pp, per_replica // mb, zero):  # Chimera's, DualPipe's m
                     continue
                 for sp in _choices("sequence_parallel", [False, True] if tp > 1 else [False],
                                    fx):

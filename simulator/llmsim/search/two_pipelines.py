@@ -1,0 +1,248 @@
+"""The estimator's form of the schedules with two pipelines: Chimera and DualPipe.
+
+Chimera (Li & Hoefler 2021 §3) and DualPipe (DeepSeek-V3 report §3.2.1) run a down and
+an up pipeline on the same ``p`` devices: device ``s`` holds stage ``s`` of the down
+pipeline (chunk 0) and stage ``p − 1 − s`` of the up one (chunk 1), a second replica of
+the weights, and half the micro-batches go each way (:mod:`llmsim.schedules.chimera`,
+:mod:`llmsim.schedules.dualpipe`). Neither has a closed form once the stages differ
+(the first and last stages' embedding and LM head sit on devices 0 and p − 1 twice
+over), so, as for ZB-V (:mod:`.zb_v_walk`), the estimator walks the schedule's action
+order with the layout's pass times: a pass starts when its device is free and its input
+is in — F after the F of the previous stage of its micro-batch's route, B after the B of
+the next one, W after its own B; with a fused backward (Chimera) the input gradient
+leaves after W, with a split one (DualPipe) right after B. Which pass waits for which
+depends only on (schedule, p, m), so :func:`compiled` works that out once per process.
+
+After the walk, each device's gradient buckets go out on its data-parallel stream as
+the estimator's FIFO has them (:func:`llmsim.search.pipeline.reduction_tail_s`'s rule,
+here with each chunk's last backward taken from the walk), then the pair ``s``,
+``p − 1 − s`` sums its two replicas' gradients
+(:meth:`llmsim.workload.Workload.replica_grad_exchange`, the engine's
+:mod:`llmsim.engine.replicas`), and the optimizer steps over both replicas' weights.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any
+
+from llmsim.in_flight import schedule_order
+from llmsim.optimizer import optimizer_step
+from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
+from llmsim.search.pipeline import StageTimes
+from llmsim.workload import shard_ranks
+
+KINDS = {"F": 0, "B": 1, "W": 2}
+
+
+def has_two_pipelines(schedule: str) -> bool:
+    """Whether ``schedule`` runs two pipelines on the same devices (the registry's
+    ``pipelines``)."""
+    return SCHEDULES[schedule].pipelines > 1
+
+
+def allows(schedule: str, p: int, m: int, zero: int = 0) -> bool:
+    """Whether ``schedule`` can run ``m`` micro-batches on ``p`` stages at ZeRO stage
+    ``zero``: for Chimera and DualPipe an even p and ZeRO 0–2 (both, the parallelism
+    spec's rule) and whole units of p micro-batches (Chimera, Li & Hoefler 2021 §3.5) or
+    an even m ≥ 2p (DualPipe, deepseek-ai/DualPipe's assertion); the schedules' own
+    rules, checked here so that the search does not build a scenario to learn them.
+    Every other schedule: True."""
+    if has_two_pipelines(schedule) and zero == 3:
+        return False
+    if schedule == "chimera":
+        return p % 2 == 0 and m % p == 0
+    if schedule == "dualpipe":
+        return p % 2 == 0 and m % 2 == 0 and m >= 2 * p
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledOrder:
+    """One (schedule, p, m)'s passes in an order in which each comes after the one it
+    waits for: per pass (device, duration column ``6·s + 3·chunk + kind``, the 1-based
+    index of the pass it waits for or 0, the hop its input takes: 0 none or blocking,
+    ``1 + s`` device s's send to s + 1, ``1 + p + s`` its send to s − 1); and per
+    (device, chunk) the index of its last weight-gradient pass."""
+
+    p: int
+    passes: tuple[tuple[int, int, int, int], ...]
+    last_w: dict[tuple[int, int], int]
+
+
+CACHE_PASSES = 3_000_000
+"""Most passes of compiled orders one process keeps (least recently used dropped), as
+:data:`llmsim.search.zb_v_walk.CACHE_PASSES`."""
+_CACHE: OrderedDict[tuple[str, int, int], CompiledOrder] = OrderedDict()
+_CACHED_PASSES = [0]
+
+
+def compiled(schedule: str, p: int, m: int) -> CompiledOrder:
+    """The compiled order of ``schedule`` (Chimera or DualPipe) over ``p`` stages and
+    ``m`` micro-batches (memoised per process up to :data:`CACHE_PASSES` passes)."""
+    key = (schedule, p, m)
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    hit = _CACHE[key] = _compile(schedule, p, m)
+    _CACHED_PASSES[0] += len(hit.passes)
+    while _CACHED_PASSES[0] > CACHE_PASSES and len(_CACHE) > 1:
+        _, old = _CACHE.popitem(last=False)
+        _CACHED_PASSES[0] -= len(old.passes)
+    return hit
+
+
+def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
+    """Walk the order once, recording for each pass what it waits for."""
+    order = schedule_order(schedule, p, m, 1)
+    route = SCHEDULES[schedule].route_of(p, m, 1)
+    split = schedule in SPLIT_BACKWARD
+    positions: dict[tuple, dict[tuple[int, int], int]] = {}  # a route → (stage, chunk) → k
+    routes = []
+    for mb in range(m):
+        hops = route(mb)
+        if hops not in positions:
+            positions[hops] = {hop: k for k, hop in enumerate(hops)}
+        routes.append(positions[hops])
+    last = p - 1
+    # (kind, micro-batch, virtual stage) → (pass, device) whose end releases it
+    produced: dict[tuple[str, int, int], tuple[int, int]] = {}
+    rows: list[tuple[int, int, int, int]] = []
+    last_w: dict[tuple[int, int], int] = {}
+    position = [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s, row in enumerate(order):
+            while position[s] < len(row):
+                a = row[position[s]]
+                k = routes[a.microbatch][(s, a.chunk)]
+                if a.kind == "F":
+                    need = ("F", a.microbatch, k - 1) if k > 0 else None
+                elif a.kind == "B":
+                    need = ("G", a.microbatch, k + 1) if k < last else ("F", a.microbatch, k)
+                else:
+                    need = ("B", a.microbatch, k)
+                if need is not None and need not in produced:
+                    break
+                j, sender = produced[need] if need is not None else (0, s)
+                hop = 0 if sender == s else (1 + sender if s == sender + 1 else 1 + p + sender)
+                rows.append((s, 6 * s + 3 * a.chunk + KINDS[a.kind], j, hop))
+                number = len(rows)
+                produced[(a.kind, a.microbatch, k)] = (number, s)
+                if a.kind == "B":
+                    if split:  # the input gradient leaves right after B
+                        produced[("G", a.microbatch, k)] = (number, s)
+                elif a.kind == "W":
+                    last_w[(s, a.chunk)] = number
+                    if not split:  # a fused backward: it leaves after W
+                        produced[("G", a.microbatch, k)] = (number, s)
+                position[s] += 1
+                progress = True
+    return CompiledOrder(p, tuple(rows), last_w)
+
+
+def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:
+    """Each pass's end (index 0: time 0), seconds, with ``durations`` and ``hops`` indexed
+    as :class:`CompiledOrder` says."""
+    free = [0.0] * order.p
+    end = [0.0]
+    for s, column, j, hop in order.passes:
+        t = end[j] + hops[hop]
+        if free[s] > t:
+            t = free[s]
+        t += durations[column]
+        free[s] = t
+        end.append(t)
+    return end
+
+
+def _chunk_passes(own: StageTimes, sends_f: float, sends_b: float,
+                  blocking: bool) -> tuple[float, float, float]:
+    """(F, B, W) of one micro-batch of one chunk on a device, with its blocking sends."""
+    if not blocking:
+        sends_f = sends_b = 0.0
+    return own.f + own.gathers + sends_f, own.b + sends_b, own.w
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """What one device of a two-pipeline layout holds: its own stage's priced times and
+    chunk (the down pipeline's) and its mirror's (the up pipeline's stage p − 1 − s)."""
+
+    times: StageTimes
+    """The stage's times with its pipeline sends (the estimator's ``runs`` entry)."""
+    chunk: Any
+    """The stage's :class:`~llmsim.workload.Chunk` (its parameters)."""
+    tensors: int
+    """Parameter tensors of the stage on one device."""
+    bucket: tuple[int, float]
+    """(count, seconds of each) of the stage's gradient buckets."""
+
+
+def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
+            overlap_dp: bool, traffic: Any, costs: Any, par: Any, training: Any,
+            node_of: list[int]) -> tuple[float, float, float]:
+    """(pipeline phase, when the last device's gradients are summed, the slowest
+    device's optimizer step), seconds, of a two-pipeline layout whose stage ``s`` is
+    ``devices[s]``.
+
+    Device ``s`` runs the down pipeline's stage ``s`` (chunk 0: its forward sends go to
+    ``s + 1``, its backward ones to ``s − 1``) and the up pipeline's stage ``p − 1 − s``
+    (chunk 1: the other way round) at ``devices[p − 1 − s]``'s pass times; a send to
+    ``s + 1`` costs ``hop_f`` of device s, one to ``s − 1`` its ``hop_b`` (the link
+    between the two, within a node or not).
+    """
+    p = len(devices)
+    order = compiled(schedule, p, m)
+    durations: list[float] = []
+    for s, dev in enumerate(devices):
+        up = devices[p - 1 - s].times
+        durations += _chunk_passes(dev.times, dev.times.hop_f, dev.times.hop_b, blocking)
+        durations += _chunk_passes(up, dev.times.hop_b, dev.times.hop_f, blocking)
+    hops = [0.0] * (1 + 2 * p) if blocking else \
+        [0.0, *(d.times.hop_f for d in devices), *(d.times.hop_b for d in devices)]
+    end = walk(order, durations, hops)
+    # Each device's gradient buckets: chunk by chunk, as their last backward ends.
+    split = schedule in SPLIT_BACKWARD
+    done: list[float] = []
+    last_pass = [0.0] * p
+    for k, (s, *_) in enumerate(order.passes, start=1):
+        last_pass[s] = end[k]
+    for s, dev in enumerate(devices):
+        chunks = []
+        for c, held in ((0, dev), (1, devices[p - 1 - s])):
+            count, seconds = held.bucket
+            _, b, w = durations[6 * s + 3 * c: 6 * s + 3 * c + 3]
+            window = (w if split else b + w) if overlap_dp else 0.0
+            ready = end[order.last_w[(s, c)]] if overlap_dp else last_pass[s]
+            chunks.append((ready, window, count, seconds))
+        free, finish = -float("inf"), last_pass[s]
+        for ready, window, count, seconds in sorted(chunks):
+            if not count:
+                continue
+            t0, total = ready - window, count * seconds
+            free = max(free + total, t0 + window / count + total, t0 + window + seconds)
+            finish = max(finish, free)
+        done.append(finish)
+    # The two replicas' gradients summed between s and p − 1 − s, then the optimizer.
+    held_chunks = {}
+    for s, dev in enumerate(devices):
+        held_chunks[(s, 0)] = dev.chunk
+        held_chunks[(s, 1)] = replace(devices[p - 1 - s].chunk, stage=s, chunk=1)
+    work = replace(traffic, chunks=held_chunks, pipelines=2)
+    ready_all, opt_s = 0.0, 0.0
+    for s, dev in enumerate(devices):
+        mirror = p - 1 - s
+        op = work.replica_grad_exchange(s)
+        op = replace(op, within_node=node_of[s] == node_of[mirror])
+        ready_all = max(ready_all, max(done[s], done[mirror]) + costs.comm_s(op))
+        tensors = dev.tensors + devices[mirror].tensors
+        opt = costs.compute_s(optimizer_step(par, training, work.stage_params(s), tensors,
+                                             shard_ranks(work, s)))
+        opt += sum(costs.comm_s(g) for g in work.dp_param_gathers(s)) \
+            if traffic.grad_ranks > 1 else 0.0
+        opt_s = max(opt_s, opt)
+    return max(last_pass), ready_all, opt_s

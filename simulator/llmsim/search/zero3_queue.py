@@ -1,0 +1,64 @@
+"""ZeRO-3's one data-parallel stream, for the estimator: the reduce-scatters of a weight
+pass queued in front of the next pass's weight gathers.
+
+The engine runs a device's ZeRO-3 traffic on one ``dp`` stream in the order it is
+issued (:mod:`llmsim.engine.gathers`, :mod:`llmsim.engine.uncontended_gathers`): after
+each weight-gradient pass (W) the chunk's gradient buckets are reduce-scattered, and
+the next pass's layer gathers, issued one layer ahead (``prefetch_weights``) or when
+each layer is reached, queue behind them. The next pass's first layer was gathered
+while W ran, so its second layer starts ``R + g`` after the W ends instead of
+``max(u, g)``: after each W but the stage's last (whose reduce-scatters are the step's
+tail, :func:`llmsim.search.pipeline.reduction_tail_s`) the next pass ends later by
+
+    wait = max(0, R − max(0, u − g))    with prefetch,
+    wait = R                            without (the first layer's gather waits too),
+
+``R`` the chunk's buckets back to back, ``g`` one layer's gather, ``u`` the next pass's
+first layer: a forward layer in the steady state of 1F1B (F follows W), a backward
+layer in its cool-down (B follows W), weighted by the share of each
+(:func:`cooldown_share`). The estimator's per-pass closed forms take each pass as the
+slower of its compute and its gathers, so without this term they miss that wait:
+measured on 12 sampled interleaved ZeRO-3 layouts of ``selene-gpt3`` the estimate was
+0.66–0.94 of the engine (``docs/search.md``).
+"""
+
+from __future__ import annotations
+
+
+def reduce_scatter_wait_s(buckets: tuple[int, float], layer_gather_s: float,
+                          next_layer_s: float, *, prefetch: bool) -> float:
+    """Seconds the compute stream waits after one W pass of a chunk for that pass's
+    reduce-scatters, queued before the next pass's gathers on the ``dp`` stream (module
+    docstring): ``buckets`` is (count, seconds of each), ``layer_gather_s`` one layer's
+    gather, ``next_layer_s`` the next pass's first layer."""
+    count, seconds = buckets
+    queued_s = count * seconds
+    if not prefetch:
+        return queued_s
+    return max(0.0, queued_s - max(0.0, next_layer_s - layer_gather_s))
+
+
+def per_microbatch_s(waits: list[float], m: int) -> float:
+    """The waits of one micro-batch's W passes (one per chunk, ``waits``) averaged over
+    the step's ``m`` micro-batches, less the stage's last W (chunk 0's in the cool-down
+    of a looping schedule), whose reduce-scatters are the step's tail instead."""
+    if not waits:
+        return 0.0
+    return sum(waits) - waits[0] / m
+
+
+def cooldown_share(schedule: str, p: int, m: int, v: int) -> float:
+    """The share of a stage's W passes that a backward follows, averaged over the stages:
+    those of the cool-down, as many as the warm-up's forwards — 1F1B's ``p − s − 1``,
+    Megatron-LM's interleaved ``2(p − s − 1) + (v − 1)·p`` (Narayanan et al. 2021 §2.2),
+    at most the stage's ``m·v`` passes —, all of GPipe's (its backwards run back to back),
+    none of the others' (a forward follows, as in 1F1B's steady state)."""
+    if schedule == "gpipe":
+        return 1.0
+    if schedule == "1f1b":
+        warm = [min(m, p - s - 1) for s in range(p)]
+    elif schedule == "interleaved-1f1b":
+        warm = [min(m * v, 2 * (p - s - 1) + (v - 1) * p) for s in range(p)]
+    else:
+        return 0.0
+    return sum(warm) / (p * m * v)
