@@ -156,7 +156,7 @@ class TorusTopology:
         out, count = [], 1
         names = self.names()
         for i in reversed(range(len(self._box))):
-            values = np.unique(coords[:, i])
+            values = np.flatnonzero(np.bincount(coords[:, i], minlength=self._box[i]))
             if len(values) > 1:
                 if values[-1] - values[0] != len(values) - 1:
                     return None
@@ -170,7 +170,12 @@ class TorusTopology:
         least of its line rate, then the longest steps. Groups of one axis can differ on a
         torus: a degree that does not divide the Tofu unit cuts some groups across it."""
         firsts = plan.group_first_ranks(placement.axis)
-        routes = [self.group_route(plan, placement.axis, first) for first in firsts]
+        # A group is the first's translated by its first rank (Plan.members: the ranks
+        # that differ from it only along the group's axes).
+        offsets = np.asarray(plan.members(placement.axis, 0))
+        dpn = plan.system.node.devices_per_node
+        routes = [self._route_of((first + offsets) // dpn, placement.axis)
+                  for first in firsts]
         worst = min(range(len(routes)), key=lambda i: (
             routes[i].bandwidth_fraction * routes[i].ring_links, -routes[i].hops,
             len(routes[i].dims)))
@@ -269,11 +274,17 @@ class TorusTopology:
         """The group of ``axis`` holding ``first_rank``: its dimensions, its ring's links
         and hops, and its share of them."""
         dpn = plan.system.node.devices_per_node
-        nodes = np.asarray(plan.members(axis, first_rank)) // dpn
+        return self._route_of(np.asarray(plan.members(axis, first_rank)) // dpn, axis)
+
+    def _route_of(self, nodes: np.ndarray, axis: str) -> Route:
+        """:meth:`group_route` of the group of ``axis`` whose members sit on ``nodes``."""
         a, b = _ring_steps(nodes, closed=not is_chain(axis))
         if not len(a):  # a group inside one node: no torus link
             return Route("one node", 0, 1.0, ring_links=2, detail="all on one node")
-        dims = self._dimensions_of(np.unique(nodes))
+        ascending = bool(np.all(nodes[1:] >= nodes[:-1]))
+        dims = self._dimensions_of(
+            nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))] if ascending
+            else np.unique(nodes))
         shape = "×".join(str(s) for s in self._box)
         if dims is not None:
             links = 2 if len(dims) > 1 or dims[0].wraps else 1
