@@ -231,3 +231,18 @@ def test_the_compiled_zb_v_walk_equals_the_walk(p: int, m: int, blocking: bool) 
     walk, ends = _reference_zb_v_walk(stages, m, blocking=blocking)
     fast, fast_ends = zb_v_walk_s(stages, m, blocking=blocking)
     assert fast == walk and list(fast_ends) == list(ends)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2",
+                                      "zb-v"])
+def test_chunks_at_peak_counted_in_one_pass_equals_the_held_lists(schedule: str) -> None:
+    """The memory model's peak in flight per chunk (one pass over a stage's order) is the
+    first largest of the held counts after each action (the lists it replaced)."""
+    from llmsim.schedules.timing import chunks_at_peak, held_per_chunk
+
+    for p, m in [(1, 1), (2, 3), (4, 4), (4, 9), (6, 24)]:
+        chunks = 2 if schedule in ("zb-v", "interleaved-1f1b") else 1
+        if schedule == "interleaved-1f1b" and (m % p or p == 1):
+            continue
+        for row in build(schedule, p, m, chunks):
+            assert chunks_at_peak(row) == max(held_per_chunk(row), key=sum)

@@ -61,11 +61,6 @@ class SourceRow:
     the whole space)."""
 
 
-FUGAKU_SAMPLE = 80
-"""Core layouts sampled on Fugaku (seeded), and as many again on the most nodes a layout
-can fill: its torus routes make one new placement cost seconds to price, and its space
-is 841,272 core layouts (docs/gpt4.md)."""
-
 GPU_FACTOR = 2.0
 """Assumed for the GPU machines whose factor the source does not state: the "×2" it
 applies to OpenAI's A100 cluster, the only GPU machine it gives one for (brief.md)."""
@@ -82,10 +77,7 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
     SourceRow("fugaku", "fugaku", "Fugaku A64FX ×158,976",
               (Part("fugaku", 158_976, 1, "fp32"),), 2_100, False, 4.0, True,
               "the source's peak is FP32; llmsim trains in FP16",
-              max_tp=12,  # the 2x3x2 Tofu unit, the catalog scenario's TP group
-              # Pricing a Tofu placement takes seconds (torus routes of 158,976 nodes):
-              # the whole space (841,272 core layouts) does not fit in minutes.
-              max_layouts=FUGAKU_SAMPLE),
+              max_tp=12),  # the 2x3x2 Tofu unit, the catalog scenario's TP group
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
               770, False, GPU_FACTOR, False,

@@ -108,8 +108,21 @@ def peak_in_flight(schedule: list[list[Action]]) -> list[int]:
 
 
 def chunks_at_peak(row: list[Action]) -> list[int]:
-    """Per chunk, the micro-batches a stage holds at its first peak (:func:`peak_in_flight`)."""
-    return max(held_per_chunk(row), key=sum)
+    """Per chunk, the micro-batches a stage holds at its first peak (:func:`peak_in_flight`):
+    ``max(held_per_chunk(row), key=sum)``, counted in one pass."""
+    chunks = 1 + max((a.chunk for a in row), default=0)
+    held, total = [0] * chunks, 0
+    peak, peak_total = list(held), 0
+    for action in row:
+        if action.kind == "F":
+            held[action.chunk] += 1
+            total += 1
+            if total > peak_total:  # the first of equal peaks, as max() keeps
+                peak, peak_total = list(held), total
+        elif action.kind == "W":
+            held[action.chunk] -= 1
+            total -= 1
+    return peak
 
 
 def held_per_chunk(row: list[Action]) -> list[list[int]]:

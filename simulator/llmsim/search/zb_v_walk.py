@@ -84,43 +84,51 @@ def _compile(p: int, m: int) -> CompiledWalk:
     """Walk ZB-V's order once, recording for each pass what it waits for instead of when
     it runs."""
     order = schedule_order("zb-v", p, m, 2)
-    hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
-    index = {hop: k for k, hop in enumerate(hops)}
-    last = 2 * p - 1
-    produced: dict[tuple[str, int, int], tuple[int, int]] = {}  # → (pass, its stage)
+    # Virtual stage k of a stage's chunk: the V (chunk 0 of stage s is s, chunk 1 is
+    # 2p − 1 − s). A pass (kind, micro-batch, virtual stage) is the slot
+    # (kind·m + mb)·2p + k of the flat tables below.
+    last, width = 2 * p - 1, 2 * p
+    plain = [[(KINDS[a.kind], a.microbatch, a.chunk, s if a.chunk == 0 else last - s)
+              for a in row] for s, row in enumerate(order)]
+    produced = [0] * (3 * m * width)  # the pass's number (1-based), 0 while not run
+    sender_of = [0] * (3 * m * width)  # its stage
     rows: list[tuple[int, int, int, int]] = []
     position = [0] * p
     progress = True
     while progress:
         progress = False
-        for s, row in enumerate(order):
-            while position[s] < len(row):
-                a = row[position[s]]
-                k = index[(s, a.chunk)]
-                if a.kind == "F":
-                    need = ("F", a.microbatch, k - 1) if k > 0 else None
-                elif a.kind == "B":
-                    need = ("B", a.microbatch, k + 1) if k < last else ("F", a.microbatch, k)
-                else:
-                    need = ("W", a.microbatch, k)
-                if need is not None and need not in produced:
-                    break
-                if need is None:
+        for s in range(p):
+            row, at = plain[s], position[s]
+            while at < len(row):
+                kind, mb, chunk, k = row[at]
+                if kind == 0:  # F after the F of the previous virtual stage
+                    need = mb * width + k - 1 if k > 0 else -1
+                elif kind == 1:  # B after the next one's B (the last one's after its F)
+                    need = (m + mb) * width + k + 1 if k < last else mb * width + k
+                else:  # W after its own B
+                    need = (2 * m + mb) * width + k
+                if need < 0:
                     j, hop = 0, 0
                 else:
-                    j, sender = produced[need]
+                    j = produced[need]
+                    if not j:
+                        break
+                    sender = sender_of[need]
                     # The sender's hop toward this stage (none within the stage, and none
                     # for a weight pass, which follows its own backward).
-                    hop = 0 if sender == s or a.kind == "W" else (
+                    hop = 0 if sender == s or kind == 2 else (
                         1 + sender if s == sender + 1 else 1 + p + sender)
-                rows.append((s, 6 * s + 3 * a.chunk + KINDS[a.kind], j, hop))
+                rows.append((s, 6 * s + 3 * chunk + kind, j, hop))
                 number = len(rows)
-                if a.kind != "W":  # a backward's weight pass follows it on its stage
-                    produced[(a.kind, a.microbatch, k)] = (number, s)
-                if a.kind == "B":
-                    produced[("W", a.microbatch, k)] = (number, s)
-                position[s] += 1
+                if kind != 2:  # a backward's weight pass follows it on its stage
+                    slot = (kind * m + mb) * width + k
+                    produced[slot], sender_of[slot] = number, s
+                if kind == 1:
+                    slot = (2 * m + mb) * width + k
+                    produced[slot], sender_of[slot] = number, s
+                at += 1
                 progress = True
+            position[s] = at
     if p < NUMPY_FROM_STAGES:
         return CompiledWalk(p, len(rows), tuple(rows), None)
     return CompiledWalk(p, len(rows), None, _levels(p, rows))
@@ -134,7 +142,9 @@ def _levels(p: int, rows: list[tuple[int, int, int, int]]) -> tuple:
     for k, (s, _, j, _) in enumerate(rows, start=1):
         d = max(stage_depth[s], depth[j]) + 1
         depth[k] = stage_depth[s] = d
-    table = np.array([(k, *row) for k, row in enumerate(rows, start=1)], dtype=np.int64)
+    table = np.empty((len(rows), 5), dtype=np.int64)
+    table[:, 0] = np.arange(1, len(rows) + 1)
+    table[:, 1:] = np.array(rows, dtype=np.int64)
     order = np.argsort(np.asarray(depth[1:]), kind="stable")
     table = table[order]
     bounds = np.flatnonzero(np.diff(np.asarray(depth[1:])[order])) + 1
@@ -143,10 +153,32 @@ def _levels(p: int, rows: list[tuple[int, int, int, int]]) -> tuple:
                  for part in np.split(table, bounds))
 
 
+WALK_MEMO = 4096
+"""Walks whose results one process keeps, by their exact inputs: layouts that differ only
+in what the walk does not read (the ZeRO stage below 3, the parameter-gather overlap, the
+nodes) replay the same walk."""
+
+_WALKS: dict[tuple, tuple[float, tuple[float, ...]]] = {}
+
+
 def walk_s(walk: CompiledWalk, durations: list[float],
            hops: list[float]) -> tuple[float, list[float]]:
     """(the walk's length, when each stage's last pass ends), seconds, with
-    ``durations[6·s + 3·chunk + kind]`` and ``hops`` as :class:`CompiledWalk` says."""
+    ``durations[6·s + 3·chunk + kind]`` and ``hops`` as :class:`CompiledWalk` says;
+    memoised on these exact inputs (:data:`WALK_MEMO`)."""
+    key = (walk.p, walk.passes, *durations, *hops)
+    hit = _WALKS.get(key)
+    if hit is None:
+        total, ends = _replay(walk, durations, hops)
+        if len(_WALKS) >= WALK_MEMO:
+            _WALKS.clear()
+        hit = _WALKS[key] = (total, tuple(ends))
+    return hit[0], list(hit[1])
+
+
+def _replay(walk: CompiledWalk, durations: list[float],
+            hops: list[float]) -> tuple[float, list[float]]:
+    """:func:`walk_s` without the memo."""
     if walk.loop is not None:
         free = [0.0] * walk.p
         end = [0.0]

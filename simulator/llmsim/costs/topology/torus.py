@@ -42,13 +42,14 @@ import functools
 from collections import Counter
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from llmsim.costs.topology.base import (
     Route,
     TorusDimension,
     concurrent_axes,
     groups_touching,
     is_chain,
-    ring_edges,
 )
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Torus
@@ -102,7 +103,19 @@ class TorusTopology:
     @property
     def shape(self) -> list[int]:
         """The job's extent along each dimension (:func:`job_shape`)."""
-        return job_shape(self.network.dims, self.nodes)
+        return list(self._box)
+
+    @functools.cached_property
+    def _box(self) -> tuple[int, ...]:
+        """:attr:`shape` as a tuple, worked out once per topology."""
+        return _job_shape(tuple(self.network.dims), self.nodes)
+
+    @functools.cached_property
+    def _closes(self) -> np.ndarray:
+        """Per dimension, whether the job's box closes it into a ring (the job holds all
+        of it and it has 3 or more nodes)."""
+        return np.array([extent == full and full >= 3
+                         for extent, full in zip(self._box, self.network.dims, strict=True)])
 
     def names(self) -> list[str]:
         """A label per dimension: Tofu-D's names for a 6-D torus, else the index."""
@@ -112,43 +125,57 @@ class TorusTopology:
     def coords(self, node: int) -> list[int]:
         """Coordinates of a node of the job in its box (last dimension fastest)."""
         out = []
-        for extent in reversed(self.shape):
+        for extent in reversed(self._box):
             node, c = divmod(node, extent)
             out.append(c)
         return out[::-1]
 
+    def _coords_of(self, nodes: np.ndarray) -> np.ndarray:
+        """:meth:`coords` of each of ``nodes`` (one row per node)."""
+        return np.stack(np.unravel_index(nodes, self._box), axis=1)
+
     def distance(self, a: int, b: int) -> int:
         """Hops between two nodes of the job by dimension-order routing (wrap-around
         links only in the dimensions that close)."""
-        hops = 0
-        for ca, cb, extent, full in zip(self.coords(a), self.coords(b), self.shape,
-                                        self.network.dims, strict=True):
-            step = abs(ca - cb)
-            hops += min(step, extent - step) if extent == full and full >= 3 else step
-        return hops
+        return int(self._distances(np.array([a]), np.array([b]))[0])
+
+    def _distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`distance` of each pair of nodes ``a[i]``, ``b[i]``."""
+        step = np.abs(self._coords_of(a) - self._coords_of(b))
+        wrapped = np.minimum(step, np.array(self._box) - step)
+        return np.where(self._closes, wrapped, step).sum(axis=1)
 
     def dimensions_of(self, nodes: list[int]) -> tuple[TorusDimension, ...] | None:
         """The dimensions a set of nodes spans when it is a box of the job's torus
         (consecutive coordinates along each), innermost first; None when it is not."""
-        coords = [self.coords(n) for n in set(nodes)]
+        return self._dimensions_of(np.unique(np.asarray(nodes)))
+
+    def _dimensions_of(self, distinct: np.ndarray) -> tuple[TorusDimension, ...] | None:
+        """:meth:`dimensions_of` of the sorted distinct nodes ``distinct``."""
+        coords = self._coords_of(distinct)
         out, count = [], 1
         names = self.names()
-        for i in reversed(range(len(self.shape))):
-            values = sorted({c[i] for c in coords})
+        for i in reversed(range(len(self._box))):
+            values = np.flatnonzero(np.bincount(coords[:, i], minlength=self._box[i]))
             if len(values) > 1:
                 if values[-1] - values[0] != len(values) - 1:
                     return None
-                wraps = len(values) == self.shape[i] == self.network.dims[i] >= 3
+                wraps = len(values) == self._box[i] == self.network.dims[i] >= 3
                 out.append(TorusDimension(names[i], len(values), wraps))
             count *= len(values)
-        return tuple(out) if count == len(coords) else None
+        return tuple(out) if count == len(distinct) else None
 
     def route(self, plan: Plan, placement: GroupPlacement) -> Route:
         """The worst route among (up to 64 of) the axis's groups: the one that keeps the
         least of its line rate, then the longest steps. Groups of one axis can differ on a
         torus: a degree that does not divide the Tofu unit cuts some groups across it."""
         firsts = plan.group_first_ranks(placement.axis)
-        routes = [self.group_route(plan, placement.axis, first) for first in firsts]
+        # A group is the first's translated by its first rank (Plan.members: the ranks
+        # that differ from it only along the group's axes).
+        offsets = np.asarray(plan.members(placement.axis, 0))
+        dpn = plan.system.node.devices_per_node
+        routes = [self._route_of((first + offsets) // dpn, placement.axis)
+                  for first in firsts]
         worst = min(range(len(routes)), key=lambda i: (
             routes[i].bandwidth_fraction * routes[i].ring_links, -routes[i].hops,
             len(routes[i].dims)))
@@ -181,7 +208,7 @@ class TorusTopology:
     def node_at(self, coords: list[int]) -> int:
         """The node of the job at ``coords`` (the inverse of :meth:`coords`)."""
         node = 0
-        for c, extent in zip(coords, self.shape, strict=True):
+        for c, extent in zip(coords, self._box, strict=True):
             node = node * extent + c
         return node
 
@@ -191,7 +218,7 @@ class TorusTopology:
         where a dimension closes into a ring."""
         here, there = self.coords(a), self.coords(b)
         links = []
-        for i, (extent, full) in enumerate(zip(self.shape, self.network.dims, strict=True)):
+        for i, (extent, full) in enumerate(zip(self._box, self.network.dims, strict=True)):
             closes = extent == full and full >= 3
             while here[i] != there[i]:
                 if closes:
@@ -208,12 +235,12 @@ class TorusTopology:
         """Ring (or chain) flows of the groups of ``axis`` on each directed link, from the
         steps that start or end on one of the ``near`` nodes."""
         dpn = plan.system.node.devices_per_node
-        close = set(near)
+        close = np.asarray(near)
         load: Counter[tuple[int, int]] = Counter()
         for group in groups_touching(plan, axis, near):
-            for a, b in ring_edges([r // dpn for r in group], closed=not is_chain(axis)):
-                if a in close or b in close:
-                    load.update(self.links_between(a, b))
+            a, b = _ring_steps(np.asarray(group) // dpn, closed=not is_chain(axis))
+            for i in np.flatnonzero(np.isin(a, close) | np.isin(b, close)):
+                load.update(self.links_between(int(a[i]), int(b[i])))
         return load
 
     def cross_axis_share(self, plan: Plan, axis: str, first_rank: int,
@@ -222,9 +249,11 @@ class TorusTopology:
         the ``others`` axes' rings run at once: over its links, the least of its axis's
         flows over all flows; and the other axes that cross them."""
         dpn = plan.system.node.devices_per_node
-        nodes = [r // dpn for r in plan.members(axis, first_rank)]
+        nodes = np.asarray(plan.members(axis, first_rank)) // dpn
+        firsts, nexts = _ring_steps(nodes, closed=not is_chain(axis))
         used = set()
-        for a, b in ring_edges(nodes, closed=not is_chain(axis))[:CROSS_AXIS_STEPS]:
+        for a, b in zip(firsts[:CROSS_AXIS_STEPS].tolist(), nexts[:CROSS_AXIS_STEPS].tolist(),
+                        strict=True):
             used.update(self.links_between(a, b))
         if not used:
             return 1.0, []
@@ -245,12 +274,18 @@ class TorusTopology:
         """The group of ``axis`` holding ``first_rank``: its dimensions, its ring's links
         and hops, and its share of them."""
         dpn = plan.system.node.devices_per_node
-        nodes = [r // dpn for r in plan.members(axis, first_rank)]
-        edges = ring_edges(nodes, closed=not is_chain(axis))
-        if not edges:  # a group inside one node: no torus link
+        return self._route_of(np.asarray(plan.members(axis, first_rank)) // dpn, axis)
+
+    def _route_of(self, nodes: np.ndarray, axis: str) -> Route:
+        """:meth:`group_route` of the group of ``axis`` whose members sit on ``nodes``."""
+        a, b = _ring_steps(nodes, closed=not is_chain(axis))
+        if not len(a):  # a group inside one node: no torus link
             return Route("one node", 0, 1.0, ring_links=2, detail="all on one node")
-        dims = self.dimensions_of(nodes)
-        shape = "×".join(str(s) for s in self.shape)
+        ascending = bool(np.all(nodes[1:] >= nodes[:-1]))
+        dims = self._dimensions_of(
+            nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))] if ascending
+            else np.unique(nodes))
+        shape = "×".join(str(s) for s in self._box)
         if dims is not None:
             links = 2 if len(dims) > 1 or dims[0].wraps else 1
             hops = max(d.hops for d in dims) if len(dims) == 1 else 1
@@ -259,8 +294,23 @@ class TorusTopology:
             detail = (f"box {along} of the job's {shape} torus; one ring through it takes "
                       f"{hops}-hop steps on {links} link(s) per direction")
             return Route("torus links", hops, 1.0, ring_links=links, dims=dims, detail=detail)
-        steps = [self.distance(a, b) for a, b in edges]
-        hops, mean = max(steps), sum(steps) / len(steps)
+        steps = self._distances(a, b)
+        hops, mean = int(steps.max()), int(steps.sum()) / len(steps)
         detail = (f"not a box of the job's {shape} torus: ring steps of {mean:.1f} hops on "
                   f"average (up to {hops}), each link shared by as many flows")
         return Route("torus links", hops, 1.0 / mean, ring_links=1, detail=detail)
+
+
+def _ring_steps(nodes: np.ndarray, closed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~llmsim.costs.topology.base.ring_edges` of ``nodes`` as two arrays, the
+    steps' first nodes and their next ones."""
+    if len(nodes) == 0:
+        return nodes, nodes
+    distinct = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+    if len(distinct) > 1 and distinct[0] == distinct[-1]:
+        distinct = distinct[:-1]
+    if len(distinct) < 2:
+        return distinct[:0], distinct[:0]
+    if closed:
+        return distinct, np.roll(distinct, -1)
+    return distinct[:-1], distinct[1:]
