@@ -188,7 +188,9 @@ class Estimator(SharedParts):
                     tensors_s += tensors
                     chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
                     grads.append(bucket)
-                    if zero3 and par.overlap_dp_comm:
+                    if zero3 and par.overlap_dp_comm and not split_backward:
+                        # (split-backward schedules defer W into the bubbles their closed
+                        # forms subtract: a wait added to W would shorten the estimate)
                         first = cf if traffic.regather_for_recompute else \
                             cooled * cb + (1 - cooled) * cf  # the next pass's, all layers
                         rs_waits.append(reduce_scatter_wait_s(
