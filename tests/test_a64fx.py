@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli import run_cli
 
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.compute import ComputeModel, gemm_math_s
@@ -205,23 +206,6 @@ def test_one_process_per_node_with_glibc_malloc_is_reproduced():
         assert model == pytest.approx(measured, rel=0.2), row
 
 
-def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    import sys
-
-    from llmsim.cli import main
-
-    old, sys.argv = sys.argv, ["llmsim", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        sys.argv = old
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _cmg_node_file(tmp_path: Any, precision: str) -> str:
     import yaml
 
@@ -238,13 +222,13 @@ def _cmg_node_file(tmp_path: Any, precision: str) -> str:
 
 
 def test_llmsim_run_places_one_rank_per_cmg(tmp_path, capsys):
-    code, out, err = _cli(["run", _cmg_node_file(tmp_path, "fp32")], capsys)
+    code, out, err = run_cli(["run", _cmg_node_file(tmp_path, "fp32")], capsys)
     assert code == 0, err
     assert "on 4 × a64fx-cmg (1 nodes of fugaku-cmg)" in out
     assert "all 4 ranks on one node" in out  # the data-parallel group is the node's CMGs
 
 
 def test_a_cmg_has_no_bf16_and_says_so(tmp_path, capsys):
-    code, out, err = _cli(["run", _cmg_node_file(tmp_path, "bf16")], capsys)
+    code, out, err = run_cli(["run", _cmg_node_file(tmp_path, "bf16")], capsys)
     assert code == 2
     assert "bf16" in err and "fp32" in err and "Traceback" not in err + out
