@@ -141,10 +141,13 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     elif schedule == "interleaved-1f1b":
         total = m * top + (sum(c * n for c, n in zip(cycle, counts, strict=True)) - top) / v
     elif schedule == "zb-h1":
+        # The deferred W passes fill the cool-down: min(m, p) − 2 of them hide (Qi et al.
+        # 2023's p − 2 once m ≥ p; with fewer micro-batches than stages each stage has
+        # only m, and with one the last W runs after the backward chain).
         ws = [w for _, _, w in passes]
         total = ((m - 1) * top + sum((f + b) * n for (f, b, _), n in zip(passes, counts,
                                                                          strict=True))
-                 - (p - 2) * min(ws))
+                 - (min(m, p) - 2) * min(ws))
         total = max(total, m * top)
     elif schedule == "zb-h2":
         lag = max(max(f, f + b - 2 * w) for f, b, w in passes)
