@@ -246,3 +246,25 @@ def test_chunks_at_peak_counted_in_one_pass_equals_the_held_lists(schedule: str)
             continue
         for row in build(schedule, p, m, chunks):
             assert chunks_at_peak(row) == max(held_per_chunk(row), key=sum)
+
+
+def test_the_compiled_orders_memo_keeps_at_most_its_passes() -> None:
+    """Least recently used dropped past the bound; the newest always kept; a hit makes
+    nothing again."""
+    from llmsim.search.pass_cache import PassBoundedCache
+
+    made: list[str] = []
+
+    def make(key: str, passes: int):
+        return lambda: made.append(key) or (key, passes)
+
+    cache = PassBoundedCache(10, lambda v: v[1])
+    cache.get("a", make("a", 4))
+    cache.get("b", make("b", 4))
+    cache.get("a", make("a", 4))  # a hit: "a" most recent
+    cache.get("c", make("c", 4))  # 12 > 10: "b" (least recent) dropped
+    assert made == ["a", "b", "c"] and cache.passes == 8 and len(cache) == 2
+    cache.get("a", make("a", 4))
+    assert made == ["a", "b", "c"]
+    cache.get("big", make("big", 50))  # over the bound alone, still kept
+    assert len(cache) == 1 and cache.passes == 50

@@ -23,13 +23,13 @@ here with each chunk's last backward taken from the walk), then the pair ``s``,
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any
 
 from llmsim.in_flight import schedule_order
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
+from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
 from llmsim.workload import shard_ranks
 
@@ -74,24 +74,14 @@ class CompiledOrder:
 CACHE_PASSES = 3_000_000
 """Most passes of compiled orders one process keeps (least recently used dropped), as
 :data:`llmsim.search.zb_v_walk.CACHE_PASSES`."""
-_CACHE: OrderedDict[tuple[str, int, int], CompiledOrder] = OrderedDict()
-_CACHED_PASSES = [0]
+_CACHE: PassBoundedCache[CompiledOrder] = PassBoundedCache(CACHE_PASSES,
+                                                            lambda o: len(o.passes))
 
 
 def compiled(schedule: str, p: int, m: int) -> CompiledOrder:
     """The compiled order of ``schedule`` (Chimera or DualPipe) over ``p`` stages and
     ``m`` micro-batches (memoised per process up to :data:`CACHE_PASSES` passes)."""
-    key = (schedule, p, m)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
-    hit = _CACHE[key] = _compile(schedule, p, m)
-    _CACHED_PASSES[0] += len(hit.passes)
-    while _CACHED_PASSES[0] > CACHE_PASSES and len(_CACHE) > 1:
-        _, old = _CACHE.popitem(last=False)
-        _CACHED_PASSES[0] -= len(old.passes)
-    return hit
+    return _CACHE.get((schedule, p, m), lambda: _compile(schedule, p, m))
 
 
 def _compile(schedule: str, p: int, m: int) -> CompiledOrder:

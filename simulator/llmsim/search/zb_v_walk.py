@@ -18,12 +18,12 @@ stage's free time, an end ``start + duration``), so the two are equal
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from llmsim.in_flight import schedule_order
+from llmsim.search.pass_cache import PassBoundedCache
 
 KINDS = {"F": 0, "B": 1, "W": 2}
 """A pass kind's column within its chunk's three (F, B, W)."""
@@ -59,25 +59,13 @@ class CompiledWalk:
     """Per level (pass indices, stages, columns, needs, hops), for numpy (deep ones)."""
 
 
-_CACHE: OrderedDict[tuple[int, int], CompiledWalk] = OrderedDict()
-_CACHED_PASSES = [0]
+_CACHE: PassBoundedCache[CompiledWalk] = PassBoundedCache(CACHE_PASSES, lambda w: w.passes)
 
 
 def compiled(p: int, m: int) -> CompiledWalk:
     """The compiled walk of ZB-V with ``p`` stages and ``m`` micro-batches (memoised per
     process up to :data:`CACHE_PASSES` passes)."""
-    key = (p, m)
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
-    hit = _compile(p, m)
-    _CACHE[key] = hit
-    _CACHED_PASSES[0] += hit.passes
-    while _CACHED_PASSES[0] > CACHE_PASSES and len(_CACHE) > 1:
-        _, old = _CACHE.popitem(last=False)
-        _CACHED_PASSES[0] -= old.passes
-    return hit
+    return _CACHE.get((p, m), lambda: _compile(p, m))
 
 
 def _compile(p: int, m: int) -> CompiledWalk:
