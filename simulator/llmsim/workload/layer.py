@@ -69,7 +69,8 @@ class LayerBuilder:
     def _gemm(self, name: str, phase: str, m: int, n: int, k: int, batch: int = 1) -> ComputeOp:
         e = self.e
         return ComputeOp(name, "gemm", phase, 2.0 * m * n * k * batch,
-                         float(e * batch * (m * k + k * n + m * n)), (m, n, k), batch)
+                         float(e * batch * (m * k + k * n + m * n)), (m, n, k), batch,
+                         output_bytes=float(e * batch * m * n))
 
     def _gemm_grads(self, fwd: ComputeOp) -> tuple[ComputeOp, ComputeOp]:
         """dX = dY·Wᵀ (input gradient, B) and dW = Xᵀ·dY (weight gradient, W)."""
@@ -111,7 +112,8 @@ class LayerBuilder:
         and writing or reading ``masks`` 1-byte dropout masks of as many elements."""
         return ComputeOp(name, "memory", phase, 0.0,
                          float(elements * (passes * self.e + masks * DROPOUT_MASK_BYTES)),
-                         memory_kind=kind)
+                         memory_kind=kind,
+                         output_bytes=float(elements * self.e))
 
     def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
         """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
