@@ -156,7 +156,18 @@ def test_glibc_costs_the_node_less_than_the_source_measured_against_tcmalloc():
 
 def test_no_glibc_row_overshoots_its_measurement_by_20_percent():
     """The lower bound holds row by row: none of the development rows that ran glibc is
-    predicted 20 % slower than measured."""
-    for n in (1, 2, 3, 4, 5, 6, 7, 9, 10, 11):
-        measured, model = predicted(f"FUGAKU-DEV-{n}")
-        assert model < 1.2 * measured, n
+    predicted 20 % slower than measured (step times as stored in
+    tests/data/validation_steps.csv, which test_validation_steps.py holds to the model)."""
+    import csv
+    from pathlib import Path
+
+    from llmsim import validation as v
+
+    table = Path(__file__).parent / "data" / "validation_steps.csv"
+    with table.open(encoding="utf-8") as f:
+        stored = {row["id"]: float(row["step_time_s"]) for row in csv.DictReader(f)}
+    glibc = [run for run in v.load_runs("FUGAKU-DEV")
+             if v.scenario_for(run).training.allocator == "glibc"]
+    assert len(glibc) == 12  # all but the two tcmalloc rows (-8, -12)
+    for run in glibc:
+        assert stored[run.id] < 1.2 * run.measured, run.id
