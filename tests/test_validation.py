@@ -145,7 +145,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 161
+    assert len(RUNS) == len(BY_ID) == 163
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",
@@ -459,11 +459,12 @@ def test_fugaku_gap_is_in_the_compute_not_the_network():
     """FUGAKU-DEV-6 is one node (no network at all) and FUGAKU-DEV-1 four nodes with TP 4
     over Tofu-D: llmsim is too fast on both (−49.4 and −50.0 % when added; −47.4 and
     −34.4 % since the batched attention matmuls run one matrix per core, which costs the
-    TP-4 row more: 8 heads per rank on 48 cores), so the missing time of the Fugaku rows is
-    on the node (docs/validation.md §8), not in the TP all-reduces."""
+    TP-4 row more: 8 heads per rank on 48 cores; −36.3 and −27.8 % since glibc's page round
+    trip is priced), so the missing time of the Fugaku rows is on the node
+    (docs/validation.md §8), not in the TP all-reduces."""
     df = v.validate([BY_ID["FUGAKU-DEV-1"], BY_ID["FUGAKU-DEV-6"]], progress=False)
     one_node, tp4 = df.set_index("id").loc[["FUGAKU-DEV-6", "FUGAKU-DEV-1"], "error_pct"]
-    assert one_node < -40 and tp4 < -30
+    assert one_node < -30 and tp4 < -20
     assert one_node < tp4
 
 

@@ -150,7 +150,8 @@ def group_costs(scenario: Scenario) -> dict[str, HardwareCosts]:
                                   scenario.training.power_limit_w,
                                   scenario.training.cuda_graphs,
                                   scenario.parallelism.parameter_servers,
-                                  TokenDispatch.of(scenario.model, scenario.parallelism))
+                                  TokenDispatch.of(scenario.model, scenario.parallelism),
+                                  scenario.training.allocator)
     return out
 
 

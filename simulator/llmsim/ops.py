@@ -71,6 +71,12 @@ class ComputeOp:
     memory_kind: MemoryKind = "stream"
     """What a memory-bound kernel (or a kernel's memory term) does: the accelerator's
     bandwidth depends on it (:meth:`llmsim.specs.Accelerator.memory_bytes_per_s`)."""
+    output_bytes: float = 0.0
+    """Bytes of the new tensor the kernel writes its result into (an eager framework
+    allocates each op's output: a GEMM's M·N·batch values, an element-wise kernel's
+    elements; a dropout mask beside it is not counted); 0 for in-place kernels and where
+    not counted. Only a host allocator that maps fresh memory prices it
+    (:mod:`llmsim.costs.allocator`)."""
 
     @property
     def executed_flops(self) -> float:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from llmsim.calibration import Calibration
+from llmsim.costs.allocator import PageRoundTrip
 from llmsim.costs.alltoall import AllToAllModel, TokenDispatch
 from llmsim.costs.collectives import (
     ALGORITHMS,
@@ -30,6 +31,7 @@ from llmsim.loader import calibration_profile
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.plan import Plan
 from llmsim.specs import AttentionKernel, Dtype, Scenario, System
+from llmsim.specs.training import Allocator
 
 __all__ = [
     "ALGORITHMS",
@@ -73,6 +75,7 @@ class HardwareCosts:
         cuda_graphs: bool = False,
         parameter_servers: int = 1,
         token_dispatch: TokenDispatch | None = None,
+        allocator: Allocator = "caching",
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -95,7 +98,8 @@ class HardwareCosts:
                 f"cudnn_attention_fraction"
             )
         self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
-                                    power_limit_w, cuda_graphs)
+                                    power_limit_w, cuda_graphs,
+                                    PageRoundTrip(accelerator) if allocator == "glibc" else None)
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
@@ -116,7 +120,7 @@ class HardwareCosts:
         return cls(scenario.system, plan, training.precision, calibration,
                    training.attention_kernel, training.power_limit_w, training.cuda_graphs,
                    scenario.parallelism.parameter_servers,
-                   TokenDispatch.of(scenario.model, scenario.parallelism))
+                   TokenDispatch.of(scenario.model, scenario.parallelism), training.allocator)
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""

@@ -40,6 +40,7 @@ from typing import get_args
 
 import numpy as np
 
+from llmsim.costs.allocator import PageRoundTrip
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
@@ -213,8 +214,12 @@ class ComputeModel:
         attention_kernel: AttentionKernel = "flash",
         power_limit_w: float | None = None,
         cuda_graphs: bool = False,
+        page_round_trip: PageRoundTrip | None = None,
     ) -> None:
         self.accelerator = accelerator
+        self.page_round_trip = page_round_trip
+        """Page faults and ``munmap`` of the outputs a glibc-allocated framework maps
+        fresh (``training.allocator: glibc``); None: memory is cached."""
         self.clock_slowdowns = slowdowns(accelerator.clocks, power_limit_w)
         """Factor on the math time of each compute kind from the sustained SM clock under
         the power limit (:mod:`llmsim.costs.clocks`); empty: the catalog's rates."""
@@ -260,20 +265,23 @@ class ComputeModel:
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of ``op`` in seconds: max(math, memory) + one launch per split (none
-        with CUDA graphs).
+        with CUDA graphs), + its output's page round trip under glibc's allocator.
 
         A GEMM run as ``splits`` equal chunks takes ``splits`` times a chunk's
         max(math, memory) + launch; the chunks' math is in :meth:`gemm_math_s`.
         """
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
                op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape,
-               op.memory_kind, op.attention_heads, op.kind == "attention" and op.phase == "B")
+               op.memory_kind, op.attention_heads, op.kind == "attention" and op.phase == "B",
+               op.output_bytes)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
                 max(self.math_s(op), op.bytes / self.memory_rates[op.memory_kind])
                 + op.splits * self.compute_launch_s
             )
+            if self.page_round_trip is not None:
+                cached = self._cache[key] = cached + self.page_round_trip.op_s(op)
         return cached
 
     def math_s(self, op: ComputeOp) -> float:

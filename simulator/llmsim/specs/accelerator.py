@@ -8,6 +8,7 @@ from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
 from llmsim.specs.clocks import SustainedClocks
+from llmsim.specs.host_pages import HostPageCosts
 from llmsim.specs.power import DevicePower
 
 Dtype = Literal["fp64", "fp32", "tf32", "bf16", "fp16", "fp8"]
@@ -167,6 +168,9 @@ class Accelerator(Spec):
     clocks: SustainedClocks | None = None
     """Measured SM clock by kind of work under the board's power limit; None: the
     catalog's rates at every power limit (nothing measured)."""
+    host_pages: HostPageCosts | None = None
+    """A CPU device's measured page round-trip rates (``training.allocator: glibc``);
+    None: not measured, or a device whose framework caches its memory."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
     notes: str = ""

@@ -11,6 +11,9 @@ from llmsim.specs._base import Spec
 AttentionKernel = Literal["flash", "cudnn", "unfused"]
 """How attention runs: FlashAttention-2, cuDNN's fused flash attention, or unfused."""
 
+Allocator = Literal["caching", "glibc"]
+"""Where a CPU framework's tensors come from: a caching allocator, or glibc's ``malloc``."""
+
 
 class Training(Spec):
     """One optimizer step's batch and the whole run's size."""
@@ -124,6 +127,12 @@ class Training(Spec):
     """Run size as a model-FLOP budget, e.g. 3e25 for GPT-4 (give this or ``tokens``)."""
     step_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed per-step host time (data loading, logging), seconds."""
+    allocator: Allocator = "caching"
+    """Where a CPU framework's tensors come from. ``caching``: memory is kept and reused
+    (a GPU framework's caching allocator; on a CPU a preloaded tcmalloc); ``glibc``: the C
+    library's ``malloc``, which returns every block of 32 MiB or more to the OS at
+    ``free``, so each such tensor is faulted in again (:mod:`llmsim.costs.allocator`;
+    needs the accelerator's ``host_pages``)."""
 
     @model_validator(mode="after")
     def _fp8_options_need_fp8(self) -> Training:

@@ -69,7 +69,8 @@ class LayerBuilder:
     def _gemm(self, name: str, phase: str, m: int, n: int, k: int, batch: int = 1) -> ComputeOp:
         e = self.e
         return ComputeOp(name, "gemm", phase, 2.0 * m * n * k * batch,
-                         float(e * batch * (m * k + k * n + m * n)), (m, n, k), batch)
+                         float(e * batch * (m * k + k * n + m * n)), (m, n, k), batch,
+                         output_bytes=float(e * batch * m * n))
 
     def _gemm_grads(self, fwd: ComputeOp) -> tuple[ComputeOp, ComputeOp]:
         """dX = dY·Wᵀ (input gradient, B) and dW = Xᵀ·dY (weight gradient, W)."""
@@ -106,12 +107,15 @@ class LayerBuilder:
         return replace(gemm, reserved_units=cfg.num_sm)
 
     def _mem(self, name: str, phase: str, elements: float, passes: float,
-             masks: int = 0, kind: MemoryKind = "stream") -> ComputeOp:
+             masks: int = 0, kind: MemoryKind = "stream",
+             out_elements: float | None = None) -> ComputeOp:
         """A memory-bound kernel of ``kind`` touching ``elements`` values ``passes`` times,
-        and writing or reading ``masks`` 1-byte dropout masks of as many elements."""
+        and writing or reading ``masks`` 1-byte dropout masks of as many elements; its new
+        output holds ``out_elements`` values (None: ``elements``)."""
+        out = elements if out_elements is None else out_elements
         return ComputeOp(name, "memory", phase, 0.0,
                          float(elements * (passes * self.e + masks * DROPOUT_MASK_BYTES)),
-                         memory_kind=kind)
+                         memory_kind=kind, output_bytes=float(out * self.e))
 
     def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
         """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
@@ -319,7 +323,8 @@ class LayerBuilder:
             # Megatron-LM's linear layers: grad_bias = grad_output.sum(dim=0) for QKV, and
             # autograd's sum over the tokens for the biases folded into bias-GeLU
             # (MLP up) and bias-dropout-add (attention output, MLP down): one read each.
-            bwd.append(self._mem("bias_grads", "B", T * (qkv_n + up_n) + 2 * n_sp, 1))
+            bwd.append(self._mem("bias_grads", "B", T * (qkv_n + up_n) + 2 * n_sp, 1,
+                                 out_elements=0))  # reductions to bias-sized vectors
         wgt: list[Op] = [down_dw, up_dw, proj_dw, qkv_dw]
         return fwd, recompute, bwd, wgt
 
