@@ -39,8 +39,8 @@ Measured rates (GB/s; dispatch, combine):
 
 (low-latency latencies: dispatch 77 / 118 / 155 / 173 / 192 / 194 µs, combine 114 / 195
 / 273 / 314 / 369 / 360 µs for 128 tokens.) Not priced: the SMs the kernels hold
-(``parallelism.moe_comm_units``), the dispatch's FP8 quantisation (llmsim sends the rows
-in the activation dtype).
+(``parallelism.moe_comm_units``) and their quantisation kernels; the bytes are the
+rows llmsim sends (FP8 ones with ``training.fp8_activation_cache``, :mod:`llmsim.moe`).
 """
 
 from __future__ import annotations
