@@ -160,3 +160,26 @@ def test_low_latency_dispatcher_runs_and_is_slower_for_training_batches(
     code, out, err = run_cli(["run", "deepseek-v3", "--set",
                               "parallelism.moe_dispatcher=deepep_fast"], capsys)
     assert code == 2 and "moe_dispatcher" in out + err and "Traceback" not in out + err
+
+
+def test_hybridep_reproduces_its_measured_h100_bandwidth() -> None:
+    """HybridEP counts the bytes as DeepEP does (its own node included): at its test
+    shape (4,096 BF16 tokens, top 8, uniform routing, 16 SMs) the priced time gives back
+    the H100 figures of docs/README_Hybrid-EP.md; faster than DeepEP's H800 kernels at
+    EP 16."""
+    rows = 4096 * TOP_K
+    for nodes, (dispatch, combine) in ((2, (54.47e9, 53.35e9)), (4, (47.36e9, 52.53e9)),
+                                       (8, (41.24e9, 46.57e9))):
+        path = GroupPath(ranks=8 * nodes, nodes=nodes, per_node=8, intra_bytes_per_s=360e9,
+                         intra_latency_s=0.0, inter_bytes_per_s=8 * 45e9,
+                         inter_latency_s=0.0)
+        d = remote_nodes_per_token(TOP_K, nodes)
+        counted = 4096 * HIDDEN * 2.0 * d * nodes / (nodes - 1)
+        for combine_kernel, rate in ((False, dispatch), (True, combine)):
+            t = deepep_kernel_s(rows * HIDDEN * 2.0, path, TOP_K, "hybridep", combine_kernel,
+                                50e9, d)
+            assert counted / t == pytest.approx(rate, rel=1e-12)
+            normal = deepep_kernel_s(rows * HIDDEN * 2.0, path, TOP_K, "normal",
+                                     combine_kernel, 50e9, d)
+            if nodes == 2:
+                assert t < normal

@@ -73,8 +73,8 @@ class TokenDispatch:
         """The dispatch of a layout, None for a dense model or the plain all-to-all."""
         if model.moe is None or par.moe_dispatcher == "alltoall":
             return None
-        kernels: DeepEPKernels = ("low_latency" if par.moe_dispatcher == "deepep_low_latency"
-                                  else "normal")
+        kernels: DeepEPKernels = {"deepep_low_latency": "low_latency",
+                                  "hybridep": "hybridep"}.get(par.moe_dispatcher, "normal")
         return cls(model.moe.top_k, par.moe_max_nodes, kernels)
 
 

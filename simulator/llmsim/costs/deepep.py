@@ -30,12 +30,25 @@ Sizes between the measured ones take the rate of the nearest measured size below
 continue saturating hardware bandwidth at scale") or the rate interpolated in log2 of the
 group size (low-latency kernels, ends held).
 
+**HybridEP** (NVIDIA's kernels on DeepEP's ``hybrid-ep`` branch, Megatron-Core's flex
+dispatcher ``hybridep`` backend): the same hierarchical path (a token over InfiniBand to
+its peer GPU on each node its experts are on, then NVLink), counted the same way
+(``count_rdma_send_from_routing_map`` in its ``tests/utils.py``: "to align with the
+implementation in the DeepEP, we do not set the local node map to zeros"), measured on
+H100 (``docs/README_Hybrid-EP.md`` at branch commit 94a9f8f, first in 7febc6e,
+2026-02-09: 4,096 tokens, hidden 7,168, top 8, uniform random routing, the "Torch API"
+figures, the kernels on 16 SMs as Megatron-Bridge's Qwen3 recipes run them). Its README
+has no one-node H100 figure; on one node HybridEP takes the normal kernels' NVLink rates.
+
 Measured rates (GB/s; dispatch, combine):
 
 * normal, EP 8 (one node), NVLink: 153, 158;
 * normal, EP 16 / 32 / 64, RDMA: 43 / 58 / 51, 43 / 57 / 50;
 * low-latency, EP 8 / 16 / 32 / 64 / 128 / 256, RDMA: 98 / 63 / 48 / 43 / 39 / 39,
   127 / 74 / 53 / 46 / 39 / 40
+* HybridEP on H100, 16 SMs, EP 16 / 32 / 64, RDMA: BF16 dispatch 54.47 / 47.36 / 41.24,
+  combine 53.35 / 52.53 / 46.57 (FP8 dispatch 48.26 / 42.10 / 35.01, not used: llmsim's
+  rows travel in BF16 unless DeepSeek's FP8 cache is on, and HybridEP is not DeepSeek's)
 
 (low-latency latencies: dispatch 77 / 118 / 155 / 173 / 192 / 194 µs, combine 114 / 195
 / 273 / 314 / 369 / 360 µs for 128 tokens.) Not priced: the SMs the kernels hold
@@ -51,7 +64,7 @@ from typing import Literal
 
 from llmsim.costs.paths import GroupPath
 
-DeepEPKernels = Literal["normal", "low_latency"]
+DeepEPKernels = Literal["normal", "low_latency", "hybridep"]
 
 H800_NVLINK_BYTES_PER_S = 160e9
 """NVLink bandwidth of the H800 DeepEP measured on, per direction ("~160 GB/s NVLink
@@ -71,6 +84,11 @@ LOW_LATENCY_BYTES_PER_S = {
 }
 """Low-latency kernels by EP size: dispatch and combine over RDMA, bytes/s."""
 
+HYBRIDEP_H100_BYTES_PER_S = {2: (54.47e9, 53.35e9), 4: (47.36e9, 52.53e9),
+                             8: (41.24e9, 46.57e9)}
+"""HybridEP across nodes on H100 (16 SMs, BF16 dispatch), by node count (EP 16, 32, 64):
+dispatch and combine over RDMA, bytes/s."""
+
 COMBINE_LIKE = frozenset({"moe_combine", "moe_dispatch_bwd"})
 """All-to-alls that run DeepEP's combine kernel: the forward combine and the dispatch's
 backward (the gradients return the way the tokens came); the others run dispatch."""
@@ -81,12 +99,15 @@ def is_combine(name: str) -> bool:
     return name in COMBINE_LIKE
 
 
-def normal_internode_rate(nodes: int, combine: bool) -> float:
-    """Measured RDMA rate of the normal kernels across ``nodes`` nodes: the nearest
-    measured node count at or below, EP 64's beyond it, bytes/s."""
-    measured = sorted(NORMAL_INTERNODE_BYTES_PER_S)
+def normal_internode_rate(nodes: int, combine: bool,
+                          table: dict[int, tuple[float, float]] = NORMAL_INTERNODE_BYTES_PER_S,
+                          ) -> float:
+    """Measured RDMA rate of the normal (or HybridEP's, ``table``) kernels across
+    ``nodes`` nodes: the nearest measured node count at or below, EP 64's beyond it,
+    bytes/s."""
+    measured = sorted(table)
     at = max([n for n in measured if n <= nodes], default=measured[0])
-    return NORMAL_INTERNODE_BYTES_PER_S[at][combine]
+    return table[at][combine]
 
 
 def low_latency_rate(ranks: int, combine: bool) -> float:
@@ -114,7 +135,8 @@ def deepep_kernel_s(nbytes: float, path: GroupPath, top_k: int, kernels: DeepEPK
     """Time of one DeepEP kernel moving a rank's ``nbytes`` of routed rows (``top_k`` a
     token) over ``path``, at DeepEP's measured rate for its size (module docstring),
     seconds. ``nic_bytes_per_s`` is the line rate of one device's way out of its node;
-    ``remote_nodes`` the other nodes one token's experts are on (``D``)."""
+    ``remote_nodes`` the other nodes one token's experts are on (``D``). DeepEP's and
+    HybridEP's NICs were both 400 Gb/s (50 GB/s) ConnectX-7s."""
     n, nodes = path.ranks, path.nodes
     if n <= 1 or nbytes <= 0:
         return 0.0
@@ -127,4 +149,6 @@ def deepep_kernel_s(nbytes: float, path: GroupPath, top_k: int, kernels: DeepEPK
             path.intra_bytes_per_s / H800_NVLINK_BYTES_PER_S)
         return path.intra_latency_s + per_token * distinct_of(top_k, n) / rate
     counted = per_token * remote_nodes * nodes / (nodes - 1)
-    return path.inter_latency_s + counted / (normal_internode_rate(nodes, combine) * nic_scale)
+    table = HYBRIDEP_H100_BYTES_PER_S if kernels == "hybridep" else NORMAL_INTERNODE_BYTES_PER_S
+    return path.inter_latency_s + counted / (normal_internode_rate(nodes, combine, table)
+                                             * nic_scale)
