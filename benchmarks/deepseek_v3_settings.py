@@ -27,6 +27,8 @@ VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
      {"fp8_activation_cache": False}, {}),
     ("no node limit (moe_max_nodes: null)", {"moe_max_nodes": None}, {}, {}),
     ("NCCL all-to-all (moe_dispatcher: alltoall)", {"moe_dispatcher": "alltoall"}, {}, {}),
+    ("DeepEP's low-latency kernels (moe_dispatcher: deepep_low_latency)",
+     {"moe_dispatcher": "deepep_low_latency"}, {}, {}),
     ("no MTP module (mtp_depth 0)", {}, {}, {"mtp_depth": 0}),
 ]
 """(what changes, parallelism, training and model fields set)."""

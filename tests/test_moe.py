@@ -227,6 +227,30 @@ def test_all_to_all_is_its_own_part_of_the_breakdown():
     assert "moe_dispatch" in set(result.to_dataframe()["name"])
 
 
+def test_the_timeline_draws_every_all_to_all():
+    """Each device's row holds its 4 all-to-alls (dispatch and combine, forward and
+    backward) per MoE layer and micro-batch in the MoE colour; none with ep = 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.colors as mc
+
+    from llmsim.plots import COLOURS
+
+    base = {"model__moe": MOE, "nodes": 2, "parallelism__pp": 2,
+            "parallelism__sequence_parallel": True}
+    for ep in (4, 1):
+        s = make_scenario(**base, parallelism__ep=ep)
+        result = llmsim.simulate(s)
+        ax = result.plot_timeline().axes[0]
+        ep_bars = [len(c.get_paths()) for c in ax.collections
+                   if mc.to_hex(c.get_facecolor()[0]) == COLOURS["ep"]]
+        drawn = len({r.device for r in result.trace.records})
+        layers_per_stage = s.model.layers // s.parallelism.pp
+        want = [4 * layers_per_stage * s.micro_batches] * drawn if ep > 1 else []
+        assert ep_bars == want
+
+
 @pytest.mark.parametrize("name, ep", [("mixtral-8x7b", 8), ("deepseek-v3", 64)])
 def test_model_flops_per_token_follow_the_active_parameters(name, ep):
     """6 FLOPs per active matrix weight and token — not the embedding lookup, the RMSNorm

@@ -72,7 +72,8 @@ def test_fp8_cache_keeps_the_expert_inputs_in_fp8_and_drops_the_down_inputs() ->
 def test_the_recomputed_ops_are_the_forward_ones_and_add_no_model_flops() -> None:
     """The recompute list of a block gains exactly the forward's norms and
     up-projections (a MoE block also its expert activations), same FLOPs and bytes;
-    model FLOPs do not change, the step does not get shorter."""
+    model FLOPs do not change, and recomputing does not shorten the step (the FP8 cache,
+    which also shrinks the all-to-alls, held on both sides)."""
     on, off = _ds(), _ds(*OFF)
     ops_on, ops_off = (pass_ops(s.model, s.parallelism, s.training) for s in (on, off))
     assert ops_on.moe is not None and ops_off.moe is not None
@@ -85,7 +86,29 @@ def test_the_recomputed_ops_are_the_forward_ones_and_add_no_model_flops() -> Non
     assert ops_off.dense[1] == () and ops_off.moe[1] == ()
     a, b = llmsim.simulate(on), llmsim.simulate(off)
     assert a.model_flops_per_step == b.model_flops_per_step
-    assert a.step_time_s > b.step_time_s
+    no_norms = llmsim.simulate(_ds(OFF[0]))
+    assert a.step_time_s > no_norms.step_time_s
+
+
+def test_fp8_cache_sends_the_dispatch_and_the_combine_gradients_in_fp8() -> None:
+    """§3.3.3: the dispatch and, backward, the gradients into the down-projection travel
+    as FP8 rows (1 + 4/128 bytes an element); the combine and the dispatch's gradients
+    stay at the activation's bytes."""
+    on, off = _ds(), _ds("training.fp8_activation_cache=false")
+    ops_on, ops_off = (pass_ops(s.model, s.parallelism, s.training) for s in (on, off))
+    assert ops_on.moe is not None and ops_off.moe is not None
+
+    def a2a(passes) -> dict[str, float]:
+        return {o.name: o.bytes for ops in passes for o in ops
+                if getattr(o, "collective", None) == "all_to_all"}
+
+    got, base = a2a(ops_on.moe), a2a(ops_off.moe)
+    e = activation_element_bytes(on.training)
+    assert set(got) == {"moe_dispatch", "moe_combine", "moe_dispatch_bwd", "moe_combine_bwd"}
+    for name in ("moe_dispatch", "moe_combine_bwd"):
+        assert got[name] == pytest.approx(base[name] * FP8_CACHED_BYTES / e)
+    for name in ("moe_combine", "moe_dispatch_bwd"):
+        assert got[name] == base[name]
 
 
 def test_deepseek_v3_fits_as_it_ran() -> None:

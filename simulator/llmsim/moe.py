@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from llmsim.experts import FP32_BYTES, expert_group_tokens, expert_rows
+from llmsim.experts import FP8_CACHED_BYTES, FP32_BYTES, expert_group_tokens, expert_rows
 from llmsim.ops import Axis, CommOp, ComputeOp
 from llmsim.schedules import SCHEDULES
 
@@ -111,10 +111,16 @@ class MoeBlock:
 
     def _a2a(self, name: str, phase: str) -> list[CommOp]:
         """One all-to-all over the expert-parallel group of this rank's share of the
-        routed rows, ``R·h·e`` (÷t with sequence parallelism)."""
+        routed rows, ``R·h·e`` (÷t with sequence parallelism). With
+        ``training.fp8_activation_cache`` the rows the experts' GEMMs take in FP8 travel in
+        it (``e`` = 1 + 4/128): the dispatch's and, backward, the combine's gradients
+        before the down-projection (DeepSeek-V3 report §3.3.3, "Low-Precision
+        Communication"; the combine and the dispatch's gradients stay in BF16)."""
         if self.ep == 1:
             return []
-        nbytes = self.rows / (self.etp if self.b.sp else 1) * self.b.m.hidden * self.b.e
+        fp8 = self.b.trn.fp8_activation_cache and name in ("moe_dispatch", "moe_combine_bwd")
+        e = FP8_CACHED_BYTES if fp8 else self.b.e
+        nbytes = self.rows / (self.etp if self.b.sp else 1) * self.b.m.hidden * e
         return [CommOp(name, "all_to_all", self.axis, phase, nbytes)]
 
     def _tp(self, name: str, kind: str, phase: str) -> list[CommOp]:

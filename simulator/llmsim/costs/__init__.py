@@ -140,7 +140,7 @@ class HardwareCosts:
         staging_s = (launches * self.compute.launch_s
                      + message_passes * op.bytes / self.compute.memory_bytes_per_s)
         if op.collective == "all_to_all":  # costs/alltoall.py: not a ring or a tree
-            return self.all_to_all.comm_s(op.axis, op.bytes) + staging_s + op.host_s
+            return self.all_to_all.comm_s(op.axis, op.bytes, op.name) + staging_s + op.host_s
         if op.collective == "push_pull":  # costs/parameter_server.py: through the servers
             if self.parameter_server is None:
                 raise ValueError("a push_pull op needs parallelism.dp_mode parameter_server")

@@ -38,7 +38,9 @@ The network part then carries ``D`` copies of each token instead of its
 ``top_k·(n−k)/n`` rows that leave the node, ``D`` the expected number of other nodes
 its experts are on (:func:`remote_nodes_per_token`), and the fabric part every routed
 row that is not already on its expert's GPU, ``S·(k−1)/k`` (the rows that arrive over
-the network are forwarded once more inside the node).
+the network are forwarded once more inside the node). That traffic is a floor: the
+dispatcher's kernels are priced at the rates DeepEP measured (:mod:`llmsim.costs.deepep`),
+and an all-to-all takes the longer of the two.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import math
 from dataclasses import dataclass, replace
 
 from llmsim.costs.collectives import INF, GroupPath, group_path
+from llmsim.costs.deepep import DeepEPKernels, deepep_kernel_s, is_combine
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Model, Parallelism, System, Torus
 
@@ -61,13 +64,18 @@ class TokenDispatch:
     """Routed experts per token (``model.moe.top_k``)."""
     max_nodes: int | None = None
     """Node-limited routing's bound on the nodes of one token's experts."""
+    kernels: DeepEPKernels | None = None
+    """DeepEP's kernels whose measured rates price it (:mod:`llmsim.costs.deepep`);
+    None: only the traffic on the links."""
 
     @classmethod
     def of(cls, model: Model, par: Parallelism) -> TokenDispatch | None:
         """The dispatch of a layout, None for a dense model or the plain all-to-all."""
         if model.moe is None or par.moe_dispatcher == "alltoall":
             return None
-        return cls(model.moe.top_k, par.moe_max_nodes)
+        kernels: DeepEPKernels = {"deepep_low_latency": "low_latency",
+                                  "hybridep": "hybridep"}.get(par.moe_dispatcher, "normal")
+        return cls(model.moe.top_k, par.moe_max_nodes, kernels)
 
 
 def remote_nodes_per_token(top_k: int, nodes: int, max_nodes: int | None = None) -> float:
@@ -97,12 +105,13 @@ def all_to_all_s(nbytes: float, path: GroupPath, crossing_share: float = 0.0,
     ``crossing_bytes_per_s`` for the group's members on one node (see the module
     docstring); the rest moves at ``path.inter_bytes_per_s``. With a forwarding
     ``dispatch`` (DeepEP) the network carries each token to each of its other nodes once
-    and the fabric forwards the rows that arrive (module docstring).
+    and the fabric forwards the rows that arrive (module docstring); DeepEP's
+    low-latency kernels forward nothing (each row goes straight to its expert's GPU).
     """
     n, k, nodes = path.ranks, path.per_node, path.nodes
     if n <= 1 or nbytes <= 0:
         return 0.0
-    forwarded = dispatch is not None and nodes > 1
+    forwarded = dispatch is not None and dispatch.kernels != "low_latency" and nodes > 1
     fabric_s = 0.0
     if k > 1:
         inside = nbytes * (k - 1) / k if forwarded else nbytes * (k - 1) / n
@@ -156,7 +165,11 @@ class AllToAllModel:
         self.system, self.plan, self.launch_s = system, plan, launch_s
         self.dispatch = dispatch
         self._shapes: dict[str, tuple[GroupPath, float, float] | None] = {}
-        self._cache: dict[tuple[str, float], float] = {}
+        self._cache: dict[tuple[str, float, bool], float] = {}
+        self.nic_bytes_per_s = (system.node.injection_bytes_per_s
+                                / system.node.devices_per_node)
+        """Line rate of one device's way out of its node (DeepEP's RDMA rates scale
+        with it)."""
 
     def _shape(self, axis: str) -> tuple[GroupPath, float, float] | None:
         """(path without taper, share of the network traffic that crosses a tapered
@@ -185,16 +198,29 @@ class AllToAllModel:
                        link_bytes_per_s=path.link_bytes_per_s / fraction)
         return flat, (domains - 1) / domains, path.inter_bytes_per_s
 
-    def comm_s(self, axis: str, nbytes: float) -> float:
-        """Duration of an all-to-all of ``nbytes`` per rank over ``axis``'s group,
-        seconds (0 for a one-rank group or an empty buffer)."""
-        key = (axis, nbytes)
+    def comm_s(self, axis: str, nbytes: float, name: str = "") -> float:
+        """Duration of an all-to-all ``name`` of ``nbytes`` per rank over ``axis``'s
+        group, seconds (0 for a one-rank group or an empty buffer). With DeepEP's kernels
+        the longer of the links' time and the kernel's at its measured rate (the name
+        says whether it runs the dispatch or the combine kernel)."""
+        combine = is_combine(name)
+        key = (axis, nbytes, combine)
         if key not in self._cache:
             shape = self._shape(axis)
             if shape is None or nbytes <= 0:
                 self._cache[key] = 0.0
             else:
                 path, share, crossing = shape
-                self._cache[key] = all_to_all_s(nbytes, path, share, crossing,
-                                                self.dispatch) + self.launch_s
+                links_s = all_to_all_s(nbytes, path, share, crossing, self.dispatch)
+                self._cache[key] = max(links_s, self._kernel_s(nbytes, path, combine)
+                                       ) + self.launch_s
         return self._cache[key]
+
+    def _kernel_s(self, nbytes: float, path: GroupPath, combine: bool) -> float:
+        """DeepEP's kernel time at its measured rate (0 without DeepEP's kernels)."""
+        d = self.dispatch
+        if d is None or d.kernels is None:
+            return 0.0
+        return deepep_kernel_s(nbytes, path, d.top_k, d.kernels, combine,
+                               self.nic_bytes_per_s,
+                               remote_nodes_per_token(d.top_k, path.nodes, d.max_nodes))

@@ -111,7 +111,9 @@ class Training(Spec):
     routed experts' input rows (quantised before the dispatch) and the routed and shared
     experts' activation (SwiGLU) inputs, 1 byte an element plus an FP32 scale per
     1×128 tile (§3.3.1); the activation's output, the down-projection's input, is
-    recomputed in the backward instead of stored (:mod:`llmsim.experts`)."""
+    recomputed in the backward instead of stored (:mod:`llmsim.experts`). The dispatch
+    all-to-all, and backward the combine's gradients, carry those FP8 rows
+    (:mod:`llmsim.moe`)."""
     cuda_graphs: bool = False
     """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
     a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel
