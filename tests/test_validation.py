@@ -125,8 +125,12 @@ FAST_IDS = [
 # their backward at their measured rates on the H100 and the A100 80 GB (and the H100's
 # fused Adam; memory_fraction_by_kind), to 6.6422 %; the MLPerf rows' flash attention at
 # its rate measured on the H100 at their shape (flash_attention_measured), to 6.5968 %.
+# NAR21 Table 2's ZeRO-3 gradients in DeepSpeed's whole-matrix buckets (each weight matrix
+# all-reduced alone, as its 2021 stage3.py fills them; was equal 1 GB buckets), to 6.7116 %:
+# the 530B rows make fewer, larger calls and are faster still. The MLPerf rows' amax history
+# as the submission's config_fp8.sh states it (1,024, max), to 6.6946 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.60
+TARGET_MAPE_CEILING_PCT = 6.70
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -409,7 +413,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 6.60 %, median 3.8 %, but 7 rows worse than 20 %, worst +56 % "
+    reason="target-set MAPE 6.69 %, median 3.8 %, but 8 rows worse than 20 %, worst +63 % "
     "(NAR21-T2-06, ZeRO-3), and 8 of 12 Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -157,6 +157,36 @@ def test_dp_buckets_cover_the_gradients():
     assert {op.collective for op in ops} == {"all_reduce"}
 
 
+@pytest.mark.parametrize(("bucket_mb", "per_bucket"), [
+    (1e9, None),  # every matrix of the chunk fits: one bucket
+    (1.99, 1),    # a matrix is more than half a bucket: reduced alone
+    (2.01, 2),    # two matrices fit, a third would overflow it
+    (0.01, 1),    # a matrix larger than the bucket is a bucket of its own, not split
+])
+def test_whole_matrix_buckets_follow_deepspeeds_fill_rule(bucket_mb, per_bucket):
+    """DeepSpeed ZeRO's ipg buckets take whole matrices and close before the one that would
+    overflow them: ceil(L·m / floor(bucket / matrix)) buckets, each the same share."""
+    s = make_scenario(nodes=2, parallelism__tp=1, parallelism__pp=1, parallelism__zero=3,
+                      parallelism__grad_buckets_whole_matrices=True)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(0, 0)]
+    matrices = chunk.layers * (s.model.mlp_matrices + 2)
+    total = chunk.params * work.grad_bytes_per_param
+    matrix_mb = total / matrices / 1e6
+    s = make_scenario(nodes=2, parallelism__tp=1, parallelism__pp=1, parallelism__zero=3,
+                      parallelism__grad_buckets_whole_matrices=True,
+                      parallelism__dp_bucket_mb=bucket_mb * matrix_mb)
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    ops = work.dp_grad_ops(chunk)
+    expected = 1 if per_bucket is None else -(-matrices // per_bucket)
+    assert len(ops) == expected
+    assert sum(op.bytes for op in ops) == pytest.approx(total)
+    # Without whole matrices the same bucket size splits by bytes: never above it.
+    split = build_workload(s.model, s.parallelism.model_copy(
+        update={"grad_buckets_whole_matrices": False}), s.training, s.dp).dp_grad_ops(chunk)
+    assert all(op.bytes <= bucket_mb * matrix_mb * 1e6 * (1 + 1e-9) for op in split)
+
+
 @pytest.mark.parametrize(("precision", "reduce_dtype", "bytes_per_grad"), [
     ("bf16", None, 4),     # Megatron-LM: --bf16 forces FP32 gradient reduction
     ("fp16", None, 2),

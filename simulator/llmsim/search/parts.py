@@ -249,7 +249,8 @@ class SharedParts:
         compute-stream kernels and its reduction, memoised."""
         memo = (plan_key, chunk.params, chunk.expert_params, traffic.zero,
                 traffic.grad_all_reduce, traffic.bucket_bytes, traffic.grad_bytes_per_param,
-                traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale)
+                traffic.grad_bucket_nan_check, traffic.grad_bucket_prescale,
+                traffic.bucket_matrices and chunk.units)
         hit = self._chunk_buckets.get(memo)
         if hit is not None:
             return hit

@@ -247,6 +247,13 @@ class Parallelism(Spec):
     rank sends the whole activation (Megatron-Core)."""
     dp_bucket_mb: float = Field(default=25.0, gt=0)
     """Gradient bucket size for the overlapped reduction, MB."""
+    grad_buckets_whole_matrices: bool = False
+    """Fill the gradient buckets with whole weight matrices, as DeepSpeed ZeRO's
+    ``reduce_independent_p_g_buckets_and_remove_grads`` does (stage3.py, 2021): a bucket
+    is reduced before the matrix that would take it past ``dp_bucket_mb`` joins it, so a
+    matrix of more than half the bucket is reduced alone (a layer's QKV, attention output
+    and MLP matrices count as equal shares of its weights). False: the chunk's gradients
+    split into equal buckets of at most ``dp_bucket_mb``."""
     grad_reduce_launch: Literal["bucket_ready", "pp_aligned"] = "bucket_ready"
     """When each gradient bucket's reduction is issued, with ``overlap_dp_comm``.
     ``bucket_ready``: as soon as the last micro-batch's backward makes the bucket final

@@ -251,6 +251,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         accumulate_from_microbatch=1 if training.grad_accumulation == "autograd" else 0,
         embedding_grad_allreduce=_embedding_grad_allreduce(model, par, training),
         # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
+        bucket_matrices=model.mlp_matrices + 2 if par.grad_buckets_whole_matrices else 0,
         gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
         else 1,
         gather_copies=dp if tensor_list else 0,

@@ -97,6 +97,9 @@ class Workload:
     regather_for_recompute: bool = False
     """ZeRO-3 with full recompute: each backward layer is gathered for its recompute and
     again for its backward (``parallelism.regather_for_recompute``)."""
+    bucket_matrices: int = 0
+    """Weight matrices per layer when gradient buckets hold whole matrices
+    (``parallelism.grad_buckets_whole_matrices``); 0: buckets split by bytes."""
     gather_messages: int = 1
     """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
     matrix with ``parallelism.gather_per_module``."""
@@ -228,12 +231,22 @@ class Workload:
             if ranks == 1 or params == 0:
                 continue
             total = params * self.grad_bytes_per_param
-            buckets = max(1, math.ceil(total / self.bucket_bytes))
+            buckets = self._bucket_count(total, chunk.units)
             groups.append((buckets, CommOp(
                 f"dp_{'ps' if self.parameter_server else 'ar' if all_reduce else 'rs'}{tag}"
                 f"_c{chunk.virtual_stage}_b0", kind,
                 axis, "W", total / buckets, staging_passes=staging)))
         return groups
+
+    def _bucket_count(self, total_bytes: float, layers: int) -> int:
+        """Gradient buckets of ``total_bytes`` over ``layers`` layers: equal ones of at most
+        :attr:`bucket_bytes`, or with :attr:`bucket_matrices` as many whole matrices per
+        bucket as fit (at least one: DeepSpeed reduces an oversized matrix alone)."""
+        if not self.bucket_matrices:
+            return max(1, math.ceil(total_bytes / self.bucket_bytes))
+        matrices = max(1, layers) * self.bucket_matrices
+        per_bucket = max(1, math.floor(self.bucket_bytes * matrices / total_bytes))
+        return math.ceil(matrices / per_bucket)
 
     def dp_grad_ops(self, chunk: Chunk) -> list[CommOp]:
         """The bucketed gradient reduction of one chunk, last layer's bucket first; with
