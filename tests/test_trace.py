@@ -31,7 +31,7 @@ def test_the_breakdown_reads_the_blocks_block_of_finds_paired_passes_included():
     """The stage breakdown's compute and all-to-all time are the shares of the blocks
     ``Trace.block_of`` finds on the stage's first device, DualPipe's overlapped pairs
     included (whose blocks hide all-to-all time the plain F and B blocks do not): both
-    read one lookup, ``Trace.pass_blocks``."""
+    read one lookup, ``Trace.pass_block``."""
     from test_moe_dualpipe import _scenario
 
     from llmsim.blocks import block_kind

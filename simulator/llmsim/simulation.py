@@ -207,7 +207,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
-    pass_blocks = trace.pass_blocks  # Trace.block_of's lookup
+    pass_block = trace.pass_block()  # Trace.block_of's lookup
     for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
         kind, stream = r.kind, r.stream
         if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
@@ -215,7 +215,7 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
         start_s, end_s = r.start_s, r.end_s
         if stream == "compute" and kind in PASSES:  # Trace.block_of, its lookup read here
             busy.append(end_s - start_s)
-            block = pass_blocks[(r.stage, kind, r.microbatch, r.chunk)]
+            block = pass_block(r.stage, kind, r.microbatch, r.chunk)
             # Record.block_share and Record.slowed_s, inlined.
             duration_s = block.duration_s
             share = (1.0 if duration_s <= 0 else

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -109,13 +108,25 @@ class Trace:
         """The ops a compute record of a pass ran (None for any other record)."""
         if r.stream != "compute" or r.kind not in PASSES:
             return None
-        return self.pass_blocks[(r.stage, r.kind, r.microbatch, r.chunk)]
+        return self.pass_block()(r.stage, r.kind, r.microbatch, r.chunk)
 
-    @cached_property
-    def pass_blocks(self) -> PassBlocks:
-        """(stage, kind, micro-batch, chunk) of a pass → the ops its compute records ran:
-        :meth:`block_of`'s lookup, which a loop over 10⁴–10⁵ records reads directly."""
-        return PassBlocks(self)
+    def pass_block(self) -> Callable[[int, str, int, int], Block]:
+        """The function (stage, kind, micro-batch, chunk) of a pass → the ops its compute
+        records ran: the kind of a pass run in an overlapped pair (``pass_kinds``) or
+        :func:`block_kind`'s key. :meth:`block_of`'s lookup, which a loop over a step's
+        10⁴–10⁵ records takes once and calls per record (with neither pairs nor passes
+        before ``accumulate_from_microbatch``, a pass's block is its kind's)."""
+        blocks, pass_kinds = self.blocks, self.pass_kinds
+        accumulate_from = self.accumulate_from_microbatch
+        if not pass_kinds and accumulate_from <= 0:
+            def plain(stage: int, kind: str, microbatch: int, chunk: int) -> Block:
+                return blocks[(stage, chunk, kind)]
+            return plain
+
+        def lookup(stage: int, kind: str, microbatch: int, chunk: int) -> Block:
+            paired = pass_kinds.get((stage, kind, microbatch, chunk)) if pass_kinds else None
+            return blocks[(stage, chunk, paired or block_kind(kind, microbatch, accumulate_from))]
+        return lookup
 
     def shown(self, limit: int) -> Iterable[Record]:
         """What a trace file or a timeline shows: the per-op records (:meth:`expand`)
@@ -206,21 +217,3 @@ class Trace:
             "block_to_s": np.where(mine, field_of("block_to_s", float), math.inf),
         }
 
-
-class PassBlocks(dict[tuple[int, str, int, int], Block]):
-    """(stage, kind, micro-batch, chunk) of a pass → its block in ``trace.blocks``, each
-    found once, when first asked (:attr:`Trace.pass_blocks`): the kind of a pass run in an
-    overlapped pair (``trace.pass_kinds``) or :func:`block_kind`'s key."""
-
-    def __init__(self, trace: Trace) -> None:
-        super().__init__()
-        self._trace = trace
-
-    def __missing__(self, key: tuple[int, str, int, int]) -> Block:
-        stage, kind, microbatch, chunk = key
-        trace = self._trace
-        paired = trace.pass_kinds.get(key) if trace.pass_kinds else None
-        block = trace.blocks[(stage, chunk, paired or block_kind(
-            kind, microbatch, trace.accumulate_from_microbatch))]
-        self[key] = block
-        return block
