@@ -106,9 +106,18 @@ class Trace:
 
     def block_of(self, r: Record) -> Block | None:
         """The ops a compute record of a pass ran (None for any other record)."""
-        if r.stream != "compute" or r.kind not in PASSES:
-            return None
-        return self.pass_block()(r.stage, r.kind, r.microbatch, r.chunk)
+        return self.block_finder()(r)
+
+    def block_finder(self) -> Callable[[Record], Block | None]:
+        """:meth:`block_of` as a function, its lookup (:meth:`pass_block`) taken once: for
+        a loop over many records."""
+        pass_block = self.pass_block()
+
+        def block_of(r: Record) -> Block | None:
+            if r.stream != "compute" or r.kind not in PASSES:
+                return None
+            return pass_block(r.stage, r.kind, r.microbatch, r.chunk)
+        return block_of
 
     def pass_block(self) -> Callable[[int, str, int, int], Block]:
         """The function (stage, kind, micro-batch, chunk) of a pass → the ops its compute
@@ -131,14 +140,15 @@ class Trace:
     def shown(self, limit: int) -> Iterable[Record]:
         """What a trace file or a timeline shows: the per-op records (:meth:`expand`)
         when there are at most ``limit`` of them, otherwise one record per pass."""
-        blocks = (self.block_of(r) for r in self.records)
+        blocks = map(self.block_finder(), self.records)
         per_op = sum(len(block.spans) for block in blocks if block is not None)
         return self.expand() if per_op <= limit else self.records
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
+        block_of = self.block_finder()
         for r in self.records:
-            block = self.block_of(r)
+            block = block_of(r)
             if block is None:
                 yield r
                 continue
@@ -168,8 +178,9 @@ class Trace:
         rec_of: list[int] = []  # per row: the record it comes from
         span_of: list[int] = []  # per row: its span in the table, −1 for a record's own row
         stretch = [1.0] * len(self.records)
+        block_of = self.block_finder()
         for i, r in enumerate(self.records):
-            block = self.block_of(r)
+            block = block_of(r)
             if block is None:
                 rec_of.append(i)
                 span_of.append(-1)

@@ -85,10 +85,11 @@ def memory_shares(result: Result) -> list[float]:
     first: dict[int, int] = {}
     gemm_s, memory_s = [0.0] * pp, [0.0] * pp
     split: dict[int, tuple[list[float], list[float]]] = {}  # id of a block → _compute_spans_s
+    block_of = trace.block_finder()
     for r in trace.records:
         if r.stream != "compute" or first.setdefault(r.stage, r.device) != r.device:
             continue
-        block = trace.block_of(r)
+        block = block_of(r)
         if block is None or block.duration_s <= 0:
             continue
         scale = (r.end_s - r.start_s) / block.duration_s
