@@ -110,6 +110,24 @@ def test_cli_end_to_end_on_one_machine(tmp_path, capsys):
     assert gpt4.compact_of(best) in row["layout"]
 
 
+def test_best_yaml_of_a_searched_placement_runs_as_is(tmp_path):
+    """A heterogeneous row's best scenario carries the searched placement (41 stages), not
+    the catalog's (83), with its layout and headroom."""
+    from llmsim.cli_gpt4 import best_yaml
+    from llmsim.search.placement_search import GroupLayout, apply_placement
+
+    catalog = loader.load_scenario("abci")
+    layout = GroupLayout("stages", 4, 41, 32, 2, "full", (("v100", 34), ("a100", 7)))
+    best = apply_placement(catalog, layout, memory_headroom=0.2)
+    row = gpt4_sources.select("abci")[0]
+    result = gpt4.SystemResult(row, 5_312, 5_312, 1.0, 1.0, best, {}, False, "", 1, 0, 0.0)
+    path = tmp_path / "abci-best.yaml"
+    path.write_text(best_yaml(result), encoding="utf-8")
+    again = loader.load_scenario(path)
+    assert again.placement == best.placement and again.placement.memory_headroom == 0.2
+    assert gpt4.compact_of(again) == gpt4.compact_of(best) and again.devices == 5_248
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--systems", "summit"], "--systems"),
     (["--max-layouts", "0"], "--max-layouts"),

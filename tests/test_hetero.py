@@ -90,12 +90,50 @@ def test_identical_groups_balance_as_the_homogeneous_job_would() -> None:
     """By throughput, identical groups split as the rule splits one group's stages: the
     embedding's and head's extra work moves layers off the first and last stage only."""
     twin = hetero.balanced(loader.load_scenario(tiny(twin_system(2), placement=TWIN_PLACEMENT)))
+    assert twin.placement is not None and twin.placement.memory_headroom == 0.1  # the default
     split = twin.parallelism.layers_per_stage
     assert split is not None and sum(split) == 8
     homo = simulate(loader.load_scenario(tiny(a100_nodes(4),
                                               parallelism={"layers_per_stage": split})))
     assert simulate(twin).step_time_s == homo.step_time_s
     assert split[1] == split[2] >= max(split[0], split[3])
+
+
+def _memory_bound(headroom: float) -> dict[str, Any]:
+    """24 layers of 0.8 B parameters on 2 A100 + 2 V100 stages (tests/test_placement_search's
+    job): the speed split puts 4 layers on a V100 stage, 74 % of its 16 GB."""
+    from test_placement_search import RAW
+
+    return {**RAW, "model": {**RAW["model"], "layers": 24},
+            "training": {**RAW["training"], "seq_len": 2048},
+            "placement": {**RAW["placement"], "memory_headroom": headroom}}
+
+
+def _peaks(scenario: Any) -> list[float]:
+    return [m.total_bytes / m.capacity_bytes for m in hetero.group_memory(scenario)]
+
+
+def test_the_balanced_split_leaves_the_headroom_on_every_stage() -> None:
+    """``placement.memory_headroom``: every stage of the balanced split stays below its
+    capacity less the headroom, where without it a stage goes above that."""
+    kept = hetero.balanced(loader.load_scenario(_memory_bound(0.3)))
+    full = hetero.balanced(loader.load_scenario(_memory_bound(0.0)))
+    assert sum(kept.parallelism.layers_per_stage or []) == 24
+    assert max(_peaks(kept)) <= 0.7 < max(_peaks(full))
+    assert loader.load_scenario(RAW_DEFAULT).placement.memory_headroom == 0.1
+
+
+def test_a_headroom_the_model_cannot_keep_fills_the_memory() -> None:
+    """Caps at the headroom that cannot hold every layer give way to the whole memory's:
+    the split of no headroom, not an overfilled stage."""
+    given_up = hetero.balanced(loader.load_scenario(_memory_bound(0.5)))
+    full = hetero.balanced(loader.load_scenario(_memory_bound(0.0)))
+    assert given_up.parallelism.layers_per_stage == full.parallelism.layers_per_stage
+    assert max(_peaks(given_up)) <= 1.0
+
+
+RAW_DEFAULT = tiny(twin_system(2), placement=TWIN_PLACEMENT)
+"""A placement without ``memory_headroom``."""
 
 
 def test_balance_closed_forms() -> None:
@@ -220,6 +258,9 @@ def test_abci_scenario_is_the_sources_whole_job(capsys) -> None:
                                           "v100-sxm2-16gb"),
     ({"parallelism": {"layers_per_stage": [5, 1, 1, 1]}},
      "placement.balance: throughput computes parallelism.layers_per_stage"),
+    ({"placement": {"stages": [{"group": "a100", "stages": 2}, {"group": "v100", "stages": 2}],
+                    "memory_headroom": 1.0}},
+     "placement.memory_headroom = 1.0 is invalid (input should be less than 1)"),
 ])
 def test_bad_placements_are_one_line_errors(tmp_path, capsys, changes, needle) -> None:
     raw = mixed(**changes)

@@ -66,9 +66,10 @@ def test_a_candidate_the_pre_check_refuses_does_not_fit_in_the_engine() -> None:
             scenario = apply_placement(base, layout)
         except ValueError:
             continue
-        if not fits_at_all(scenario):
+        if not fits_at_all(scenario):  # at the search's 10 % headroom
             refused.append(layout.tp)
-            assert not simulate(scenario).fits
+            memory = simulate(scenario).memory
+            assert max(m.total_bytes / m.capacity_bytes for m in memory) > 0.9
     assert 1 in refused and 4 not in refused
 
 
@@ -83,7 +84,7 @@ def test_the_best_placement_is_the_brute_force_engine_best() -> None:
         except ValueError:
             continue
         result = simulate(sc)
-        if result.fits:
+        if max(m.total_bytes / m.capacity_bytes for m in result.memory) <= 0.9:  # headroom
             brute.append(result.step_time_s)
     assert len(brute) == len(rows)
     assert rows[0]["step_time_s"] == pytest.approx(min(brute), rel=1e-12)

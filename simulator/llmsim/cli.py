@@ -312,12 +312,16 @@ calibrate_app.command("nccl")(cli_calibrate.calibrate_nccl)
 calibrate_app.command("time-gemms")(cli_time_gemms.time_gemms)
 
 
-GC_FIRST_GENERATION = 10_000
+GC_FIRST_GENERATION = 100_000
 """Allocations between two passes of Python's cyclic garbage collector over new objects in
 the command line (Python's default: 700). A command's start makes some 10⁵ objects that
 live to its end (pydantic's validators, the specs, the cost tables) and no garbage; at
 700 the collector passed over them about 130 times, one of them over every object, about
-a tenth of ``llmsim run``'s CPU time; at 10,000, about a twentieth (1 MB more at most)."""
+a tenth of ``llmsim run``'s CPU time. At 10,000 it still passed over them 6 times in
+``llmsim run frontier.yaml``'s command (5 young passes and one over the middle
+generation, 25–35 ms of CPU by ``gc.callbacks``, a twentieth of the run); at 100,000
+not once: the command makes fewer. The garbage a pass would have freed waits for the
+next one: up to 10⁵ container objects, some 10 MB."""
 
 
 def main() -> None:

@@ -87,6 +87,8 @@ def best_yaml(result: gpt4.SystemResult) -> str:
                           f"from the catalog scenario {row.scenario}")
     if best.placement is None:  # a placement says the nodes of each group itself
         raw["nodes"] = best.nodes_used
+    else:  # the searched placement, not the catalog's (whose stages add up to its pp)
+        raw["placement"] = best.placement.model_dump(mode="json", exclude_defaults=True)
     # Every field the best layout sets away from its default, so that settings the layout
     # rules out (apply drops them) and uneven stage splits of another pp are gone too.
     fields = best.parallelism.model_dump(mode="json")

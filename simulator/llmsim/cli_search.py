@@ -88,8 +88,8 @@ def search(
         help="What to optimise: days, step_time, mfu or tokens_per_device.")] = "days",
     top: Annotated[int, typer.Option(help="Best layouts re-run by the SimPy engine.")] = 20,
     memory_headroom: Annotated[float | None, typer.Option(
-        help="Share of device memory a layout must leave free (default 0.1 = 10 %; 0 for "
-        "a heterogeneous job's placements, whose layer balance fills each stage).")] = None,
+        help="Share of device memory a layout must leave free (default 0.1 = 10 %; a "
+        "heterogeneous job's layer balance leaves it on every stage).")] = None,
     batch_range: Annotated[str | None, typer.Option(
         metavar="LOW..HIGH", help="Let the global batch vary over this range of sequences "
         "(default: the scenario's).")] = None,

@@ -32,7 +32,7 @@ def trace_records(result: Result, limit: int = MAX_OP_EVENTS) -> Iterable[Record
     ``limit``. Every stream keeps its activity (TP communication included)."""
     trace = result.trace
     per_op = sum(1 if block is None else len(block.spans)
-                 for block in map(trace.block_of, trace.records))
+                 for block in map(trace.block_finder(), trace.records))
     if per_op <= limit:
         return trace.expand()
     return _merged(trace.expand(), -(-per_op // limit))

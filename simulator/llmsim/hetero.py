@@ -190,18 +190,44 @@ def balanced(scenario: Scenario) -> Scenario:
     extra[-1] += per_group[groups[-1]][2]
     try:
         split = balance_layers(scenario.model.layers, [per_group[g][0] for g in groups],
-                               extra, most_layers_that_fit(scenario))
+                               extra, layer_caps(scenario))
     except ValueError as exc:
         raise UserError(f"placement: {exc}; use fewer stages") from None
     par = scenario.parallelism.model_copy(update={"layers_per_stage": split})
     return scenario.model_copy(update={"parallelism": par})
 
 
-def most_layers_that_fit(scenario: Scenario) -> list[int]:
-    """Per stage, the most layers its devices hold by the memory model
-    (:func:`llmsim.memory.memory_per_stage`, with its micro-batches in flight), found by
-    pricing every stage with 1, 2, … layers until none more fits (0: not even one)."""
+def fits_with(row: StageMemory, headroom: float) -> bool:
+    """Whether ``row``'s peak fits in its device's memory less ``headroom``, a share of it
+    (0–1; at 0, :attr:`StageMemory.fits`)."""
+    return row.total_bytes <= row.capacity_bytes * (1 - headroom)
+
+
+def holds_all(caps: Sequence[int], units: int) -> bool:
+    """Whether caps per stage (or replica) hold ``units`` layers (or micro-batches) between
+    them, each taking at least one (:func:`balance_layers` ignores caps that do not)."""
+    return sum(max(1, m) for m in caps) >= units
+
+
+def layer_caps(scenario: Scenario) -> list[int]:
+    """The caps of :func:`balance_layers`: per stage the most layers that fit in its memory
+    less ``placement.memory_headroom`` (:func:`most_layers_that_fit`); where those cannot
+    hold the model, the most that fit in the whole memory (the headroom given up rather
+    than a stage overfilled)."""
     assert scenario.placement is not None
+    caps = most_layers_that_fit(scenario)
+    if not holds_all(caps, scenario.model.layers) and scenario.placement.memory_headroom > 0:
+        caps = most_layers_that_fit(scenario, headroom=0.0)
+    return caps
+
+
+def most_layers_that_fit(scenario: Scenario, headroom: float | None = None) -> list[int]:
+    """Per stage, the most layers its devices hold by the memory model
+    (:func:`llmsim.memory.memory_per_stage`, with its micro-batches in flight) with
+    ``headroom`` of their memory left free (default ``placement.memory_headroom``), found
+    by pricing every stage with 1, 2, … layers until none more fits (0: not even one)."""
+    assert scenario.placement is not None
+    free = scenario.placement.memory_headroom if headroom is None else headroom
     groups = scenario.placement.group_of_stage()
     par = scenario.parallelism
     most = [0] * len(groups)
@@ -213,7 +239,7 @@ def most_layers_that_fit(scenario: Scenario) -> list[int]:
                                        system.node.accelerator)
                 for name, system in scenario.group_systems().items()}
         for s in list(open_stages):
-            if rows[groups[s]][s].fits:
+            if fits_with(rows[groups[s]][s], free):
                 most[s] = n
             else:
                 open_stages.discard(s)

@@ -73,12 +73,18 @@ def replica_seconds(scenario: Scenario, costs: CostModel) -> tuple[float, float]
     return max(per_stage), sum(per_stage) - max(per_stage)
 
 
-def most_micro_batches(scenario: Scenario, group: str, total: int) -> int:
+def most_micro_batches(scenario: Scenario, group: str, total: int,
+                       headroom: float | None = None) -> int:
     """The most micro-batches (up to ``total``) a replica on ``group`` runs with every stage
-    in its accelerator's memory (:func:`llmsim.memory.memory_per_stage`: the micro-batches
-    in flight grow with them under GPipe, not past ``pp`` under 1F1B); 0: not even one."""
+    in its accelerator's memory less ``headroom`` (a share, default
+    ``placement.memory_headroom``; :func:`llmsim.memory.memory_per_stage`: the
+    micro-batches in flight grow with them under GPipe, not past ``pp`` under 1F1B); 0:
+    not even one."""
+    assert scenario.placement is not None
+    free = scenario.placement.memory_headroom if headroom is None else headroom
+
     def fits(m: int) -> bool:
-        return all(row.fits for row in _memory(scenario, group, m))
+        return all(hetero.fits_with(row, free) for row in _memory(scenario, group, m))
     if fits(total):
         return total
     if not fits(1):
@@ -108,8 +114,11 @@ def micro_batch_split(scenario: Scenario) -> list[int]:
     total = scenario.training.global_batch // (par.micro_batch * par.ep)
     costs = hetero.group_costs(scenario)
     timing = {name: replica_seconds(scenario, c) for name, c in costs.items()}
-    caps = {name: most_micro_batches(scenario, name, total) for name in costs}
     groups = placement.group_of_replica()  # the scenario holds a micro-batch for each
+    caps = {name: most_micro_batches(scenario, name, total) for name in costs}
+    if not hetero.holds_all([caps[g] for g in groups], total) \
+            and placement.memory_headroom > 0:  # the headroom given up, as for layers
+        caps = {name: most_micro_batches(scenario, name, total, 0.0) for name in costs}
     return balance_micro_batches(total, [timing[g][0] for g in groups],
                                  [timing[g][1] for g in groups], [caps[g] for g in groups])
 

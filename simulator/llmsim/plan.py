@@ -157,7 +157,8 @@ class Plan:
 
     def group_first(self, axis: str, rank: int) -> int:
         """Lowest rank of the ``axis`` group that contains ``rank`` (the first of
-        :meth:`members`, without listing them)."""
+        :meth:`members`, without listing them); given a numpy array of ranks, each one's,
+        element by element."""
         axes = [a for a in AXES if a != "pp"] if axis == "stage" else self.axes_of(axis)
         return rank - sum(self._coord(rank, a) * self._stride(a) for a in axes)
 

@@ -18,6 +18,7 @@ from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
 from llmsim.result import Result, StageBreakdown, optimal_batch_tokens
 from llmsim.specs import Scenario
+from llmsim.trace import PASSES
 from llmsim.workload import build_workload, step_traffic
 
 
@@ -197,10 +198,6 @@ _device_of = itemgetter(0)
 """A record's device."""
 
 
-_PASSES = ("F", "B", "W")
-"""The kinds of a pass's compute record (:meth:`Trace.block_of`)."""
-
-
 def _stage_breakdown(trace: Trace, stage: int, step_s: float,
                      rep: _Representative) -> tuple[StageBreakdown, float]:
     """Split ``step_s`` of one stage's representative device into its parts; with its
@@ -210,18 +207,15 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     compute = tp = a2a = cp = pp = optimizer = 0.0
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
-    blocks, accumulate_from = trace.blocks, trace.accumulate_from_microbatch
-    pass_kinds = trace.pass_kinds  # passes run in an overlapped pair (llmsim.engine.pairs)
+    pass_block = trace.pass_block()  # Trace.block_of's lookup
     for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
         kind, stream = r.kind, r.stream
         if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
             continue
         start_s, end_s = r.start_s, r.end_s
-        if stream == "compute" and kind in _PASSES:  # Trace.block_of, inlined
+        if stream == "compute" and kind in PASSES:  # Trace.block_of, its lookup read here
             busy.append(end_s - start_s)
-            block = blocks[(r.stage, r.chunk,
-                            (pass_kinds and pass_kinds.get((r.stage, kind, r.microbatch, r.chunk)))
-                            or ("w" if kind == "W" and r.microbatch < accumulate_from else kind))]
+            block = pass_block(r.stage, kind, r.microbatch, r.chunk)
             # Record.block_share and Record.slowed_s, inlined.
             duration_s = block.duration_s
             share = (1.0 if duration_s <= 0 else

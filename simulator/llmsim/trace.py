@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import NamedTuple
@@ -59,6 +59,10 @@ class Record(NamedTuple):
         return 1.0 + self.slowed_s(block) / share_s if share_s > 0 else 1.0
 
 
+PASSES = frozenset(("F", "B", "W"))
+"""The kinds of a pass's compute record, the records that run a block of ops."""
+
+
 by_device_start_stream = itemgetter(0, 7, 2)
 """Sort key of the trace's records: (device, start_s, stream)."""
 
@@ -102,24 +106,49 @@ class Trace:
 
     def block_of(self, r: Record) -> Block | None:
         """The ops a compute record of a pass ran (None for any other record)."""
-        if r.stream != "compute" or r.kind not in ("F", "B", "W"):
-            return None
-        kind = (self.pass_kinds.get((r.stage, r.kind, r.microbatch, r.chunk))
-                if self.pass_kinds else None) \
-            or block_kind(r.kind, r.microbatch, self.accumulate_from_microbatch)
-        return self.blocks[(r.stage, r.chunk, kind)]
+        return self.block_finder()(r)
+
+    def block_finder(self) -> Callable[[Record], Block | None]:
+        """:meth:`block_of` as a function, its lookup (:meth:`pass_block`) taken once: for
+        a loop over many records."""
+        pass_block = self.pass_block()
+
+        def block_of(r: Record) -> Block | None:
+            if r.stream != "compute" or r.kind not in PASSES:
+                return None
+            return pass_block(r.stage, r.kind, r.microbatch, r.chunk)
+        return block_of
+
+    def pass_block(self) -> Callable[[int, str, int, int], Block]:
+        """The function (stage, kind, micro-batch, chunk) of a pass → the ops its compute
+        records ran: the kind of a pass run in an overlapped pair (``pass_kinds``) or
+        :func:`block_kind`'s key. :meth:`block_of`'s lookup, which a loop over a step's
+        10⁴–10⁵ records takes once and calls per record (with neither pairs nor passes
+        before ``accumulate_from_microbatch``, a pass's block is its kind's)."""
+        blocks, pass_kinds = self.blocks, self.pass_kinds
+        accumulate_from = self.accumulate_from_microbatch
+        if not pass_kinds and accumulate_from <= 0:
+            def plain(stage: int, kind: str, microbatch: int, chunk: int) -> Block:
+                return blocks[(stage, chunk, kind)]
+            return plain
+
+        def lookup(stage: int, kind: str, microbatch: int, chunk: int) -> Block:
+            paired = pass_kinds.get((stage, kind, microbatch, chunk)) if pass_kinds else None
+            return blocks[(stage, chunk, paired or block_kind(kind, microbatch, accumulate_from))]
+        return lookup
 
     def shown(self, limit: int) -> Iterable[Record]:
         """What a trace file or a timeline shows: the per-op records (:meth:`expand`)
         when there are at most ``limit`` of them, otherwise one record per pass."""
-        blocks = (self.block_of(r) for r in self.records)
+        blocks = map(self.block_finder(), self.records)
         per_op = sum(len(block.spans) for block in blocks if block is not None)
         return self.expand() if per_op <= limit else self.records
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
+        block_of = self.block_finder()
         for r in self.records:
-            block = self.block_of(r)
+            block = block_of(r)
             if block is None:
                 yield r
                 continue
@@ -149,8 +178,9 @@ class Trace:
         rec_of: list[int] = []  # per row: the record it comes from
         span_of: list[int] = []  # per row: its span in the table, −1 for a record's own row
         stretch = [1.0] * len(self.records)
+        block_of = self.block_finder()
         for i, r in enumerate(self.records):
-            block = self.block_of(r)
+            block = block_of(r)
             if block is None:
                 rec_of.append(i)
                 span_of.append(-1)
@@ -197,3 +227,4 @@ class Trace:
             "block_from_s": np.where(mine, field_of("block_from_s", float), 0.0),
             "block_to_s": np.where(mine, field_of("block_to_s", float), math.inf),
         }
+

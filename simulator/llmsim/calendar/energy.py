@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmsim.blocks import Block
 from llmsim.ops import ComputeOp
 from llmsim.result import Result
 from llmsim.specs import Accelerator, DevicePower, Scenario
@@ -83,21 +84,37 @@ def memory_shares(result: Result) -> list[float]:
     trace = result.trace
     first: dict[int, int] = {}
     gemm_s, memory_s = [0.0] * pp, [0.0] * pp
+    split: dict[int, tuple[list[float], list[float]]] = {}  # id of a block → _compute_spans_s
+    block_of = trace.block_finder()
     for r in trace.records:
         if r.stream != "compute" or first.setdefault(r.stage, r.device) != r.device:
             continue
-        block = trace.block_of(r)
+        block = block_of(r)
         if block is None or block.duration_s <= 0:
             continue
         scale = (r.end_s - r.start_s) / block.duration_s
-        for span in block.spans:
-            if span.stream != "compute":
-                continue
-            if kinds[r.stage].get(span.name, "memory") == "memory":
-                memory_s[r.stage] += span.duration_s * scale
-            else:
-                gemm_s[r.stage] += span.duration_s * scale
+        parts = split.get(id(block))
+        if parts is None:
+            parts = split[id(block)] = _compute_spans_s(block, kinds[r.stage])
+        gemm, memory = parts
+        for duration_s in memory:
+            memory_s[r.stage] += duration_s * scale
+        for duration_s in gemm:
+            gemm_s[r.stage] += duration_s * scale
     return [m / (g + m) if g + m > 0 else 0.0 for g, m in zip(gemm_s, memory_s, strict=True)]
+
+
+def _compute_spans_s(block: Block, kinds: dict[str, str]) -> tuple[list[float], list[float]]:
+    """Seconds of ``block``'s spans on the compute stream, in order: (GEMM-like, memory-bound),
+    by each op's kind in ``kinds`` (name → kind; memory-bound when not there). Found once
+    per block, not per record that runs it."""
+    gemm: list[float] = []
+    memory: list[float] = []
+    for span in block.spans:
+        if span.stream == "compute":
+            (memory if kinds.get(span.name, "memory") == "memory" else gemm).append(
+                span.duration_s)
+    return gemm, memory
 
 
 def compute_memory_share(result: Result, stage: int) -> float:

@@ -84,7 +84,7 @@ class SearchSummary:
 
 DEFAULT_HEADROOM = 0.10
 """Share of device memory a layout must leave free unless told otherwise (a heterogeneous
-job's placements: none, :mod:`.placement_search`)."""
+job's placements too: their balance leaves it, :mod:`.placement_search`)."""
 
 
 def search(
@@ -128,7 +128,7 @@ def search(
     A scenario with a ``placement`` (a heterogeneous job) has its placement searched
     instead: stages or replicas on its system's node groups, each run by the engine
     (:func:`.placement_search.placement_table`; ``objective``, ``max_layouts`` and
-    ``memory_headroom``, 0 unless given, apply; the other options do not).
+    ``memory_headroom`` apply; the other options do not).
     """
     started = time.perf_counter()
     if objective not in OBJECTIVES:
@@ -145,12 +145,12 @@ def search(
     if max_parameter_servers < 0:
         raise UserError(f"--max-parameter-servers: {max_parameter_servers} must be 0 (none) "
                         "or more")
+    memory_headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
     if scenario.placement is not None:  # a heterogeneous job: its placement is searched
         from llmsim.search.placement_search import placement_table
 
         return placement_table(scenario, objective=objective, max_layouts=max_layouts,
-                               memory_headroom=memory_headroom or 0.0)
-    memory_headroom = DEFAULT_HEADROOM if memory_headroom is None else memory_headroom
+                               memory_headroom=memory_headroom)
     if confirm_timeout_s is not None and not confirm_timeout_s > 0:
         raise UserError(f"--confirm-timeout: {confirm_timeout_s} must be above 0 (seconds "
                         "one engine run may take)")

@@ -21,9 +21,9 @@ whole ``tp·pp`` pipelines as fill whole nodes of it; each with ZeRO 1 and 2 and
 selective recompute, 1F1B, one sequence per micro-batch and sequence parallelism where
 tp > 1, the scenario's other settings kept. Layouts that do not fit (the memory model,
 :func:`fits_at_all` before the engine runs) or that the placement rules refuse are
-counted, not ranked. The layer balance fills each stage up to its memory
-(:func:`llmsim.hetero.most_layers_that_fit`), so the search's memory headroom is 0 by
-default here: the catalog's ABCI job peaks at 99.9 % of a V100's 16 GB.
+counted, not ranked. The search's memory headroom (10 % unless given) goes into each
+candidate's ``placement.memory_headroom``, which the layer and batch balance leave free
+on every device (:func:`llmsim.hetero.most_layers_that_fit`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsim.errors import UserError
+from llmsim.search import DEFAULT_HEADROOM
 from llmsim.search.layout import SWITCHES
 from llmsim.search.space import divisors, tp_candidates
 from llmsim.specs import Scenario
@@ -145,9 +146,11 @@ def _replicas(tp: int, groups: dict[str, tuple[int, int]], layers: int,
                               tuple(counts.items()))
 
 
-def apply_placement(scenario: Scenario, layout: GroupLayout) -> Scenario:
+def apply_placement(scenario: Scenario, layout: GroupLayout,
+                    memory_headroom: float = DEFAULT_HEADROOM) -> Scenario:
     """``scenario`` with ``layout``'s placement and degrees, in reduced fidelity, validated
-    (raises ValueError when a rule refuses it)."""
+    (raises ValueError when a rule refuses it); its balance leaves ``memory_headroom`` of
+    each device's memory free (``placement.memory_headroom``)."""
     par = scenario.parallelism
     updates = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero": layout.zero,
                "recompute": layout.recompute, "schedule": "1f1b", "virtual_stages": 1,
@@ -157,7 +160,8 @@ def apply_placement(scenario: Scenario, layout: GroupLayout) -> Scenario:
     new_par = type(par).model_validate({**par.model_dump(exclude_unset=True), **updates})
     fields = {name: getattr(scenario, name) for name in type(scenario).model_fields}
     return type(scenario).model_validate({
-        **fields, "nodes": None, "parallelism": new_par, "placement": layout.placement(),
+        **fields, "nodes": None, "parallelism": new_par,
+        "placement": {**layout.placement(), "memory_headroom": memory_headroom},
         "fidelity": "reduced"})
 
 
@@ -165,7 +169,8 @@ def fits_at_all(scenario: Scenario) -> bool:
     """Whether the memory model lets ``scenario``'s placement run at all, before the
     engine is asked: with stages, every stage holds a layer and together they hold the
     model (:func:`llmsim.hetero.most_layers_that_fit`); with replicas, a replica of every
-    group runs a micro-batch and together they run the batch
+    group runs a micro-batch and together they run the batch, both with the placement's
+    ``memory_headroom`` left free
     (:func:`llmsim.hetero_replicas.most_micro_batches`)."""
     from llmsim import hetero, hetero_replicas
 
@@ -214,7 +219,7 @@ def describe_placement(placement: Any) -> str:
 
 
 def search_placements(scenario: Scenario, *, objective: str = "days",
-                      memory_headroom: float = 0.0, max_candidates: int | None = None,
+                      memory_headroom: float = DEFAULT_HEADROOM, max_candidates: int | None = None,
                       progress: Callable[[int, int], None] | None = None,
                       ) -> tuple[list[dict[str, Any]], Scenario | None, PlacementSearch]:
     """Price every candidate placement (:func:`candidates`; a sample of
@@ -244,7 +249,7 @@ def search_placements(scenario: Scenario, *, objective: str = "days",
         if progress is not None:
             progress(i, len(layouts))
         try:
-            sc = apply_placement(scenario, layout)
+            sc = apply_placement(scenario, layout, memory_headroom)
             if not fits_at_all(sc):
                 oom += 1
                 continue
@@ -278,7 +283,8 @@ def search_placements(scenario: Scenario, *, objective: str = "days",
 
 
 def placement_table(scenario: Scenario, *, objective: str = "days",
-                    memory_headroom: float = 0.0, max_layouts: int | None = None) -> Any:
+                    memory_headroom: float = DEFAULT_HEADROOM,
+                    max_layouts: int | None = None) -> Any:
     """:func:`search_placements` as the layout search's table (``llmsim search`` of a
     scenario with a placement): one row per placement that fits, best first, the
     engine's numbers in the columns the layout search confirms (``step_time_s``,

@@ -58,6 +58,12 @@ class Placement(Spec):
     split over the replicas: ``throughput`` by the same rule on each replica's priced time
     per micro-batch (:func:`llmsim.hetero_replicas.balance_micro_batches`); ``given``: as
     each entry's ``micro_batches`` says."""
+    memory_headroom: float = Field(default=0.1, ge=0, lt=1)
+    """Share of each device's memory, 0–1, that ``balance: throughput`` leaves free: a
+    stage takes no more layers, a replica no more micro-batches, than fit in its capacity
+    less this share (:func:`llmsim.hetero.most_layers_that_fit`); where the model does not
+    fit with it, the balance fills the memory. 0.1 by default, the layout search's
+    ``--memory-headroom``."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> Placement:

@@ -357,11 +357,17 @@ class Workload:
 
     def model_flops(self) -> float:
         """Model FLOPs of one step over all devices (recompute excluded)."""
-        return self._flops(include_recompute=False)
+        return self._step_flops[0]
 
     def hardware_flops(self) -> float:
         """FLOPs executed in one step over all devices, recompute included."""
-        return self._flops(include_recompute=True)
+        return self._step_flops[1]
+
+    @cached_property
+    def _step_flops(self) -> tuple[float, float]:
+        """(model, hardware) FLOPs of one step, each counted once over every op: a result
+        asks for them several times (MFU, HFU, throughput, energy)."""
+        return self._flops(include_recompute=False), self._flops(include_recompute=True)
 
     def _flops(self, include_recompute: bool) -> float:
         per_replica = 0.0

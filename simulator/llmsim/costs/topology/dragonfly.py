@@ -138,7 +138,9 @@ def _steps_leaving(plan: Plan, axis: str, home_nodes: range, home: int,
     the machine (``tests/test_topology_dragonfly.py`` checks the two agree)."""
     dpn = plan.system.node.devices_per_node
     ranks = range(home_nodes.start * dpn, min(home_nodes.stop * dpn, plan.devices))
-    firsts = list(dict.fromkeys(plan.group_first(axis, r) for r in ranks))
+    # each rank's group's first rank, a column at a time (group_first's arithmetic on arrays)
+    firsts = list(dict.fromkeys(
+        plan.group_first(axis, np.arange(ranks.start, ranks.stop, dtype=np.int64)).tolist()))
     if not firsts:
         return Counter()
     offsets = np.asarray(plan.members(axis, firsts[0]), dtype=np.int64) - firsts[0]
