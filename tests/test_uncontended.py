@@ -139,9 +139,6 @@ def test_the_step_has_what_the_grid_means_to_cover():
 
 
 @pytest.mark.parametrize(("overrides", "why"), [
-    ({"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
-      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True,
-      "parallelism__zero": 1, "parallelism__overlap_param_gather": True}, "posted"),
     ({"fidelity": "full", "nodes": 2}, "group members"),
     ({"parallelism__grad_bucket_nan_check": True, "nodes": 2}, "kernels before"),
 ])
@@ -223,6 +220,19 @@ CONTENDED_SWITCHES = [
     {"model__tied_embeddings": True},
     {"parallelism__pp_scatter_gather": "megatron"},
     {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
+    # weight gathers on the dp stream, holding units beside the passes
+    # (llmsim.engine.contended_gathers)
+    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True},
+    {"parallelism__zero": 2, "parallelism__overlap_param_gather": True,
+     "parallelism__overlap_dp_comm": False, "parallelism__prefetch_weights": False},
+    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True,
+     "parallelism__grad_reduce_launch": "pp_aligned"},
+    {"parallelism__zero": 3},
+    {"parallelism__zero": 3, "parallelism__overlap_dp_comm": False},
+    {"parallelism__zero": 3, "parallelism__prefetch_weights": False},
+    {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
+     "parallelism__recompute": "full"},
+    {"parallelism__zero": 3, "parallelism__gather_per_module": True},
 ]
 CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contended)
     ("interleaved-1f1b", 2, {"parallelism__overlap_pp_comm": True}),
@@ -260,6 +270,47 @@ def test_contended_loop_and_simpy_record_the_same_step(overrides):
     slow_engine = _engine(overrides, tight=False)
     assert not contended.applies(slow_engine)
     assert_same_trace(fast, slow_engine.run(), slowed=True)
+
+
+def test_the_contended_grid_reaches_gathers_that_hold_units_and_waits():
+    """The contended grid's ZeRO rows gather weights beside the gradient buckets, the
+    gathers holding compute units and the passes waiting for them, on the contended loop
+    (ZeRO-1's first forwards and ZeRO-3's every pass)."""
+    for zero in (1, 3):
+        overrides = next(o for o in CONTENDED_GRID if o.get("parallelism__zero") == zero
+                         and (zero == 3 or o.get("parallelism__overlap_param_gather"))
+                         and o["parallelism__schedule"] == "1f1b" and o["nodes"] == 2
+                         and o["parallelism__pp"] == 4)
+        engine = _engine(overrides, tight=True)
+        assert engine.collective_units and not engine.hooks_closed_form
+        trace = engine.run()
+        assert engine.env.now == 0 and trace.dp_waits
+        assert any(r.name.startswith(("z3_ag", "dp_ag_params")) for r in trace.records
+                   if r.stream == "dp")
+
+
+def test_a_gather_ending_as_its_layer_is_reached_on_the_contended_loop_goes_to_simpy(
+        monkeypatch):
+    """Where the contended loop meets an order of one instant that SimPy's events decide
+    (``SameInstant``), it gives the step back and SimPy replays it from the start."""
+    from llmsim.engine import contended_gathers
+
+    overrides = next(o for o in CONTENDED_GRID if o.get("parallelism__zero") == 3
+                     and o["parallelism__schedule"] == "1f1b")
+    slow = _engine(overrides, tight=False).run()
+    calls = []
+
+    def same_instant(self, ds, op, by):
+        calls.append(op.name)
+        raise contended_gathers.SameInstant(op.name)
+
+    monkeypatch.setattr(contended_gathers.GatheredPasses, "join", same_instant)
+    engine = _engine(overrides, tight=True)
+    assert contended.applies(engine)
+    fast = engine.run()
+    assert calls and engine.env.now == fast.step_end_s > 0  # SimPy ran the step
+    assert engine.passes_started == sum(len(engine.schedule[d.stage]) for d in engine.devices)
+    assert_same_trace(fast, slow, slowed=True)
 
 
 def test_the_contended_grid_slows_passes_by_both_holders():

@@ -36,29 +36,32 @@ from typing import TYPE_CHECKING
 
 from llmsim.blocks import block_kind
 from llmsim.engine import uncontended
+from llmsim.engine.contended_gathers import _GATHER, _PASS, GatheredPasses
 from llmsim.engine.contended_messages import _MESSAGE, _SENT, PostedMessages
 from llmsim.engine.contended_units import DeviceState, Op, PassPrices, UnitHolders
 from llmsim.engine.uncontended import MessageKey, _Replay
-from llmsim.engine.uncontended_gathers import new_record
+from llmsim.engine.uncontended_gathers import SameInstant, new_record
 from llmsim.trace import Record, Trace
 
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
 
-_PASS, _AT, _DP = 0, 3, 4
-"""What a device's walk yields: run a pass; wait for a message (``_MESSAGE``), for its
-own send's end (``_SENT``), for a time, for its ``dp`` stream to drain."""
+_AT, _DP = 3, 4
+"""What a device's walk yields: run a pass (``_PASS``); wait for a message (``_MESSAGE``),
+for its own send's end (``_SENT``), for a time, for its ``dp`` stream to drain, for a
+weight gather (``_GATHER``)."""
 
 
 def applies(engine: Engine) -> bool:
     """Whether the step of ``engine`` can be replayed by :func:`replay`: one the tight loop
     would take but for posted pipeline operations or collectives holding compute units
-    (:func:`uncontended.simpy_reason` with those allowed), with no weight gathers."""
+    (:func:`uncontended.simpy_reason` with those allowed); weight gathers included
+    (:mod:`.contended_gathers`)."""
     return (engine.rendezvous or bool(engine.collective_units)) \
-        and engine.hooks_closed_form and not uncontended.simpy_reason(engine, contended=True)
+        and not uncontended.simpy_reason(engine, contended=True)
 
 
-class _Contended(UnitHolders, PostedMessages, _Replay):
+class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
     """The state of one contended-loop replay of ``engine``'s step."""
 
     def __init__(self, engine: Engine) -> None:
@@ -83,6 +86,10 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
         self.peers: dict[tuple[int, int], tuple[float, int]] = {}
         """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
+        self.queued = bool(self.units) or not engine.hooks_closed_form
+        """Whether collectives join a ``dp`` queue one by one (they hold units, or weight
+        gathers share the stream), else buckets are queued in closed form."""
+        self.setup_gathers()
         self.changed: list[DeviceState] = []
         """Devices whose pass's segment a change of units held ended at this instant."""
 
@@ -97,6 +104,7 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
         syncs = engine.grad_syncs.get(dev.stage)
         hooked = (("W" if engine.split_backward else "B")
                   if engine.overlap_dp and work.zero != 3 and syncs is None else None)
+        zero3 = work.zero == 3
         backward_step, gather_s = engine.backward_step, engine.pp_gather_s
         rendezvous, overlap_pp, overlap_dp = engine.rendezvous, engine.overlap_pp, \
             engine.overlap_dp
@@ -108,6 +116,10 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
         w_seen = [0] * work.chunks_per_stage
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
         deferred: list[tuple[int, int]] = []
+        gathering = self.device_gathers(ds, actions)
+        prefetching = gathering and engine.prefetch_weights
+        if prefetching:
+            self.issue(ds, 0, 0)
         posts = engine._recv_posts(dev, actions) if rendezvous else {}
         for key, peer in posts.get(-1, ()):
             self.receive(ds, key, peer)
@@ -140,18 +152,24 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
                     records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
                                           start, self.now))
                     pp_waits.append((device, start, self.now, start))
-            block = block_kind(kind, mb, accumulate_from)
-            price = prices.get((stage, chunk, block))
-            if price is None:
-                price = prices[(stage, chunk, block)] = PassPrices(engine, stage, chunk, block)
-            marks = carried.pop((chunk, mb), []) if kind == "W" else []
-            if kind == hooked and w_seen[chunk] + 1 == per_chunk:
-                marks += self.bucket_marks(dev, actions, i, carried)
-            start = self.now
-            yield _PASS, (price, marks)
-            records.append(new_record(Record, (
-                device, stage, "compute", f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}",
-                kind, mb, chunk, start, self.now, 0.0, math.inf)))
+            label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
+            if gathering and self.gather_parts[device][i] is not None:
+                yield from self.gathered_pass(ds, i, act, label, engine.prefetch_weights)
+            else:
+                if prefetching:
+                    self.issue(ds, i + 1, 0)
+                block = block_kind(kind, mb, accumulate_from)
+                price = prices.get((stage, chunk, block))
+                if price is None:
+                    price = prices[(stage, chunk, block)] = PassPrices(engine, stage, chunk,
+                                                                       block)
+                marks = carried.pop((chunk, mb), []) if kind == "W" else []
+                if kind == hooked and w_seen[chunk] + 1 == per_chunk:
+                    marks += self.bucket_marks(dev, actions, i, carried)
+                start = self.now
+                yield _PASS, (price, marks)
+                records.append(new_record(Record, (device, stage, "compute", label, kind, mb,
+                                                   chunk, start, self.now, 0.0, math.inf)))
             for c in syncs.get(i, ()) if syncs else ():
                 self.queue_chunk(ds, c)
             recvs = posts.get(i, [])
@@ -182,9 +200,11 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
                 w_seen[chunk] += 1
                 if not overlap_dp:
                     deferred.append((chunk, w_seen[chunk]))
+                elif zero3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
+                    self.queue_chunk(ds, chunk)
         self.last_compute[device] = self.now
         for c, count in deferred:  # without overlap: reduced after the last pass
-            if count == per_chunk:
+            if count == per_chunk or zero3:
                 self.queue_chunk(ds, c)
         if ds.dp_queue:
             yield _DP, None
@@ -202,7 +222,7 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
             self.at(arg, self.woken, ds)  # type: ignore[arg-type]
         elif what == _DP:
             ds.drain_wait = True
-        else:
+        elif what != _GATHER:  # a gather wakes its waiter itself
             self.waits[(what, arg)] = ds  # type: ignore[index]
 
     def woken(self, ds: DeviceState, _: int) -> None:
@@ -238,11 +258,16 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
 
 
 def replay(engine: Engine, progress: Callable[[float], None] | None = None,
-           every_s: float = 5.0) -> Trace:
+           every_s: float = 5.0) -> Trace | None:
     """Replay ``engine``'s step in the contended loop (where :func:`applies`): the trace
-    :meth:`Engine.run` makes with SimPy."""
+    :meth:`Engine.run` makes with SimPy; None where SimPy's order of two events at one
+    instant would decide (:class:`SameInstant`, :mod:`.contended_gathers`)."""
     state = _Contended(engine)
-    state.run(progress, every_s)
+    try:
+        state.run(progress, every_s)
+    except SameInstant:
+        engine.passes_started = 0
+        return None
     step_end = state.finish()
     slowed = {d: ds.slowed_s for d, ds in state.state.items() if ds.slowed_s}
     return uncontended.trace_of(state, step_end, slowed)

@@ -30,16 +30,19 @@ if TYPE_CHECKING:
 class Op:
     """A posted send or receive on a pair's stream, or a collective on a ``dp`` stream."""
 
-    __slots__ = ("chunk", "device", "duration_s", "key", "microbatch", "name", "peer",
-                 "start_s", "units")
+    __slots__ = ("chain", "chunk", "device", "duration_s", "key", "microbatch", "name", "peer",
+                 "phase", "start_s", "units")
 
     def __init__(self, device: DeviceState, key: MessageKey | None, units: int,
                  duration_s: float, microbatch: int = -1, chunk: int = -1, peer: int = -1,
-                 name: str = "") -> None:
+                 name: str = "", phase: str = "W", chain: object = None) -> None:
         self.device, self.key, self.units, self.duration_s = device, key, units, duration_s
         self.microbatch, self.chunk, self.peer, self.name = microbatch, chunk, peer, name
         """A send's micro-batch and chunk (−1: a receive); the peer stage of its pair's
         stream; a collective's name."""
+        self.phase, self.chain = phase, chain
+        """A collective's phase; the weight gather it is an all-gather of
+        (:class:`~llmsim.engine.contended_gathers.Chain`; None: a gradient bucket)."""
         self.start_s = 0.0
 
 
@@ -102,6 +105,9 @@ class UnitHolders:
     ready: deque[DeviceState]
     changed: list[DeviceState]
     units: int
+    queued: bool
+    join: Callable[[DeviceState, Op, object], None]
+    chain_end: Callable[[DeviceState, object], None]
     queue_buckets: Callable[[Device, float, int, int], float]
     bucket_list: Callable[[int, int], tuple[list[str], list[float]]]
 
@@ -164,9 +170,11 @@ class UnitHolders:
 
     def launch(self, ds: DeviceState, name: str, bucket_s: float) -> None:
         """Queue a gradient bucket on ``ds``'s ``dp`` stream now: in closed form where
-        collectives hold no units (:class:`BucketRun`), else as one that holds them."""
+        collectives hold no units and no weight gathers share the stream
+        (:class:`BucketRun`), else as one that holds them (none, on a node whose
+        collectives hold none)."""
         dev = ds.dev
-        if not self.units:
+        if not self.queued:
             stream = self.dp[dev.id]
             start = self.now if self.now > stream.free_s else stream.free_s
             stream.free_s = start + bucket_s
@@ -174,13 +182,11 @@ class UnitHolders:
                 dev.id, dev.stage, "dp", name, "W", -1, -1, start, stream.free_s, 0.0,
                 math.inf)))
             return
-        ds.dp_queue.append(Op(ds, None, self.units, bucket_s, name=name))
-        if len(ds.dp_queue) == 1:
-            self.collective_start(ds)
+        self.join(ds, Op(ds, None, self.units, bucket_s, name=name), ds)
 
     def queue_chunk(self, ds: DeviceState, chunk: int) -> None:
         """Queue every gradient bucket of ``chunk`` now (:meth:`GradientTraffic._queue_all`)."""
-        if not self.units:
+        if not self.queued:
             self.queue_buckets(ds.dev, self.now, ds.dev.stage, chunk)
             return
         for name, bucket_s in zip(*self.bucket_list(ds.dev.stage, chunk), strict=True):
@@ -197,11 +203,13 @@ class UnitHolders:
         self.hold(ds, -op.units, 0)
         dev = ds.dev
         self.records[dev.id].append(new_record(Record, (
-            dev.id, dev.stage, "dp", op.name, "W", -1, -1, op.start_s, self.now, 0.0,
+            dev.id, dev.stage, "dp", op.name, op.phase, -1, -1, op.start_s, self.now, 0.0,
             math.inf)))
         self.dp[dev.id].free_s = self.now
         if ds.dp_queue:
             self.collective_start(ds)
-        elif ds.drain_wait:
+        if op.chain is not None:  # a weight gather's all-gather: its next, or its end
+            self.chain_end(ds, op.chain)
+        if not ds.dp_queue and ds.drain_wait:
             ds.drain_wait = False
             self.ready.append(ds)
