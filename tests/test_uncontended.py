@@ -150,6 +150,20 @@ def test_where_something_contends_simpy_runs(overrides, why):
     assert engine.env.now == trace.step_end_s > 0
 
 
+def test_buckets_a_pass_launches_after_their_kernels_stay_on_simpy():
+    """Kernels before a bucket's reduction launched from inside a pass pause it (a stage
+    without aligned launches): not the contended loop's, which issues such buckets only
+    where the walk does."""
+    engine = _engine({"parallelism__grad_bucket_nan_check": True, "nodes": 2,
+                      "parallelism__pp": 2, "model__layers": 4,
+                      "parallelism__grad_reduce_launch": "pp_aligned",
+                      "system__node__collective_units": 4}, tight=True)
+    assert None in engine.grad_syncs.values() and not contended.applies(engine)
+    assert "kernels before" in uncontended.simpy_reason(engine, contended=True)
+    trace = engine.run()
+    assert engine.env.now == trace.step_end_s > 0
+
+
 def test_an_unknown_schedule_runs_on_simpy():
     engine = _engine({"nodes": 2}, tight=True)
     assert uncontended.applies(engine)
@@ -233,6 +247,13 @@ CONTENDED_SWITCHES = [
     {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
      "parallelism__recompute": "full"},
     {"parallelism__zero": 3, "parallelism__gather_per_module": True},
+    # kernels on the compute stream before each bucket's reduction, where the walk issues
+    # the buckets (Megatron-Core's aligned launches; after the last pass without overlap)
+    {"parallelism__grad_bucket_nan_check": True, "parallelism__grad_bucket_prescale": True,
+     "parallelism__grad_reduce_launch": "pp_aligned"},
+    {"parallelism__grad_bucket_nan_check": True, "parallelism__overlap_dp_comm": False},
+    {"parallelism__grad_bucket_prescale": True, "parallelism__zero": 1,
+     "parallelism__overlap_param_gather": True, "parallelism__grad_reduce_launch": "pp_aligned"},
 ]
 CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contended)
     ("interleaved-1f1b", 2, {"parallelism__overlap_pp_comm": True}),
@@ -249,6 +270,13 @@ def _contended_grid():
             CONTENDED_PATHS, LAYOUTS[1:], CONTENDED_SWITCHES):
         if switch.get("parallelism__grad_reduce_launch") and schedule == "zb-h1":
             continue
+        if switch in CONTENDED_SWITCHES[-11:] and (nodes, pp, batch) != (2, 4, 32) and (
+                switch is not CONTENDED_SWITCHES[-11] or pp == 2):
+            continue  # gathers and bucket kernels: on one layout (ZeRO-1's gathers on two),
+            # to keep the file's time
+        if switch.get("parallelism__grad_reduce_launch") and schedule == "1f1b" and any(
+                k.startswith("parallelism__grad_bucket") for k in switch):
+            continue  # a stage launches from marks inside its passes: SimPy's (below)
         if nodes * 8 == 2 * pp and "parallelism__overlap_pp_comm" not in switch \
                 and v == 1:
             continue  # dp 1 (tp 2): no data-parallel collective to hold units

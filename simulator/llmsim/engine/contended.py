@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from llmsim.blocks import block_kind
 from llmsim.engine import uncontended
-from llmsim.engine.contended_gathers import _GATHER, _PASS, GatheredPasses
+from llmsim.engine.contended_gathers import _AT, _GATHER, _PASS, GatheredPasses
 from llmsim.engine.contended_messages import _MESSAGE, _SENT, PostedMessages
 from llmsim.engine.contended_units import DeviceState, Op, PassPrices, UnitHolders
 from llmsim.engine.uncontended import MessageKey, _Replay
@@ -46,10 +46,10 @@ from llmsim.trace import Record, Trace
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
 
-_AT, _DP = 3, 4
+_DP = 4
 """What a device's walk yields: run a pass (``_PASS``); wait for a message (``_MESSAGE``),
-for its own send's end (``_SENT``), for a time, for its ``dp`` stream to drain, for a
-weight gather (``_GATHER``)."""
+for its own send's end (``_SENT``), for a time (``_AT``), for its ``dp`` stream to drain,
+for a weight gather or a bucket (``_GATHER``)."""
 
 
 def applies(engine: Engine) -> bool:
@@ -86,9 +86,11 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
         self.peers: dict[tuple[int, int], tuple[float, int]] = {}
         """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
-        self.queued = bool(self.units) or not engine.hooks_closed_form
-        """Whether collectives join a ``dp`` queue one by one (they hold units, or weight
-        gathers share the stream), else buckets are queued in closed form."""
+        self.queued = bool(self.units) or not engine.hooks_closed_form or any(
+            engine._has_prep(chunk) for chunk in engine.work.chunks.values())
+        """Whether collectives join a ``dp`` queue one by one (they hold units, weight
+        gathers share the stream, or buckets run kernels first), else buckets are queued
+        in closed form."""
         self.setup_gathers()
         self.changed: list[DeviceState] = []
         """Devices whose pass's segment a change of units held ended at this instant."""
@@ -171,7 +173,10 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                 records.append(new_record(Record, (device, stage, "compute", label, kind, mb,
                                                    chunk, start, self.now, 0.0, math.inf)))
             for c in syncs.get(i, ()) if syncs else ():
-                self.queue_chunk(ds, c)
+                if engine._has_prep(work.chunks[(stage, c)]):
+                    yield from self.prepared(ds, c, wait=False)
+                else:
+                    self.queue_chunk(ds, c)
             recvs = posts.get(i, [])
             direction = "F" if kind == "F" else "B"
             first = [r for r in recvs if stage % 2 and r[0][1] == direction]
@@ -204,7 +209,9 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                     self.queue_chunk(ds, chunk)
         self.last_compute[device] = self.now
         for c, count in deferred:  # without overlap: reduced after the last pass
-            if count == per_chunk or zero3:
+            if count == per_chunk and engine._has_prep(work.chunks[(stage, c)]):
+                yield from self.prepared(ds, c, wait=True)
+            elif count == per_chunk or zero3:
                 self.queue_chunk(ds, c)
         if ds.dp_queue:
             yield _DP, None

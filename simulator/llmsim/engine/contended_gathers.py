@@ -33,9 +33,10 @@ from llmsim.trace import Record
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
 
-_PASS, _GATHER = 0, 5
+_PASS, _AT, _GATHER = 0, 3, 5
 """What a walk yields (:mod:`~llmsim.engine.contended`): run a pass (or a part of one);
-wait for a gather."""
+wait until a time; wait for a :class:`Chain` (a gather, or a gradient bucket issued by
+:meth:`GatheredPasses.prepared`)."""
 
 
 class Chain:
@@ -138,6 +139,26 @@ class GatheredPasses:
         if chain.waiter is not None:
             self.ready.append(chain.waiter)
             chain.waiter = None
+
+    def prepared(self, ds: DeviceState, chunk: int, wait: bool) -> Iterator[tuple[int, object]]:
+        """Issue every gradient bucket of ``chunk`` in turn, each after the kernels the
+        compute stream runs on it first (recorded as kind "D"; :meth:`Workload.grad_sync_prep`),
+        as :meth:`GradientTraffic._issue` does; ``wait``: each reduction waited for
+        before the next bucket's kernels, as the reductions after the last pass without
+        overlap are (:meth:`Engine._device`'s ``_prepared`` loop)."""
+        engine, dev = self.engine, ds.dev
+        stage, records = dev.stage, self.records[dev.id]
+        for op in engine._grad_ops(engine.work.chunks[(stage, chunk)]):
+            for name, duration_s in engine._prep(op, stage):
+                start = self.now
+                yield _AT, start + duration_s
+                records.append(new_record(Record, (dev.id, stage, "compute", name, "D", -1, -1,
+                                                   start, self.now, 0.0, math.inf)))
+            chain = Chain(((op.name, op.phase, engine._comm_s(op, stage)),))
+            self.chain_next(ds, chain, ds)
+            if wait and chain.end_s is None:
+                chain.waiter = ds
+                yield _GATHER, None
 
     def gathered_pass(self, ds: DeviceState, i: int, act: Action, label: str,
                       prefetching: bool) -> Iterator[tuple[int, object]]:

@@ -79,7 +79,11 @@ def simpy_reason(engine: Engine, contended: bool = False) -> str:
     if work.embedding_grad_allreduce is not None and work.stages == 1:
         return "tied embeddings on one stage"
     if any(work.grad_sync_prep(first) for chunk in work.chunks.values()
-           for _, first in work.dp_grad_buckets(chunk)):
+           for _, first in work.dp_grad_buckets(chunk)) and (
+            not contended or (engine.overlap_dp and work.zero != 3 and (
+                not engine.grad_syncs or None in engine.grad_syncs.values()))):
+        # the contended loop issues them where the walk does (aligned launches, after
+        # the last pass), not from marks inside a pass (a stage without aligned launches)
         return "kernels before the gradient buckets' reductions"
     return ""
 
