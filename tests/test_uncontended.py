@@ -13,6 +13,7 @@ pipeline operations, collectives holding units) the contended loop
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from helpers import make_scenario
@@ -140,7 +141,6 @@ def test_the_step_has_what_the_grid_means_to_cover():
 
 @pytest.mark.parametrize(("overrides", "why"), [
     ({"fidelity": "full", "nodes": 2}, "group members"),
-    ({"parallelism__grad_bucket_nan_check": True, "nodes": 2}, "kernels before"),
 ])
 def test_where_something_contends_simpy_runs(overrides, why):
     engine = _engine(overrides, tight=True)
@@ -150,18 +150,25 @@ def test_where_something_contends_simpy_runs(overrides, why):
     assert engine.env.now == trace.step_end_s > 0
 
 
-def test_buckets_a_pass_launches_after_their_kernels_stay_on_simpy():
-    """Kernels before a bucket's reduction launched from inside a pass pause it (a stage
-    without aligned launches): not the contended loop's, which issues such buckets only
-    where the walk does."""
-    engine = _engine({"parallelism__grad_bucket_nan_check": True, "nodes": 2,
-                      "parallelism__pp": 2, "model__layers": 4,
-                      "parallelism__grad_reduce_launch": "pp_aligned",
-                      "system__node__collective_units": 4}, tight=True)
-    assert None in engine.grad_syncs.values() and not contended.applies(engine)
-    assert "kernels before" in uncontended.simpy_reason(engine, contended=True)
-    trace = engine.run()
-    assert engine.env.now == trace.step_end_s > 0
+@pytest.mark.parametrize(("schedule", "v"), SCHEDULES)
+def test_buckets_after_their_kernels_on_the_contended_loop(schedule, v):
+    """Kernels the compute stream runs before each bucket's reduction (Megatron-Core's NaN
+    check) pause the pass that launches the bucket, or delay the walk that issues it:
+    the contended loop's, with nothing else shared (the tight loop does not pause), the
+    same as SimPy's, kernels ("D") and split pass records included."""
+    overrides = {"parallelism__grad_bucket_nan_check": True, "nodes": 2,
+                 "parallelism__pp": 4, "model__layers": 8 * v,
+                 "training__global_batch": 32, "parallelism__schedule": schedule,
+                 "parallelism__virtual_stages": v, "parallelism__dp_bucket_mb": 4}
+    engine = _engine(overrides, tight=True)
+    assert not uncontended.applies(engine) and contended.applies(engine)
+    assert not engine.collective_units and not engine.rendezvous
+    fast = engine.run()
+    assert engine.env.now == 0  # no SimPy event ran
+    assert any(r.kind == "D" for r in fast.records)
+    assert any(r.stream == "compute" and r.block_to_s < math.inf and r.kind in "BW"
+               for r in fast.records)  # a pass paused for a bucket's kernels
+    assert_same_trace(fast, _engine(overrides, tight=False).run())
 
 
 def test_an_unknown_schedule_runs_on_simpy():
@@ -234,6 +241,8 @@ CONTENDED_SWITCHES = [
     {"model__tied_embeddings": True},
     {"parallelism__pp_scatter_gather": "megatron"},
     {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
+]
+NARROW_SWITCHES = [  # on one layout (ZeRO-1's gathers on two), to keep the file's time
     # weight gathers on the dp stream, holding units beside the passes
     # (llmsim.engine.contended_gathers)
     {"parallelism__zero": 1, "parallelism__overlap_param_gather": True},
@@ -247,13 +256,14 @@ CONTENDED_SWITCHES = [
     {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
      "parallelism__recompute": "full"},
     {"parallelism__zero": 3, "parallelism__gather_per_module": True},
-    # kernels on the compute stream before each bucket's reduction, where the walk issues
-    # the buckets (Megatron-Core's aligned launches; after the last pass without overlap)
+    # kernels on the compute stream before each bucket's reduction (Megatron-Core's
+    # aligned launches; after the last pass without overlap; from marks inside a pass)
     {"parallelism__grad_bucket_nan_check": True, "parallelism__grad_bucket_prescale": True,
      "parallelism__grad_reduce_launch": "pp_aligned"},
     {"parallelism__grad_bucket_nan_check": True, "parallelism__overlap_dp_comm": False},
     {"parallelism__grad_bucket_prescale": True, "parallelism__zero": 1,
      "parallelism__overlap_param_gather": True, "parallelism__grad_reduce_launch": "pp_aligned"},
+    {"parallelism__grad_bucket_nan_check": True},  # launched from marks: passes pause
 ]
 CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contended)
     ("interleaved-1f1b", 2, {"parallelism__overlap_pp_comm": True}),
@@ -267,16 +277,12 @@ CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contende
 
 def _contended_grid():
     for (schedule, v, path), (nodes, pp, batch), switch in itertools.product(
-            CONTENDED_PATHS, LAYOUTS[1:], CONTENDED_SWITCHES):
+            CONTENDED_PATHS, LAYOUTS[1:], CONTENDED_SWITCHES + NARROW_SWITCHES):
         if switch.get("parallelism__grad_reduce_launch") and schedule == "zb-h1":
             continue
-        if switch in CONTENDED_SWITCHES[-11:] and (nodes, pp, batch) != (2, 4, 32) and (
-                switch is not CONTENDED_SWITCHES[-11] or pp == 2):
-            continue  # gathers and bucket kernels: on one layout (ZeRO-1's gathers on two),
-            # to keep the file's time
-        if switch.get("parallelism__grad_reduce_launch") and schedule == "1f1b" and any(
-                k.startswith("parallelism__grad_bucket") for k in switch):
-            continue  # a stage launches from marks inside its passes: SimPy's (below)
+        if switch in NARROW_SWITCHES and (nodes, pp, batch) != (2, 4, 32) and (
+                switch is not NARROW_SWITCHES[0] or pp != 2):
+            continue
         if nodes * 8 == 2 * pp and "parallelism__overlap_pp_comm" not in switch \
                 and v == 1:
             continue  # dp 1 (tp 2): no data-parallel collective to hold units

@@ -6,8 +6,10 @@ data-parallel collectives hold compute units (``node.collective_units``), a pass
 slower while other work holds units (:class:`~llmsim.engine.streams.Contention`), so a
 device's times depend on when its peers post and complete theirs: the tight loop
 (:mod:`.uncontended`), which walks each device on its own, does not apply. Everything
-else is as there when each device is alone in its tensor- and data-parallel groups, no
-weight gathers share the ``dp`` stream and no kernels run before a gradient reduction.
+else is as there when each device is alone in its tensor- and data-parallel groups.
+ZeRO's weight gathers on the ``dp`` stream, and the kernels the compute stream runs on a
+gradient bucket before its reduction (which pause the pass that launches it), are
+replayed here too, with or without units held (:mod:`.contended_gathers`).
 
 :func:`replay` runs such a step on one heap of times (a pass's segment end, a send's or
 a collective's end, a wait's end) instead of SimPy's events, processes and conditions.
@@ -23,6 +25,9 @@ and releases both halves' units when it ends (:meth:`PipelineMessages._send`,
 share, but every time here is a sum over segments whose lengths such an order does not
 change (a hold at the instant a segment starts makes a segment of no length), so both
 paths give the same trace (``tests/test_uncontended.py`` compares them over a grid).
+Where the order of one instant does change a time — two processes queueing on one
+``dp`` stream, or a pass reaching a layer as its gather ends — the loop gives the step
+back to SimPy (:class:`~llmsim.engine.uncontended_gathers.SameInstant`).
 """
 
 from __future__ import annotations
@@ -55,9 +60,11 @@ for a weight gather or a bucket (``_GATHER``)."""
 def applies(engine: Engine) -> bool:
     """Whether the step of ``engine`` can be replayed by :func:`replay`: one the tight loop
     would take but for posted pipeline operations or collectives holding compute units
-    (:func:`uncontended.simpy_reason` with those allowed); weight gathers included
+    (:func:`uncontended.simpy_reason` with those allowed), or for kernels the compute
+    stream runs before a gradient bucket's reduction; weight gathers included
     (:mod:`.contended_gathers`)."""
-    return (engine.rendezvous or bool(engine.collective_units)) \
+    return (engine.rendezvous or bool(engine.collective_units) or any(
+        engine._has_prep(chunk) for chunk in engine.work.chunks.values())) \
         and not uncontended.simpy_reason(engine, contended=True)
 
 
@@ -86,8 +93,10 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
         self.peers: dict[tuple[int, int], tuple[float, int]] = {}
         """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
-        self.queued = bool(self.units) or not engine.hooks_closed_form or any(
-            engine._has_prep(chunk) for chunk in engine.work.chunks.values())
+        self.preps = {(stage, op.name): prep for (stage, _), chunk in engine.work.chunks.items()
+                      for op in engine._grad_ops(chunk) if (prep := engine._prep(op, stage))}
+        """(stage, bucket name) → the kernels the compute stream runs on it first."""
+        self.queued = bool(self.units) or not engine.hooks_closed_form or bool(self.preps)
         """Whether collectives join a ``dp`` queue one by one (they hold units, weight
         gathers share the stream, or buckets run kernels first), else buckets are queued
         in closed form."""
@@ -170,8 +179,12 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                     marks += self.bucket_marks(dev, actions, i, carried)
                 start = self.now
                 yield _PASS, (price, marks)
-                records.append(new_record(Record, (device, stage, "compute", label, kind, mb,
-                                                   chunk, start, self.now, 0.0, math.inf)))
+                if ds.pauses:  # split around the pauses for buckets' kernels
+                    self.record_paused(ds, act, label, start)
+                else:
+                    records.append(new_record(Record, (device, stage, "compute", label, kind,
+                                                       mb, chunk, start, self.now, 0.0,
+                                                       math.inf)))
             for c in syncs.get(i, ()) if syncs else ():
                 if engine._has_prep(work.chunks[(stage, c)]):
                     yield from self.prepared(ds, c, wait=False)

@@ -96,8 +96,12 @@ class GatheredPasses:
 
     def device_gathers(self, ds: DeviceState, actions: list[Action]) -> bool:
         """Set up ``ds``'s gathers; whether it has any."""
+        self.chains[ds.dev.id] = {}
+        if self.engine.hooks_closed_form:  # no pass gathers weights in this step
+            self.gather_parts[ds.dev.id] = []
+            return False
         parts = DeviceGathers(self.engine, ds.dev, actions, None, [], []).parts  # type: ignore[arg-type]
-        self.gather_parts[ds.dev.id], self.chains[ds.dev.id] = parts, {}
+        self.gather_parts[ds.dev.id] = parts
         return any(p is not None for p in parts)
 
     def join(self, ds: DeviceState, op: Op, by: object) -> None:
@@ -159,6 +163,23 @@ class GatheredPasses:
             if wait and chain.end_s is None:
                 chain.waiter = ds
                 yield _GATHER, None
+
+    def record_paused(self, ds: DeviceState, act: Action, label: str, start_s: float) -> None:
+        """Record a pass that ran from ``start_s`` to now in parts around its pauses for
+        buckets' kernels (:attr:`DeviceState.pauses`), as :meth:`PassPricing._record_pass`
+        does."""
+        dev, records = ds.dev, self.records[ds.dev.id]
+        duration_s = self.engine._block(dev, act).duration_s
+        seg_start, seg_from = start_s, 0.0
+        for share, paused, resumed in ds.pauses or ():
+            records.append(new_record(Record, (dev.id, dev.stage, "compute", label, act.kind,
+                                               act.microbatch, act.chunk, seg_start, paused,
+                                               seg_from, share * duration_s)))
+            seg_start, seg_from = resumed, share * duration_s
+        if not ds.pauses or ds.pauses[-1][0] < 1.0:  # a pause at the very end leaves nothing
+            records.append(new_record(Record, (dev.id, dev.stage, "compute", label, act.kind,
+                                               act.microbatch, act.chunk, seg_start, self.now,
+                                               seg_from, math.inf)))
 
     def gathered_pass(self, ds: DeviceState, i: int, act: Action, label: str,
                       prefetching: bool) -> Iterator[tuple[int, object]]:

@@ -65,8 +65,8 @@ class DeviceState:
     """One device's state in the loop: its walk, the units held on it and its pass."""
 
     __slots__ = ("active", "alone_s", "collective", "dev", "done", "dp_queue", "drain_wait",
-                 "generation", "held", "marks", "next_mark", "posted", "price", "rate_s",
-                 "segment_s", "slowed_s", "target", "walk")
+                 "generation", "held", "marks", "next_mark", "pauses", "posted", "price",
+                 "rate_s", "segment_s", "slowed_s", "target", "walk")
 
     def __init__(self, dev: Device) -> None:
         self.dev = dev
@@ -89,7 +89,22 @@ class DeviceState:
         """Counts segments: a segment end scheduled before the last change is stale."""
         self.dp_queue: deque[Op] = deque()
         self.drain_wait = False
+        self.pauses: list[tuple[float, float, float]] | None = None
+        """The pass's pauses for a bucket's kernels (share done, start, end; None: none)."""
 
+
+
+class _Interlude:
+    """A pass paused at a bucket mark while the compute stream runs the bucket's kernels
+    (:meth:`Workload.grad_sync_prep`), one after the other, before its reduction."""
+
+    __slots__ = ("bucket_s", "ds", "k", "kernels", "name", "paused_s", "share", "start_s")
+
+    def __init__(self, ds: DeviceState, kernels: tuple[tuple[str, float], ...], name: str,
+                 bucket_s: float, share: float, paused_s: float) -> None:
+        self.ds, self.kernels, self.name, self.bucket_s = ds, kernels, name, bucket_s
+        self.share, self.paused_s = share, paused_s
+        self.k, self.start_s = 0, paused_s
 
 
 class UnitHolders:
@@ -108,6 +123,7 @@ class UnitHolders:
     queued: bool
     join: Callable[[DeviceState, Op, object], None]
     chain_end: Callable[[DeviceState, object], None]
+    preps: dict[tuple[int, str], tuple[tuple[str, float], ...]]
     queue_buckets: Callable[[Device, float, int, int], float]
     bucket_list: Callable[[int, int], tuple[list[str], list[float]]]
 
@@ -143,8 +159,13 @@ class UnitHolders:
         the pass and wake the walk (the loop of :meth:`Contention.run`)."""
         marks, done = ds.marks, ds.done
         while ds.next_mark < len(marks) and marks[ds.next_mark][0] <= done + 1e-12:
-            _, name, bucket_s = marks[ds.next_mark]
+            share, name, bucket_s = marks[ds.next_mark]
             ds.next_mark += 1
+            prep = self.preps.get((ds.dev.stage, name)) if self.preps else None
+            if prep:  # the pass pauses while the compute stream runs the bucket's kernels
+                self.kernel_start(_Interlude(ds, prep, name, bucket_s, min(share, 1.0),
+                                             self.now))
+                return
             self.launch(ds, name, bucket_s)
         if done >= 1.0 - 1e-12:
             self.ready.append(ds)
@@ -166,6 +187,28 @@ class UnitHolders:
     def start_pass(self, ds: DeviceState, price: PassPrices,
                    marks: list[tuple[float, str, float]]) -> None:
         ds.price, ds.alone_s, ds.marks, ds.next_mark, ds.done = price, price[0], marks, 0, 0.0
+        ds.pauses = None
+        self.advance(ds)
+
+    def kernel_start(self, it: _Interlude) -> None:
+        it.start_s = self.now
+        self.at(self.now + it.kernels[it.k][1], self.kernel_end, it)
+
+    def kernel_end(self, it: _Interlude, _: int) -> None:
+        """A bucket's kernel ended: the next starts, or the bucket is launched and the
+        pass goes on (:meth:`GradientTraffic._prepared` inside :meth:`Contention.run`)."""
+        ds = it.ds
+        self.records[ds.dev.id].append(new_record(Record, (
+            ds.dev.id, ds.dev.stage, "compute", it.kernels[it.k][0], "D", -1, -1, it.start_s,
+            self.now, 0.0, math.inf)))
+        it.k += 1
+        if it.k < len(it.kernels):
+            self.kernel_start(it)
+            return
+        self.launch(ds, it.name, it.bucket_s)
+        if ds.pauses is None:
+            ds.pauses = []
+        ds.pauses.append((it.share, it.paused_s, self.now))
         self.advance(ds)
 
     def launch(self, ds: DeviceState, name: str, bucket_s: float) -> None:
