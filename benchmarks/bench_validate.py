@@ -33,8 +33,9 @@ def time_rows(prefix: str | None) -> list[tuple[str, float, float]]:
 
 
 def _path(row_id: str) -> str:
-    """How the engine replays a row's step: "tight loop", or SimPy and why
-    (:func:`llmsim.engine.uncontended.simpy_reason`; "" with an llmsim that has none)."""
+    """How the engine replays a row's step: "tight loop", "contended loop", or SimPy and
+    why (:func:`llmsim.engine.uncontended.simpy_reason`; "same instant" where a loop gave
+    the step back to SimPy; "" with an llmsim that has none)."""
     from llmsim import validation
     from llmsim.engine import uncontended
     from llmsim.simulation import build_engine
@@ -44,8 +45,13 @@ def _path(row_id: str) -> str:
     if reason is None:
         return ""
     run = next(r for r in validation.load_runs(row_id) if r.id == row_id)
-    why = reason(build_engine(scenario_for(run)))
-    return f"SimPy: {why}" if why else "tight loop"
+    engine = build_engine(scenario_for(run))
+    loop = "tight loop" if uncontended.applies(engine) else "contended loop"
+    why = reason(engine, contended=True) if loop == "contended loop" else ""
+    engine.run()
+    if engine.env.now == 0:  # no SimPy event ran
+        return loop
+    return f"SimPy: {why or 'same instant'}"
 
 
 def main(args: list[str]) -> None:

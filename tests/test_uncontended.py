@@ -13,6 +13,7 @@ pipeline operations, collectives holding units) the contended loop
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from helpers import make_scenario
@@ -139,11 +140,7 @@ def test_the_step_has_what_the_grid_means_to_cover():
 
 
 @pytest.mark.parametrize(("overrides", "why"), [
-    ({"parallelism__schedule": "interleaved-1f1b", "parallelism__virtual_stages": 2,
-      "model__layers": 16, "nodes": 2, "parallelism__overlap_pp_comm": True,
-      "parallelism__zero": 1, "parallelism__overlap_param_gather": True}, "posted"),
     ({"fidelity": "full", "nodes": 2}, "group members"),
-    ({"parallelism__grad_bucket_nan_check": True, "nodes": 2}, "kernels before"),
 ])
 def test_where_something_contends_simpy_runs(overrides, why):
     engine = _engine(overrides, tight=True)
@@ -151,6 +148,27 @@ def test_where_something_contends_simpy_runs(overrides, why):
     assert why in uncontended.simpy_reason(engine)
     trace = engine.run()
     assert engine.env.now == trace.step_end_s > 0
+
+
+@pytest.mark.parametrize(("schedule", "v"), SCHEDULES)
+def test_buckets_after_their_kernels_on_the_contended_loop(schedule, v):
+    """Kernels the compute stream runs before each bucket's reduction (Megatron-Core's NaN
+    check) pause the pass that launches the bucket, or delay the walk that issues it:
+    the contended loop's, with nothing else shared (the tight loop does not pause), the
+    same as SimPy's, kernels ("D") and split pass records included."""
+    overrides = {"parallelism__grad_bucket_nan_check": True, "nodes": 2,
+                 "parallelism__pp": 4, "model__layers": 8 * v,
+                 "training__global_batch": 32, "parallelism__schedule": schedule,
+                 "parallelism__virtual_stages": v, "parallelism__dp_bucket_mb": 4}
+    engine = _engine(overrides, tight=True)
+    assert not uncontended.applies(engine) and contended.applies(engine)
+    assert not engine.collective_units and not engine.rendezvous
+    fast = engine.run()
+    assert engine.env.now == 0  # no SimPy event ran
+    assert any(r.kind == "D" for r in fast.records)
+    assert any(r.stream == "compute" and r.block_to_s < math.inf and r.kind in "BW"
+               for r in fast.records)  # a pass paused for a bucket's kernels
+    assert_same_trace(fast, _engine(overrides, tight=False).run())
 
 
 def test_an_unknown_schedule_runs_on_simpy():
@@ -224,6 +242,29 @@ CONTENDED_SWITCHES = [
     {"parallelism__pp_scatter_gather": "megatron"},
     {"parallelism__pp_scatter_gather": "deepspeed", "parallelism__overlap_dp_comm": False},
 ]
+NARROW_SWITCHES = [  # on one layout (ZeRO-1's gathers on two), to keep the file's time
+    # weight gathers on the dp stream, holding units beside the passes
+    # (llmsim.engine.contended_gathers)
+    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True},
+    {"parallelism__zero": 2, "parallelism__overlap_param_gather": True,
+     "parallelism__overlap_dp_comm": False, "parallelism__prefetch_weights": False},
+    {"parallelism__zero": 1, "parallelism__overlap_param_gather": True,
+     "parallelism__grad_reduce_launch": "pp_aligned"},
+    {"parallelism__zero": 3},
+    {"parallelism__zero": 3, "parallelism__overlap_dp_comm": False},
+    {"parallelism__zero": 3, "parallelism__prefetch_weights": False},
+    {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
+     "parallelism__recompute": "full"},
+    {"parallelism__zero": 3, "parallelism__gather_per_module": True},
+    # kernels on the compute stream before each bucket's reduction (Megatron-Core's
+    # aligned launches; after the last pass without overlap; from marks inside a pass)
+    {"parallelism__grad_bucket_nan_check": True, "parallelism__grad_bucket_prescale": True,
+     "parallelism__grad_reduce_launch": "pp_aligned"},
+    {"parallelism__grad_bucket_nan_check": True, "parallelism__overlap_dp_comm": False},
+    {"parallelism__grad_bucket_prescale": True, "parallelism__zero": 1,
+     "parallelism__overlap_param_gather": True, "parallelism__grad_reduce_launch": "pp_aligned"},
+    {"parallelism__grad_bucket_nan_check": True},  # launched from marks: passes pause
+]
 CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contended)
     ("interleaved-1f1b", 2, {"parallelism__overlap_pp_comm": True}),
     ("interleaved-1f1b", 3, {"parallelism__overlap_pp_comm": True,
@@ -236,8 +277,11 @@ CONTENDED_PATHS = [  # (schedule, virtual stages, switches that make it contende
 
 def _contended_grid():
     for (schedule, v, path), (nodes, pp, batch), switch in itertools.product(
-            CONTENDED_PATHS, LAYOUTS[1:], CONTENDED_SWITCHES):
+            CONTENDED_PATHS, LAYOUTS[1:], CONTENDED_SWITCHES + NARROW_SWITCHES):
         if switch.get("parallelism__grad_reduce_launch") and schedule == "zb-h1":
+            continue
+        if switch in NARROW_SWITCHES and (nodes, pp, batch) != (2, 4, 32) and (
+                switch is not NARROW_SWITCHES[0] or pp != 2):
             continue
         if nodes * 8 == 2 * pp and "parallelism__overlap_pp_comm" not in switch \
                 and v == 1:
@@ -260,6 +304,47 @@ def test_contended_loop_and_simpy_record_the_same_step(overrides):
     slow_engine = _engine(overrides, tight=False)
     assert not contended.applies(slow_engine)
     assert_same_trace(fast, slow_engine.run(), slowed=True)
+
+
+def test_the_contended_grid_reaches_gathers_that_hold_units_and_waits():
+    """The contended grid's ZeRO rows gather weights beside the gradient buckets, the
+    gathers holding compute units and the passes waiting for them, on the contended loop
+    (ZeRO-1's first forwards and ZeRO-3's every pass)."""
+    for zero in (1, 3):
+        overrides = next(o for o in CONTENDED_GRID if o.get("parallelism__zero") == zero
+                         and (zero == 3 or o.get("parallelism__overlap_param_gather"))
+                         and o["parallelism__schedule"] == "1f1b" and o["nodes"] == 2
+                         and o["parallelism__pp"] == 4)
+        engine = _engine(overrides, tight=True)
+        assert engine.collective_units and not engine.hooks_closed_form
+        trace = engine.run()
+        assert engine.env.now == 0 and trace.dp_waits
+        assert any(r.name.startswith(("z3_ag", "dp_ag_params")) for r in trace.records
+                   if r.stream == "dp")
+
+
+def test_a_gather_ending_as_its_layer_is_reached_on_the_contended_loop_goes_to_simpy(
+        monkeypatch):
+    """Where the contended loop meets an order of one instant that SimPy's events decide
+    (``SameInstant``), it gives the step back and SimPy replays it from the start."""
+    from llmsim.engine import contended_gathers
+
+    overrides = next(o for o in CONTENDED_GRID if o.get("parallelism__zero") == 3
+                     and o["parallelism__schedule"] == "1f1b")
+    slow = _engine(overrides, tight=False).run()
+    calls = []
+
+    def same_instant(self, ds, op, by):
+        calls.append(op.name)
+        raise contended_gathers.SameInstant(op.name)
+
+    monkeypatch.setattr(contended_gathers.GatheredPasses, "join", same_instant)
+    engine = _engine(overrides, tight=True)
+    assert contended.applies(engine)
+    fast = engine.run()
+    assert calls and engine.env.now == fast.step_end_s > 0  # SimPy ran the step
+    assert engine.passes_started == sum(len(engine.schedule[d.stage]) for d in engine.devices)
+    assert_same_trace(fast, slow, slowed=True)
 
 
 def test_the_contended_grid_slows_passes_by_both_holders():

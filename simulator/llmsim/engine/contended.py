@@ -6,8 +6,10 @@ data-parallel collectives hold compute units (``node.collective_units``), a pass
 slower while other work holds units (:class:`~llmsim.engine.streams.Contention`), so a
 device's times depend on when its peers post and complete theirs: the tight loop
 (:mod:`.uncontended`), which walks each device on its own, does not apply. Everything
-else is as there when each device is alone in its tensor- and data-parallel groups, no
-weight gathers share the ``dp`` stream and no kernels run before a gradient reduction.
+else is as there when each device is alone in its tensor- and data-parallel groups.
+ZeRO's weight gathers on the ``dp`` stream, and the kernels the compute stream runs on a
+gradient bucket before its reduction (which pause the pass that launches it), are
+replayed here too, with or without units held (:mod:`.contended_gathers`).
 
 :func:`replay` runs such a step on one heap of times (a pass's segment end, a send's or
 a collective's end, a wait's end) instead of SimPy's events, processes and conditions.
@@ -23,6 +25,9 @@ and releases both halves' units when it ends (:meth:`PipelineMessages._send`,
 share, but every time here is a sum over segments whose lengths such an order does not
 change (a hold at the instant a segment starts makes a segment of no length), so both
 paths give the same trace (``tests/test_uncontended.py`` compares them over a grid).
+Where the order of one instant does change a time — two processes queueing on one
+``dp`` stream, or a pass reaching a layer as its gather ends — the loop gives the step
+back to SimPy (:class:`~llmsim.engine.uncontended_gathers.SameInstant`).
 """
 
 from __future__ import annotations
@@ -36,29 +41,34 @@ from typing import TYPE_CHECKING
 
 from llmsim.blocks import block_kind
 from llmsim.engine import uncontended
+from llmsim.engine.contended_gathers import _AT, _GATHER, _PASS, GatheredPasses
 from llmsim.engine.contended_messages import _MESSAGE, _SENT, PostedMessages
 from llmsim.engine.contended_units import DeviceState, Op, PassPrices, UnitHolders
 from llmsim.engine.uncontended import MessageKey, _Replay
-from llmsim.engine.uncontended_gathers import new_record
+from llmsim.engine.uncontended_gathers import SameInstant, new_record
 from llmsim.trace import Record, Trace
 
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
 
-_PASS, _AT, _DP = 0, 3, 4
-"""What a device's walk yields: run a pass; wait for a message (``_MESSAGE``), for its
-own send's end (``_SENT``), for a time, for its ``dp`` stream to drain."""
+_DP = 4
+"""What a device's walk yields: run a pass (``_PASS``); wait for a message (``_MESSAGE``),
+for its own send's end (``_SENT``), for a time (``_AT``), for its ``dp`` stream to drain,
+for a weight gather or a bucket (``_GATHER``)."""
 
 
 def applies(engine: Engine) -> bool:
     """Whether the step of ``engine`` can be replayed by :func:`replay`: one the tight loop
     would take but for posted pipeline operations or collectives holding compute units
-    (:func:`uncontended.simpy_reason` with those allowed), with no weight gathers."""
-    return (engine.rendezvous or bool(engine.collective_units)) \
-        and engine.hooks_closed_form and not uncontended.simpy_reason(engine, contended=True)
+    (:func:`uncontended.simpy_reason` with those allowed), or for kernels the compute
+    stream runs before a gradient bucket's reduction; weight gathers included
+    (:mod:`.contended_gathers`)."""
+    return (engine.rendezvous or bool(engine.collective_units) or any(
+        engine._has_prep(chunk) for chunk in engine.work.chunks.values())) \
+        and not uncontended.simpy_reason(engine, contended=True)
 
 
-class _Contended(UnitHolders, PostedMessages, _Replay):
+class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
     """The state of one contended-loop replay of ``engine``'s step."""
 
     def __init__(self, engine: Engine) -> None:
@@ -83,6 +93,14 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
         self.peers: dict[tuple[int, int], tuple[float, int]] = {}
         """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
+        self.preps = {(stage, op.name): prep for (stage, _), chunk in engine.work.chunks.items()
+                      for op in engine._grad_ops(chunk) if (prep := engine._prep(op, stage))}
+        """(stage, bucket name) → the kernels the compute stream runs on it first."""
+        self.queued = bool(self.units) or not engine.hooks_closed_form or bool(self.preps)
+        """Whether collectives join a ``dp`` queue one by one (they hold units, weight
+        gathers share the stream, or buckets run kernels first), else buckets are queued
+        in closed form."""
+        self.setup_gathers()
         self.changed: list[DeviceState] = []
         """Devices whose pass's segment a change of units held ended at this instant."""
 
@@ -97,6 +115,7 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
         syncs = engine.grad_syncs.get(dev.stage)
         hooked = (("W" if engine.split_backward else "B")
                   if engine.overlap_dp and work.zero != 3 and syncs is None else None)
+        zero3 = work.zero == 3
         backward_step, gather_s = engine.backward_step, engine.pp_gather_s
         rendezvous, overlap_pp, overlap_dp = engine.rendezvous, engine.overlap_pp, \
             engine.overlap_dp
@@ -108,6 +127,10 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
         w_seen = [0] * work.chunks_per_stage
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
         deferred: list[tuple[int, int]] = []
+        gathering = self.device_gathers(ds, actions)
+        prefetching = gathering and engine.prefetch_weights
+        if prefetching:
+            self.issue(ds, 0, 0)
         posts = engine._recv_posts(dev, actions) if rendezvous else {}
         for key, peer in posts.get(-1, ()):
             self.receive(ds, key, peer)
@@ -140,20 +163,33 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
                     records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
                                           start, self.now))
                     pp_waits.append((device, start, self.now, start))
-            block = block_kind(kind, mb, accumulate_from)
-            price = prices.get((stage, chunk, block))
-            if price is None:
-                price = prices[(stage, chunk, block)] = PassPrices(engine, stage, chunk, block)
-            marks = carried.pop((chunk, mb), []) if kind == "W" else []
-            if kind == hooked and w_seen[chunk] + 1 == per_chunk:
-                marks += self.bucket_marks(dev, actions, i, carried)
-            start = self.now
-            yield _PASS, (price, marks)
-            records.append(new_record(Record, (
-                device, stage, "compute", f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}",
-                kind, mb, chunk, start, self.now, 0.0, math.inf)))
+            label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
+            if gathering and self.gather_parts[device][i] is not None:
+                yield from self.gathered_pass(ds, i, act, label, engine.prefetch_weights)
+            else:
+                if prefetching:
+                    self.issue(ds, i + 1, 0)
+                block = block_kind(kind, mb, accumulate_from)
+                price = prices.get((stage, chunk, block))
+                if price is None:
+                    price = prices[(stage, chunk, block)] = PassPrices(engine, stage, chunk,
+                                                                       block)
+                marks = carried.pop((chunk, mb), []) if kind == "W" else []
+                if kind == hooked and w_seen[chunk] + 1 == per_chunk:
+                    marks += self.bucket_marks(dev, actions, i, carried)
+                start = self.now
+                yield _PASS, (price, marks)
+                if ds.pauses:  # split around the pauses for buckets' kernels
+                    self.record_paused(ds, act, label, start)
+                else:
+                    records.append(new_record(Record, (device, stage, "compute", label, kind,
+                                                       mb, chunk, start, self.now, 0.0,
+                                                       math.inf)))
             for c in syncs.get(i, ()) if syncs else ():
-                self.queue_chunk(ds, c)
+                if engine._has_prep(work.chunks[(stage, c)]):
+                    yield from self.prepared(ds, c, wait=False)
+                else:
+                    self.queue_chunk(ds, c)
             recvs = posts.get(i, [])
             direction = "F" if kind == "F" else "B"
             first = [r for r in recvs if stage % 2 and r[0][1] == direction]
@@ -182,9 +218,13 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
                 w_seen[chunk] += 1
                 if not overlap_dp:
                     deferred.append((chunk, w_seen[chunk]))
+                elif zero3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
+                    self.queue_chunk(ds, chunk)
         self.last_compute[device] = self.now
         for c, count in deferred:  # without overlap: reduced after the last pass
-            if count == per_chunk:
+            if count == per_chunk and engine._has_prep(work.chunks[(stage, c)]):
+                yield from self.prepared(ds, c, wait=True)
+            elif count == per_chunk or zero3:
                 self.queue_chunk(ds, c)
         if ds.dp_queue:
             yield _DP, None
@@ -202,7 +242,7 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
             self.at(arg, self.woken, ds)  # type: ignore[arg-type]
         elif what == _DP:
             ds.drain_wait = True
-        else:
+        elif what != _GATHER:  # a gather wakes its waiter itself
             self.waits[(what, arg)] = ds  # type: ignore[index]
 
     def woken(self, ds: DeviceState, _: int) -> None:
@@ -238,11 +278,16 @@ class _Contended(UnitHolders, PostedMessages, _Replay):
 
 
 def replay(engine: Engine, progress: Callable[[float], None] | None = None,
-           every_s: float = 5.0) -> Trace:
+           every_s: float = 5.0) -> Trace | None:
     """Replay ``engine``'s step in the contended loop (where :func:`applies`): the trace
-    :meth:`Engine.run` makes with SimPy."""
+    :meth:`Engine.run` makes with SimPy; None where SimPy's order of two events at one
+    instant would decide (:class:`SameInstant`, :mod:`.contended_gathers`)."""
     state = _Contended(engine)
-    state.run(progress, every_s)
+    try:
+        state.run(progress, every_s)
+    except SameInstant:
+        engine.passes_started = 0
+        return None
     step_end = state.finish()
     slowed = {d: ds.slowed_s for d, ds in state.state.items() if ds.slowed_s}
     return uncontended.trace_of(state, step_end, slowed)

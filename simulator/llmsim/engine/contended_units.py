@@ -30,16 +30,19 @@ if TYPE_CHECKING:
 class Op:
     """A posted send or receive on a pair's stream, or a collective on a ``dp`` stream."""
 
-    __slots__ = ("chunk", "device", "duration_s", "key", "microbatch", "name", "peer",
-                 "start_s", "units")
+    __slots__ = ("chain", "chunk", "device", "duration_s", "key", "microbatch", "name", "peer",
+                 "phase", "start_s", "units")
 
     def __init__(self, device: DeviceState, key: MessageKey | None, units: int,
                  duration_s: float, microbatch: int = -1, chunk: int = -1, peer: int = -1,
-                 name: str = "") -> None:
+                 name: str = "", phase: str = "W", chain: object = None) -> None:
         self.device, self.key, self.units, self.duration_s = device, key, units, duration_s
         self.microbatch, self.chunk, self.peer, self.name = microbatch, chunk, peer, name
         """A send's micro-batch and chunk (−1: a receive); the peer stage of its pair's
         stream; a collective's name."""
+        self.phase, self.chain = phase, chain
+        """A collective's phase; the weight gather it is an all-gather of
+        (:class:`~llmsim.engine.contended_gathers.Chain`; None: a gradient bucket)."""
         self.start_s = 0.0
 
 
@@ -62,8 +65,8 @@ class DeviceState:
     """One device's state in the loop: its walk, the units held on it and its pass."""
 
     __slots__ = ("active", "alone_s", "collective", "dev", "done", "dp_queue", "drain_wait",
-                 "generation", "held", "marks", "next_mark", "posted", "price", "rate_s",
-                 "segment_s", "slowed_s", "target", "walk")
+                 "generation", "held", "marks", "next_mark", "pauses", "posted", "price",
+                 "rate_s", "segment_s", "slowed_s", "target", "walk")
 
     def __init__(self, dev: Device) -> None:
         self.dev = dev
@@ -86,7 +89,22 @@ class DeviceState:
         """Counts segments: a segment end scheduled before the last change is stale."""
         self.dp_queue: deque[Op] = deque()
         self.drain_wait = False
+        self.pauses: list[tuple[float, float, float]] | None = None
+        """The pass's pauses for a bucket's kernels (share done, start, end; None: none)."""
 
+
+
+class _Interlude:
+    """A pass paused at a bucket mark while the compute stream runs the bucket's kernels
+    (:meth:`Workload.grad_sync_prep`), one after the other, before its reduction."""
+
+    __slots__ = ("bucket_s", "ds", "k", "kernels", "name", "paused_s", "share", "start_s")
+
+    def __init__(self, ds: DeviceState, kernels: tuple[tuple[str, float], ...], name: str,
+                 bucket_s: float, share: float, paused_s: float) -> None:
+        self.ds, self.kernels, self.name, self.bucket_s = ds, kernels, name, bucket_s
+        self.share, self.paused_s = share, paused_s
+        self.k, self.start_s = 0, paused_s
 
 
 class UnitHolders:
@@ -102,6 +120,10 @@ class UnitHolders:
     ready: deque[DeviceState]
     changed: list[DeviceState]
     units: int
+    queued: bool
+    join: Callable[[DeviceState, Op, object], None]
+    chain_end: Callable[[DeviceState, object], None]
+    preps: dict[tuple[int, str], tuple[tuple[str, float], ...]]
     queue_buckets: Callable[[Device, float, int, int], float]
     bucket_list: Callable[[int, int], tuple[list[str], list[float]]]
 
@@ -137,8 +159,13 @@ class UnitHolders:
         the pass and wake the walk (the loop of :meth:`Contention.run`)."""
         marks, done = ds.marks, ds.done
         while ds.next_mark < len(marks) and marks[ds.next_mark][0] <= done + 1e-12:
-            _, name, bucket_s = marks[ds.next_mark]
+            share, name, bucket_s = marks[ds.next_mark]
             ds.next_mark += 1
+            prep = self.preps.get((ds.dev.stage, name)) if self.preps else None
+            if prep:  # the pass pauses while the compute stream runs the bucket's kernels
+                self.kernel_start(_Interlude(ds, prep, name, bucket_s, min(share, 1.0),
+                                             self.now))
+                return
             self.launch(ds, name, bucket_s)
         if done >= 1.0 - 1e-12:
             self.ready.append(ds)
@@ -160,13 +187,37 @@ class UnitHolders:
     def start_pass(self, ds: DeviceState, price: PassPrices,
                    marks: list[tuple[float, str, float]]) -> None:
         ds.price, ds.alone_s, ds.marks, ds.next_mark, ds.done = price, price[0], marks, 0, 0.0
+        ds.pauses = None
+        self.advance(ds)
+
+    def kernel_start(self, it: _Interlude) -> None:
+        it.start_s = self.now
+        self.at(self.now + it.kernels[it.k][1], self.kernel_end, it)
+
+    def kernel_end(self, it: _Interlude, _: int) -> None:
+        """A bucket's kernel ended: the next starts, or the bucket is launched and the
+        pass goes on (:meth:`GradientTraffic._prepared` inside :meth:`Contention.run`)."""
+        ds = it.ds
+        self.records[ds.dev.id].append(new_record(Record, (
+            ds.dev.id, ds.dev.stage, "compute", it.kernels[it.k][0], "D", -1, -1, it.start_s,
+            self.now, 0.0, math.inf)))
+        it.k += 1
+        if it.k < len(it.kernels):
+            self.kernel_start(it)
+            return
+        self.launch(ds, it.name, it.bucket_s)
+        if ds.pauses is None:
+            ds.pauses = []
+        ds.pauses.append((it.share, it.paused_s, self.now))
         self.advance(ds)
 
     def launch(self, ds: DeviceState, name: str, bucket_s: float) -> None:
         """Queue a gradient bucket on ``ds``'s ``dp`` stream now: in closed form where
-        collectives hold no units (:class:`BucketRun`), else as one that holds them."""
+        collectives hold no units and no weight gathers share the stream
+        (:class:`BucketRun`), else as one that holds them (none, on a node whose
+        collectives hold none)."""
         dev = ds.dev
-        if not self.units:
+        if not self.queued:
             stream = self.dp[dev.id]
             start = self.now if self.now > stream.free_s else stream.free_s
             stream.free_s = start + bucket_s
@@ -174,13 +225,11 @@ class UnitHolders:
                 dev.id, dev.stage, "dp", name, "W", -1, -1, start, stream.free_s, 0.0,
                 math.inf)))
             return
-        ds.dp_queue.append(Op(ds, None, self.units, bucket_s, name=name))
-        if len(ds.dp_queue) == 1:
-            self.collective_start(ds)
+        self.join(ds, Op(ds, None, self.units, bucket_s, name=name), ds)
 
     def queue_chunk(self, ds: DeviceState, chunk: int) -> None:
         """Queue every gradient bucket of ``chunk`` now (:meth:`GradientTraffic._queue_all`)."""
-        if not self.units:
+        if not self.queued:
             self.queue_buckets(ds.dev, self.now, ds.dev.stage, chunk)
             return
         for name, bucket_s in zip(*self.bucket_list(ds.dev.stage, chunk), strict=True):
@@ -197,11 +246,13 @@ class UnitHolders:
         self.hold(ds, -op.units, 0)
         dev = ds.dev
         self.records[dev.id].append(new_record(Record, (
-            dev.id, dev.stage, "dp", op.name, "W", -1, -1, op.start_s, self.now, 0.0,
+            dev.id, dev.stage, "dp", op.name, op.phase, -1, -1, op.start_s, self.now, 0.0,
             math.inf)))
         self.dp[dev.id].free_s = self.now
         if ds.dp_queue:
             self.collective_start(ds)
-        elif ds.drain_wait:
+        if op.chain is not None:  # a weight gather's all-gather: its next, or its end
+            self.chain_end(ds, op.chain)
+        if not ds.dp_queue and ds.drain_wait:
             ds.drain_wait = False
             self.ready.append(ds)

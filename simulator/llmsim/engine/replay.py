@@ -347,7 +347,9 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
             if trace is not None:
                 return trace
         elif contended.applies(self):
-            return contended.replay(self, progress, every_s)
+            trace = contended.replay(self, progress, every_s)
+            if trace is not None:
+                return trace
         procs = [self.env.process(self._device(d)) for d in self.devices]
         if progress is not None:
             total = sum(len(self.schedule[d.stage]) for d in self.devices)

@@ -57,8 +57,9 @@ def applies(engine: Engine) -> bool:
 
 def simpy_reason(engine: Engine, contended: bool = False) -> str:
     """Why the step of ``engine`` runs on SimPy, in a few words ("" where :func:`applies`);
-    ``contended``: with posted pipeline operations and collectives holding compute units
-    allowed (the contended loop's, :mod:`~llmsim.engine.contended`)."""
+    ``contended``: with posted pipeline operations, collectives holding compute units and
+    kernels before a gradient bucket's reduction allowed (the contended loop's,
+    :mod:`~llmsim.engine.contended`)."""
     work = engine.work
     if engine.schedule_name not in KNOWN_SCHEDULES:
         return f"schedule {engine.schedule_name or '?'} not in the tight loop"
@@ -78,8 +79,8 @@ def simpy_reason(engine: Engine, contended: bool = False) -> str:
         return "kernels holding compute units beside the passes"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
         return "tied embeddings on one stage"
-    if any(work.grad_sync_prep(first) for chunk in work.chunks.values()
-           for _, first in work.dp_grad_buckets(chunk)):
+    if not contended and any(work.grad_sync_prep(first) for chunk in work.chunks.values()
+                             for _, first in work.dp_grad_buckets(chunk)):
         return "kernels before the gradient buckets' reductions"
     return ""
 

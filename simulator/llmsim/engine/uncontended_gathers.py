@@ -64,10 +64,16 @@ class DeviceGathers:
         self.parts: list[list[tuple[Message, ...]] | None] = []
         """Action index → the all-gathers of the gather before each part of its pass, in
         the order the pass reaches them (None: the pass gathers nothing)."""
+        gathers_before: dict[tuple[str, int], bool] = {}  # (kind, micro-batch) → whether
         for act in actions:
-            key = (act.chunk, act.kind, bool(engine._gather_ops(dev, act)))
+            gathers = gathers_before.get((act.kind, act.microbatch))
+            if gathers is None:
+                gathers = gathers_before[(act.kind, act.microbatch)] = \
+                    engine.work.gathers_before(act.kind, act.microbatch)
+            key = (act.chunk, act.kind, gathers)
             if key not in by_pass:
-                by_pass[key] = self._parts(act) if key[2] else None
+                by_pass[key] = self._parts(act) if gathers and engine._gather_ops(dev, act) \
+                    else None
             self.parts.append(by_pass[key])
         self.end_s: list[list[float]] = [[] for _ in actions]
         """Action index → when each gather it issued so far ends, once its last all-gather

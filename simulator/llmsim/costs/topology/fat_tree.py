@@ -23,16 +23,10 @@ modelled as shared between the axes), so a non-blocking fabric still slows no gr
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
-from llmsim.costs.topology.base import (
-    Route,
-    concurrent_axes,
-    groups_touching,
-    is_chain,
-    rank_steps,
-    shared_share,
-)
+from llmsim.costs.topology.base import Route, concurrent_axes, is_chain, shared_share
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import FatTree
 
@@ -54,9 +48,9 @@ class FatTreeTopology:
     def route(self, plan: Plan, placement: GroupPlacement) -> Route:
         """Leaf or spine, the hops, and the share the leaf's uplinks leave the group."""
         net, node = self.network, plan.system.node
-        members = plan.members(placement.axis, placement.first_rank)
         k = placement.members_per_node
-        leaf = plan.location(members[0])[0] // net.nodes_per_leaf
+        first = plan.group_first(placement.axis, placement.first_rank)
+        leaf = plan.location(first)[0] // net.nodes_per_leaf
         leaf_nodes = range(leaf * net.nodes_per_leaf,
                            min((leaf + 1) * net.nodes_per_leaf, plan.nodes))
         flows = self._leaving(plan, placement.axis, leaf_nodes, k)
@@ -90,18 +84,44 @@ class FatTreeTopology:
     def _leaving(self, plan: Plan, axis: str, leaf_nodes: range, k: int) -> int:
         """Ring (or chain) steps of every group of ``axis`` that leave the leaf holding
         ``leaf_nodes`` for the spine (``k``: the axis's members per node); counted once
-        per plan (:attr:`Plan.memo`)."""
+        per plan (:attr:`Plan.memo`).
+
+        The count a walk over every group with a member on the leaf and every ring step
+        of it makes (:func:`~llmsim.costs.topology.base.groups_touching`,
+        :func:`~llmsim.costs.topology.base.rank_steps`), visiting only the members on the
+        leaf: a group's members ascend (every group is one set of offsets from its first
+        rank, :meth:`Plan.members`), so those on one node are consecutive and a step
+        leaves a node from its last member to the next member, or, closing a ring, from
+        the group's last member to its first. The steps that start on the leaf are those
+        from its members, found by bisection in the offsets: the time grows with the
+        leaf's ranks, not with the number or size of the groups
+        (``tests/test_topology_fat_tree.py`` checks it against the walk)."""
         key = ("fat_tree._leaving", id(self.network), axis, leaf_nodes, k)
         known = plan.memo.get(key)
         if known is not None and known[0] is self.network:
             return known[1]  # type: ignore[return-value]
+        dpn = plan.system.node.devices_per_node
+        lo, hi = leaf_nodes.start * dpn, min(leaf_nodes.stop * dpn, plan.devices)
+        firsts = list(dict.fromkeys(plan.group_first(axis, r) for r in range(lo, hi)))
         flows = 0
-        for group in groups_touching(plan, axis, leaf_nodes):
-            flows += sum(1 for a, b in rank_steps(plan, group, is_chain(axis))
-                         if plan.location(a)[0] in leaf_nodes and self._crosses(plan, a, b, k))
+        if firsts:
+            offsets = plan.members(axis, firsts[0])
+            offsets = [r - firsts[0] for r in offsets]
+            size, chain = len(offsets), is_chain(axis)
+            for first in firsts:
+                for i in range(bisect_left(offsets, lo - first),
+                               bisect_left(offsets, hi - first)):
+                    a = first + offsets[i]
+                    if i + 1 < size:
+                        b = first + offsets[i + 1]
+                    elif chain:
+                        continue
+                    else:  # the ring's step back to its first member
+                        b = first
+                    if a // dpn != b // dpn and self._crosses(plan, a, b, k):
+                        flows += 1
         plan.memo[key] = (self.network, flows)
         return flows
-
 
 def _leaf_detail(placement: GroupPlacement, net: FatTree) -> str:
     rail = "rail-optimised" if net.rail_optimized else "not rail-optimised"
