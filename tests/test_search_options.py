@@ -146,3 +146,18 @@ def test_a_scheduler_without_dask_installed_is_a_one_line_error(
                                     "tcp://127.0.0.1:8786"], capsys)
     assert code == 2, stdout + stderr
     assert "llmsim[dask]" in stderr and "Traceback" not in stderr
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    from llmsim.search.output import write_outputs
+
+    def no_pyarrow(*args: object, **kwargs: object) -> None:
+        raise ImportError("Unable to find a usable engine")
+
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", no_pyarrow)
+    table = pd.DataFrame({"key": ["a"], "est_step_time_s": [1.0]})
+    with pytest.raises(llmsim.UserError, match=r"llmsim\[parquet\]"):
+        write_outputs(table, tmp_path, "parquet")
