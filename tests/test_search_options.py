@@ -161,3 +161,21 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path,
     table = pd.DataFrame({"key": ["a"], "est_step_time_s": [1.0]})
     with pytest.raises(llmsim.UserError, match=r"llmsim\[parquet\]"):
         write_outputs(table, tmp_path, "parquet")
+
+
+def test_the_progress_bar_on_a_terminal_shows_layouts_per_second_and_an_eta() -> None:
+    import re
+    import time
+
+    buffer = io.StringIO()
+    progress = _Progress(Console(file=buffer, force_terminal=True, width=160))
+    assert progress.bar is not None
+    for done in (1, 2):
+        progress(done, 4, 100 * done)
+        progress.bar.refresh()
+        time.sleep(0.02)
+    progress.close()
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buffer.getvalue()).split("\r")
+    last = [line for line in shown if "2/4" in line][-1]
+    assert "200 layouts" in last and "layouts/s" in last
+    assert re.search(r"\d+:\d\d:\d\d\s*$", last.strip())  # the time left, h:mm:ss
