@@ -335,7 +335,9 @@ def main() -> None:
     try:
         app(prog_name="llmsim")
     except UserError as exc:
-        err.print(f"[red]error:[/red] {exc.message}", highlight=False, markup=True,
+        from rich.markup import escape  # a message's own brackets, as "llmsim[dask]", stay
+
+        err.print(f"[red]error:[/red] {escape(exc.message)}", highlight=False, markup=True,
                   soft_wrap=True)
         raise SystemExit(exc.exit_code) from None
 

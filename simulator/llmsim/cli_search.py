@@ -133,6 +133,8 @@ def search(
         raise UserError(f"--max-cp: {max_cp} must be 1 or more")
     if max_layouts is not None and max_layouts < 1:
         raise UserError(f"--max-layouts: {max_layouts} must be 1 or more")
+    if show < 0:
+        raise UserError(f"--show: {show} must be 0 or more (layouts shown in the table)")
     from llmsim import loader
 
     spec = loader.load_scenario(scenario, set_ or [])
@@ -142,6 +144,11 @@ def search(
         check_out_dir(out_dir)
     client = None
     if scheduler is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("distributed") is None:
+            raise UserError(f"--scheduler: {scheduler!r} needs dask.distributed, which is not "
+                            "installed; pip install 'llmsim[dask]', or drop --scheduler")
         from llmsim.search.runner import connect
 
         client = connect(scheduler)

@@ -86,7 +86,8 @@ def sweep(
             try:
                 table.to_parquet(path, index=False)
             except ImportError:
-                raise UserError("--format parquet needs pyarrow; use --format csv") from None
+                raise UserError("--format parquet needs pyarrow (pip install 'llmsim[parquet]'); "
+                                "or use --format csv") from None
         else:
             table.to_csv(path, index=False)
         written = [path]

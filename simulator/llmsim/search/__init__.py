@@ -154,7 +154,15 @@ def search(
     if confirm_timeout_s is not None and not confirm_timeout_s > 0:
         raise UserError(f"--confirm-timeout: {confirm_timeout_s} must be above 0 (seconds "
                         "one engine run may take)")
+    if max_micro_batch < 1:
+        raise UserError(f"--max-micro-batch: {max_micro_batch} must be 1 or more")
+    if max_tp is not None and max_tp < 1:
+        raise UserError(f"--max-tp: {max_tp} must be 1 or more")
     fixed = parse_fix(fix) if isinstance(fix, list) else dict(fix or {})
+    if fixed.get("nodes", 0) > scenario.nodes_used:
+        raise UserError(f"--fix: nodes={fixed['nodes']} is more than the scenario's "
+                        f"{scenario.nodes_used} nodes; fix at most that, or raise the "
+                        "scenario's nodes (--set nodes=N)")
     if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
         raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
                         "positive numbers, the first not above the second (e.g. 512..2048)")

@@ -49,7 +49,11 @@ def write_outputs(table: pd.DataFrame, out: Path, fmt: str = "csv") -> list[Path
     path = out / f"layouts.{fmt}"
     if fmt == "parquet":
         try:
-            table.to_parquet(path, index=False)
+            # attrs hold the summary and the best scenario, which Parquet's JSON metadata
+            # cannot carry (pandas raises on them); the columns are the table.
+            plain = table.copy()
+            plain.attrs = {}
+            plain.to_parquet(path, index=False)
         except ImportError:
             raise UserError("--format parquet needs pyarrow (pip install 'llmsim[parquet]'); "
                             "or use --format csv") from None
