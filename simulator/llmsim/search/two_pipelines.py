@@ -11,7 +11,8 @@ order with the layout's pass times: a pass starts when its device is free and it
 is in — F after the F of the previous stage of its micro-batch's route, B after the B of
 the next one, W after its own B; with a fused backward (Chimera) the input gradient
 leaves after W, with a split one (DualPipe) right after B. Which pass waits for which
-depends only on (schedule, p, m), so :func:`compiled` works that out once per process.
+depends only on (schedule, p, m), so :func:`compiled` works that out once per process
+(the schedules' one walk, :mod:`llmsim.schedules.walk`).
 
 After the walk, each device's gradient buckets go out on its data-parallel stream as
 the estimator's FIFO has them (:func:`llmsim.search.pipeline.reduction_tail_s`'s rule,
@@ -29,11 +30,10 @@ from typing import Any
 from llmsim.in_flight import schedule_order
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
+from llmsim.schedules.walk import replay, wait_graph
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
 from llmsim.workload import shard_ranks
-
-KINDS = {"F": 0, "B": 1, "W": 2}
 
 
 def has_two_pipelines(schedule: str) -> bool:
@@ -85,68 +85,21 @@ def compiled(schedule: str, p: int, m: int) -> CompiledOrder:
 
 
 def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
-    """Walk the order once, recording for each pass what it waits for."""
-    order = schedule_order(schedule, p, m, 1)
-    route = SCHEDULES[schedule].route_of(p, m, 1)
-    split = schedule in SPLIT_BACKWARD
-    positions: dict[tuple, dict[tuple[int, int], int]] = {}  # a route → (stage, chunk) → k
-    routes = []
-    for mb in range(m):
-        hops = route(mb)
-        if hops not in positions:
-            positions[hops] = {hop: k for k, hop in enumerate(hops)}
-        routes.append(positions[hops])
-    last = p - 1
-    # (kind, micro-batch, virtual stage) → (pass, device) whose end releases it
-    produced: dict[tuple[str, int, int], tuple[int, int]] = {}
-    rows: list[tuple[int, int, int, int]] = []
-    last_w: dict[tuple[int, int], int] = {}
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for s, row in enumerate(order):
-            while position[s] < len(row):
-                a = row[position[s]]
-                k = routes[a.microbatch][(s, a.chunk)]
-                if a.kind == "F":
-                    need = ("F", a.microbatch, k - 1) if k > 0 else None
-                elif a.kind == "B":
-                    need = ("G", a.microbatch, k + 1) if k < last else ("F", a.microbatch, k)
-                else:
-                    need = ("B", a.microbatch, k)
-                if need is not None and need not in produced:
-                    break
-                j, sender = produced[need] if need is not None else (0, s)
-                hop = 0 if sender == s else (1 + sender if s == sender + 1 else 1 + p + sender)
-                rows.append((s, 6 * s + 3 * a.chunk + KINDS[a.kind], j, hop))
-                number = len(rows)
-                produced[(a.kind, a.microbatch, k)] = (number, s)
-                if a.kind == "B":
-                    if split:  # the input gradient leaves right after B
-                        produced[("G", a.microbatch, k)] = (number, s)
-                elif a.kind == "W":
-                    last_w[(s, a.chunk)] = number
-                    if not split:  # a fused backward: it leaves after W
-                        produced[("G", a.microbatch, k)] = (number, s)
-                position[s] += 1
-                progress = True
-    return CompiledOrder(p, tuple(rows), last_w)
+    """The order's wait graph (:func:`llmsim.schedules.walk.wait_graph`), the input
+    gradient leaving after W where the backward is fused."""
+    graph = wait_graph(schedule_order(schedule, p, m, 1),
+                       SCHEDULES[schedule].route_of(p, m, 1),
+                       gradient_after_weights=schedule not in SPLIT_BACKWARD)
+    rows = graph.rows()
+    last_w = {(a.stage, a.chunk): k for k, a in enumerate(graph.actions, start=1)
+              if a.kind == "W"}
+    return CompiledOrder(p, rows, last_w)
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:
     """Each pass's end (index 0: time 0), seconds, with ``durations`` and ``hops`` indexed
-    as :class:`CompiledOrder` says."""
-    free = [0.0] * order.p
-    end = [0.0]
-    for s, column, j, hop in order.passes:
-        t = end[j] + hops[hop]
-        if free[s] > t:
-            t = free[s]
-        t += durations[column]
-        free[s] = t
-        end.append(t)
-    return end
+    as :class:`CompiledOrder` says (:func:`llmsim.schedules.walk.replay`)."""
+    return replay(order.p, order.passes, durations, hops)[0]
 
 
 def _chunk_passes(own: StageTimes, sends_f: float, sends_b: float,
