@@ -56,10 +56,6 @@ def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -
     par = scenario.parallelism
     if par.schedule not in space.SCHEDULES:
         pytest.skip("a schedule the search does not try (docs/search.md)")
-    if par.schedule == "dualpipe" and par.moe_a2a_overlap:
-        pytest.skip("DualPipe's overlapped forward-backward pairs (llmsim.engine.pairs): the "
-                    "estimator's two-pipeline walk runs the pairs' passes one after the other "
-                    "(docs/search.md)")
     estimate = Estimator().estimate(scenario)
     result = simulate(scenario)
     assert estimate.step_time_s == pytest.approx(result.step_time_s, rel=0.05)

@@ -156,7 +156,9 @@ def test_the_two_pipelines_walk_equals_the_reference(schedule: str, p: int, m: i
     pass_s, hop, durations, hops = _random_case(p, 2, m)
     reference = reference_ends(order, lambda a: pass_s[(a.stage, a.chunk, a.kind)], hop,
                                gradient_after_weights=schedule not in SPLIT_BACKWARD)
-    ends = two_pipelines.walk(compiled, durations, hops)
+    # a pass of a pair (DualPipe's) at its own durations: the pairs' columns after 6p
+    pairs = [x for k in range(0, 6 * p, 3) for x in durations[k: k + 2]]
+    ends = two_pipelines.walk(compiled, durations + pairs, hops)
     assert sorted(ends[1:]) == sorted(reference.values())
     assert max(ends) == max(reference.values())
 

@@ -26,6 +26,7 @@ from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
+from llmsim.search.pairs import stage_pair_parts
 from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
@@ -237,7 +238,8 @@ class Estimator(SharedParts):
             pipe, ready, opt_s = phase_s(devices, par.schedule, m,
                                          blocking=not par.overlap_pp_comm,
                                          overlap_dp=par.overlap_dp_comm, traffic=traffic,
-                                         costs=costs, par=par, training=trn, node_of=node_of)
+                                         costs=costs, par=par, training=trn, node_of=node_of,
+                                         pairs=stage_pair_parts(sc, costs, split, starts))
             return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
                             dp_tail_s=ready - pipe, optimizer_s=opt_s,
                             model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
