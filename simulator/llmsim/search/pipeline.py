@@ -11,8 +11,11 @@ micro-batches over ``p`` stages takes
 - GPipe: ``(m−1)·max F + Σ F_s + (m−1)·max B + Σ B_s``;
 - interleaved 1F1B with ``v`` chunks: ``m·max C + (Σ C_s − max C)/v`` — the fill and
   drain shrink by v (Narayanan et al. 2021 §2.2: bubble (p−1)/(v·m));
-- ZB-H1: ``(m−1)·max C + Σ_s (F_s + B_s − W_s) − (p−2)·min W`` — with equal stages
-  ``m·(F+B+W) + (p−1)(F+B−W)``, Qi et al. 2024 Table 2;
+- ZB-H1: ``(m−1)·max C + Σ_s (F_s + B_s) − (min(m, p)−2)·min W`` — with equal
+  stages ``m·(F+B+W) + (p−1)(F+B−W)``, Qi et al. 2024 Table 2 (whose F, B and W are
+  equal); where a stage's W is longer than its F or its B the deferred W passes outlast
+  the cool-down the form counts (p 4, m 8, F = B = 1, W = 3: the form 40, the schedule 43;
+  W = 1.5: 1/2 short at p 2), and the schedule's order is walked as ZB-V's below;
 - ZB-H2: ``m·max C + (p−1)·max_s max(F_s, F_s + B_s − 2W_s)`` — with equal stages the
   parallelogram of Qi et al. 2024 §2.2 closed by the optimizer's synchronisation
   (``llmsim.schedules.zb_h2``), for m ≥ 2p − 1 and W ≤ F, B; unequal stages are
@@ -140,6 +143,23 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                  + (m - 1) * max(bwd) + sum(x * n for x, n in zip(bwd, counts, strict=True)))
     elif schedule == "interleaved-1f1b":
         total = m * top + (sum(c * n for c, n in zip(cycle, counts, strict=True)) - top) / v
+    elif schedule == "zb-h1" and any(w > min(f, b) for f, b, w in passes):
+        # W longer than F or B: the deferred W passes outlast the closed form's cool-down,
+        # so the schedule's order is walked (as ZB-V's) with these passes.
+        stages = [pass_times for (_, n), pass_times in zip(runs, passes, strict=True)
+                  for _ in range(n)]
+        flat = [st for st, n in runs for _ in range(n)]
+        hops_ = [0.0] * (1 + 2 * p) if blocking else \
+            [0.0, *(st.hop_f for st in flat), *(st.hop_b for st in flat)]
+        walk, stage_ends = walk_s(compiled(p, m, "zb-h1", 1),
+                                  [x for pass_times in stages for x in pass_times], hops_)
+        extra = max(st.first_forward_gather for st, _ in runs)
+        total = max(walk, m * top) + extra
+        ends, s = [], 0
+        for _, n in runs:
+            ends.append((stage_ends[s] + extra, stage_ends[s + n - 1] + extra))
+            s += n
+        return total, ends
     elif schedule == "zb-h1":
         # The deferred W passes fill the cool-down: min(m, p) − 2 of them hide (Qi et al.
         # 2023's p − 2 once m ≥ p; with fewer micro-batches than stages each stage has

@@ -57,18 +57,20 @@ class CompiledWalk:
 _CACHE: PassBoundedCache[CompiledWalk] = PassBoundedCache(CACHE_PASSES, lambda w: w.passes)
 
 
-def compiled(p: int, m: int) -> CompiledWalk:
-    """The compiled walk of ZB-V with ``p`` stages and ``m`` micro-batches (memoised per
-    process up to :data:`CACHE_PASSES` passes)."""
-    return _CACHE.get((p, m), lambda: _compile(p, m))
+def compiled(p: int, m: int, schedule: str = "zb-v", v: int = 2) -> CompiledWalk:
+    """The compiled walk of ZB-V (or of ``schedule`` with ``v`` chunks: ZB-H1's where its
+    closed form does not hold, :func:`llmsim.search.pipeline.pipeline_runs_s`) with ``p``
+    stages and ``m`` micro-batches (memoised per process up to :data:`CACHE_PASSES`
+    passes)."""
+    return _CACHE.get((schedule, p, m, v), lambda: _compile(schedule, p, m, v))
 
 
-def _compile(p: int, m: int) -> CompiledWalk:
-    """ZB-V's order's wait graph (:func:`llmsim.schedules.walk.wait_graph`; the V: chunk 0
+def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
+    """The order's wait graph (:func:`llmsim.schedules.walk.wait_graph`; ZB-V's V: chunk 0
     of stage s is virtual stage s, chunk 1 virtual stage 2p − 1 − s), as rows for the
     loop or levels for numpy."""
-    rows = wait_graph(schedule_order("zb-v", p, m, 2),
-                      SCHEDULES["zb-v"].route_of(p, m, 2)).rows()
+    rows = wait_graph(schedule_order(schedule, p, m, v),
+                      SCHEDULES[schedule].route_of(p, m, v)).rows()
     if p < NUMPY_FROM_STAGES:
         return CompiledWalk(p, len(rows), rows, None)
     return CompiledWalk(p, len(rows), None, levels(p, rows))
