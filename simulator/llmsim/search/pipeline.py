@@ -21,6 +21,10 @@ micro-batches over ``p`` stages takes
   (``llmsim.schedules.zb_h2``), for m ≥ 2p − 1 and W ≤ F, B; unequal stages are
   approximated by the costliest stage's lag, and every stage is taken to end with the
   last (its deferred W passes fill the tail);
+- PipeDream (asynchronous 1F1B, no flush; Narayanan et al. 2019 §3.2): ``m·max C`` —
+  in the steady state the pipeline never fills or drains, and the slowest stage sets
+  the pace (the registry's bubble 0; :func:`llmsim.steady_state.pipedream_step_s`
+  replays it);
 - ZB-V: no closed form — its greedy order (``llmsim.schedules.zb_v``) is irregular once
   F, B and W differ — so :func:`zb_v_walk_s` replays the schedule's action order with
   these pass times, half of a stage's per chunk (Qi et al. 2024 §6): each pass starts
@@ -172,6 +176,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     elif schedule == "zb-h2":
         lag = max(max(f, f + b - 2 * w) for f, b, w in passes)
         total = m * top + (p - 1) * lag
+    elif schedule == "pipedream":  # the steady state: no fill or drain, no hops waited
+        total = m * top - hops
     elif schedule == "zb-v":
         stages = [(st, pass_times) for (st, n), pass_times in zip(runs, passes, strict=True)
                   for _ in range(n)]
@@ -195,7 +201,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         def end(stage: int, lag: float, w: float = w) -> float:
             if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
                 lag = max(0.0, lag - stage * w)
-            elif schedule == "zb-h2":  # the weight passes moved to the tail fill it
+            elif schedule in ("zb-h2", "pipedream"):  # the tail filled; PipeDream: no drain
                 lag = 0.0
             return total - lag
 
