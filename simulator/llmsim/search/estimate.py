@@ -31,9 +31,9 @@ from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.search.zero3_queue import (
-    cooldown_share,
+    blended_wait_s,
     per_microbatch_s,
-    reduce_scatter_wait_s,
+    stage_cooldown_shares,
 )
 from llmsim.specs import Scenario
 from llmsim.workload import (
@@ -136,7 +136,7 @@ class Estimator(SharedParts):
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops = placement(par.schedule, p, v)  # () for the looping c·p + s
-        cooled = cooldown_share(par.schedule, p, m, v) if zero3 else 0.0
+        shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
@@ -144,6 +144,9 @@ class Estimator(SharedParts):
         flops_per_replica = 0.0
         same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
         all_chunks: dict[tuple[int, int], Chunk] = {}  # the chunks of one stage of each kind
+        cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
+        for s, kind_key, _, count in self._runs(plan_key, split, node_of):
+            cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
         for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
@@ -192,10 +195,10 @@ class Estimator(SharedParts):
                     if zero3 and par.overlap_dp_comm and not split_backward:
                         # (split-backward schedules defer W into the bubbles their closed
                         # forms subtract: a wait added to W would shorten the estimate)
-                        first = cf if traffic.regather_for_recompute else \
-                            cooled * cb + (1 - cooled) * cf  # the next pass's, all layers
-                        rs_waits.append(reduce_scatter_wait_s(
-                            bucket, layer_gather, first / units, prefetch=par.prefetch_weights))
+                        rs_waits.append(blended_wait_s(
+                            bucket, layer_gather, cf / units, cb / units, cooled[kind_key],
+                            regather=traffic.regather_for_recompute,
+                            prefetch=par.prefetch_weights))
                     if gathers_f_on:
                         gathers_f += units * layer_gather
                     if gathers_b_on:
