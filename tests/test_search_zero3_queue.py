@@ -13,7 +13,13 @@ import llmsim
 from llmsim import schedules
 from llmsim.search.estimate import Estimator
 from llmsim.search.space import apply, layout_of
-from llmsim.search.zero3_queue import cooldown_share, per_microbatch_s, reduce_scatter_wait_s
+from llmsim.search.zero3_queue import (
+    blended_wait_s,
+    cooldown_share,
+    per_microbatch_s,
+    reduce_scatter_wait_s,
+    stage_cooldown_shares,
+)
 from llmsim.simulation import simulate
 
 
@@ -96,3 +102,44 @@ def test_zero3_is_never_estimated_faster_than_zero2(schedule: str, global_batch:
                        simulate(scenario).step_time_s)
     assert steps[3][1] >= steps[2][1]  # the engine
     assert steps[3][0] >= steps[2][0]  # the estimator
+
+
+def test_the_waits_are_averaged_not_the_next_layers() -> None:
+    """A share ``cooled`` of the W passes is followed by a backward layer, the rest by a
+    forward one: the wait is the shares' mix of the two waits, R − max(0, u − g) each.
+    Mixing the layers instead (0.5·0.25 + 0.5·0.7 = 0.475 s: a wait of 0.025 s) hid most
+    of the wait a forward of 0.25 s leaves (0.3 − 0.05 = 0.25 s) on half the passes."""
+    args = ((3, 0.1), 0.2, 0.25, 0.7)
+    assert blended_wait_s(*args, 0.5, regather=False, prefetch=True) == pytest.approx(0.125)
+    assert reduce_scatter_wait_s((3, 0.1), 0.2, 0.475, prefetch=True) == pytest.approx(0.025)
+    assert blended_wait_s(*args, 0.0, regather=False, prefetch=True) == pytest.approx(0.25)
+    assert blended_wait_s(*args, 1.0, regather=False, prefetch=True) == 0.0
+    # a regather for the recompute: every W is followed by forward work
+    assert blended_wait_s(*args, 1.0, regather=True, prefetch=True) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(("schedule", "p", "m", "v"), [
+    ("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2), ("gpipe", 3, 4, 1), ("zb-v", 4, 8, 2)])
+def test_the_stages_shares_average_to_the_cooldown_share(schedule: str, p: int, m: int,
+                                                        v: int) -> None:
+    """Per stage, its warm-up's share of its W passes (the last stage the least, so it
+    sets the pace of equal stages); their mean is :func:`cooldown_share`."""
+    shares = stage_cooldown_shares(schedule, p, m, v)
+    assert sum(shares) / p == pytest.approx(cooldown_share(schedule, p, m, v))
+    assert shares == sorted(shares, reverse=True)
+
+
+def test_a_deep_interleaved_zero3_layout_of_one_layer_chunks() -> None:
+    """selene-gpt3, tp 4 · pp 32 · dp 6, three chunks of one layer, micro-batch 4, full
+    recompute (a layout of benchmarks/search_agreement.py's sample): the forward after
+    each W is shorter than its chunk's reduce-scatters and the next gather, so the
+    backward after it waits; the mix of the next layers hid that (0.930 of the engine,
+    37.80 s); the mix of the waits, on the last stage's share, gives 0.996."""
+    base = llmsim.load_scenario("selene-gpt3")
+    layout = replace(layout_of(base), nodes=96, tp=4, pp=32, dp=6, virtual_stages=3,
+                     schedule="interleaved-1f1b", micro_batch=4, zero=3,
+                     sequence_parallel=True, recompute="full", overlap_dp_comm=True,
+                     overlap_tp_comm=False, overlap_pp_comm=True, overlap_param_gather=False)
+    scenario = apply(base, layout)
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.02)
