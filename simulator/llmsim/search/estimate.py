@@ -198,7 +198,8 @@ class Estimator(SharedParts):
                         rs_waits.append(blended_wait_s(
                             bucket, layer_gather, cf / units, cb / units, cooled[kind_key],
                             regather=traffic.regather_for_recompute,
-                            prefetch=par.prefetch_weights))
+                            prefetch=par.prefetch_weights,
+                            weight_s=cw + acc if units == 1 else None))
                     if gathers_f_on:
                         gathers_f += units * layer_gather
                     if gathers_b_on:

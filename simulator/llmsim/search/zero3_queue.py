@@ -43,17 +43,36 @@ def reduce_scatter_wait_s(buckets: tuple[int, float], layer_gather_s: float,
     return max(0.0, queued_s - max(0.0, next_layer_s - layer_gather_s))
 
 
+def one_layer_wait_s(buckets: tuple[int, float], layer_gather_s: float, forward_s: float,
+                     backward_s: float, weight_s: float) -> float:
+    """:func:`reduce_scatter_wait_s` where the chunks are one layer each and a forward
+    follows the W (with prefetch): the forward's gather, issued as the W starts, runs
+    before the reduce-scatters, so they start ``max(w, g)`` after the W does, and the
+    backward after the forward waits for its gather behind them. From one W's start to
+    the next the engine's stream takes ``max(w, g) + max(u, R + g) + b``; the estimator's
+    passes count ``max(u, g) + max(b, g) + w`` of it, the rest is the wait."""
+    count, seconds = buckets
+    queued_s, g = count * seconds, layer_gather_s
+    cycle = max(weight_s, g) + max(forward_s, queued_s + g) + backward_s
+    return max(0.0, cycle - max(forward_s, g) - max(backward_s, g) - weight_s)
+
+
 def blended_wait_s(buckets: tuple[int, float], layer_gather_s: float, forward_layer_s: float,
                    backward_layer_s: float, cooled: float, *, regather: bool,
-                   prefetch: bool) -> float:
+                   prefetch: bool, weight_s: float | None = None) -> float:
     """:func:`reduce_scatter_wait_s` averaged over a stage's W passes: a share ``cooled``
     followed by a backward (the cool-down), the rest by a forward (the steady state), each
     pass's wait taken with its own next layer — the waits averaged, not the layers, as the
     wait is not linear in them (a backward outlasting ``R + g`` hides the queue, a forward
     may not). With ``regather`` (ZeRO-3's regather for the recompute) a backward starts by
-    recomputing a forward layer, so every W is followed by forward work."""
-    forward = reduce_scatter_wait_s(buckets, layer_gather_s, forward_layer_s,
-                                    prefetch=prefetch)
+    recomputing a forward layer, so every W is followed by forward work. ``weight_s``
+    (the W) given: chunks of one layer, whose forward's wait is :func:`one_layer_wait_s`'s."""
+    if weight_s is not None and prefetch and not regather:
+        forward = one_layer_wait_s(buckets, layer_gather_s, forward_layer_s,
+                                   backward_layer_s, weight_s)
+    else:
+        forward = reduce_scatter_wait_s(buckets, layer_gather_s, forward_layer_s,
+                                        prefetch=prefetch)
     if regather:
         return forward
     backward = reduce_scatter_wait_s(buckets, layer_gather_s, backward_layer_s,
