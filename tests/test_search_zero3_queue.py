@@ -130,6 +130,18 @@ def test_the_stages_shares_average_to_the_cooldown_share(schedule: str, p: int, 
     assert shares == sorted(shares, reverse=True)
 
 
+def _one_layer_chunks(**fields: int) -> tuple[float, float]:
+    """(estimator, engine) step seconds of a selene-gpt3 interleaved ZeRO-3 layout with
+    full recompute, sequence parallelism and the DP and PP overlaps, of ``fields``."""
+    base = llmsim.load_scenario("selene-gpt3")
+    layout = replace(layout_of(base), schedule="interleaved-1f1b", zero=3,
+                     sequence_parallel=True, recompute="full", overlap_dp_comm=True,
+                     overlap_tp_comm=False, overlap_pp_comm=True, overlap_param_gather=False,
+                     **fields)
+    scenario = apply(base, layout)
+    return Estimator().estimate(scenario).step_time_s, simulate(scenario).step_time_s
+
+
 def test_a_deep_interleaved_zero3_layout_of_one_layer_chunks() -> None:
     """selene-gpt3, tp 4 · pp 32 · dp 6, three chunks of one layer, micro-batch 4, full
     recompute (a layout of benchmarks/search_agreement.py's sample, here at half its
@@ -137,15 +149,9 @@ def test_a_deep_interleaved_zero3_layout_of_one_layer_chunks() -> None:
     next gather, so the backward after it waits. The mix of the next layers hid that
     (0.973 of the engine here, 0.930 at the full batch); the mix of the waits, on the
     last stage's share, gives 1.009 (0.996)."""
-    base = llmsim.load_scenario("selene-gpt3")
-    layout = replace(layout_of(base), nodes=96, tp=4, pp=32, dp=6, virtual_stages=3,
-                     schedule="interleaved-1f1b", micro_batch=4, zero=3,
-                     sequence_parallel=True, recompute="full", overlap_dp_comm=True,
-                     overlap_tp_comm=False, overlap_pp_comm=True, overlap_param_gather=False,
-                     global_batch=768)
-    scenario = apply(base, layout)
-    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
-        simulate(scenario).step_time_s, rel=0.02)
+    estimate, engine = _one_layer_chunks(nodes=96, tp=4, pp=32, dp=6, virtual_stages=3,
+                                         micro_batch=4, global_batch=768)
+    assert estimate == pytest.approx(engine, rel=0.02)
 
 
 def test_one_layer_chunks_whose_gather_outlasts_the_weight_pass() -> None:
@@ -159,12 +165,6 @@ def test_one_layer_chunks_whose_gather_outlasts_the_weight_pass() -> None:
         0.03 + 0.08 + 0.03 - 0.03 - 0.03 - 0.01)
     # a forward outlasting R + g and a W outlasting g: no wait
     assert one_layer_wait_s(buckets, 0.03, 0.2, 0.1, 0.05) == 0.0
-    base = llmsim.load_scenario("selene-gpt3")
-    layout = replace(layout_of(base), nodes=18, tp=3, pp=24, dp=2, virtual_stages=4,
-                     schedule="interleaved-1f1b", micro_batch=1, zero=3,
-                     sequence_parallel=True, recompute="full", overlap_dp_comm=True,
-                     overlap_tp_comm=False, overlap_pp_comm=True, overlap_param_gather=False,
-                     global_batch=96)
-    scenario = apply(base, layout)
-    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
-        simulate(scenario).step_time_s, rel=0.03)
+    estimate, engine = _one_layer_chunks(nodes=18, tp=3, pp=24, dp=2, virtual_stages=4,
+                                         micro_batch=1, global_batch=96)
+    assert estimate == pytest.approx(engine, rel=0.03)

@@ -137,6 +137,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     counts = [count for _, count in runs]
     hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)
+    # ZB-H1's closed form below assumes W ≤ F, B; otherwise its order is walked
+    walk_h1 = schedule == "zb-h1" and any(w > min(f, b) for f, b, w in passes)
     if schedule == "gpipe":
         fwd = [f for f, _, _ in passes]
         bwd = [b + w for _, b, w in passes]
@@ -147,24 +149,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                  + (m - 1) * max(bwd) + sum(x * n for x, n in zip(bwd, counts, strict=True)))
     elif schedule == "interleaved-1f1b":
         total = m * top + (sum(c * n for c, n in zip(cycle, counts, strict=True)) - top) / v
-    elif schedule == "zb-h1" and any(w > min(f, b) for f, b, w in passes):
-        # W longer than F or B: the deferred W passes outlast the closed form's cool-down,
-        # so the schedule's order is walked (as ZB-V's) with these passes.
-        stages = [pass_times for (_, n), pass_times in zip(runs, passes, strict=True)
-                  for _ in range(n)]
-        flat = [st for st, n in runs for _ in range(n)]
-        hops_ = [0.0] * (1 + 2 * p) if blocking else \
-            [0.0, *(st.hop_f for st in flat), *(st.hop_b for st in flat)]
-        walk, stage_ends = walk_s(compiled(p, m, "zb-h1", 1),
-                                  [x for pass_times in stages for x in pass_times], hops_)
-        extra = max(st.first_forward_gather for st, _ in runs)
-        total = max(walk, m * top) + extra
-        ends, s = [], 0
-        for _, n in runs:
-            ends.append((stage_ends[s] + extra, stage_ends[s + n - 1] + extra))
-            s += n
-        return total, ends
-    elif schedule == "zb-h1":
+    elif schedule == "zb-h1" and not walk_h1:
         # The deferred W passes fill the cool-down: min(m, p) − 2 of them hide (Qi et al.
         # 2023's p − 2 once m ≥ p; with fewer micro-batches than stages each stage has
         # only m, and with one the last W runs after the backward chain).
@@ -178,10 +163,13 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         total = m * top + (p - 1) * lag
     elif schedule == "pipedream":  # the steady state: no fill or drain, no hops waited
         total = m * top - hops
-    elif schedule == "zb-v":
+    elif schedule == "zb-v" or walk_h1:
+        # ZB-V's order, or ZB-H1's where a W outlasts F or B (its deferred W passes then
+        # outlast the closed form's cool-down), walked with these passes
         stages = [(st, pass_times) for (st, n), pass_times in zip(runs, passes, strict=True)
                   for _ in range(n)]
-        walk, stage_ends = zb_v_walk_s(stages, m, blocking=blocking)
+        walked = zb_v_walk_s if schedule == "zb-v" else zb_h1_walk_s
+        walk, stage_ends = walked(stages, m, blocking=blocking)
         extra = max(st.first_forward_gather for st, _ in runs)
         total = max(walk, m * top) + extra
         ends, s = [], 0
@@ -232,9 +220,24 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
     for st, (f, b, w) in stages:
         for sf, sb, sw in zip(*_chunk_shares(st), strict=True):
             durations += (f * sf, b * sb, w * sw)
-    hops = [0.0] * (1 + 2 * len(stages)) if blocking else \
-        [0.0, *(st.hop_f for st, _ in stages), *(st.hop_b for st, _ in stages)]
-    return walk_s(compiled(len(stages), m), durations, hops)
+    return walk_s(compiled(len(stages), m), durations, _hops(stages, blocking))
+
+
+def zb_h1_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int,
+                 *, blocking: bool) -> tuple[float, list[float]]:
+    """ZB-H1's pipeline phase by a walk of its order (:func:`zb_v_walk_s`'s, one chunk a
+    stage): (its length, when each stage's last pass ends), seconds."""
+    durations = [x for _, pass_times in stages for x in pass_times]
+    return walk_s(compiled(len(stages), m, "zb-h1", 1), durations, _hops(stages, blocking))
+
+
+def _hops(stages: list[tuple[StageTimes, tuple[float, float, float]]],
+          blocking: bool) -> list[float]:
+    """A walk's hops: none where sends block (they are in the pass times), else each
+    stage's send to the next and to the previous stage."""
+    if blocking:
+        return [0.0] * (1 + 2 * len(stages))
+    return [0.0, *(st.hop_f for st, _ in stages), *(st.hop_b for st, _ in stages)]
 
 
 def _chunk_shares(st: StageTimes) -> tuple[list[float], list[float], list[float]]:
