@@ -121,6 +121,7 @@ class Estimator(SharedParts):
         split = self._split(sc)
         starts = self._first_layers(sc, split)
         split_backward = par.schedule in SPLIT_BACKWARD
+        walked = par.schedule == "zb-v"  # its order walked (.pipeline.zb_v_walk_s)
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
         send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
                                               traffic.pp_message_bytes, within_node=within,
@@ -192,9 +193,10 @@ class Estimator(SharedParts):
                     tensors_s += tensors
                     chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
                     grads.append(bucket)
-                    if zero3 and par.overlap_dp_comm and not split_backward:
-                        # (split-backward schedules defer W into the bubbles their closed
-                        # forms subtract: a wait added to W would shorten the estimate)
+                    if zero3 and par.overlap_dp_comm and (not split_backward or walked):
+                        # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms
+                        # subtract: a wait added to W would shorten the estimate; ZB-V's
+                        # walk subtracts nothing, its W passes wait as the engine's do)
                         rs_waits.append(blended_wait_s(
                             bucket, layer_gather, cf / units, cb / units, cooled[kind_key],
                             regather=traffic.regather_for_recompute,
