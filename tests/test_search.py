@@ -56,10 +56,6 @@ def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -
     par = scenario.parallelism
     if par.schedule not in space.SCHEDULES:
         pytest.skip("a schedule the search does not try (docs/search.md)")
-    if par.schedule == "dualpipe" and par.moe_a2a_overlap:
-        pytest.skip("DualPipe's overlapped forward-backward pairs (llmsim.engine.pairs): the "
-                    "estimator's two-pipeline walk runs the pairs' passes one after the other "
-                    "(docs/search.md)")
     estimate = Estimator().estimate(scenario)
     result = simulate(scenario)
     assert estimate.step_time_s == pytest.approx(result.step_time_s, rel=0.05)
@@ -498,3 +494,25 @@ def test_zb_h1_closed_form_equals_its_schedule_at_any_micro_batch_count(
                           zero3=False, prefetch=True)
     timeline = schedules.unit_timeline(schedules.build("zb-h1", p, m, 1), f=f, b=b, w=w)
     assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
+
+
+@pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (1.0, 2.0, 0.5), (1.0, 1.0, 1.01),
+                                           (1.0, 2.0, 1.5), (2.0, 1.0, 1.5), (1.0, 1.0, 2.0),
+                                           (1.0, 1.0, 3.0), (0.5, 1.0, 4.0)])
+def test_zb_h1_estimate_equals_its_schedule_when_w_outlasts_f_or_b(f: float, b: float,
+                                                                    w: float) -> None:
+    """ZB-H1, equal stages, over p 2–8 and m 1–16, W from below F and B to 8/3 of F + B:
+    the estimator's step is the reference timeline's, the closed form where W ≤ F, B and
+    the schedule's walk beyond (p 4, m 8, W = 3F = 3B: 43, where the form gives 40)."""
+    for p in range(2, 9):
+        for m in range(1, 17):
+            stages = [StageTimes(f=f, b=b, w=w) for _ in range(p)]
+            total, _ = pipeline_s("zb-h1", stages, m, 1, blocking=True,
+                                     posted_singly=False, zero3=False, prefetch=True)
+            timeline = schedules.unit_timeline(schedules.build("zb-h1", p, m, 1), f=f, b=b,
+                                               w=w)
+            assert total == pytest.approx(max(end for row in timeline for _, end, _ in row)), \
+                (p, m)
+    stages = [StageTimes(f=1.0, b=1.0, w=3.0) for _ in range(4)]
+    assert pipeline_s("zb-h1", stages, 8, 1, blocking=True, posted_singly=False, zero3=False,
+                      prefetch=True)[0] == 43.0

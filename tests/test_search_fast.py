@@ -15,7 +15,6 @@ from llmsim.memory import memory_per_stage
 from llmsim.schedules import build
 from llmsim.search.estimate import Estimator
 from llmsim.search.fit import PeakMemory
-from llmsim.search.pipeline import _chunk_shares
 from llmsim.search.price import price_batch, state_fits
 from llmsim.search.space import (
     SpaceOptions,
@@ -162,75 +161,6 @@ def test_an_engine_run_over_the_timeout_is_given_up_and_the_next_tried() -> None
     assert summary.timed_out == 4 and summary.confirmed == 0  # 2·top tried, none in time
     assert table["timed_out"].sum() == 4
     assert table.attrs["best"] is None
-
-
-def _reference_zb_v_walk(stages, m: int, *, blocking: bool) -> tuple[float, list[float]]:
-    """The straightforward walk of ZB-V's order, pass by pass with dictionaries (the
-    search's replay before it was compiled): the reference the compiled replay must equal."""
-    p = len(stages)
-    order = build("zb-v", p, m, 2)
-    hops = [(s, 0) for s in range(p)] + [(s, 1) for s in reversed(range(p))]
-    index = {hop: k for k, hop in enumerate(hops)}
-    duration = [[{"F": f * sf, "B": b * sb, "W": w * sw}
-                 for sf, sb, sw in zip(*_chunk_shares(st), strict=True)]
-                for st, (f, b, w) in stages]
-
-    def arrival(s: int, t: float, to: int) -> float:
-        """When a message stage s sends at t reaches stage ``to``."""
-        if blocking or to == s:
-            return t
-        st = stages[s][0]
-        return t + (st.hop_f if to == s + 1 else st.hop_b)
-
-    done: dict[tuple[str, int, int], float] = {}  # (kind, mb, virtual stage) → arrival
-    free = [0.0] * p
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for s, row in enumerate(order):
-            while position[s] < len(row):
-                a = row[position[s]]
-                k = index[(s, a.chunk)]
-                if a.kind == "F":
-                    need = ("F", a.microbatch, k - 1) if k > 0 else None
-                elif a.kind == "B":  # the last virtual stage's B after its own F
-                    need = ("B", a.microbatch, k + 1) if k < 2 * p - 1 else ("F", a.microbatch, k)
-                else:
-                    need = ("W", a.microbatch, k)
-                if need is not None and need not in done:
-                    break
-                start = max(free[s], done[need]) if need is not None else free[s]
-                free[s] = end = start + duration[s][a.chunk][a.kind]
-                if a.kind == "F":  # to the next virtual stage
-                    to = hops[k + 1][0] if k < 2 * p - 1 else s
-                    done[("F", a.microbatch, k)] = arrival(s, end, to)
-                elif a.kind == "B":  # to the previous virtual stage; W may follow
-                    to = hops[k - 1][0] if k > 0 else s
-                    done[("B", a.microbatch, k)] = arrival(s, end, to)
-                    done[("W", a.microbatch, k)] = end
-                position[s] += 1
-                progress = True
-    return max(free), free
-
-
-@pytest.mark.parametrize(("p", "m"), [(2, 3), (3, 7), (4, 16), (12, 30), (32, 40)])
-@pytest.mark.parametrize("blocking", [False, True])
-def test_the_compiled_zb_v_walk_equals_the_walk(p: int, m: int, blocking: bool) -> None:
-    """ZB-V's walk replayed from its compiled order (a loop, or numpy levels from 24
-    stages) gives exactly the straightforward walk's numbers, with unequal stages, chunks
-    and hops."""
-    from llmsim.search.pipeline import StageTimes, zb_v_walk_s
-
-    rng = random.Random(p * 1000 + m)
-    stages = [(StageTimes(1.0, 1.0, 1.0, hop_f=rng.random() / 10, hop_b=rng.random() / 10,
-                          chunk_forward=[rng.random(), rng.random()],
-                          chunk_backward=[(rng.random(), rng.random()),
-                                          (rng.random(), rng.random())]),
-               (rng.random(), 2 * rng.random(), rng.random())) for _ in range(p)]
-    walk, ends = _reference_zb_v_walk(stages, m, blocking=blocking)
-    fast, fast_ends = zb_v_walk_s(stages, m, blocking=blocking)
-    assert fast == walk and list(fast_ends) == list(ends)
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved-1f1b", "zb-h1", "zb-h2",

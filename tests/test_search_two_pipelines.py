@@ -49,7 +49,7 @@ def test_the_walk_of_equal_stages_equals_the_reference_timeline(schedule: str, p
     (:func:`llmsim.schedules.unit_timeline`, whose fused backward is one pass)."""
     f, b, w = 1.0, 1.7, 0.6
     order = compiled(schedule, p, m)
-    ends = walk(order, [f, b, w] * 2 * p, [0.0] * (1 + 2 * p))
+    ends = walk(order, [f, b, w] * 2 * p + [f, b] * 2 * p, [0.0] * (1 + 2 * p))  # + pairs'
     split = schedule in schedules.SPLIT_BACKWARD
     timeline = schedules.unit_timeline(schedules.build(schedule, p, m), f=f,
                                        b=b if split else b + w, w=w if split else 0.0)
@@ -92,3 +92,31 @@ def test_the_best_of_a_tiny_two_pipeline_space_is_the_brute_force_engine_best() 
     brute = min(simulate(apply(scenario, layout_of_row(r))).step_time_s
                 for _, r in table.iterrows())
     assert table.iloc[0]["step_time_s"] == pytest.approx(brute, rel=1e-12)
+
+
+@pytest.mark.parametrize(("overlap", "units"), [(False, 0), (True, 0), (True, 20)])
+def test_dualpipe_s_overlapped_pairs_are_estimated_as_the_engine_runs_them(
+        overlap: bool, units: int) -> None:
+    """DualPipe with ``moe_a2a_overlap`` (llmsim.engine.pairs): the walk's paired passes
+    keep only the all-to-alls the partner's computation leaves exposed, on the units the
+    all-to-all kernels leave (llmsim.search.pairs), so the estimate follows the engine;
+    with the overlap the step is shorter than without it, in both."""
+    from test_moe_dualpipe import _scenario
+
+    base = _scenario(overlap)
+    scenario = base.model_copy(update={"parallelism": base.parallelism.model_copy(
+        update={"moe_comm_units": units})})
+    estimate = Estimator().estimate(scenario).step_time_s
+    assert estimate == pytest.approx(simulate(scenario).step_time_s, rel=0.02)
+    if overlap:
+        assert estimate < Estimator().estimate(_scenario(False)).step_time_s
+
+
+def test_a_pair_keeps_what_its_partner_does_not_hide() -> None:
+    """:func:`llmsim.search.pairs.paired_passes`: F keeps max(0, a_F − c_B − c_W), B
+    max(0, a_B − c_F)."""
+    from llmsim.search.pairs import PairParts, paired_passes
+
+    own, partner = PairParts(1.0, 0.5, 2.0, 3.0, 0.25), PairParts(0.4, 0.0, 0.1, 0.0, 0.1)
+    assert paired_passes(own, partner) == pytest.approx((1.3, 4.6))
+    assert paired_passes(partner, own) == (0.4, 0.1)

@@ -13,7 +13,14 @@ import llmsim
 from llmsim import schedules
 from llmsim.search.estimate import Estimator
 from llmsim.search.space import apply, layout_of
-from llmsim.search.zero3_queue import cooldown_share, per_microbatch_s, reduce_scatter_wait_s
+from llmsim.search.zero3_queue import (
+    blended_wait_s,
+    cooldown_share,
+    one_layer_wait_s,
+    per_microbatch_s,
+    reduce_scatter_wait_s,
+    stage_cooldown_shares,
+)
 from llmsim.simulation import simulate
 
 
@@ -96,3 +103,84 @@ def test_zero3_is_never_estimated_faster_than_zero2(schedule: str, global_batch:
                        simulate(scenario).step_time_s)
     assert steps[3][1] >= steps[2][1]  # the engine
     assert steps[3][0] >= steps[2][0]  # the estimator
+
+
+def test_the_waits_are_averaged_not_the_next_layers() -> None:
+    """A share ``cooled`` of the W passes is followed by a backward layer, the rest by a
+    forward one: the wait is the shares' mix of the two waits, R − max(0, u − g) each.
+    Mixing the layers instead (0.5·0.25 + 0.5·0.7 = 0.475 s: a wait of 0.025 s) hid most
+    of the wait a forward of 0.25 s leaves (0.3 − 0.05 = 0.25 s) on half the passes."""
+    args = ((3, 0.1), 0.2, 0.25, 0.7)
+    assert blended_wait_s(*args, 0.5, regather=False, prefetch=True) == pytest.approx(0.125)
+    assert reduce_scatter_wait_s((3, 0.1), 0.2, 0.475, prefetch=True) == pytest.approx(0.025)
+    assert blended_wait_s(*args, 0.0, regather=False, prefetch=True) == pytest.approx(0.25)
+    assert blended_wait_s(*args, 1.0, regather=False, prefetch=True) == 0.0
+    # a regather for the recompute: every W is followed by forward work
+    assert blended_wait_s(*args, 1.0, regather=True, prefetch=True) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(("schedule", "p", "m", "v"), [
+    ("1f1b", 4, 8, 1), ("interleaved-1f1b", 4, 8, 2), ("gpipe", 3, 4, 1), ("zb-v", 4, 8, 2)])
+def test_the_stages_shares_average_to_the_cooldown_share(schedule: str, p: int, m: int,
+                                                        v: int) -> None:
+    """Per stage, its warm-up's share of its W passes (the last stage the least, so it
+    sets the pace of equal stages); their mean is :func:`cooldown_share`."""
+    shares = stage_cooldown_shares(schedule, p, m, v)
+    assert sum(shares) / p == pytest.approx(cooldown_share(schedule, p, m, v))
+    assert shares == sorted(shares, reverse=True)
+
+
+def _one_layer_chunks(**fields: int) -> tuple[float, float]:
+    """(estimator, engine) step seconds of a selene-gpt3 interleaved ZeRO-3 layout with
+    full recompute, sequence parallelism and the DP and PP overlaps, of ``fields``."""
+    base = llmsim.load_scenario("selene-gpt3")
+    layout = replace(layout_of(base), schedule="interleaved-1f1b", zero=3,
+                     sequence_parallel=True, recompute="full", overlap_dp_comm=True,
+                     overlap_tp_comm=False, overlap_pp_comm=True, overlap_param_gather=False,
+                     **fields)
+    scenario = apply(base, layout)
+    return Estimator().estimate(scenario).step_time_s, simulate(scenario).step_time_s
+
+
+def test_a_deep_interleaved_zero3_layout_of_one_layer_chunks() -> None:
+    """selene-gpt3, tp 4 · pp 32 · dp 6, three chunks of one layer, micro-batch 4, full
+    recompute (a layout of benchmarks/search_agreement.py's sample, here at half its
+    batch): the forward after each W is shorter than its chunk's reduce-scatters and the
+    next gather, so the backward after it waits. The mix of the next layers hid that
+    (0.973 of the engine here, 0.930 at the full batch); the mix of the waits, on the
+    last stage's share, gives 1.009 (0.996)."""
+    estimate, engine = _one_layer_chunks(nodes=96, tp=4, pp=32, dp=6, virtual_stages=3,
+                                         micro_batch=4, global_batch=768)
+    assert estimate == pytest.approx(engine, rel=0.02)
+
+
+def test_one_layer_chunks_whose_gather_outlasts_the_weight_pass() -> None:
+    """:func:`one_layer_wait_s`: from one W's start to the next, max(w, g) + max(u, R + g)
+    + b, of which the passes count max(u, g) + max(b, g) + w. selene-gpt3, tp 3 · pp 24 ·
+    dp 2, four chunks of one layer, micro-batch 1 (gather-bound: g > w, u; a layout of the
+    agreement sample, at 1/16 of its batch): 0.950 of the engine before (0.892 at the full
+    batch), 1.014 now (1.001)."""
+    buckets = (10, 0.005)  # R = 0.05
+    assert one_layer_wait_s(buckets, 0.03, 0.015, 0.03, 0.01) == pytest.approx(
+        0.03 + 0.08 + 0.03 - 0.03 - 0.03 - 0.01)
+    # a forward outlasting R + g and a W outlasting g: no wait
+    assert one_layer_wait_s(buckets, 0.03, 0.2, 0.1, 0.05) == 0.0
+    estimate, engine = _one_layer_chunks(nodes=18, tp=3, pp=24, dp=2, virtual_stages=4,
+                                         micro_batch=1, global_batch=96)
+    assert estimate == pytest.approx(engine, rel=0.03)
+
+
+def test_zb_v_s_walk_counts_the_queue() -> None:
+    """ZB-V's walk subtracts nothing, so its W passes wait for their reduce-scatters as
+    the engine's do (ZB-H1's and ZB-H2's closed forms would subtract that wait). selene-
+    gpt3, tp 3 · pp 3 · dp 64, ZB-V, micro-batch 1, ZeRO-3, no recompute (the furthest
+    layout of the agreement sample, 0.503 of the engine at its batch; here at a quarter of
+    it): 0.536 without the wait, 1.040 with it."""
+    base = llmsim.load_scenario("selene-gpt3")
+    layout = replace(layout_of(base), nodes=72, tp=3, pp=3, dp=64, virtual_stages=2,
+                     schedule="zb-v", micro_batch=1, zero=3, sequence_parallel=False,
+                     recompute="none", overlap_dp_comm=True, overlap_tp_comm=False,
+                     overlap_pp_comm=False, overlap_param_gather=False, global_batch=384)
+    scenario = apply(base, layout)
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.05)

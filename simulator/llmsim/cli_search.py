@@ -104,6 +104,9 @@ def search(
     max_parameter_servers: Annotated[int, typer.Option(
         help="Also try parameter servers in place of the gradient all-reduce, up to this "
         "many (0: none).")] = 0,
+    asynchronous: Annotated[bool, typer.Option(
+        help="Also try PipeDream (asynchronous 1F1B, no flush): its weight updates are "
+        "stale, so it is not the same training; its rows say 'async'.")] = False,
     workers: Annotated[int | None, typer.Option(
         help="Local processes pricing layouts (default: every core).")] = None,
     scheduler: Annotated[str | None, typer.Option(
@@ -161,7 +164,8 @@ def search(
                            client=client, out=out_dir, resume=resume, max_tp=max_tp,
                            max_micro_batch=max_micro_batch, max_cp=max_cp,
                            progress=progress, confirm_timeout_s=confirm_timeout,
-                           max_parameter_servers=max_parameter_servers)
+                           max_parameter_servers=max_parameter_servers,
+                           asynchronous=asynchronous)
     finally:
         progress.close()
         if client is not None:
@@ -216,6 +220,8 @@ def render(table: pd.DataFrame, console: Console, show: int = 10) -> None:
 
 def describe(row: object) -> str:
     """A layout in a few words: ``tp8 pp8 dp16 1f1b mb1 z1 sp sel``."""
+    from llmsim.search.space import ASYNCHRONOUS
+
     r = row  # a pandas row or a mapping
     parts = [f"tp{r['tp']}", f"pp{r['pp']}", f"dp{r['dp']}"]
     parts += [f"{axis}{r[axis]}" for axis in ("ep", "cp") if r.get(axis, 1) > 1]
@@ -224,6 +230,8 @@ def describe(row: object) -> str:
     schedule = r["schedule"] if r["pp"] > 1 else ""
     if schedule == "interleaved-1f1b":
         schedule = f"int-v{r['virtual_stages']}"
+    elif schedule in ASYNCHRONOUS:  # stale weights: not the same training
+        schedule = f"{schedule} (async)"
     parts += [p for p in (schedule, f"mb{r['micro_batch']}", f"z{r['zero']}") if p]
     if r["sequence_parallel"]:
         parts.append("sp")

@@ -8,39 +8,10 @@ from __future__ import annotations
 
 from llmsim.schedules.action import Action
 from llmsim.schedules.registry import route_of
-from llmsim.schedules.route import Hop, Route
+from llmsim.schedules.walk import replay, wait_graph
 
 Timeline = list[list[tuple[float, float, Action]]]
 """Per stage, ``(start, end, action)`` in the stage's order."""
-
-
-class _Positions:
-    """Virtual stage of (micro-batch, stage, chunk) along a route, memoised per route."""
-
-    def __init__(self, route: Route) -> None:
-        self.route = route
-        self.cache: dict[tuple[Hop, ...], dict[Hop, int]] = {}
-
-    def hops(self, mb: int) -> tuple[tuple[Hop, ...], dict[Hop, int]]:
-        hops = self.route(mb)
-        index = self.cache.get(hops)
-        if index is None:
-            index = self.cache[hops] = {hop: k for k, hop in enumerate(hops)}
-        return hops, index
-
-
-def _dependencies(action: Action, positions: _Positions) -> list[Action]:
-    """The actions on other stages (or same-stage B for W) that must finish first."""
-    s, mb, c = action.stage, action.microbatch, action.chunk
-    if action.kind == "W":
-        return [Action(s, "B", mb, c)]
-    hops, index = positions.hops(mb)
-    k = index[(s, c)]
-    if action.kind == "F":
-        return [Action(hops[k - 1][0], "F", mb, hops[k - 1][1])] if k > 0 else []
-    if k < len(hops) - 1:
-        return [Action(hops[k + 1][0], "B", mb, hops[k + 1][1]), Action(s, "F", mb, c)]
-    return [Action(s, "F", mb, c)]
 
 
 def unit_timeline(schedule: list[list[Action]], f: float = 1.0, b: float = 1.0,
@@ -54,33 +25,16 @@ def unit_timeline(schedule: list[list[Action]], f: float = 1.0, b: float = 1.0,
     of one pass of one chunk (any unit). Raises ValueError if the schedule cannot finish
     (a missing action or a deadlock).
     """
-    stages = len(schedule)
-    positions = _Positions(route_of(schedule))
+    graph = wait_graph(schedule, route_of(schedule))
+    rows = graph.rows()
     duration = {"F": f, "B": b, "W": w}
-    end: dict[Action, float] = {}
-    timeline: Timeline = [[] for _ in schedule]
+    durations = [duration[kind] for _ in range(graph.p * graph.chunks) for kind in "FBW"]
     # Integer zero keeps the arithmetic exact when the durations are Fractions.
-    free: list[float] = [0] * stages
-    position = [0] * stages
-    progress = True
-    while progress:
-        progress = False
-        for s, row in enumerate(schedule):
-            while position[s] < len(row):
-                action = row[position[s]]
-                if action.stage != s:
-                    raise ValueError(f"action {action} is listed on stage {s}")
-                deps = _dependencies(action, positions)
-                if any(d not in end for d in deps):
-                    break
-                start = max([free[s], *(end[d] for d in deps)])
-                free[s] = end[action] = start + duration[action.kind]
-                timeline[s].append((start, free[s], action))
-                position[s] += 1
-                progress = True
-    stuck = [str(row[position[s]]) for s, row in enumerate(schedule) if position[s] < len(row)]
-    if stuck:
-        raise ValueError(f"schedule cannot finish: stages wait forever at {', '.join(stuck)}")
+    end, _ = replay(graph.p, rows, durations, [0] * (1 + 2 * graph.p))
+    timeline: Timeline = [[] for _ in schedule]
+    for k, ((s, _, j, _), action) in enumerate(zip(rows, graph.actions, strict=True), start=1):
+        previous = timeline[s][-1][1] if timeline[s] else 0
+        timeline[s].append((max(previous, end[j]), end[k], action))
     return timeline
 
 

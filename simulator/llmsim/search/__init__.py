@@ -31,6 +31,7 @@ from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
 from llmsim.search.space import (
+    ASYNCHRONOUS,
     LAYOUT_FIELDS,
     Layout,
     SpaceOptions,
@@ -107,6 +108,7 @@ def search(
     confirm_timeout_s: float | None = None,
     bound: bool = False,
     max_parameter_servers: int = 0,
+    asynchronous: bool = False,
 ) -> pd.DataFrame:
     """Search every valid layout of ``scenario`` and return them, best first.
 
@@ -123,7 +125,9 @@ def search(
     priced most devices first and those that provably cannot be among the estimator's
     ``top`` best are skipped (:mod:`.bound`; ``summary.skipped``). With
     ``max_parameter_servers``, parameter servers in place of the gradient all-reduce
-    (``dp_mode: parameter_server``). ``memory_headroom`` is 0.1 unless given.
+    (``dp_mode: parameter_server``). ``memory_headroom`` is 0.1 unless given. With
+    ``asynchronous``, PipeDream's layouts too, whose weight updates are stale
+    (:data:`.space.ASYNCHRONOUS`; confirmed by their replayed steady state).
 
     A scenario with a ``placement`` (a heterogeneous job) has its placement searched
     instead: stages or replicas on its system's node groups, each run by the engine
@@ -166,9 +170,14 @@ def search(
     if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
         raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
                         "positive numbers, the first not above the second (e.g. 512..2048)")
+    if fixed.get("schedule") in ASYNCHRONOUS and not asynchronous:
+        raise UserError(f"--fix: schedule={fixed['schedule']} updates the weights "
+                        "asynchronously (stale weights, not the same training); add "
+                        "--asynchronous to search it")
     options = SpaceOptions(fixed=fixed, batch_range=batch_range, max_tp=max_tp,
                            max_micro_batch=max_micro_batch, max_cp=max_cp,
-                           max_parameter_servers=max_parameter_servers)
+                           max_parameter_servers=max_parameter_servers,
+                           asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
     all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
     sampled = False
@@ -188,6 +197,8 @@ def search(
     # The layout fields too: a store kept before expert_tp was one has no such column.
     if max_parameter_servers:  # only then: a store kept before the option still resumes
         manifest["max_parameter_servers"] = max_parameter_servers
+    if asynchronous:  # the same
+        manifest["asynchronous"] = True
     store = Store(Path(out) if out is not None else None, manifest, resume)
     todo = [(i, c) for i, c in batches if i not in store.done_batches]
     estimate_started = time.perf_counter()

@@ -8,9 +8,10 @@ numbers decide the final order. The confirmed rows carry both, and their ratio
 from __future__ import annotations
 
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from llmsim.search.space import LAYOUT_FIELDS, Layout, apply
+from llmsim.search.space import ASYNCHRONOUS, LAYOUT_FIELDS, Layout, apply
 from llmsim.specs import Scenario
 
 if TYPE_CHECKING:
@@ -41,9 +42,12 @@ def _plain(value: Any) -> Any:
 
 
 def engine_row(base: Scenario, layout: Layout) -> dict[str, Any]:
-    """The engine's numbers for one layout (the result of :func:`llmsim.simulate`)."""
+    """The engine's numbers for one layout (the result of :func:`llmsim.simulate`; a
+    PipeDream layout's from its replayed steady state, :func:`steady_state_row`)."""
     from llmsim.simulation import simulate
 
+    if layout.schedule in ASYNCHRONOUS:
+        return steady_state_row(apply(base, layout), layout.key)
     result = simulate(apply(base, layout))
     return {
         "key": layout.key,
@@ -54,6 +58,26 @@ def engine_row(base: Scenario, layout: Layout) -> dict[str, Any]:
         "bubble_fraction": result.bubble_fraction,
         "fits": result.fits,
     }
+
+
+def steady_state_row(scenario: Scenario, key: str) -> dict[str, Any]:
+    """:func:`engine_row` of a PipeDream layout, which the engine does not run as one
+    step: its pipeline's steady state replayed by the engine
+    (:func:`llmsim.steady_state.pipedream_step_s`) in place of the estimator's closed form,
+    plus the estimator's gradient reduction tail and optimizer step; bubble 0 (the
+    steady state has none); fits by the memory model with its stashed weight versions."""
+    from llmsim.search.estimate import Estimator
+    from llmsim.steady_state import pipedream_step_s
+
+    estimator = Estimator()
+    est = estimator.estimate(scenario)
+    step_s = pipedream_step_s(scenario) + est.dp_tail_s + est.optimizer_s \
+        + scenario.training.step_overhead_s
+    exact = replace(est, step_time_s=step_s)
+    return {"key": key, "step_time_s": step_s, "mfu": exact.mfu, "days": exact.days_to_train,
+            "tokens_per_device_s": exact.tokens_per_s / exact.devices,
+            "bubble_fraction": 0.0,
+            "fits": all(s.fits for s in estimator.memory(scenario))}
 
 
 def engine_rows(base: Scenario, layouts: list[Layout], workers: int,

@@ -26,13 +26,14 @@ from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
+from llmsim.search.pairs import stage_pair_parts
 from llmsim.search.parts import SharedParts, contention_key, servers
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.search.zero3_queue import (
-    cooldown_share,
+    blended_wait_s,
     per_microbatch_s,
-    reduce_scatter_wait_s,
+    stage_cooldown_shares,
 )
 from llmsim.specs import Scenario
 from llmsim.workload import (
@@ -120,6 +121,7 @@ class Estimator(SharedParts):
         split = self._split(sc)
         starts = self._first_layers(sc, split)
         split_backward = par.schedule in SPLIT_BACKWARD
+        walked = par.schedule == "zb-v"  # its order walked (.pipeline.zb_v_walk_s)
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
         send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
                                               traffic.pp_message_bytes, within_node=within,
@@ -135,7 +137,7 @@ class Estimator(SharedParts):
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops = placement(par.schedule, p, v)  # () for the looping c·p + s
-        cooled = cooldown_share(par.schedule, p, m, v) if zero3 else 0.0
+        shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
@@ -143,6 +145,9 @@ class Estimator(SharedParts):
         flops_per_replica = 0.0
         same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
         all_chunks: dict[tuple[int, int], Chunk] = {}  # the chunks of one stage of each kind
+        cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
+        for s, kind_key, _, count in self._runs(plan_key, split, node_of):
+            cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
         for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
@@ -188,13 +193,15 @@ class Estimator(SharedParts):
                     tensors_s += tensors
                     chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
                     grads.append(bucket)
-                    if zero3 and par.overlap_dp_comm and not split_backward:
-                        # (split-backward schedules defer W into the bubbles their closed
-                        # forms subtract: a wait added to W would shorten the estimate)
-                        first = cf if traffic.regather_for_recompute else \
-                            cooled * cb + (1 - cooled) * cf  # the next pass's, all layers
-                        rs_waits.append(reduce_scatter_wait_s(
-                            bucket, layer_gather, first / units, prefetch=par.prefetch_weights))
+                    if zero3 and par.overlap_dp_comm and (not split_backward or walked):
+                        # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms
+                        # subtract: a wait added to W would shorten the estimate; ZB-V's
+                        # walk subtracts nothing, its W passes wait as the engine's do)
+                        rs_waits.append(blended_wait_s(
+                            bucket, layer_gather, cf / units, cb / units, cooled[kind_key],
+                            regather=traffic.regather_for_recompute,
+                            prefetch=par.prefetch_weights,
+                            weight_s=cw + acc if units == 1 else None))
                     if gathers_f_on:
                         gathers_f += units * layer_gather
                     if gathers_b_on:
@@ -237,7 +244,8 @@ class Estimator(SharedParts):
             pipe, ready, opt_s = phase_s(devices, par.schedule, m,
                                          blocking=not par.overlap_pp_comm,
                                          overlap_dp=par.overlap_dp_comm, traffic=traffic,
-                                         costs=costs, par=par, training=trn, node_of=node_of)
+                                         costs=costs, par=par, training=trn, node_of=node_of,
+                                         pairs=stage_pair_parts(sc, costs, split, starts))
             return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
                             dp_tail_s=ready - pipe, optimizer_s=opt_s,
                             model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,

@@ -9,6 +9,7 @@ from typing import Any
 
 from llmsim.search.layout import Layout
 from llmsim.specs import Scenario
+from llmsim.specs.parallelism_rules import NOT_REPLAYED
 
 
 def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
@@ -20,7 +21,10 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, uneven first/last stage
     splits when pp differs from the scenario's, the MoE all-to-all overlap (and the units
     it holds) where no all-to-all is left, and the recompute of the norms and MLA
-    up-projections under full recompute. The layout's ``expert_tp`` (tp or 1) is set;
+    up-projections under full recompute. A schedule the engine does not replay as one
+    step (PipeDream, ``NOT_REPLAYED``; the search's ``--asynchronous``) is checked as the
+    1F1B order it runs and then set: the estimator and the memory model read it. The
+    layout's ``expert_tp`` (tp or 1) is set;
     where it leaves it (0), an ``expert_tp`` equal to the scenario's tp follows the
     layout's and 1 is kept.
     """
@@ -50,7 +54,12 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
         updates["moe_comm_units"] = 0  # held only while all-to-alls overlap
     if layout.recompute == "full":  # recomputes the norms and up-projections already
         updates["recompute_norms_and_up_proj"] = False
+    asynchronous = updates.get("schedule") in NOT_REPLAYED  # PipeDream (space.ASYNCHRONOUS)
+    if asynchronous:  # checked as the 1F1B it runs, step by step (llmsim.steady_state)
+        updates["schedule"] = "1f1b"
     new_par = type(par).model_validate({**_dump(par), **updates})
+    if asynchronous:
+        new_par = new_par.model_copy(update={"schedule": layout.schedule})
     training = scenario.training
     if layout.global_batch != training.global_batch:
         training = type(training).model_validate(
@@ -67,11 +76,15 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
 
 def with_layout(scenario: Scenario, nodes: int, par: Any, training: Any) -> Scenario:
     """``scenario`` (every field kept) on ``nodes`` nodes with ``par`` and ``training``,
-    in reduced fidelity, validated by the scenario's own rules."""
+    in reduced fidelity, validated by the scenario's own rules (a PipeDream ``par`` as
+    the 1F1B it runs, :func:`parallelism_of`)."""
     fields = {name: getattr(scenario, name) for name in type(scenario).model_fields}
-    return type(scenario).model_validate({
-        **fields, "nodes": nodes, "parallelism": par, "training": training,
+    unreplayed = par.schedule in NOT_REPLAYED
+    checked = par.model_copy(update={"schedule": "1f1b"}) if unreplayed else par
+    out = type(scenario).model_validate({
+        **fields, "nodes": nodes, "parallelism": checked, "training": training,
         "fidelity": "reduced"})
+    return out.model_copy(update={"parallelism": par}) if unreplayed else out
 
 
 def switched(core: Scenario, base: Scenario, layout: Layout) -> Scenario:

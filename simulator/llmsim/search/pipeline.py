@@ -11,13 +11,20 @@ micro-batches over ``p`` stages takes
 - GPipe: ``(m−1)·max F + Σ F_s + (m−1)·max B + Σ B_s``;
 - interleaved 1F1B with ``v`` chunks: ``m·max C + (Σ C_s − max C)/v`` — the fill and
   drain shrink by v (Narayanan et al. 2021 §2.2: bubble (p−1)/(v·m));
-- ZB-H1: ``(m−1)·max C + Σ_s (F_s + B_s − W_s) − (p−2)·min W`` — with equal stages
-  ``m·(F+B+W) + (p−1)(F+B−W)``, Qi et al. 2024 Table 2;
+- ZB-H1: ``(m−1)·max C + Σ_s (F_s + B_s) − (min(m, p)−2)·min W`` — with equal
+  stages ``m·(F+B+W) + (p−1)(F+B−W)``, Qi et al. 2024 Table 2 (whose F, B and W are
+  equal); where a stage's W is longer than its F or its B the deferred W passes outlast
+  the cool-down the form counts (p 4, m 8, F = B = 1, W = 3: the form 40, the schedule 43;
+  W = 1.5: 1/2 short at p 2), and the schedule's order is walked as ZB-V's below;
 - ZB-H2: ``m·max C + (p−1)·max_s max(F_s, F_s + B_s − 2W_s)`` — with equal stages the
   parallelogram of Qi et al. 2024 §2.2 closed by the optimizer's synchronisation
   (``llmsim.schedules.zb_h2``), for m ≥ 2p − 1 and W ≤ F, B; unequal stages are
   approximated by the costliest stage's lag, and every stage is taken to end with the
   last (its deferred W passes fill the tail);
+- PipeDream (asynchronous 1F1B, no flush; Narayanan et al. 2019 §3.2): ``m·max C`` —
+  in the steady state the pipeline never fills or drains, and the slowest stage sets
+  the pace (the registry's bubble 0; :func:`llmsim.steady_state.pipedream_step_s`
+  replays it);
 - ZB-V: no closed form — its greedy order (``llmsim.schedules.zb_v``) is irregular once
   F, B and W differ — so :func:`zb_v_walk_s` replays the schedule's action order with
   these pass times, half of a stage's per chunk (Qi et al. 2024 §6): each pass starts
@@ -130,6 +137,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     counts = [count for _, count in runs]
     hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)
+    # ZB-H1's closed form below assumes W ≤ F, B; otherwise its order is walked
+    walk_h1 = schedule == "zb-h1" and any(w > min(f, b) for f, b, w in passes)
     if schedule == "gpipe":
         fwd = [f for f, _, _ in passes]
         bwd = [b + w for _, b, w in passes]
@@ -140,7 +149,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                  + (m - 1) * max(bwd) + sum(x * n for x, n in zip(bwd, counts, strict=True)))
     elif schedule == "interleaved-1f1b":
         total = m * top + (sum(c * n for c, n in zip(cycle, counts, strict=True)) - top) / v
-    elif schedule == "zb-h1":
+    elif schedule == "zb-h1" and not walk_h1:
         # The deferred W passes fill the cool-down: min(m, p) − 2 of them hide (Qi et al.
         # 2023's p − 2 once m ≥ p; with fewer micro-batches than stages each stage has
         # only m, and with one the last W runs after the backward chain).
@@ -152,10 +161,15 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     elif schedule == "zb-h2":
         lag = max(max(f, f + b - 2 * w) for f, b, w in passes)
         total = m * top + (p - 1) * lag
-    elif schedule == "zb-v":
+    elif schedule == "pipedream":  # the steady state: no fill or drain, no hops waited
+        total = m * top - hops
+    elif schedule == "zb-v" or walk_h1:
+        # ZB-V's order, or ZB-H1's where a W outlasts F or B (its deferred W passes then
+        # outlast the closed form's cool-down), walked with these passes
         stages = [(st, pass_times) for (st, n), pass_times in zip(runs, passes, strict=True)
                   for _ in range(n)]
-        walk, stage_ends = zb_v_walk_s(stages, m, blocking=blocking)
+        walked = zb_v_walk_s if schedule == "zb-v" else zb_h1_walk_s
+        walk, stage_ends = walked(stages, m, blocking=blocking)
         extra = max(st.first_forward_gather for st, _ in runs)
         total = max(walk, m * top) + extra
         ends, s = [], 0
@@ -175,7 +189,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         def end(stage: int, lag: float, w: float = w) -> float:
             if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
                 lag = max(0.0, lag - stage * w)
-            elif schedule == "zb-h2":  # the weight passes moved to the tail fill it
+            elif schedule in ("zb-h2", "pipedream"):  # the tail filled; PipeDream: no drain
                 lag = 0.0
             return total - lag
 
@@ -206,9 +220,24 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
     for st, (f, b, w) in stages:
         for sf, sb, sw in zip(*_chunk_shares(st), strict=True):
             durations += (f * sf, b * sb, w * sw)
-    hops = [0.0] * (1 + 2 * len(stages)) if blocking else \
-        [0.0, *(st.hop_f for st, _ in stages), *(st.hop_b for st, _ in stages)]
-    return walk_s(compiled(len(stages), m), durations, hops)
+    return walk_s(compiled(len(stages), m), durations, _hops(stages, blocking))
+
+
+def zb_h1_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int,
+                 *, blocking: bool) -> tuple[float, list[float]]:
+    """ZB-H1's pipeline phase by a walk of its order (:func:`zb_v_walk_s`'s, one chunk a
+    stage): (its length, when each stage's last pass ends), seconds."""
+    durations = [x for _, pass_times in stages for x in pass_times]
+    return walk_s(compiled(len(stages), m, "zb-h1", 1), durations, _hops(stages, blocking))
+
+
+def _hops(stages: list[tuple[StageTimes, tuple[float, float, float]]],
+          blocking: bool) -> list[float]:
+    """A walk's hops: none where sends block (they are in the pass times), else each
+    stage's send to the next and to the previous stage."""
+    if blocking:
+        return [0.0] * (1 + 2 * len(stages))
+    return [0.0, *(st.hop_f for st, _ in stages), *(st.hop_b for st, _ in stages)]
 
 
 def _chunk_shares(st: StageTimes) -> tuple[list[float], list[float], list[float]]:

@@ -20,8 +20,8 @@ from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_
 from llmsim.search.two_pipelines import allows
 from llmsim.specs import Scenario
 
-__all__ = ["LAYOUT_FIELDS", "RECOMPUTE", "SCHEDULES", "SWITCHES", "Layout", "SpaceOptions",
-           "apply", "cores", "divisors", "layout_of", "parallelism_of", "parse_fix",
+__all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "SCHEDULES", "SWITCHES", "Layout",
+           "SpaceOptions", "apply", "cores", "divisors", "layout_of", "parallelism_of", "parse_fix",
            "switch_variants", "switched", "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
 which were defined here before."""
@@ -30,8 +30,18 @@ SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "gpipe", "zb-h2", "zb-v", "chi
              "dualpipe")
 """The pipeline schedules the search tries (pp ≥ 2; one stage runs 1F1B, which is then
 the same as any other; ZB-V with its two chunks per stage; Chimera and DualPipe with
-their two pipelines, :mod:`.two_pipelines`). PipeDream is not among them: its
-asynchronous updates are not a step the engine replays (``NOT_REPLAYED``)."""
+their two pipelines, :mod:`.two_pipelines`). PipeDream is not among them by default
+(:data:`ASYNCHRONOUS`)."""
+
+ASYNCHRONOUS = ("pipedream",)
+"""Schedules whose weight updates are stale, tried only with
+:attr:`SpaceOptions.asynchronous` (``llmsim search --asynchronous``): PipeDream's 1F1B
+without a flush (Narayanan et al. 2019 §3) runs each micro-batch's backward on the weight
+version its forward used, up to p − 1 updates old. That is not the same training as a
+synchronous schedule's — the updates, and so the steps to a given loss, differ — and the
+search prices time per step only, so a PipeDream layout competes for "best" only when the
+user says that training is acceptable (docs/search.md). Its layouts need at least pp
+micro-batches per step (its steady state, :func:`llmsim.steady_state.pipedream_step_s`)."""
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -55,6 +65,8 @@ class SpaceOptions:
     max_parameter_servers: int = 0
     """Most parameter servers tried in place of the all-reduce (0: none; powers of two
     up to it and the layout's nodes, at ZeRO 0 without ep or cp, the spec's rule)."""
+    asynchronous: bool = False
+    """Also try the schedules with stale weight updates (:data:`ASYNCHRONOUS`)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -92,7 +104,7 @@ def _parse_value(name: str, raw: str) -> Any:
         if value < (0 if name in ("zero", "parameter_servers") else 1):
             raise UserError(f"--fix: {name}={value} must be positive")
         return value
-    allowed = SCHEDULES if name == "schedule" else RECOMPUTE
+    allowed = SCHEDULES + ASYNCHRONOUS if name == "schedule" else RECOMPUTE
     if raw not in allowed:
         raise UserError(f"--fix: {name}={raw!r} must be one of {', '.join(allowed)}")
     return raw
@@ -207,7 +219,8 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
     fx = options.fixed
     per_replica = gb // dp
     micro = [b for b in divisors(per_replica) if b <= options.max_micro_batch]
-    schedules = list(SCHEDULES) if pp > 1 else ["1f1b"]
+    schedules = list(SCHEDULES) + list(ASYNCHRONOUS) * options.asynchronous if pp > 1 \
+        else ["1f1b"]
     for schedule in _choices("schedule", schedules, fx):
         if schedule == "interleaved-1f1b":
             chunks = [v for v in divisors(layers // pp) if v >= 2]
@@ -224,6 +237,8 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
                 if schedule == "interleaved-1f1b" and (per_replica // mb) % pp:
                     continue
                 if not allows(schedule, pp, per_replica // mb, zero):  # Chimera's, DualPipe's m
+                    continue
+                if schedule in ASYNCHRONOUS and per_replica // mb < pp:
                     continue
                 for sp in _choices("sequence_parallel", [False, True] if tp > 1 else [False],
                                    fx):

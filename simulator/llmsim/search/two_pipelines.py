@@ -11,7 +11,8 @@ order with the layout's pass times: a pass starts when its device is free and it
 is in — F after the F of the previous stage of its micro-batch's route, B after the B of
 the next one, W after its own B; with a fused backward (Chimera) the input gradient
 leaves after W, with a split one (DualPipe) right after B. Which pass waits for which
-depends only on (schedule, p, m), so :func:`compiled` works that out once per process.
+depends only on (schedule, p, m), so :func:`compiled` works that out once per process
+(the schedules' one walk, :mod:`llmsim.schedules.walk`).
 
 After the walk, each device's gradient buckets go out on its data-parallel stream as
 the estimator's FIFO has them (:func:`llmsim.search.pipeline.reduction_tail_s`'s rule,
@@ -29,11 +30,11 @@ from typing import Any
 from llmsim.in_flight import schedule_order
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
+from llmsim.schedules.walk import replay, wait_graph
+from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
 from llmsim.workload import shard_ranks
-
-KINDS = {"F": 0, "B": 1, "W": 2}
 
 
 def has_two_pipelines(schedule: str) -> bool:
@@ -85,68 +86,30 @@ def compiled(schedule: str, p: int, m: int) -> CompiledOrder:
 
 
 def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
-    """Walk the order once, recording for each pass what it waits for."""
+    """The order's wait graph (:func:`llmsim.schedules.walk.wait_graph`), the input
+    gradient leaving after W where the backward is fused; a pass of an overlapped pair
+    (:attr:`llmsim.schedules.ScheduleInfo.overlapped_pairs`, DualPipe's) takes its
+    duration from column ``6p + 4·s + 2·chunk`` (forward) or that ``+ 1`` (backward)."""
     order = schedule_order(schedule, p, m, 1)
-    route = SCHEDULES[schedule].route_of(p, m, 1)
-    split = schedule in SPLIT_BACKWARD
-    positions: dict[tuple, dict[tuple[int, int], int]] = {}  # a route → (stage, chunk) → k
-    routes = []
-    for mb in range(m):
-        hops = route(mb)
-        if hops not in positions:
-            positions[hops] = {hop: k for k, hop in enumerate(hops)}
-        routes.append(positions[hops])
-    last = p - 1
-    # (kind, micro-batch, virtual stage) → (pass, device) whose end releases it
-    produced: dict[tuple[str, int, int], tuple[int, int]] = {}
-    rows: list[tuple[int, int, int, int]] = []
-    last_w: dict[tuple[int, int], int] = {}
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for s, row in enumerate(order):
-            while position[s] < len(row):
-                a = row[position[s]]
-                k = routes[a.microbatch][(s, a.chunk)]
-                if a.kind == "F":
-                    need = ("F", a.microbatch, k - 1) if k > 0 else None
-                elif a.kind == "B":
-                    need = ("G", a.microbatch, k + 1) if k < last else ("F", a.microbatch, k)
-                else:
-                    need = ("B", a.microbatch, k)
-                if need is not None and need not in produced:
-                    break
-                j, sender = produced[need] if need is not None else (0, s)
-                hop = 0 if sender == s else (1 + sender if s == sender + 1 else 1 + p + sender)
-                rows.append((s, 6 * s + 3 * a.chunk + KINDS[a.kind], j, hop))
-                number = len(rows)
-                produced[(a.kind, a.microbatch, k)] = (number, s)
-                if a.kind == "B":
-                    if split:  # the input gradient leaves right after B
-                        produced[("G", a.microbatch, k)] = (number, s)
-                elif a.kind == "W":
-                    last_w[(s, a.chunk)] = number
-                    if not split:  # a fused backward: it leaves after W
-                        produced[("G", a.microbatch, k)] = (number, s)
-                position[s] += 1
-                progress = True
-    return CompiledOrder(p, tuple(rows), last_w)
+    graph = wait_graph(order, SCHEDULES[schedule].route_of(p, m, 1),
+                       gradient_after_weights=schedule not in SPLIT_BACKWARD)
+    find_pairs = SCHEDULES[schedule].overlapped_pairs
+    paired: dict = {}  # action → its pair column
+    for actions in order if find_pairs is not None else ():
+        for i, j in find_pairs(actions):
+            for a in (actions[i], actions[j]):
+                paired[a] = 6 * p + 4 * a.stage + 2 * a.chunk + (a.kind == "B")
+    rows = tuple((s, paired.get(a, column), j, hop)
+                 for (s, column, j, hop), a in zip(graph.rows(), graph.actions, strict=True))
+    last_w = {(a.stage, a.chunk): k for k, a in enumerate(graph.actions, start=1)
+              if a.kind == "W"}
+    return CompiledOrder(p, rows, last_w)
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:
     """Each pass's end (index 0: time 0), seconds, with ``durations`` and ``hops`` indexed
-    as :class:`CompiledOrder` says."""
-    free = [0.0] * order.p
-    end = [0.0]
-    for s, column, j, hop in order.passes:
-        t = end[j] + hops[hop]
-        if free[s] > t:
-            t = free[s]
-        t += durations[column]
-        free[s] = t
-        end.append(t)
-    return end
+    as :class:`CompiledOrder` says (:func:`llmsim.schedules.walk.replay`)."""
+    return replay(order.p, order.passes, durations, hops)[0]
 
 
 def _chunk_passes(own: StageTimes, sends_f: float, sends_b: float,
@@ -155,6 +118,26 @@ def _chunk_passes(own: StageTimes, sends_f: float, sends_b: float,
     if not blocking:
         sends_f = sends_b = 0.0
     return own.f + own.gathers + sends_f, own.b + sends_b, own.w
+
+
+def _pair_columns(devices: list[Device], durations: list[float],
+                  pairs: list[PairParts] | None, blocking: bool) -> list[float]:
+    """The columns ``6p + 4·s + 2·chunk (+ 1)`` of the passes of overlapped pairs:
+    per device and chunk (F, B) paired with the device's other chunk, or the chunk's own
+    F and B when ``pairs`` is None."""
+    p, out = len(devices), []
+    for s, dev in enumerate(devices):
+        if pairs is None:
+            out += durations[6 * s: 6 * s + 2] + durations[6 * s + 3: 6 * s + 5]
+            continue
+        held = (pairs[s], pairs[p - 1 - s])  # chunk 0 is stage s's, chunk 1 its mirror's
+        sends = ((dev.times.hop_f, dev.times.hop_b), (dev.times.hop_b, dev.times.hop_f))
+        for c in (0, 1):
+            f, b = paired_passes(held[c], held[1 - c])
+            times = devices[s if c == 0 else p - 1 - s].times
+            sends_f, sends_b = sends[c] if blocking else (0.0, 0.0)
+            out += (f + times.gathers + sends_f, b + sends_b)
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +157,8 @@ class Device:
 
 def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
             overlap_dp: bool, traffic: Any, costs: Any, par: Any, training: Any,
-            node_of: list[int]) -> tuple[float, float, float]:
+            node_of: list[int], pairs: list[PairParts] | None = None
+            ) -> tuple[float, float, float]:
     """(pipeline phase, when the last device's gradients are summed, the slowest
     device's optimizer step), seconds, of a two-pipeline layout whose stage ``s`` is
     ``devices[s]``.
@@ -183,7 +167,10 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
     ``s + 1``, its backward ones to ``s − 1``) and the up pipeline's stage ``p − 1 − s``
     (chunk 1: the other way round) at ``devices[p − 1 − s]``'s pass times; a send to
     ``s + 1`` costs ``hop_f`` of device s, one to ``s − 1`` its ``hop_b`` (the link
-    between the two, within a node or not).
+    between the two, within a node or not). With ``pairs`` (per stage, its chunk's
+    :class:`~llmsim.search.pairs.PairParts`; DualPipe's overlapped pairs) a pass of a
+    pair takes the engine's paired duration (:func:`~llmsim.search.pairs.paired_passes`)
+    with its sends; otherwise its own.
     """
     p = len(devices)
     order = compiled(schedule, p, m)
@@ -192,6 +179,7 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
         up = devices[p - 1 - s].times
         durations += _chunk_passes(dev.times, dev.times.hop_f, dev.times.hop_b, blocking)
         durations += _chunk_passes(up, dev.times.hop_b, dev.times.hop_f, blocking)
+    durations += _pair_columns(devices, durations, pairs, blocking)
     hops = [0.0] * (1 + 2 * p) if blocking else \
         [0.0, *(d.times.hop_f for d in devices), *(d.times.hop_b for d in devices)]
     end = walk(order, durations, hops)

@@ -1,0 +1,201 @@
+"""The dependency walk of a schedule's order: which pass waits for which, then when each
+ends with given pass times.
+
+Every timing that replays a schedule's action order without the engine — the reference
+timeline (:func:`llmsim.schedules.unit_timeline`), the search's walks of ZB-V
+(:mod:`llmsim.search.zb_v_walk`) and of Chimera and DualPipe
+(:mod:`llmsim.search.two_pipelines`), and the ZB-H1 layouts the closed form does not
+cover (:mod:`llmsim.search.pipeline`) — runs the same rule: each stage runs its actions
+in order, and a pass starts when its stage is free and its input is in. F waits for the
+F of the previous virtual stage of its micro-batch's route, B for the input gradient of
+the next one (the last virtual stage's B for its own F), W for its own B. The input
+gradient leaves a stage right after B, or after W where ``gradient_after_weights`` (a
+fused backward run as B then W, Chimera's in the search).
+
+Which pass waits for which depends only on the order, so :func:`wait_graph` works it out
+once, and :func:`replay` (a loop of O(passes) float operations) or :func:`replay_levels`
+(numpy, level by level, for deep pipelines) times it with a layout's passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmsim.schedules.action import Action
+from llmsim.schedules.route import Hop, Route
+
+KINDS = {"F": 0, "B": 1, "W": 2}
+"""A pass kind's number: its column within its chunk's three (F, B, W)."""
+
+Row = tuple[int, int, int, int]
+"""(stage, duration column, the 1-based pass it waits for or 0, the hop its input takes)
+of one pass, as :func:`replay` reads it."""
+
+
+@dataclass(frozen=True, slots=True)
+class WaitGraph:
+    """A schedule's passes in an order in which each comes after the one it waits for."""
+
+    p: int
+    """Stages."""
+    chunks: int
+    """Chunks per stage (the largest chunk index + 1)."""
+    actions: tuple[Action, ...]
+    """The action of each pass (pass ``k`` is ``actions[k − 1]``)."""
+    needs: tuple[int, ...]
+    """Per pass, the 1-based index of the pass whose end releases it, 0 for none."""
+    senders: tuple[int, ...]
+    """Per pass, the stage of the pass it waits for (its own stage when none)."""
+
+    def rows(self) -> tuple[Row, ...]:
+        """The passes as :data:`Row` with the standard columns and hops: duration column
+        ``3·(chunks·s + chunk) + kind``; hop 0 for an input from the same stage (and for
+        a W, which follows its own B), ``1 + s`` for stage s's send to s + 1, else
+        ``1 + p + s`` (its send to s − 1)."""
+        p, chunks = self.p, self.chunks
+        out = []
+        for a, j, sender in zip(self.actions, self.needs, self.senders, strict=True):
+            s = a.stage
+            hop = 0 if sender == s or a.kind == "W" else (
+                1 + sender if s == sender + 1 else 1 + p + sender)
+            out.append((s, 3 * (chunks * s + a.chunk) + KINDS[a.kind], j, hop))
+        return tuple(out)
+
+
+def wait_graph(order: list[list[Action]], route: Route, *,
+               gradient_after_weights: bool = False) -> WaitGraph:
+    """Walk ``order`` (per stage, its actions) once along the micro-batches' ``route``,
+    recording for each pass what it waits for instead of when it runs.
+
+    Raises ValueError if an action is listed on another stage than its own, or if the
+    order cannot finish (a missing action or a deadlock)."""
+    p = len(order)
+    chunks = 1 + max((a.chunk for row in order for a in row), default=0)
+    m = 1 + max((a.microbatch for row in order for a in row), default=0)
+    positions: dict[tuple[Hop, ...], dict[Hop, int]] = {}  # a route → (stage, chunk) → k
+    index_of, lasts = [], []
+    for mb in range(m):
+        hops = route(mb)
+        if hops not in positions:
+            positions[hops] = {hop: k for k, hop in enumerate(hops)}
+        index_of.append(positions[hops])
+        lasts.append(len(hops) - 1)
+    width = 1 + max(lasts, default=0)
+    # A produced output (kind F 0, B 1, input gradient 2; micro-batch; virtual stage) is
+    # the slot (kind·m + mb)·width + k of these flat tables.
+    produced = [0] * (3 * m * width)  # the pass's number (1-based), 0 while not run
+    sender_of = [0] * (3 * m * width)
+    actions: list[Action] = []
+    needs: list[int] = []
+    senders: list[int] = []
+    position = [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s, row in enumerate(order):
+            at = position[s]
+            while at < len(row):
+                a = row[at]
+                if a.stage != s:
+                    raise ValueError(f"action {a} is listed on stage {s}")
+                mb = a.microbatch
+                k = index_of[mb][(s, a.chunk)]
+                own_f = mb * width + k
+                if a.kind == "F":  # after the F of the previous virtual stage
+                    need = own_f - 1 if k > 0 else -1
+                elif a.kind == "B":  # after the next one's input gradient, and its own F
+                    if k < lasts[mb]:
+                        need = (2 * m + mb) * width + k + 1
+                        if not produced[own_f]:
+                            break
+                    else:
+                        need = own_f
+                else:  # W after its own B
+                    need = (m + mb) * width + k
+                if need < 0:
+                    j, sender = 0, s
+                else:
+                    j = produced[need]
+                    if not j:
+                        break
+                    sender = sender_of[need]
+                actions.append(a)
+                needs.append(j)
+                senders.append(sender)
+                number = len(actions)
+                if a.kind == "F":
+                    done = (own_f,)
+                elif a.kind == "B":  # its W waits for it; the input gradient may leave
+                    gradient = (2 * m + mb) * width + k
+                    done = ((m + mb) * width + k,) if gradient_after_weights else \
+                        ((m + mb) * width + k, gradient)
+                else:
+                    done = ((2 * m + mb) * width + k,) if gradient_after_weights else ()
+                for slot in done:
+                    produced[slot], sender_of[slot] = number, s
+                at += 1
+                progress = True
+            position[s] = at
+    stuck = [str(row[position[s]]) for s, row in enumerate(order) if position[s] < len(row)]
+    if stuck:
+        raise ValueError(f"schedule cannot finish: stages wait forever at {', '.join(stuck)}")
+    return WaitGraph(p, chunks, tuple(actions), tuple(needs), tuple(senders))
+
+
+def replay(p: int, rows: tuple[Row, ...], durations: list, hops: list) -> tuple[list, list]:
+    """(each pass's end, index 0 being time 0; each stage's last end) with
+    ``durations[column]`` and ``hops[hop]`` as each :data:`Row` says, in any unit (integer
+    zero keeps Fractions exact): a pass starts at the later of its stage's free time and
+    the end of the pass it waits for plus its hop."""
+    free = [0] * p
+    end = [0]
+    append = end.append
+    for s, column, j, hop in rows:
+        t = end[j] + hops[hop]
+        f = free[s]
+        if f > t:
+            t = f
+        t += durations[column]
+        free[s] = t
+        append(t)
+    return end, free
+
+
+Levels = tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+"""Per level of a wait graph (pass indices, stages, columns, needs, hops)."""
+
+
+def levels(p: int, rows: tuple[Row, ...]) -> Levels:
+    """Group the passes by their depth in the wait graph (after the previous pass of
+    their stage and the pass they wait for): the passes of one level are independent,
+    one per stage at most."""
+    depth = [0] * (len(rows) + 1)
+    stage_depth = [0] * p
+    for k, (s, _, j, _) in enumerate(rows, start=1):
+        d = max(stage_depth[s], depth[j]) + 1
+        depth[k] = stage_depth[s] = d
+    table = np.empty((len(rows), 5), dtype=np.int64)
+    table[:, 0] = np.arange(1, len(rows) + 1)
+    table[:, 1:] = np.array(rows, dtype=np.int64)
+    order = np.argsort(np.asarray(depth[1:]), kind="stable")
+    table = table[order]
+    bounds = np.flatnonzero(np.diff(np.asarray(depth[1:])[order])) + 1
+    return tuple((part[:, 0].copy(), part[:, 1].copy(), part[:, 2].copy(), part[:, 3].copy(),
+                  part[:, 4].copy())
+                 for part in np.split(table, bounds))
+
+
+def replay_levels(p: int, passes: int, by_level: Levels, durations: list[float],
+                  hops: list[float]) -> list[float]:
+    """Each stage's last end, seconds, of the walk :func:`replay` does, level by level
+    with numpy (the same float operations per pass, so the same numbers)."""
+    d, h = np.asarray(durations), np.asarray(hops)
+    ends = np.zeros(passes + 1)
+    free_at = np.zeros(p)
+    for k, s, column, j, hop in by_level:
+        t = np.maximum(free_at[s], ends[j] + h[hop]) + d[column]
+        ends[k] = t
+        free_at[s] = t
+    return free_at.tolist()
