@@ -5,6 +5,7 @@ Usage::
     python benchmarks/bench_search.py                  # GPT-3 175B on 1,024 A100 (selene-gpt3)
     python benchmarks/bench_search.py frontier --max-layouts 20000 --workers 2
     python benchmarks/bench_search.py selene-gpt3 --every 10   # one process, CPU seconds
+    python benchmarks/bench_search.py selene-gpt3 --every 1 --first-batch 3000 --batches 300
 
 Prints, for the scenario: the size of the space (core layouts, layouts after the overlap
 switches), layouts priced, rejected for memory and invalid, the estimator's layouts/s
@@ -54,10 +55,12 @@ def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float
     return (time.perf_counter() - start) / repeats * 1e6
 
 
-def every_nth_batch(name: str, every: int) -> None:
+def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = None) -> None:
     """Price every ``every``-th batch of the scenario's whole space in this process and
     print the CPU seconds: a measure of the pricing alone that other jobs on the machine
-    disturb little (no pool, no confirmation)."""
+    disturb little (no pool, no confirmation). ``first`` and ``count`` narrow it to
+    ``count`` batches from batch ``first`` (``--every 1``: a contiguous stretch, as a
+    worker meets them)."""
     from llmsim.search import BATCH_CORES
     from llmsim.search.price import price_batch, state_fits
     from llmsim.search.space import SpaceOptions, cores
@@ -66,7 +69,8 @@ def every_nth_batch(name: str, every: int) -> None:
     start = time.process_time()
     space = list(cores(base, SpaceOptions(fixed={}), state_fits(base, 0.1)))
     enumerated = time.process_time() - start
-    batches = [space[i:i + BATCH_CORES] for i in range(0, len(space), BATCH_CORES)][::every]
+    batches = [space[i:i + BATCH_CORES] for i in range(0, len(space), BATCH_CORES)]
+    batches = batches[first:][::every][:count]
     start = time.process_time()
     priced = over = invalid = 0
     for batch in batches:
@@ -88,9 +92,13 @@ def main() -> None:
     parser.add_argument("--max-layouts", type=int, default=None)
     parser.add_argument("--every", type=int, default=None,
                         help="only price every N-th batch in this process (CPU seconds)")
+    parser.add_argument("--first-batch", type=int, default=0,
+                        help="with --every: start at this batch")
+    parser.add_argument("--batches", type=int, default=None,
+                        help="with --every: price at most this many batches")
     args = parser.parse_args()
     if args.every:
-        every_nth_batch(args.scenario, args.every)
+        every_nth_batch(args.scenario, args.every, args.first_batch, args.batches)
         return
     scenario = llmsim.load_scenario(args.scenario)
 

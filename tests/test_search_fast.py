@@ -7,6 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import llmsim
 from llmsim import catalog
@@ -198,3 +200,69 @@ def test_the_compiled_orders_memo_keeps_at_most_its_passes() -> None:
     assert made == ["a", "b", "c"]
     cache.get("big", make("big", 50))  # over the bound alone, still kept
     assert len(cache) == 1 and cache.passes == 50
+
+
+def _estimates(estimator: Estimator, scenarios: list) -> list[tuple[float, ...]]:
+    return [(e.step_time_s, e.pipeline_s, e.dp_tail_s, e.optimizer_s)
+            for e in map(estimator.estimate, scenarios)]
+
+
+def _valid_scenarios(scenario: llmsim.specs.Scenario, layouts: list) -> list:
+    out = []
+    for core in layouts:
+        for layout in switch_variants(core, {}):
+            try:
+                sc = apply(scenario, layout)
+                check_posted_units(sc)
+            except (ValueError, UserError):
+                continue
+            out.append(sc)
+    return out
+
+
+@pytest.mark.parametrize("name", ["selene-gpt3", "frontier-moe"])
+def test_one_warm_estimator_equals_a_fresh_one_per_layout(name: str) -> None:
+    """The estimator's memos (the optimizer per stage, the pipeline messages, a stage's
+    chunks grouped into runs of equal ones) give exactly what a fresh estimator gives each
+    layout alone, on layouts chosen to share them: every schedule, interleaved ones of
+    many chunks, ZeRO 0–3 and the overlap switches, in the search's order."""
+    scenario, sample = _sample(name, 400)
+    interleaved = [c for c in sample if c.virtual_stages > 2][:12]
+    layouts = sorted(interleaved + sample[:40])
+    scenarios = _valid_scenarios(scenario, layouts)
+    assert len({sc.parallelism.schedule for sc in scenarios}) >= 4
+    assert any(sc.parallelism.virtual_stages > 2 for sc in scenarios)
+    warm = _estimates(Estimator(), scenarios)
+    fresh = [_estimates(Estimator(), [sc])[0] for sc in scenarios]
+    assert warm == fresh
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), size=st.integers(2, 12))
+def test_a_family_priced_together_equals_its_members_priced_alone(seed: int,
+                                                                  size: int) -> None:
+    """Property: a random family of layouts (one tp·pp·virtual stages·micro-batch·
+    recompute·sequence parallelism, its dp, ZeRO stage, schedule and switches varying)
+    priced by one estimator, in a random order, equals each member priced by a fresh one
+    (the memos are keyed on exactly what they read)."""
+    scenario, sample = _FAMILY_SPACE
+    rng = random.Random(seed)
+    anchor = rng.choice(sample)
+    family = [c for c in sample if (c.tp, c.pp, c.virtual_stages, c.micro_batch,
+                                    c.recompute, c.sequence_parallel) ==
+              (anchor.tp, anchor.pp, anchor.virtual_stages, anchor.micro_batch,
+               anchor.recompute, anchor.sequence_parallel)]
+    members = _valid_scenarios(scenario, rng.sample(family, min(size, len(family))))
+    rng.shuffle(members)
+    assert _estimates(Estimator(), members) == [_estimates(Estimator(), [sc])[0]
+                                                for sc in members]
+
+
+def _family_space() -> tuple[llmsim.specs.Scenario, list]:
+    scenario = llmsim.load_scenario("selene-gpt3").model_copy(update={"fidelity": "reduced"})
+    space = list(cores(scenario, SpaceOptions(fixed={"nodes": 16}),
+                       state_fits(scenario, 0.1)))
+    return scenario, space
+
+
+_FAMILY_SPACE = _family_space()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from llmsim.costs import HardwareCosts
 from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
@@ -35,9 +36,10 @@ from llmsim.search.zero3_queue import (
     per_microbatch_s,
     stage_cooldown_shares,
 )
-from llmsim.specs import Scenario
+from llmsim.specs import Parallelism, Scenario, Training
 from llmsim.workload import (
     Chunk,
+    Workload,
     shard_ranks,
     step_traffic,
 )
@@ -96,6 +98,12 @@ class _Stage:
     """Model FLOPs of one micro-batch on the stage's devices (all its TP ranks)."""
     tail_s: float
     """Gradient reduction after the stage's last pass (:func:`reduction_tail_s`)."""
+    params: int
+    """Parameters on one of its devices."""
+    expert_params: int
+    """Of them, the routed experts'."""
+    chunk_0: Chunk
+    """Its first chunk (two pipelines: the stage's parameters, :class:`Device`)."""
 
 
 class Estimator(SharedParts):
@@ -123,13 +131,7 @@ class Estimator(SharedParts):
         split_backward = par.schedule in SPLIT_BACKWARD
         walked = par.schedule == "zb-v"  # its order walked (.pipeline.zb_v_walk_s)
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
-        send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
-                                              traffic.pp_message_bytes, within_node=within,
-                                              two_rank=posted_singly))
-                  for within in (False, True)}
-        gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
-                                       traffic.pp_gather_bytes, copies=par.tp)) \
-            if traffic.pp_gather_bytes else 0.0
+        send_s, gather_s = self._pipeline_messages(costs, traffic, posted_singly, par.tp)
         node_of = self._nodes_of_stages(plan_key, plan)
         sharded = traffic.grad_ranks > 1
         zero3 = traffic.zero == 3 and sharded
@@ -138,16 +140,18 @@ class Estimator(SharedParts):
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops = placement(par.schedule, p, v)  # () for the looping c·p + s
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
-        virtual = {hop: k for k, hop in enumerate(hops)}
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
         tails: list[float] = []
         flops_per_replica = 0.0
         same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
-        all_chunks: dict[tuple[int, int], Chunk] = {}  # the chunks of one stage of each kind
         cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
         for s, kind_key, _, count in self._runs(plan_key, split, node_of):
             cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
+        waits_rs = zero3 and par.overlap_dp_comm and (not split_backward or walked)
+        # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms subtract: a wait
+        # added to W would shorten the estimate; ZB-V's walk subtracts nothing, its W
+        # passes wait as the engine's do)
         for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
@@ -156,12 +160,12 @@ class Estimator(SharedParts):
                 rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 backward: list[tuple[float, float]] = []
                 forward: list[float] = []
-                chunks: dict[tuple[int, int], Chunk] = {}
-                tensors_s = 0
-                for c in range(v):
-                    vs, n = virtual.get((s, c), c * p + s), split[s][c]
-                    first, last = vs == 0, vs == p * v - 1
-                    start = starts[s][c]
+                tensors_s = params_s = experts_s = 0
+                chunk_0 = None
+                # Consecutive chunks of the same layers cost the same: priced once, their
+                # sums still added chunk by chunk (the same floating-point sums).
+                for c, repeat, vs, n, first, last, start in self._chunk_groups(
+                        split, starts, par.schedule, p, v, s):
                     chunk_key = (n, first, last, start)
                     priced = same_chunks.get(chunk_key)
                     if priced is None:
@@ -186,37 +190,41 @@ class Estimator(SharedParts):
                             chunk.units)
                     (cf, cb, cw, acc, chunk_flops, tensors, chunk, bucket, layer_gather,
                      units) = priced
-                    f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
-                    backward.append((cb, cw + acc))
-                    forward.append(cf)
-                    flops += chunk_flops
-                    tensors_s += tensors
-                    chunks[(s, c)] = chunk  # only its parameters are read (per stage key)
-                    grads.append(bucket)
-                    if zero3 and par.overlap_dp_comm and (not split_backward or walked):
-                        # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms
-                        # subtract: a wait added to W would shorten the estimate; ZB-V's
-                        # walk subtracts nothing, its W passes wait as the engine's do)
-                        rs_waits.append(blended_wait_s(
+                    if c == 0:
+                        chunk_0 = chunk  # only its parameters are read
+                    gather_b = units * layer_gather * (1 + traffic.regather_for_recompute)
+                    first_wait = layer_gather + (units - 1) * max(0.0,
+                                                                  layer_gather - cf / units)
+                    for _ in range(repeat):
+                        f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
+                        flops += chunk_flops
+                        if gathers_f_on:
+                            gathers_f += units * layer_gather
+                        if gathers_b_on:
+                            gathers_b += gather_b
+                        if overlapped_gather:  # the first forward's layers wait for weights
+                            waited += first_wait
+                    tensors_s += tensors * repeat
+                    params_s += chunk.params * repeat
+                    experts_s += chunk.expert_params * repeat
+                    backward += [(cb, cw + acc)] * repeat
+                    forward += [cf] * repeat
+                    grads += [bucket] * repeat
+                    if waits_rs:
+                        rs_waits += [blended_wait_s(
                             bucket, layer_gather, cf / units, cb / units, cooled[kind_key],
                             regather=traffic.regather_for_recompute,
                             prefetch=par.prefetch_weights,
-                            weight_s=cw + acc if units == 1 else None))
-                    if gathers_f_on:
-                        gathers_f += units * layer_gather
-                    if gathers_b_on:
-                        gathers_b += units * layer_gather * (1 + traffic.regather_for_recompute)
-                    if overlapped_gather:  # the first forward's layers wait for their weights
-                        waited += layer_gather + (units - 1) * max(0.0, layer_gather - cf / units)
+                            weight_s=cw + acc if units == 1 else None)] * repeat
                 own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m
                                  + per_microbatch_s(rs_waits, m),
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward)
-                all_chunks.update(chunks)
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
-                kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail)
+                kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
+                                                experts_s, chunk_0)
             # Pipeline sends of one micro-batch (forward out of every virtual stage but the
             # last, backward out of every one but the first) and the gathers of sliced ones.
             flops_per_replica += kind.flops * count
@@ -236,7 +244,7 @@ class Estimator(SharedParts):
                 chunk_forward=own.chunk_forward), count])
             tails.append(kind.tail_s)
         if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
-            devices = [Device(st, all_chunks[(kinds[key].stage, 0)], kinds[key].tensors,
+            devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
                               kinds[key].times.grad_buckets[0])
                        for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
                                                           runs, strict=True)
@@ -254,14 +262,9 @@ class Estimator(SharedParts):
                                 trn.precision),
                             run_flops=trn.flops, run_tokens=trn.tokens)
         # The optimizer step of each kind of stage (the slowest one's is on the step's path).
-        work = replace(traffic, chunks=all_chunks)
         opt_s = 0.0
         for kind in kinds.values():
-            opt = costs.compute_s(optimizer_step(par, trn, work.stage_params(kind.stage),
-                                                 kind.tensors, shard_ranks(work, kind.stage)))
-            opt += sum(costs.comm_s(op) for op in work.dp_param_gathers(kind.stage)) \
-                if sharded else 0.0
-            opt_s = max(opt_s, opt)
+            opt_s = max(opt_s, self._optimizer_s(costs, par, trn, traffic, kind, sharded))
         pipe, ends = pipeline_runs_s(par.schedule, [(st, n) for st, n in runs], m, v,
                                      blocking=not par.overlap_pp_comm,
                                      posted_singly=posted_singly, zero3=zero3,
@@ -280,6 +283,72 @@ class Estimator(SharedParts):
                         peak_flops_per_device=accel.peak_flops(trn.precision),
                         run_flops=trn.flops, run_tokens=trn.tokens)
 
+    # -- memoised on exactly what they read --------------------------------------------
+    def _pipeline_messages(self, costs: HardwareCosts, traffic: Workload,
+                           posted_singly: bool, tp: int) -> tuple[dict[bool, float], float]:
+        """Seconds of one pipeline send ({within a node: seconds}) and of the all-gather
+        that rebuilds a sliced message (0: none), memoised on the costs (one per
+        placement, held as long as the estimator) and the message."""
+        key = (id(costs), traffic.pp_message_bytes, posted_singly, traffic.pp_gather_bytes,
+               tp)
+        hit = self._messages.get(key)
+        if hit is None:
+            send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
+                                                  traffic.pp_message_bytes,
+                                                  within_node=within, two_rank=posted_singly))
+                      for within in (False, True)}
+            gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
+                                           traffic.pp_gather_bytes, copies=tp)) \
+                if traffic.pp_gather_bytes else 0.0
+            hit = self._messages[key] = (send_s, gather_s)
+        return hit
+
+    def _optimizer_s(self, costs: HardwareCosts, par: Parallelism, trn: Training,
+                     traffic: Workload, kind: _Stage, sharded: bool) -> float:
+        """Seconds of the optimizer step of a stage of ``kind`` and, with ZeRO-1/2, the
+        weight gathers after it, memoised on what :func:`optimizer_step`,
+        :func:`shard_ranks` and :meth:`Workload.dp_param_gathers` read: the costs
+        (placement, training), the ZeRO settings, the gradient groups and the stage's
+        parameters (which they read as the sums over its chunks: one chunk of those sums
+        stands for them)."""
+        key = (id(costs), par.zero, par.grad_reduce_dtype, traffic.overlap_param_gather,
+               traffic.param_bytes_per_param, traffic.grad_groups, sharded, kind.params,
+               kind.expert_params, kind.tensors)
+        hit = self._optimizers.get(key)
+        if hit is None:
+            s = kind.stage
+            work = replace(traffic, chunks={(s, 0): Chunk(
+                s, 0, s, 0, False, False, kind.params, (), (), (),
+                expert_params=kind.expert_params)})
+            hit = costs.compute_s(optimizer_step(par, trn, kind.params, kind.tensors,
+                                                 shard_ranks(work, s)))
+            hit += sum(costs.comm_s(op) for op in work.dp_param_gathers(s)) \
+                if sharded else 0.0
+            self._optimizers[key] = hit
+        return hit
+
+    def _chunk_groups(self, split: list[list[int]], starts: list[list[int]], schedule: str,
+                      p: int, v: int, s: int) -> list[tuple[int, int, int, int, bool, bool,
+                                                           int]]:
+        """Stage ``s``'s chunks as runs of consecutive ones of the same layers, memoised
+        (``split`` and ``starts`` are memoised objects: their ids key them): (first
+        chunk, chunks in the run, its virtual stage, layers, whether it is the first or
+        the last virtual stage, its first layer)."""
+        key = (id(split), id(starts), schedule, p, v, s)
+        hit = self._groups.get(key)
+        if hit is None:
+            virtual = {hop: k for k, hop in enumerate(placement(schedule, p, v))}
+            hit = []
+            for c in range(v):
+                vs, n = virtual.get((s, c), c * p + s), split[s][c]
+                shape = (n, vs == 0, vs == p * v - 1, starts[s][c])
+                if hit and hit[-1][3:] == shape:
+                    c0, repeat, vs0 = hit[-1][:3]
+                    hit[-1] = (c0, repeat + 1, vs0, *shape)
+                else:
+                    hit.append((c, 1, vs, *shape))
+            self._groups[key] = hit
+        return hit
 
 def _sends_out(hops: tuple[tuple[int, int], ...], s: int) -> tuple[int, int]:
     """(forward, backward) pipeline sends of one micro-batch out of stage ``s`` along a

@@ -64,6 +64,13 @@ def _model_flops(*ops_lists: tuple) -> float:
                if isinstance(op, ComputeOp) and op.phase != "R")
 
 
+def _gemm_overlaps(par: Parallelism) -> tuple:
+    """``par.tp_overlap_gemms`` as a memo key (none, the usual case, without dumping)."""
+    if not par.tp_overlap_gemms:
+        return ()
+    return tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items()))
+
+
 class SharedParts:
     """The parts of a step that layouts share, each priced once and memoised: per
     placement the plan and its costs, per layer shape the blocks' seconds, per chunk its
@@ -84,6 +91,9 @@ class SharedParts:
         self._held: list[tuple] = []
         self._last_family: tuple[tuple, int] = ((), -1)
         self._stage_runs: dict[tuple, list] = {}
+        self._messages: dict[tuple, tuple[dict[bool, float], float]] = {}
+        self._optimizers: dict[tuple, float] = {}
+        self._groups: dict[tuple, list] = {}
 
     # -- shared parts -------------------------------------------------------------------
     def _family(self, sc: Scenario) -> int:
@@ -128,7 +138,7 @@ class SharedParts:
                par.etp, par.micro_batch,
                par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
-               tuple(sorted((k, v.model_dump_json()) for k, v in par.tp_overlap_gemms.items())))
+               _gemm_overlaps(par))
         hit = self._parts.get(key)
         if hit is None:
             ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
