@@ -94,7 +94,8 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
         """(device, peer stage) → a send's seconds and a posted operation's units."""
         self.units = engine.collective_units
         self.preps = {(stage, op.name): prep for (stage, _), chunk in engine.work.chunks.items()
-                      for op in engine._grad_ops(chunk) if (prep := engine._prep(op, stage))}
+                      for op in engine._grad_ops(chunk) if (prep := engine._prep(op, stage))
+                      } if engine.work.has_grad_sync_prep else {}
         """(stage, bucket name) → the kernels the compute stream runs on it first."""
         self.queued = bool(self.units) or not engine.hooks_closed_form or bool(self.preps)
         """Whether collectives join a ``dp`` queue one by one (they hold units, weight

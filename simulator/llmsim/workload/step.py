@@ -257,6 +257,12 @@ class Workload:
             ops += [replace(first, name=f"{stem}_b{i}") for i in range(count)]
         return ops
 
+    @property
+    def has_grad_sync_prep(self) -> bool:
+        """Whether gradient buckets run kernels on the compute stream before their
+        reduction (:meth:`grad_sync_prep` is empty for every bucket otherwise)."""
+        return bool(self.grad_bucket_nan_check or self.grad_bucket_prescale)
+
     def grad_sync_prep(self, bucket: CommOp) -> tuple[ComputeOp, ...]:
         """Kernels the compute stream runs on a gradient bucket before its reduction.
 
