@@ -73,19 +73,13 @@ def test_a_priced_batch_equals_each_layout_priced_alone(name: str) -> None:
     result = price_batch(scenario.model_copy(), sample, {}, 0.1)
     capacity = scenario.system.node.accelerator.hbm_bytes * 0.9
     want: dict[str, tuple[float, float, float]] = {}
-    for core in sample:
-        for layout in switch_variants(core, {}):
-            try:
-                sc = apply(scenario, layout)
-                check_posted_units(sc)
-            except (ValueError, UserError):
-                continue
-            memory = max(s.total_bytes for s in memory_per_stage(
-                sc.model, sc.parallelism, sc.training, sc.dp, sc.system.node.accelerator))
-            if memory > capacity:
-                continue
-            e = Estimator().estimate(sc)
-            want[layout.key] = (e.step_time_s, e.mfu, memory / 1e9)
+    for layout, sc in _valid_layouts(scenario, sample):
+        memory = max(s.total_bytes for s in memory_per_stage(
+            sc.model, sc.parallelism, sc.training, sc.dp, sc.system.node.accelerator))
+        if memory > capacity:
+            continue
+        e = Estimator().estimate(sc)
+        want[layout.key] = (e.step_time_s, e.mfu, memory / 1e9)
     got = {r["key"]: (r["est_step_time_s"], r["est_mfu"], r["memory_gb"])
            for r in result.rows}
     assert set(got) == set(want) and want
@@ -207,7 +201,9 @@ def _estimates(estimator: Estimator, scenarios: list) -> list[tuple[float, ...]]
             for e in map(estimator.estimate, scenarios)]
 
 
-def _valid_scenarios(scenario: llmsim.specs.Scenario, layouts: list) -> list:
+def _valid_layouts(scenario: llmsim.specs.Scenario, layouts: list) -> list[tuple]:
+    """(layout, its validated scenario) of every switch variant of ``layouts`` that
+    validates."""
     out = []
     for core in layouts:
         for layout in switch_variants(core, {}):
@@ -216,8 +212,12 @@ def _valid_scenarios(scenario: llmsim.specs.Scenario, layouts: list) -> list:
                 check_posted_units(sc)
             except (ValueError, UserError):
                 continue
-            out.append(sc)
+            out.append((layout, sc))
     return out
+
+
+def _valid_scenarios(scenario: llmsim.specs.Scenario, layouts: list) -> list:
+    return [sc for _, sc in _valid_layouts(scenario, layouts)]
 
 
 @pytest.mark.parametrize("name", ["selene-gpt3", "frontier-moe"])
