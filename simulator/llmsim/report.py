@@ -340,7 +340,8 @@ def render_calendar(cal: CalendarSummary, console: Console) -> None:
         e = cal.energy
         rows += [
             ("energy per step", f"{cal.step.total_j / JOULES_PER_KWH:,.1f} kWh "
-             f"({cal.step.power_w / 1e6:,.2f} MW, PUE {cal.step.pue:.2f}"
+             f"({cal.step.power_w / 1e6:,.2f} MW, "
+             + (f"PUE {cal.step.pue:.2f}" if cal.step.pue > 1 else "cooling not counted")
              + (", accelerators only)" if cal.step.nodes_j == 0 else ")")),
             ("energy of the run", f"{e.mwh:,.0f} MWh, {e.tonnes_co2:,.0f} t CO₂ at "
              f"{e.gco2_per_kwh:,.0f} g/kWh, ${e.cost:,.0f} at ${e.price_per_kwh:.3f}/kWh"),

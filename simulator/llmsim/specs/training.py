@@ -155,21 +155,13 @@ class Training(Spec):
         return self
 
     @model_validator(mode="after")
-    def _amax_reduction_needs_fp8(self) -> Training:
-        if self.fp8_amax_reduction and self.precision != "fp8":
-            raise ValueError(
-                f"training.fp8_amax_reduction is true but training.precision is "
-                f"{self.precision}; set precision to fp8 or drop fp8_amax_reduction"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _activation_cache_needs_fp8(self) -> Training:
-        if self.fp8_activation_cache and self.precision != "fp8":
-            raise ValueError(
-                f"training.fp8_activation_cache is true but training.precision is "
-                f"{self.precision}; set precision to fp8 or drop fp8_activation_cache"
-            )
+    def _fp8_switches_need_fp8(self) -> Training:
+        for name in ("fp8_amax_reduction", "fp8_activation_cache"):
+            if getattr(self, name) and self.precision != "fp8":
+                raise ValueError(
+                    f"training.{name} is true but training.precision is "
+                    f"{self.precision}; set precision to fp8 or drop {name}"
+                )
         return self
 
     @property
