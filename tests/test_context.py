@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import llmsim
-from llmsim.context import ring_exposed_s
+from llmsim.context import RingBlock, ring_blocks, ring_exposed_s
 from llmsim.errors import UserError
 from llmsim.memory import memory_per_stage
 from llmsim.plan import Plan
@@ -206,3 +206,27 @@ def test_nemo_long_sequence_rows_count_flops_as_nemo_did() -> None:
         assert launcher == pytest.approx(nemo, rel=5e-3)
         causal = nemo - 6 * gbs * s * s * m.hidden * m.layers
         assert 0.5 < causal / nemo < 0.88
+
+
+@given(cp=st.integers(1, 32), chunk=st.integers(1, 64), data=st.data())
+@settings(max_examples=60)
+def test_every_ring_rank_computes_the_causal_half_over_cp(cp, chunk, data):
+    """The load-balanced ring's kernels on any rank: one causal diagonal and cp − 1 full
+    rectangles, s²/(2·cp) query-key pairs in all, the area the single s/cp kernel llmsim
+    prices executes (half of (s/cp)² · cp)."""
+    seq = 2 * cp * chunk
+    rank = data.draw(st.integers(0, cp - 1))
+    blocks = ring_blocks(seq, cp, rank)
+    assert len(blocks) == cp
+    assert [b.causal for b in blocks] == [True] + [False] * (cp - 1)
+    assert sum(b.executed_area for b in blocks) == pytest.approx(seq * seq / (2 * cp))
+    assert sum(b.q_tokens for b in blocks[1:]) + sum(b.kv_tokens for b in blocks[1:]) == \
+        3 * chunk * (cp - 1)
+
+
+def test_ring_blocks_of_a_four_rank_ring():
+    """Rank 1 of 4 (chunks 1 and 6 of 8): its own two chunks causal, the block of rank 0
+    against both its queries, those of ranks 2 and 3 against its second chunk only."""
+    c = 1024
+    assert ring_blocks(8 * c, 4, 1) == [RingBlock(2 * c, 2 * c, True), RingBlock(2 * c, c, False),
+                                        RingBlock(c, 2 * c, False), RingBlock(c, 2 * c, False)]

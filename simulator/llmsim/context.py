@@ -19,7 +19,7 @@ transfer of ``c`` per step: the first step computes on the local block, each of 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llmsim.ops import CommOp, ComputeOp
@@ -35,6 +35,41 @@ def ring_exposed_s(step_comm_s: float, attention_s: float, steps: int) -> float:
         return 0.0
     block = attention_s / steps
     return block + (steps - 1) * max(block, step_comm_s) - attention_s
+
+
+@dataclass(frozen=True, slots=True)
+class RingBlock:
+    """One step's attention kernel on one rank of a load-balanced causal ring: ``q_tokens``
+    queries against ``kv_tokens`` keys and values, causal (the diagonal step) or full."""
+
+    q_tokens: int
+    kv_tokens: int
+    causal: bool
+
+    @property
+    def executed_area(self) -> float:
+        """Query-key pairs the kernel computes (a causal square computes its lower
+        half)."""
+        area = float(self.q_tokens * self.kv_tokens)
+        return area / 2 if self.causal else area
+
+
+def ring_blocks(seq_len: int, cp: int, rank: int) -> list[RingBlock]:
+    """The attention kernels rank ``rank`` of a ``cp``-rank ring runs, step by step, for a
+    sequence of ``seq_len`` tokens cut into ``2·cp`` chunks of ``c = s/(2·cp)`` (rank ``i``
+    holds chunks ``i`` and ``2·cp − 1 − i``; Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P``, ``cp_comm_type p2p``): step 0 its own two chunks, causal
+    (``2c × 2c``); at a later step the block of a rank before it in the ring (step ≤
+    rank) gives both query chunks against that block's first chunk (``2c × c``, full), the
+    block of a rank after it its second query chunk against both (``c × 2c``, full).
+    Every rank computes ``s²/(2·cp)`` query-key pairs, the causal half over ``cp``
+    (:func:`apply_context_parallel` prices them as one kernel of ``s/cp`` tokens at that
+    count)."""
+    c = seq_len // (2 * cp)
+    blocks = [RingBlock(2 * c, 2 * c, True)]
+    for step in range(1, cp):
+        blocks.append(RingBlock(2 * c, c, False) if step <= rank else RingBlock(c, 2 * c, False))
+    return blocks
 
 
 def kv_block_bytes(builder: LayerBuilder) -> float:
