@@ -57,12 +57,50 @@ from llmsim.schedules import SCHEDULES
 
 if TYPE_CHECKING:
     from llmsim.specs import Parallelism
+    from llmsim.specs.model import MoE
     from llmsim.workload import LayerBuilder, Op
 
 def pairs_overlap(par: Parallelism) -> bool:
     """Whether the all-to-alls hide in the schedule's overlapped forward-backward pairs
     (``moe_a2a_overlap`` under DualPipe) rather than beside a GEMM of their own pass."""
     return par.moe_a2a_overlap and SCHEDULES[par.schedule].overlapped_pairs is not None
+
+
+HOST_SYNC_GAP_S = 93.8e-6
+"""GPU idle one host synchronisation in the stream adds, seconds: the device drains what
+the host queued and then waits while the host wakes, reads the counts, allocates the
+receive buffer and launches the next kernel. Measured on an H100 SXM5 with PyTorch
+2.11 eager (``benchmarks/host_sync_gap.py``, 300 interleaved trials, the median with a
+sync less the median without: 93.8 µs, 95.2 µs on a rerun;
+``benchmarks/results/h100-2026-11-27-host-sync/``). A lower bound for a framework: a
+dispatcher's Python between the sync and its kernel adds to it."""
+
+
+def dispatch_syncs_host(moe: MoE, par: Parallelism) -> bool:
+    """Whether the token dispatcher waits on the host for the token counts once per MoE
+    layer's forward, before its dispatch all-to-all (dropless routing: the receive
+    buffer's size and the grouped GEMM's splits are known only on the device).
+
+    * ``alltoall`` (Megatron-Core ``MoEAlltoAllTokenDispatcher``): the NCCL all-to-all
+      needs its input and output splits on the host; ``_maybe_dtoh_and_synchronize``
+      waits on the event of their device-to-host copy (``d2h_event.synchronize()``)
+      unless the input is dropped and padded to capacity (``drop_and_pad``);
+    * ``hybridep``: ``HybridEPDispatch`` passes no ``num_permuted_tokens`` when dropless
+      ("HybridEP obtains the size from a GPU tensor, which causes a D2H
+      synchronization", Megatron-LM ``fused_a2a.py``), and HybridEP's
+      ``metadata_preprocessing`` then calls ``cudaStreamSynchronize`` (DeepEP
+      ``hybrid-ep`` branch, ``csrc/hybrid_ep/executor/executor.cu`` at 94a9f8f);
+    * ``deepep`` (normal kernels): the host spins on the received-token counter the
+      notify kernel writes to mapped memory (``moe_recv_counter``, DeepEP
+      ``csrc/deep_ep.cpp``), with or without a capacity: across nodes "Internode dispatch
+      does not support ``num_worst_tokens > 0``" (``deep_ep/buffer.py``);
+    * ``deepep_low_latency``: fixed-size receive buffers, no wait.
+
+    The backward reuses the forward's counts (the combine's handle), so it does not
+    wait; a recomputed forward does again (it repeats the ops)."""
+    if par.moe_dispatcher == "deepep_low_latency":
+        return False
+    return par.moe_dispatcher == "deepep" or moe.capacity_factor is None
 
 
 ROUTER_PASSES = 3
@@ -98,6 +136,7 @@ class MoeBlock:
         self.down_k = self.moe.ffn_hidden // self.etp
         # under a schedule that pairs passes (DualPipe) the pair hides the all-to-alls
         self.overlap_a2a = par.moe_a2a_overlap and not pairs_overlap(par)
+        self.syncs = dispatch_syncs_host(self.moe, par)
 
     # -- pieces -------------------------------------------------------------------
     def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:
@@ -121,7 +160,8 @@ class MoeBlock:
         fp8 = self.b.trn.fp8_activation_cache and name in ("moe_dispatch", "moe_combine_bwd")
         e = FP8_CACHED_BYTES if fp8 else self.b.e
         nbytes = self.rows / (self.etp if self.b.sp else 1) * self.b.m.hidden * e
-        return [CommOp(name, "all_to_all", self.axis, phase, nbytes)]
+        host_s = HOST_SYNC_GAP_S if name == "moe_dispatch" and self.syncs else 0.0
+        return [CommOp(name, "all_to_all", self.axis, phase, nbytes, host_s=host_s)]
 
     def _tp(self, name: str, kind: str, phase: str) -> list[CommOp]:
         """A TP collective of the routed rows, ``R·h·e`` bytes (none when the experts are
