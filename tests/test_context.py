@@ -4,7 +4,7 @@ sequence, its memory and its gradient group."""
 from __future__ import annotations
 
 import pytest
-from helpers import make_scenario
+from helpers import load_script, make_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -230,3 +230,17 @@ def test_ring_blocks_of_a_four_rank_ring():
     c = 1024
     assert ring_blocks(8 * c, 4, 1) == [RingBlock(2 * c, 2 * c, True), RingBlock(2 * c, c, False),
                                         RingBlock(c, 2 * c, False), RingBlock(c, 2 * c, False)]
+
+
+def test_a_rings_measured_rate_weights_its_blocks_by_their_flops():
+    """benchmarks/nemols_attention_rate.py: a cp-2 ring of 8,192 tokens (c = 2,048) runs,
+    on each rank, a causal 4,096² diagonal (area 4,096²/2) and one full 4,096 × 2,048 or
+    2,048 × 4,096 rectangle (the same area): the harmonic mean of the rates, by FLOPs."""
+    script = load_script("benchmarks/nemols_attention_rate.py")
+    rates = {("cudnn", True, 8, 4096, 4096): 400.0, ("cudnn", False, 8, 4096, 2048): 600.0,
+             ("cudnn", False, 8, 2048, 4096): 600.0, ("cudnn", True, 4, 4096, 4096): 100.0}
+    tflops, substituted = script.ring_rate(rates, "cudnn", 8, 8192, 2)
+    assert tflops == pytest.approx(2 / (1 / 400 + 1 / 600)) and not substituted
+    # 4 heads a device: the diagonal measured at 4, the rectangles only at 8.
+    tflops, substituted = script.ring_rate(rates, "cudnn", 4, 8192, 2)
+    assert tflops == pytest.approx(2 / (1 / 100 + 1 / 600)) and substituted
