@@ -73,7 +73,8 @@ receive buffer and launches the next kernel. Measured on an H100 SXM5 with PyTor
 2.11 eager (``benchmarks/host_sync_gap.py``, 300 interleaved trials, the median with a
 sync less the median without: 93.8 µs, 95.2 µs on a rerun;
 ``benchmarks/results/h100-2026-11-27-host-sync/``). A lower bound for a framework: a
-dispatcher's Python between the sync and its kernel adds to it."""
+dispatcher's Python between the sync and its kernel adds to it. Taken for every device
+(an A100's or an MI250X's host and driver were not measured)."""
 
 
 def dispatch_syncs_host(moe: MoE, par: Parallelism) -> bool:
