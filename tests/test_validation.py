@@ -149,7 +149,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 164
+    assert len(RUNS) == len(BY_ID) == 167
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",
@@ -168,6 +168,7 @@ def test_rows_are_the_published_ones_with_a_full_layout():
         "MBRIDGE-2604-MOE",
         "AURORA26",
         "FRONTIER25",
+        "LUMIRF25",
         "DSV3",
         "NEMOLS",
     }
