@@ -20,7 +20,9 @@ The band comes from the first of these levels that holds at least :data:`MIN_RUN
 from at least :data:`MIN_SOURCES` sources: all four alike; family, era and mix; family and
 mix; family alone. Where not even the family has that, no validation run resembles the
 scenario and no band is given. The band is the 10th to 90th percentile of the matched
-rows' step-time errors.
+rows' step-time errors. Rows closer to the scenario than the band's, but all from one
+source (too few sources for a band of their own), are not dropped silently: the band
+carries the closest such rows' range beside it (:class:`SingleSource`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,23 @@ class Residual:
 
 
 @dataclass(frozen=True, slots=True)
+class SingleSource:
+    """Validation rows more like the scenario than its band's rows, all from one source:
+    what that source measured, shown beside the band, not folded into it."""
+
+    group: str
+    """The one source, e.g. ``NAR21-T2``."""
+    runs: int
+    """How many of its rows are alike."""
+    low_pct: float
+    """Their lowest step-time error, % (negative: llmsim fast)."""
+    high_pct: float
+    """Their highest step-time error, %."""
+    matched_on: tuple[str, ...]
+    """The attributes they share with the scenario (:data:`LEVELS`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Band:
     """The spread to expect of a prediction's step time, from runs like it."""
 
@@ -106,6 +125,8 @@ class Band:
     """How many validation rows the band rests on."""
     matched_on: tuple[str, ...]
     """The attributes the rows share with the scenario (:data:`LEVELS`)."""
+    closer: SingleSource | None = None
+    """Rows alike at a closer level than ``matched_on`` but from a single source, or None."""
 
     def measured_range_s(self, predicted_s: float) -> tuple[float, float]:
         """The step times, s, the band says a measurement would fall between: a run whose
@@ -140,11 +161,16 @@ def band_for(like: Likeness, residuals: Iterable[Residual], exclude_group: str |
     ``exclude_group`` and ``exclude_id`` (leave-one-source-out, leave-one-out); None when
     no level has :data:`MIN_RUNS` rows from :data:`MIN_SOURCES` sources."""
     pool = [r for r in residuals if r.group != exclude_group and r.id != exclude_id]
+    closer = None
     for level in LEVELS:
         alike = [r for r in pool if all(getattr(r, k) == getattr(like, k) for k in level)]
-        if len(alike) >= MIN_RUNS and len({r.group for r in alike}) >= MIN_SOURCES:
+        groups = {r.group for r in alike}
+        if len(alike) >= MIN_RUNS and len(groups) >= MIN_SOURCES:
             low, high = np.percentile([r.time_error_pct for r in alike], PERCENTILES)
-            return Band(float(low), float(high), len(alike), level)
+            return Band(float(low), float(high), len(alike), level, closer)
+        if closer is None and len(groups) == 1:
+            errors = [r.time_error_pct for r in alike]
+            closer = SingleSource(groups.pop(), len(alike), min(errors), max(errors), level)
     return None
 
 
@@ -176,8 +202,13 @@ def describe(band: Band | None, predicted_s: float) -> str:
     if band is None:
         return NO_MATCH
     low_s, high_s = band.measured_range_s(predicted_s)
-    return (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
+    text = (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
             f"on {band.runs} validation runs alike in {', '.join(band.matched_on)})")
+    if band.closer is None:
+        return text
+    c = band.closer
+    return (f"{text}; closer: {c.runs} run{'s' if c.runs > 1 else ''} of {c.group} alone, "
+            f"{c.low_pct:+.1f} … {c.high_pct:+.1f} %")
 
 
 def to_dict(band: Band | None, predicted_s: float) -> dict[str, object]:
@@ -185,9 +216,13 @@ def to_dict(band: Band | None, predicted_s: float) -> dict[str, object]:
     if band is None:
         return {"runs": 0, "note": NO_MATCH}
     low_s, high_s = band.measured_range_s(predicted_s)
+    c = band.closer
     return {"step_time_low_s": low_s, "step_time_high_s": high_s, "error_low_pct": band.low_pct,
             "error_high_pct": band.high_pct, "runs": band.runs,
-            "matched_on": list(band.matched_on)}
+            "matched_on": list(band.matched_on),
+            "closer_single_source": None if c is None else {
+                "source": c.group, "runs": c.runs, "error_low_pct": c.low_pct,
+                "error_high_pct": c.high_pct, "matched_on": list(c.matched_on)}}
 
 
 def time_error_pct(metric: str, error_pct: float) -> float:
