@@ -120,7 +120,16 @@ def test_scenarios_get_a_band_or_the_no_match_sentence() -> None:
     assert band is not None and band.matched_on == ("family",) and band.runs == 8
     assert band.high_pct < -20  # every MI250X row is too fast (docs/validation.md §8)
     aurora = make_scenario(system="aurora", parallelism__pp=2, training__global_batch=12)  # PVC
-    assert likeness(aurora).family == "pvc" and error_band.scenario_band(aurora) is None
+    assert likeness(aurora).family == "pvc"
+    only = error_band.scenario_band(aurora)  # AURORA26 alone: its rows, no band
+    assert isinstance(only, SingleSource) and only.group == "AURORA26"
+    assert error_band.describe(only, 1.0).startswith("no band: the ")
+    assert error_band.to_dict(only, 1.0)["runs"] == 0
+    el_capitan = make_scenario(system="el-capitan", parallelism__pp=2,
+                               training__global_batch=12)  # MI300A: no validation row at all
+    assert likeness(el_capitan).family == "mi300a"
+    assert error_band.scenario_band(el_capitan) is None
+    assert error_band.to_dict(None, 1.0)["note"] == error_band.NO_MATCH
 
 
 def test_cli_run_prints_the_band_and_json_carries_it(tmp_path, capsys) -> None:

@@ -160,6 +160,20 @@ def band_for(like: Likeness, residuals: Iterable[Residual], exclude_group: str |
     """The band of a run with ``like``, from ``residuals`` less the rows of
     ``exclude_group`` and ``exclude_id`` (leave-one-source-out, leave-one-out); None when
     no level has :data:`MIN_RUNS` rows from :data:`MIN_SOURCES` sources."""
+    band, _ = _match(like, residuals, exclude_group, exclude_id)
+    return band
+
+
+def single_source_for(like: Likeness, residuals: Iterable[Residual]) -> SingleSource | None:
+    """The rows alike in the closest level that has any, when all are from one source and no
+    level gives a band: what ``llmsim run`` shows instead of a band (None otherwise)."""
+    band, closer = _match(like, residuals)
+    return closer if band is None else None
+
+
+def _match(like: Likeness, residuals: Iterable[Residual], exclude_group: str | None = None,
+           exclude_id: str | None = None) -> tuple[Band | None, SingleSource | None]:
+    """The band (or None) and the closest level's single-source rows before it (or None)."""
     pool = [r for r in residuals if r.group != exclude_group and r.id != exclude_id]
     closer = None
     for level in LEVELS:
@@ -167,11 +181,11 @@ def band_for(like: Likeness, residuals: Iterable[Residual], exclude_group: str |
         groups = {r.group for r in alike}
         if len(alike) >= MIN_RUNS and len(groups) >= MIN_SOURCES:
             low, high = np.percentile([r.time_error_pct for r in alike], PERCENTILES)
-            return Band(float(low), float(high), len(alike), level, closer)
+            return Band(float(low), float(high), len(alike), level, closer), closer
         if closer is None and len(groups) == 1:
             errors = [r.time_error_pct for r in alike]
             closer = SingleSource(groups.pop(), len(alike), min(errors), max(errors), level)
-    return None
+    return None, closer
 
 
 def leave_one_source_out(residuals: Sequence[Residual]) -> list[tuple[Residual, Band | None]]:
@@ -189,18 +203,30 @@ def load_residuals(path: Path = TABLE_PATH) -> list[Residual]:
             for row in rows]
 
 
-def scenario_band(scenario: Scenario) -> Band | None:
-    """The band of a scenario from the stored table (None: no run resembles it; no
-    validation run is a heterogeneous job, stages on node groups of different devices)."""
+def scenario_band(scenario: Scenario) -> Band | SingleSource | None:
+    """The band of a scenario from the stored table; where no level gives one, the rows of a
+    single source that are alike (:class:`SingleSource`), if any; None: no run resembles
+    it (no validation run is a heterogeneous job, stages on node groups of different
+    devices)."""
     if scenario.placement is not None:
         return None
-    return band_for(likeness(scenario), load_residuals())
+    like, residuals = likeness(scenario), load_residuals()
+    return band_for(like, residuals) or single_source_for(like, residuals)
 
 
-def describe(band: Band | None, predicted_s: float) -> str:
-    """The band as ``llmsim run`` prints it beside the step time, or :data:`NO_MATCH`."""
+def _single_source_text(c: SingleSource) -> str:
+    return (f"no band: the {c.runs} validation run{'s' if c.runs > 1 else ''} alike in "
+            f"{', '.join(c.matched_on)} are all from {c.group} (llmsim {c.low_pct:+.1f} … "
+            f"{c.high_pct:+.1f} %), and a band needs {MIN_SOURCES} sources")
+
+
+def describe(band: Band | SingleSource | None, predicted_s: float) -> str:
+    """The band as ``llmsim run`` prints it beside the step time, the single source's rows
+    where there is no band, or :data:`NO_MATCH`."""
     if band is None:
         return NO_MATCH
+    if isinstance(band, SingleSource):
+        return _single_source_text(band)
     low_s, high_s = band.measured_range_s(predicted_s)
     text = (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
             f"on {band.runs} validation runs alike in {', '.join(band.matched_on)})")
@@ -211,18 +237,24 @@ def describe(band: Band | None, predicted_s: float) -> str:
             f"{c.low_pct:+.1f} … {c.high_pct:+.1f} %")
 
 
-def to_dict(band: Band | None, predicted_s: float) -> dict[str, object]:
-    """The band for ``--json``."""
+def _single_source_dict(c: SingleSource | None) -> dict[str, object] | None:
+    return None if c is None else {
+        "source": c.group, "runs": c.runs, "error_low_pct": c.low_pct,
+        "error_high_pct": c.high_pct, "matched_on": list(c.matched_on)}
+
+
+def to_dict(band: Band | SingleSource | None, predicted_s: float) -> dict[str, object]:
+    """The band for ``--json`` (``runs: 0`` and a note where there is none)."""
     if band is None:
-        return {"runs": 0, "note": NO_MATCH}
+        return {"runs": 0, "note": NO_MATCH, "closer_single_source": None}
+    if isinstance(band, SingleSource):
+        return {"runs": 0, "note": _single_source_text(band),
+                "closer_single_source": _single_source_dict(band)}
     low_s, high_s = band.measured_range_s(predicted_s)
-    c = band.closer
     return {"step_time_low_s": low_s, "step_time_high_s": high_s, "error_low_pct": band.low_pct,
             "error_high_pct": band.high_pct, "runs": band.runs,
             "matched_on": list(band.matched_on),
-            "closer_single_source": None if c is None else {
-                "source": c.group, "runs": c.runs, "error_low_pct": c.low_pct,
-                "error_high_pct": c.high_pct, "matched_on": list(c.matched_on)}}
+            "closer_single_source": _single_source_dict(band.closer)}
 
 
 def time_error_pct(metric: str, error_pct: float) -> float:
