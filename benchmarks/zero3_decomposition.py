@@ -107,7 +107,7 @@ def decompose(run: Run) -> Decomposition:
 def markdown(rows: list[Decomposition]) -> str:
     """The table docs/validation.md shows."""
     lines = ["| row | GPUs | measured s | llmsim s | compute s | gathers × ms (NCCL / host / "
-             "copies) | all-reduces × ms (NCCL / passes) | short s | short per TB moved, s "
+             "copies, fill) | all-reduces × ms (NCCL / passes) | short s | short per TB moved, s "
              "| bus GB/s: llmsim → needed |", "|---|" + "---:|" * 9]
     for d in rows:
         gather_ms = d.gather_nccl_s + d.gather_host_s + d.gather_copies_s
