@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from test_cli import run_cli, tiny_file
 
 from llmsim import error_band, validation
-from llmsim.error_band import Band, Likeness, Residual, band_for, likeness, load_residuals
+from llmsim.error_band import (
+    Band,
+    Likeness,
+    Residual,
+    SingleSource,
+    band_for,
+    likeness,
+    load_residuals,
+)
 
 H100_TP_PP_DP = Likeness("h100", "nccl-2024", "tp+pp+dp", "16-bit")
 TABLE = load_residuals()
@@ -48,6 +56,30 @@ def test_looser_levels_then_no_match() -> None:
     assert band_for(H100_TP_PP_DP, rows([1.0, 2.0])) is None
     assert band_for(H100_TP_PP_DP, rows([1.0, 2.0, 3.0], groups="S")) is None  # one source
     assert error_band.describe(None, 1.0) == error_band.NO_MATCH
+
+
+def test_closer_rows_of_one_source_are_shown_beside_the_band() -> None:
+    """Rows alike in mix but from one source give no band of their own; the band of the
+    looser level carries their range, and ``describe`` and ``--json`` show it."""
+    zero3 = replace(H100_TP_PP_DP, mix="dp+zero3")
+    table = [*rows([-30.0, -10.0, -20.0], like=zero3, groups="Z"), *rows([1.0, 2.0, 3.0])]
+    band = band_for(zero3, table)
+    assert band is not None and band.matched_on == ("family",) and band.runs == 6
+    assert band.closer == SingleSource("Z", 3, -30.0, -10.0, ("family", "era", "mix",
+                                                                "precision"))
+    assert "closer: 3 runs of Z alone, -30.0 … -10.0 %" in error_band.describe(band, 1.0)
+    data = error_band.to_dict(band, 1.0)["closer_single_source"]
+    assert data["source"] == "Z" and data["error_low_pct"] == -30.0
+    assert band_for(H100_TP_PP_DP, table).closer is None  # matched at the closest level
+    assert error_band.to_dict(band_for(H100_TP_PP_DP, table), 1.0)["closer_single_source"] is None
+
+
+def test_an_a100_zero3_scenario_sees_the_zero3_rows() -> None:
+    """docs/validation.md: a ZeRO-3 run on A100 gets the family's band, and beside it the
+    six NAR21-T2 ZeRO-3 rows, the only ZeRO-3 measurements."""
+    band = band_for(Likeness("a100", "nccl-2021", "dp+zero3", "16-bit"), TABLE)
+    assert band is not None and band.matched_on == ("family",)
+    assert band.closer is not None and (band.closer.group, band.closer.runs) == ("NAR21-T2", 6)
 
 
 @given(st.sampled_from(TABLE), st.floats(-90.0, 500.0))
@@ -88,7 +120,16 @@ def test_scenarios_get_a_band_or_the_no_match_sentence() -> None:
     assert band is not None and band.matched_on == ("family",) and band.runs == 11
     assert band.high_pct < -20  # every MI250X row is too fast (docs/validation.md §8)
     aurora = make_scenario(system="aurora", parallelism__pp=2, training__global_batch=12)  # PVC
-    assert likeness(aurora).family == "pvc" and error_band.scenario_band(aurora) is None
+    assert likeness(aurora).family == "pvc"
+    only = error_band.scenario_band(aurora)  # AURORA26 alone: its rows, no band
+    assert isinstance(only, SingleSource) and only.group == "AURORA26"
+    assert error_band.describe(only, 1.0).startswith("no band: the ")
+    assert error_band.to_dict(only, 1.0)["runs"] == 0
+    el_capitan = make_scenario(system="el-capitan", parallelism__pp=2,
+                               training__global_batch=12)  # MI300A: no validation row at all
+    assert likeness(el_capitan).family == "mi300a"
+    assert error_band.scenario_band(el_capitan) is None
+    assert error_band.to_dict(None, 1.0)["note"] == error_band.NO_MATCH
 
 
 def test_cli_run_prints_the_band_and_json_carries_it(tmp_path, capsys) -> None:

@@ -20,7 +20,9 @@ The band comes from the first of these levels that holds at least :data:`MIN_RUN
 from at least :data:`MIN_SOURCES` sources: all four alike; family, era and mix; family and
 mix; family alone. Where not even the family has that, no validation run resembles the
 scenario and no band is given. The band is the 10th to 90th percentile of the matched
-rows' step-time errors.
+rows' step-time errors. Rows closer to the scenario than the band's, but all from one
+source (too few sources for a band of their own), are not dropped silently: the band
+carries the closest such rows' range beside it (:class:`SingleSource`).
 """
 
 from __future__ import annotations
@@ -95,6 +97,23 @@ class Residual:
 
 
 @dataclass(frozen=True, slots=True)
+class SingleSource:
+    """Validation rows more like the scenario than its band's rows, all from one source:
+    what that source measured, shown beside the band, not folded into it."""
+
+    group: str
+    """The one source, e.g. ``NAR21-T2``."""
+    runs: int
+    """How many of its rows are alike."""
+    low_pct: float
+    """Their lowest step-time error, % (negative: llmsim fast)."""
+    high_pct: float
+    """Their highest step-time error, %."""
+    matched_on: tuple[str, ...]
+    """The attributes they share with the scenario (:data:`LEVELS`)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Band:
     """The spread to expect of a prediction's step time, from runs like it."""
 
@@ -106,6 +125,8 @@ class Band:
     """How many validation rows the band rests on."""
     matched_on: tuple[str, ...]
     """The attributes the rows share with the scenario (:data:`LEVELS`)."""
+    closer: SingleSource | None = None
+    """Rows alike at a closer level than ``matched_on`` but from a single source, or None."""
 
     def measured_range_s(self, predicted_s: float) -> tuple[float, float]:
         """The step times, s, the band says a measurement would fall between: a run whose
@@ -139,13 +160,32 @@ def band_for(like: Likeness, residuals: Iterable[Residual], exclude_group: str |
     """The band of a run with ``like``, from ``residuals`` less the rows of
     ``exclude_group`` and ``exclude_id`` (leave-one-source-out, leave-one-out); None when
     no level has :data:`MIN_RUNS` rows from :data:`MIN_SOURCES` sources."""
+    band, _ = _match(like, residuals, exclude_group, exclude_id)
+    return band
+
+
+def single_source_for(like: Likeness, residuals: Iterable[Residual]) -> SingleSource | None:
+    """The rows alike in the closest level that has any, when all are from one source and no
+    level gives a band: what ``llmsim run`` shows instead of a band (None otherwise)."""
+    band, closer = _match(like, residuals)
+    return closer if band is None else None
+
+
+def _match(like: Likeness, residuals: Iterable[Residual], exclude_group: str | None = None,
+           exclude_id: str | None = None) -> tuple[Band | None, SingleSource | None]:
+    """The band (or None) and the closest level's single-source rows before it (or None)."""
     pool = [r for r in residuals if r.group != exclude_group and r.id != exclude_id]
+    closer = None
     for level in LEVELS:
         alike = [r for r in pool if all(getattr(r, k) == getattr(like, k) for k in level)]
-        if len(alike) >= MIN_RUNS and len({r.group for r in alike}) >= MIN_SOURCES:
+        groups = {r.group for r in alike}
+        if len(alike) >= MIN_RUNS and len(groups) >= MIN_SOURCES:
             low, high = np.percentile([r.time_error_pct for r in alike], PERCENTILES)
-            return Band(float(low), float(high), len(alike), level)
-    return None
+            return Band(float(low), float(high), len(alike), level, closer), closer
+        if closer is None and len(groups) == 1:
+            errors = [r.time_error_pct for r in alike]
+            closer = SingleSource(groups.pop(), len(alike), min(errors), max(errors), level)
+    return None, closer
 
 
 def leave_one_source_out(residuals: Sequence[Residual]) -> list[tuple[Residual, Band | None]]:
@@ -163,31 +203,58 @@ def load_residuals(path: Path = TABLE_PATH) -> list[Residual]:
             for row in rows]
 
 
-def scenario_band(scenario: Scenario) -> Band | None:
-    """The band of a scenario from the stored table (None: no run resembles it; no
-    validation run is a heterogeneous job, stages on node groups of different devices)."""
+def scenario_band(scenario: Scenario) -> Band | SingleSource | None:
+    """The band of a scenario from the stored table; where no level gives one, the rows of a
+    single source that are alike (:class:`SingleSource`), if any; None: no run resembles
+    it (no validation run is a heterogeneous job, stages on node groups of different
+    devices)."""
     if scenario.placement is not None:
         return None
-    return band_for(likeness(scenario), load_residuals())
+    like, residuals = likeness(scenario), load_residuals()
+    return band_for(like, residuals) or single_source_for(like, residuals)
 
 
-def describe(band: Band | None, predicted_s: float) -> str:
-    """The band as ``llmsim run`` prints it beside the step time, or :data:`NO_MATCH`."""
+def _single_source_text(c: SingleSource) -> str:
+    return (f"no band: the {c.runs} validation run{'s' if c.runs > 1 else ''} alike in "
+            f"{', '.join(c.matched_on)} are all from {c.group} (llmsim {c.low_pct:+.1f} … "
+            f"{c.high_pct:+.1f} %), and a band needs {MIN_SOURCES} sources")
+
+
+def describe(band: Band | SingleSource | None, predicted_s: float) -> str:
+    """The band as ``llmsim run`` prints it beside the step time, the single source's rows
+    where there is no band, or :data:`NO_MATCH`."""
     if band is None:
         return NO_MATCH
+    if isinstance(band, SingleSource):
+        return _single_source_text(band)
     low_s, high_s = band.measured_range_s(predicted_s)
-    return (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
+    text = (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
             f"on {band.runs} validation runs alike in {', '.join(band.matched_on)})")
+    if band.closer is None:
+        return text
+    c = band.closer
+    return (f"{text}; closer: {c.runs} run{'s' if c.runs > 1 else ''} of {c.group} alone, "
+            f"{c.low_pct:+.1f} … {c.high_pct:+.1f} %")
 
 
-def to_dict(band: Band | None, predicted_s: float) -> dict[str, object]:
-    """The band for ``--json``."""
+def _single_source_dict(c: SingleSource | None) -> dict[str, object] | None:
+    return None if c is None else {
+        "source": c.group, "runs": c.runs, "error_low_pct": c.low_pct,
+        "error_high_pct": c.high_pct, "matched_on": list(c.matched_on)}
+
+
+def to_dict(band: Band | SingleSource | None, predicted_s: float) -> dict[str, object]:
+    """The band for ``--json`` (``runs: 0`` and a note where there is none)."""
     if band is None:
-        return {"runs": 0, "note": NO_MATCH}
+        return {"runs": 0, "note": NO_MATCH, "closer_single_source": None}
+    if isinstance(band, SingleSource):
+        return {"runs": 0, "note": _single_source_text(band),
+                "closer_single_source": _single_source_dict(band)}
     low_s, high_s = band.measured_range_s(predicted_s)
     return {"step_time_low_s": low_s, "step_time_high_s": high_s, "error_low_pct": band.low_pct,
             "error_high_pct": band.high_pct, "runs": band.runs,
-            "matched_on": list(band.matched_on)}
+            "matched_on": list(band.matched_on),
+            "closer_single_source": _single_source_dict(band.closer)}
 
 
 def time_error_pct(metric: str, error_pct: float) -> float:
