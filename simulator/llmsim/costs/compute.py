@@ -41,6 +41,7 @@ from typing import get_args
 import numpy as np
 
 from llmsim.costs.allocator import PageRoundTrip
+from llmsim.costs.attention_tables import attention_table
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
@@ -231,12 +232,9 @@ class ComputeModel:
         self.flash_curve = (
             accelerator.flash_attention_tflops if attention_kernel == "flash" else None
         )
-        self.flash_measured = {
-            (q, kv, seq, dim): (fwd * 1e12, bwd * 1e12)
-            for q, kv, seq, dim, fwd, bwd in accelerator.flash_attention_measured
-        } if attention_kernel == "flash" else {}
-        """Forward and backward FLOP/s of the flash kernels timed by shape on the board,
-        keyed by (heads, KV heads, sequence, head dimension) (``flash_attention_measured``)."""
+        self.attention_table = attention_table(accelerator, attention_kernel)
+        """The attention kernel's rates timed by shape on the board
+        (``flash_attention_measured``, ``cudnn_attention_measured`` and their blocks)."""
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
@@ -273,7 +271,7 @@ class ComputeModel:
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
                op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape,
                op.memory_kind, op.attention_heads, op.kind == "attention" and op.phase == "B",
-               op.output_bytes)
+               op.output_bytes, op.attention_ring_steps)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
@@ -353,9 +351,11 @@ class ComputeModel:
         Where the accelerator has a measured FlashAttention-2 curve
         (``flash_attention_tflops``) the FlashAttention-2 kernel runs at the curve's
         throughput for its sequence length and head dimension
-        (:func:`flash_attention_flops`) instead, and a flash kernel timed on the board at its
-        very shape (``flash_attention_measured``: heads and KV heads on the device, sequence,
-        head dimension) at the measured forward or backward rate before either.
+        (:func:`flash_attention_flops`) instead, and a kernel timed on the board
+        (``flash_attention_measured`` or ``cudnn_attention_measured``: heads and KV heads on
+        the device, sequence, head dimension; with context parallelism the ring's
+        non-causal steps at the blocks' rates) at the measured forward or backward rate,
+        looked up or interpolated (:mod:`llmsim.costs.attention_tables`), before either.
 
         A device without a fused attention kernel (``attention_fraction == 0``) computes
         the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
@@ -368,10 +368,10 @@ class ComputeModel:
         """
         units = self.accelerator.gemm.compute_units
         slowed = units / (units - op.reserved_units)
-        if self.flash_measured and op.attention_shape and op.attention_heads:
-            rates = self.flash_measured.get((*op.attention_heads, *op.attention_shape))
-            if rates is not None:  # timed at this shape: forward or backward rate
-                return slowed * op.executed_flops / rates[op.phase == "B"]
+        if self.attention_table:
+            seconds = self.attention_table.math_s(op)
+            if seconds is not None:  # timed at or around this shape: forward or backward
+                return slowed * seconds
         if self.flash_curve and op.attention_shape is not None:
             seq_len, head_dim = op.attention_shape
             return slowed * op.executed_flops / flash_attention_flops(

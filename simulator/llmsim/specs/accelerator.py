@@ -50,6 +50,14 @@ FLOPs counted as llmsim's attention ops execute them (the causal half; the backw
 forward)."""
 
 
+MeasuredAttentionBlock = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveInt,
+                               PositiveFloat, PositiveFloat]
+"""One non-causal attention kernel timed on a board: query heads and key-value heads, query
+tokens, key-value tokens, head dimension, then its forward and backward TFLOP/s (FLOPs
+4·heads·q·kv·d forward, the backward 2.5× the forward): the off-diagonal steps of a
+context-parallel ring."""
+
+
 class GemmModel(Spec):
     """Achieved GEMM throughput model: best-case fraction of peak, then tile effects.
 
@@ -156,8 +164,19 @@ class Accelerator(Spec):
     """Flash attention kernels timed on the board by shape (heads, KV heads, sequence,
     head dimension, forward and backward TFLOP/s; see :data:`MeasuredAttention`). An attention
     op of one of these shapes under ``training.attention_kernel: flash`` runs at its measured
-    rate instead of ``flash_attention_tflops`` or ``attention_fraction``; every other shape
+    rate instead of ``flash_attention_tflops`` or ``attention_fraction``, and a shape between
+    them at the rate interpolated over heads and sequence
+    (:mod:`llmsim.costs.attention_tables`); a sequence shorter than the table's shortest
     keeps those."""
+    cudnn_attention_measured: list[MeasuredAttention] = Field(default_factory=list)
+    """The same for cuDNN's fused attention (``training.attention_kernel: cudnn``), in
+    place of ``cudnn_attention_fraction``."""
+    flash_attention_blocks_measured: list[MeasuredAttentionBlock] = Field(default_factory=list)
+    """Non-causal flash attention kernels timed on the board (see
+    :data:`MeasuredAttentionBlock`): with context parallelism the ring's off-diagonal steps
+    run at these rates (:mod:`llmsim.costs.attention_tables`)."""
+    cudnn_attention_blocks_measured: list[MeasuredAttentionBlock] = Field(default_factory=list)
+    """The same for cuDNN's fused attention."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
     tdp_w: PositiveFloat | None = None
