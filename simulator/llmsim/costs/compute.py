@@ -244,9 +244,11 @@ class ComputeModel:
         :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
         them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
-        self.compute_launch_s = 0.0 if cuda_graphs else self.launch_s
-        """Launch cost of each compute kernel, s: none where the step's kernels replay from
-        captured CUDA graphs (``training.cuda_graphs``)."""
+        self.compute_launch_s = (accelerator.graph_kernel_us * 1e-6 if cuda_graphs
+                                 else self.launch_s)
+        """Launch cost of each compute kernel, s: where the step's kernels replay from
+        captured CUDA graphs (``training.cuda_graphs``) the board's per-kernel cost in a
+        graph (``graph_kernel_us``; none where not measured)."""
         self.gemm_table = gemm_table
         self.measured_shapes = measured_shape_rates(accelerator)
         """FLOP/s of the catalog's GEMMs timed by shape (``gemm.measured_tflops``), at the

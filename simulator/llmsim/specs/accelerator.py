@@ -179,6 +179,10 @@ class Accelerator(Spec):
     """The same for cuDNN's fused attention."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
+    graph_kernel_us: float = Field(default=0.0, ge=0)
+    """Fixed cost per kernel replayed from a captured CUDA graph
+    (``training.cuda_graphs``), microseconds: the GPU's own launch and tail, without the
+    host's; 0 where not measured."""
     tdp_w: PositiveFloat | None = None
     """Thermal design power, W."""
     power: DevicePower | None = None
