@@ -46,6 +46,7 @@ from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
+from llmsim.costs.grouped_gemms import GroupedGemmRates
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
 
@@ -253,6 +254,8 @@ class ComputeModel:
         self.measured_shapes = measured_shape_rates(accelerator)
         """FLOP/s of the catalog's GEMMs timed by shape (``gemm.measured_tflops``), at the
         clock the catalog's rates are given at; keyed by (dtype, M, N, K)."""
+        self.grouped_rates = GroupedGemmRates(accelerator)
+        """FLOP/s of the catalog's grouped GEMMs timed by shape (``gemm.grouped_tflops``)."""
         self.unaligned_rates = unaligned_rates(accelerator)
         """FLOP/s of a GEMM off the library's alignment, by dtype, at the clock the catalog's
         rates are given at (``gemm.unaligned_tflops``)."""
@@ -307,7 +310,8 @@ class ComputeModel:
 
     def gemm_math_s(self, op: ComputeOp) -> float:
         """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput (a calibration
-        table, else the catalog's own measured shape, :func:`measured_shape_rates`); a GEMM
+        table, else the catalog's own measured shape, :func:`measured_shape_rates`, or a
+        batched GEMM's grouped GEMMs timed by shape, :mod:`llmsim.costs.grouped_gemms`); a GEMM
         with a dimension off the library's alignment at the catalog's measured rate for
         such GEMMs where it has one (``gemm.unaligned_tflops``).
 
@@ -331,7 +335,9 @@ class ComputeModel:
             achieved = self.gemm_table.achieved_flops(rows, n, k, op.batch, dtype)
             units = gemm.compute_units
             return op.executed_flops / achieved * units / (units - op.reserved_units)
-        measured = self.measured_shapes.get((dtype, rows, n, k)) if op.batch == 1 else None
+        measured = (self.measured_shapes.get((dtype, rows, n, k)) if op.batch == 1
+                    else self.grouped_rates.flops(dtype, op.batch, rows, n, k)
+                    if self.grouped_rates else None)
         if measured is not None:
             units = gemm.compute_units
             return op.executed_flops / measured * units / (units - op.reserved_units)

@@ -42,6 +42,11 @@ MeasuredGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
 """One GEMM timed on a board: M, N, K and its achieved TFLOP/s."""
 
 
+MeasuredGroupedGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
+"""One grouped GEMM timed on a board: experts E, rows per expert T, N, K and its achieved
+TFLOP/s (E GEMMs of [T × K]·[K × N] in one kernel, 2·E·T·N·K FLOPs)."""
+
+
 MeasuredAttention = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveFloat,
                           PositiveFloat]
 """One causal flash attention kernel timed on a board: query heads and key-value heads (times
@@ -101,6 +106,12 @@ class GemmModel(Spec):
     clock of the accelerator's ``clocks.measured`` point for its kind (at the board's power
     limit). A GEMM of one of these shapes runs at its measured rate instead of the model's
     (:class:`llmsim.costs.compute.ComputeModel`); every other shape keeps the model."""
+    grouped_tflops: dict[Dtype, list[MeasuredGroupedGemm]] = Field(default_factory=dict)
+    """Grouped GEMMs (a mixture-of-experts layer's expert GEMMs in one kernel) timed on the
+    board, by dtype (see :data:`MeasuredGroupedGemm`), at the sustained clock as
+    ``measured_tflops`` are. A batched GEMM of a timed (N, K) runs at the rate
+    interpolated over its experts and rows per expert
+    (:mod:`llmsim.costs.grouped_gemms`); every other shape keeps the model."""
     unaligned_tflops: dict[Dtype, PositiveFloat] = Field(default_factory=dict)
     """Achieved TFLOP/s, by dtype, of a GEMM one of whose M, N, K is not a multiple of
     ``alignment_bytes`` worth of elements (an unpadded vocabulary split over tensor ranks:
