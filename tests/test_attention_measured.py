@@ -198,6 +198,10 @@ def test_a_context_parallel_ring_runs_its_first_step_causal_and_the_rest_as_bloc
             assert model.math_s(op) == pytest.approx(expected)
             single = replace(op, attention_ring_steps=1)
             assert model.math_s(single) == pytest.approx(flops / square[backward])
+            no_blocks = ComputeModel(h100.model_copy(
+                update={f"{backend}_attention_blocks_measured": []}), "bf16",
+                attention_kernel=backend)
+            assert no_blocks.math_s(op) == pytest.approx(flops / square[backward])
 
 
 def test_a_micro_batch_multiplies_the_heads_of_the_grid() -> None:

@@ -116,13 +116,15 @@ class AttentionTable:
         if square is None:
             return None
         flops, steps = op.executed_flops, op.attention_ring_steps
-        halves = [self.block(heads, kv, q, k, dim)
-                  for q, k in ((seq, max(1, seq // 2)), (max(1, seq // 2), seq))]
-        if steps <= 1 or None in halves:
+        if steps <= 1:
+            return flops / square[backward]
+        half = max(1, seq // 2)
+        blocks = [self.block(heads, kv, seq, half, dim), self.block(heads, kv, half, seq, dim)]
+        rates = [b[backward] for b in blocks if b is not None]
+        if len(rates) < 2:  # no blocks measured: every step at the square's rate
             return flops / square[backward]
         off_diagonal = flops * (steps - 1) / steps
-        return (flops / steps / square[backward]
-                + sum(off_diagonal / 2 / rates[backward] for rates in halves if rates))
+        return flops / steps / square[backward] + sum(off_diagonal / 2 / r for r in rates)
 
 
 def attention_table(accelerator: Accelerator, kernel: AttentionKernel) -> AttentionTable:
