@@ -1,4 +1,5 @@
-"""training.cuda_graphs: compute kernels replayed from CUDA graphs pay no launch cost."""
+"""training.cuda_graphs: compute kernels replayed from CUDA graphs pay the board's per-kernel
+cost in a graph (``graph_kernel_us``), not the eager launch."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ OPS = [ComputeOp("m", "memory", "F", 0.0, 1e6),
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op.name)
-def test_graphs_remove_one_launch_per_kernel(op: ComputeOp) -> None:
+def test_graphs_replace_each_launch_by_the_graph_kernel_cost(op: ComputeOp) -> None:
     eager, graphs = ComputeModel(H100, "bf16"), ComputeModel(H100, "bf16", cuda_graphs=True)
     saved = eager.compute_s(op) - graphs.compute_s(op)
-    assert saved == pytest.approx(op.splits * H100.kernel_launch_us * 1e-6)
+    assert 0 < H100.graph_kernel_us < H100.kernel_launch_us
+    assert saved == pytest.approx(
+        op.splits * (H100.kernel_launch_us - H100.graph_kernel_us) * 1e-6)
+    unmeasured = ComputeModel(H100.model_copy(update={"graph_kernel_us": 0.0}), "bf16",
+                              cuda_graphs=True)
+    assert eager.compute_s(op) - unmeasured.compute_s(op) == pytest.approx(
+        op.splits * H100.kernel_launch_us * 1e-6)
 
 
 def test_graphs_shorten_the_step_and_are_off_by_default() -> None:

@@ -129,8 +129,10 @@ FAST_IDS = [
 # all-reduced alone, as its 2021 stage3.py fills them; was equal 1 GB buckets), to 6.7116 %:
 # the 530B rows make fewer, larger calls and are faster still. The MLPerf rows' amax history
 # as the submission's config_fp8.sh states it (1,024, max), to 6.6946 %.
+# The H100's attention at its rates measured by shape (2026-11-27: FlashAttention-2 and
+# cuDNN apart; the old flash table had been cuDNN's kernel), to 6.4691 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.70
+TARGET_MAPE_CEILING_PCT = 6.47
 ZB24_ORDERS_REPRODUCED = 8
 
 

@@ -101,7 +101,8 @@ def apply_context_parallel(lists: tuple[list[Op], ...],
             return [op]
         seq = builder.trn.seq_len // cp
         shape = (seq, op.attention_shape[1]) if op.attention_shape else None
-        attention = replace(op, flops=op.flops / cp, attention_shape=shape)
+        attention = replace(op, flops=op.flops / cp, attention_shape=shape,
+                            attention_ring_steps=cp)
         backward = op.phase == "B"
         ring = CommOp("cp_kv_ring_bwd" if backward else "cp_kv_ring", "send_recv", "cp",
                       op.phase, 2 * kv if backward else kv, ring_steps=cp)

@@ -68,6 +68,10 @@ class ComputeOp:
     attention_heads: tuple[int, int] | None = None
     """(query heads, key-value heads) of a fused attention kernel on this device, times the
     micro-batch: the kernel's grid runs over both, so its rate depends on them."""
+    attention_ring_steps: int = 1
+    """Steps of the context-parallel ring a fused attention kernel runs as (cp; 1 without
+    context parallelism): the first a causal square, the others non-causal blocks
+    (:mod:`llmsim.costs.attention_tables`)."""
     memory_kind: MemoryKind = "stream"
     """What a memory-bound kernel (or a kernel's memory term) does: the accelerator's
     bandwidth depends on it (:meth:`llmsim.specs.Accelerator.memory_bytes_per_s`)."""

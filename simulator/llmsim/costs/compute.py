@@ -41,10 +41,12 @@ from typing import get_args
 import numpy as np
 
 from llmsim.costs.allocator import PageRoundTrip
+from llmsim.costs.attention_tables import attention_table
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
+from llmsim.costs.grouped_gemms import GroupedGemmRates
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
 
@@ -231,12 +233,9 @@ class ComputeModel:
         self.flash_curve = (
             accelerator.flash_attention_tflops if attention_kernel == "flash" else None
         )
-        self.flash_measured = {
-            (q, kv, seq, dim): (fwd * 1e12, bwd * 1e12)
-            for q, kv, seq, dim, fwd, bwd in accelerator.flash_attention_measured
-        } if attention_kernel == "flash" else {}
-        """Forward and backward FLOP/s of the flash kernels timed by shape on the board,
-        keyed by (heads, KV heads, sequence, head dimension) (``flash_attention_measured``)."""
+        self.attention_table = attention_table(accelerator, attention_kernel)
+        """The attention kernel's rates timed by shape on the board
+        (``flash_attention_measured``, ``cudnn_attention_measured`` and their blocks)."""
         self.dtype = dtype
         self.peak_flops = accelerator.peak_flops(dtype)
         self.memory_bytes_per_s = accelerator.sustained_memory_bytes_per_s
@@ -246,13 +245,17 @@ class ComputeModel:
         :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
         them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
-        self.compute_launch_s = 0.0 if cuda_graphs else self.launch_s
-        """Launch cost of each compute kernel, s: none where the step's kernels replay from
-        captured CUDA graphs (``training.cuda_graphs``)."""
+        self.compute_launch_s = (accelerator.graph_kernel_us * 1e-6 if cuda_graphs
+                                 else self.launch_s)
+        """Launch cost of each compute kernel, s: where the step's kernels replay from
+        captured CUDA graphs (``training.cuda_graphs``) the board's per-kernel cost in a
+        graph (``graph_kernel_us``; none where not measured)."""
         self.gemm_table = gemm_table
         self.measured_shapes = measured_shape_rates(accelerator)
         """FLOP/s of the catalog's GEMMs timed by shape (``gemm.measured_tflops``), at the
         clock the catalog's rates are given at; keyed by (dtype, M, N, K)."""
+        self.grouped_rates = GroupedGemmRates(accelerator)
+        """FLOP/s of the catalog's grouped GEMMs timed by shape (``gemm.grouped_tflops``)."""
         self.unaligned_rates = unaligned_rates(accelerator)
         """FLOP/s of a GEMM off the library's alignment, by dtype, at the clock the catalog's
         rates are given at (``gemm.unaligned_tflops``)."""
@@ -273,7 +276,7 @@ class ComputeModel:
         key = (op.kind, op.flops, op.bytes, op.mnk, op.batch, op.executed_fraction, op.dtype,
                op.splits, op.concurrent_splits, op.reserved_units, op.attention_shape,
                op.memory_kind, op.attention_heads, op.kind == "attention" and op.phase == "B",
-               op.output_bytes)
+               op.output_bytes, op.attention_ring_steps)
         cached = self._cache.get(key)
         if cached is None:
             cached = self._cache[key] = (
@@ -307,7 +310,8 @@ class ComputeModel:
 
     def gemm_math_s(self, op: ComputeOp) -> float:
         """GEMM: padded FLOPs at η_gemm, or FLOPs at the measured throughput (a calibration
-        table, else the catalog's own measured shape, :func:`measured_shape_rates`); a GEMM
+        table, else the catalog's own measured shape, :func:`measured_shape_rates`, or a
+        batched GEMM's grouped GEMMs timed by shape, :mod:`llmsim.costs.grouped_gemms`); a GEMM
         with a dimension off the library's alignment at the catalog's measured rate for
         such GEMMs where it has one (``gemm.unaligned_tflops``).
 
@@ -331,7 +335,9 @@ class ComputeModel:
             achieved = self.gemm_table.achieved_flops(rows, n, k, op.batch, dtype)
             units = gemm.compute_units
             return op.executed_flops / achieved * units / (units - op.reserved_units)
-        measured = self.measured_shapes.get((dtype, rows, n, k)) if op.batch == 1 else None
+        measured = (self.measured_shapes.get((dtype, rows, n, k)) if op.batch == 1
+                    else self.grouped_rates.flops(dtype, op.batch, rows, n, k)
+                    if self.grouped_rates else None)
         if measured is not None:
             units = gemm.compute_units
             return op.executed_flops / measured * units / (units - op.reserved_units)
@@ -353,9 +359,11 @@ class ComputeModel:
         Where the accelerator has a measured FlashAttention-2 curve
         (``flash_attention_tflops``) the FlashAttention-2 kernel runs at the curve's
         throughput for its sequence length and head dimension
-        (:func:`flash_attention_flops`) instead, and a flash kernel timed on the board at its
-        very shape (``flash_attention_measured``: heads and KV heads on the device, sequence,
-        head dimension) at the measured forward or backward rate before either.
+        (:func:`flash_attention_flops`) instead, and a kernel timed on the board
+        (``flash_attention_measured`` or ``cudnn_attention_measured``: heads and KV heads on
+        the device, sequence, head dimension; with context parallelism the ring's
+        non-causal steps at the blocks' rates) at the measured forward or backward rate,
+        looked up or interpolated (:mod:`llmsim.costs.attention_tables`), before either.
 
         A device without a fused attention kernel (``attention_fraction == 0``) computes
         the same Q·Kᵀ and P·V products as GEMMs: they are priced at the large-GEMM
@@ -368,10 +376,10 @@ class ComputeModel:
         """
         units = self.accelerator.gemm.compute_units
         slowed = units / (units - op.reserved_units)
-        if self.flash_measured and op.attention_shape and op.attention_heads:
-            rates = self.flash_measured.get((*op.attention_heads, *op.attention_shape))
-            if rates is not None:  # timed at this shape: forward or backward rate
-                return slowed * op.executed_flops / rates[op.phase == "B"]
+        if self.attention_table:
+            seconds = self.attention_table.math_s(op)
+            if seconds is not None:  # timed at or around this shape: forward or backward
+                return slowed * seconds
         if self.flash_curve and op.attention_shape is not None:
             seq_len, head_dim = op.attention_shape
             return slowed * op.executed_flops / flash_attention_flops(

@@ -42,12 +42,25 @@ MeasuredGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
 """One GEMM timed on a board: M, N, K and its achieved TFLOP/s."""
 
 
+MeasuredGroupedGemm = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveFloat]
+"""One grouped GEMM timed on a board: experts E, rows per expert T, N, K and its achieved
+TFLOP/s (E GEMMs of [T × K]·[K × N] in one kernel, 2·E·T·N·K FLOPs)."""
+
+
 MeasuredAttention = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveFloat,
                           PositiveFloat]
 """One causal flash attention kernel timed on a board: query heads and key-value heads (times
 the micro-batch), sequence length, head dimension, then its forward and backward TFLOP/s with
 FLOPs counted as llmsim's attention ops execute them (the causal half; the backward 2.5× the
 forward)."""
+
+
+MeasuredAttentionBlock = tuple[PositiveInt, PositiveInt, PositiveInt, PositiveInt, PositiveInt,
+                               PositiveFloat, PositiveFloat]
+"""One non-causal attention kernel timed on a board: query heads and key-value heads, query
+tokens, key-value tokens, head dimension, then its forward and backward TFLOP/s (FLOPs
+4·heads·q·kv·d forward, the backward 2.5× the forward): the off-diagonal steps of a
+context-parallel ring."""
 
 
 class GemmModel(Spec):
@@ -93,6 +106,12 @@ class GemmModel(Spec):
     clock of the accelerator's ``clocks.measured`` point for its kind (at the board's power
     limit). A GEMM of one of these shapes runs at its measured rate instead of the model's
     (:class:`llmsim.costs.compute.ComputeModel`); every other shape keeps the model."""
+    grouped_tflops: dict[Dtype, list[MeasuredGroupedGemm]] = Field(default_factory=dict)
+    """Grouped GEMMs (a mixture-of-experts layer's expert GEMMs in one kernel) timed on the
+    board, by dtype (see :data:`MeasuredGroupedGemm`), at the sustained clock as
+    ``measured_tflops`` are. A batched GEMM of a timed (N, K) runs at the rate
+    interpolated over its experts and rows per expert
+    (:mod:`llmsim.costs.grouped_gemms`); every other shape keeps the model."""
     unaligned_tflops: dict[Dtype, PositiveFloat] = Field(default_factory=dict)
     """Achieved TFLOP/s, by dtype, of a GEMM one of whose M, N, K is not a multiple of
     ``alignment_bytes`` worth of elements (an unpadded vocabulary split over tensor ranks:
@@ -156,10 +175,25 @@ class Accelerator(Spec):
     """Flash attention kernels timed on the board by shape (heads, KV heads, sequence,
     head dimension, forward and backward TFLOP/s; see :data:`MeasuredAttention`). An attention
     op of one of these shapes under ``training.attention_kernel: flash`` runs at its measured
-    rate instead of ``flash_attention_tflops`` or ``attention_fraction``; every other shape
+    rate instead of ``flash_attention_tflops`` or ``attention_fraction``, and a shape between
+    them at the rate interpolated over heads and sequence
+    (:mod:`llmsim.costs.attention_tables`); a sequence shorter than the table's shortest
     keeps those."""
+    cudnn_attention_measured: list[MeasuredAttention] = Field(default_factory=list)
+    """The same for cuDNN's fused attention (``training.attention_kernel: cudnn``), in
+    place of ``cudnn_attention_fraction``."""
+    flash_attention_blocks_measured: list[MeasuredAttentionBlock] = Field(default_factory=list)
+    """Non-causal flash attention kernels timed on the board (see
+    :data:`MeasuredAttentionBlock`): with context parallelism the ring's off-diagonal steps
+    run at these rates (:mod:`llmsim.costs.attention_tables`)."""
+    cudnn_attention_blocks_measured: list[MeasuredAttentionBlock] = Field(default_factory=list)
+    """The same for cuDNN's fused attention."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel (launch and tail), microseconds."""
+    graph_kernel_us: float = Field(default=0.0, ge=0)
+    """Fixed cost per kernel replayed from a captured CUDA graph
+    (``training.cuda_graphs``), microseconds: the GPU's own launch and tail, without the
+    host's; 0 where not measured."""
     tdp_w: PositiveFloat | None = None
     """Thermal design power, W."""
     power: DevicePower | None = None
