@@ -10,6 +10,7 @@ from helpers import make_scenario
 from pydantic import ValidationError
 from test_cli import run_cli
 
+from llmsim.activations import activation_bytes_per_layer
 from llmsim.costs import HardwareCosts
 from llmsim.costs.allocator import PageRoundTrip
 from llmsim.loader import load_spec
@@ -103,3 +104,13 @@ def test_eager_softmax_needs_the_unfused_attention(capsys):
                              capsys)
     assert code == 2
     assert "attention_softmax" in err and "unfused" in err and "Traceback" not in err + out
+
+
+def test_eager_dropout_keeps_float_noise_for_the_backward():
+    """Without recompute the block keeps the dropout's float noise (4 bytes a score
+    element in FP32) instead of a 1-byte mask: 3 bytes more per element."""
+    sc, _, _ = _layer("fused")
+    eager, _, _ = _layer("eager")
+    fused_b = activation_bytes_per_layer(sc.model, sc.parallelism, sc.training)
+    eager_b = activation_bytes_per_layer(eager.model, eager.parallelism, eager.training)
+    assert eager_b - fused_b == pytest.approx(3 * _score_bytes(sc) / 4, rel=1e-12)
