@@ -143,15 +143,20 @@ def predicted(row_id: str) -> tuple[float, float]:
     return p.run.measured, p.predicted
 
 
-def test_glibc_costs_the_node_less_than_the_source_measured_against_tcmalloc():
-    """A lower bound: Fujitsu's rates are for 2 MiB pages (glibc maps 64 KiB ones) and only
-    op outputs are counted, so the priced time stays below the measured gap on both
-    PyTorch versions (PyTorch 1.10: 1,321.5 - 1,020.3 s; 1.7: 1,489.7 - 976.2 s), yet it
-    is a sizeable share of it."""
+def test_glibc_costs_the_node_about_what_the_source_measured_against_tcmalloc():
+    """Fujitsu's rates are for 2 MiB pages (glibc maps 64 KiB ones), yet with the eager
+    softmax's hidden score-sized tensors counted (``training.attention_softmax: eager``)
+    the priced round trip of the 124M node, 316 s a step, is already the size of the gap
+    the source measured between glibc and tcmalloc on PyTorch 1.10 (1,321.5 - 1,020.3 =
+    301 s) and below the one on 1.7 (1,489.7 - 976.2 = 514 s): it lies between the two
+    versions' gaps, within 10 % of the smaller, so the allocator cannot be priced much
+    higher without overshooting the PyTorch 1.10 measurement (docs/validation.md §8)."""
     priced = predicted("FUGAKU-DEV-10")[1] - predicted("FUGAKU-DEV-12")[1]
-    for glibc, tcmalloc in (("FUGAKU-DEV-9", "FUGAKU-DEV-8"), ("FUGAKU-DEV-10", "FUGAKU-DEV-12")):
-        gap = predicted(glibc)[0] - predicted(tcmalloc)[0]
-        assert 0.3 * gap < priced < gap, (glibc, priced, gap)
+    gaps = [predicted(glibc)[0] - predicted(tcmalloc)[0]
+            for glibc, tcmalloc in (("FUGAKU-DEV-9", "FUGAKU-DEV-8"),
+                                    ("FUGAKU-DEV-10", "FUGAKU-DEV-12"))]
+    assert 0.9 * min(gaps) < priced < max(gaps), (priced, gaps)
+    assert priced < 1.1 * min(gaps), (priced, gaps)
 
 
 def test_no_glibc_row_overshoots_its_measurement_by_20_percent():

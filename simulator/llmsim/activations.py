@@ -43,7 +43,8 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
       → 24·sbh/t for MHA with f = 4h and GeLU;
     * attention core (unfused, no selective recompute): softmax output, its dropout
       mask and dropout output, (2e + 1)·a·s²·b/t = 5·a·s²·b/t (the softmax output alone,
-      e·a·s²·b/t, without attention dropout);
+      e·a·s²·b/t, without attention dropout); with ``training.attention_softmax: eager``
+      the mask is PyTorch's float dropout noise, e bytes, so 3e·a·s²·b/t;
     * flash attention instead stores only the fp32 log-sum-exp, 4·a·s·b/t (Dao et al.
       2022 §3.1), and regenerates its dropout mask.
 
@@ -72,7 +73,9 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
         if training.fused_attention:
             core = FP32_BYTES * heads * s * b
         else:
-            dropped = e + DROPOUT_MASK_BYTES if training.attention_dropout > 0 else 0
+            # PyTorch's CPU dropout keeps a float noise tensor, not a byte mask (eager softmax).
+            mask = e if training.attention_softmax == "eager" else DROPOUT_MASK_BYTES
+            dropped = e + mask if training.attention_dropout > 0 else 0
             core = (e + dropped) * heads * s * s * b
     return outside_tp + sharded + core
 

@@ -11,6 +11,10 @@ from llmsim.specs._base import Spec
 AttentionKernel = Literal["flash", "cudnn", "unfused"]
 """How attention runs: FlashAttention-2, cuDNN's fused flash attention, or unfused."""
 
+AttentionSoftmax = Literal["fused", "eager"]
+"""How the unfused attention's scale, mask, softmax and dropout run: fused kernels, or
+PyTorch's eager CPU kernels one by one."""
+
 Allocator = Literal["caching", "glibc"]
 """Where a CPU framework's tensors come from: a caching allocator, or glibc's ``malloc``."""
 
@@ -42,6 +46,12 @@ class Training(Spec):
     """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2) or
     ``cudnn`` (cuDNN's fused flash attention, Transformer Engine's ``FusedAttention``,
     which Transformer Engine prefers on Hopper) — or the unfused softmax path."""
+    attention_softmax: AttentionSoftmax = "fused"
+    """With ``attention_kernel: unfused``: ``fused``, one scale-mask-softmax kernel and a
+    dropout that writes a 1-byte mask (Megatron-LM's CUDA kernels); ``eager``, Megatron's
+    ``forward_torch_softmax`` as PyTorch runs it on a CPU in FP32, kernel by kernel: the
+    scores scaled into a new tensor, masked in place, and a dropout that draws a float
+    noise tensor of the probabilities' size (:mod:`llmsim.workload.eager_softmax`)."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]
@@ -142,6 +152,16 @@ class Training(Spec):
             raise ValueError(
                 f"training.fp8_param_gather: true needs precision fp8 (got {self.precision}); "
                 "set training.precision: fp8 or turn it off"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _eager_softmax_is_unfused(self) -> Training:
+        if self.attention_softmax == "eager" and self.attention_kernel != "unfused":
+            raise ValueError(
+                f"training.attention_softmax: eager needs attention_kernel: unfused (got "
+                f"{self.attention_kernel}); set attention_kernel: unfused or drop "
+                "attention_softmax"
             )
         return self
 

@@ -26,6 +26,7 @@ from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 if TYPE_CHECKING:
     pass
 
+from llmsim.workload.eager_softmax import eager_softmax_backward, eager_softmax_forward
 from llmsim.workload.fp8 import weight_cast_bytes_per_element
 from llmsim.workload.step import Op
 
@@ -188,11 +189,14 @@ class LayerBuilder:
                     *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
+        dropout = self.trn.attention_dropout > 0
         return [
             replace(self._gemm("attn_scores", phase, s, s, d, b * heads), dtype=self.attn_dtype),
-            self._mem("attn_softmax", phase, probs, 2),     # read scores, write probs
-            *([self._mem("attn_dropout", phase, probs, 2, masks=1)]  # read, write, mask
-              if self.trn.attention_dropout > 0 else []),
+            *(eager_softmax_forward(self._mem, phase, probs, dropout)
+              if self.trn.attention_softmax == "eager" else [
+                self._mem("attn_softmax", phase, probs, 2),     # read scores, write probs
+                *([self._mem("attn_dropout", phase, probs, 2, masks=1)]  # read, write, mask
+                  if dropout else [])]),
             replace(self._gemm("attn_context", phase, s, d, s, b * heads), dtype=self.attn_dtype),
         ]
 
@@ -227,11 +231,12 @@ class LayerBuilder:
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
         context = self._gemm("attn_context", "B", s, d, s, b * heads)
         # Attention has no weights: both gradients of each batched GEMM are input gradients.
-        ops = [*self._gemm_grads(context),
-               *([self._mem("attn_dropout_bwd", "B", probs, 2, masks=1)]
-                 if self.trn.attention_dropout > 0 else []),
-               self._mem("attn_softmax_bwd", "B", probs, 3),
-               *self._gemm_grads(scores)]
+        dropout = self.trn.attention_dropout > 0
+        middle = eager_softmax_backward(self._mem, probs, dropout) \
+            if self.trn.attention_softmax == "eager" else [
+                *([self._mem("attn_dropout_bwd", "B", probs, 2, masks=1)] if dropout else []),
+                self._mem("attn_softmax_bwd", "B", probs, 3)]
+        ops = [*self._gemm_grads(context), *middle, *self._gemm_grads(scores)]
         return [replace(o, phase="B") for o in ops]
 
     # -- one block ----------------------------------------------------------------------
