@@ -1,6 +1,10 @@
-"""The ``llmsim`` command line (typer). User mistakes print one line and exit 2."""
+"""The ``llmsim`` command line (typer). User mistakes print one line and exit 2.
 
-from __future__ import annotations
+The command modules (``cli*.py``) evaluate their annotations when they are defined (no
+``from __future__ import annotations``): typer reads every command's parameter types
+each time the app is built, at every start, and evaluates each string annotation twice
+(``tests/test_cli_startup.py``).
+"""
 
 import atexit
 import gc
