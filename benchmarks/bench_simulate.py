@@ -100,8 +100,9 @@ CASES: dict[str, tuple[int, int, int, str, bool]] = {
 def _run(nodes: int, dp: int, batch: int, schedule: str, mode: str,
          source: str | None = None) -> dict:
     """One run in a fresh process, of this checkout's llmsim or of ``source`` (a
-    ``simulator/`` folder put first on the path)."""
-    env = dict(os.environ)
+    ``simulator/`` folder put first on the path), with one OpenBLAS thread as ``llmsim``'s
+    command line sets (``llmsim.cli.BLAS_THREADS``; a value set here wins)."""
+    env = {"OPENBLAS_NUM_THREADS": "1"} | dict(os.environ)
     if source is not None:
         env["PYTHONPATH"] = source + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run([sys.executable, "-c", CASE, str(nodes), str(dp), str(batch),

@@ -13,8 +13,11 @@ under ``cProfile`` and prints the 30 functions with the most cumulative time ins
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy, as llmsim's command line
 
 
 def time_rows(prefix: str | None) -> list[tuple[str, float, float]]:

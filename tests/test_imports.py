@@ -91,3 +91,25 @@ def test_the_result_is_data_that_plots_and_files_read():
 def test_a_cycle_is_found():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"p": {"p.x"}, "p.x": {"p"}}) is None
+
+
+LAYERS = {"llmsim.specs": 0, "llmsim.workload": 1, "llmsim.costs": 2, "llmsim.engine": 3,
+          "llmsim.result": 4, "llmsim.report": 5, "llmsim.plots": 5, "llmsim.export": 5,
+          "llmsim.cli": 6}
+"""The layers of docs/engine.md's one-way flow, lowest first: specs ← workload ← costs ←
+engine ← result ← report / plots / export ← cli (``llmsim.cli_*`` too)."""
+
+
+def _layer(module: str) -> int | None:
+    for name, rank in LAYERS.items():
+        if module == name or module.startswith((name + ".", name + "_")):
+            return rank
+    return None
+
+
+def test_the_layers_import_downward_only():
+    upward = {(a, b) for a, imported in import_graph().items() for b in imported
+              if (la := _layer(a)) is not None and (lb := _layer(b)) is not None and lb > la}
+    # Result.plot_timeline() imports the plotting module when called (a method may import
+    # lazily: the result is data, and plots never import it back).
+    assert upward == {("llmsim.result", "llmsim.plots")}

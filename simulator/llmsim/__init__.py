@@ -10,16 +10,8 @@ command line start without loading the specs, the cost models and their librarie
 
 from __future__ import annotations
 
-import os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
-
-# llmsim calls numpy's element-wise operations and never BLAS, but at numpy's import
-# OpenBLAS starts a worker thread per core that busy-waits for work (its thread timeout,
-# 2^28 cycles, about 0.1 s) before it sleeps: CPU time a short simulation pays beside its
-# own. One BLAS thread starts none; a value the user set wins, and it has no effect once
-# numpy is imported.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from llmsim.errors import UserError
 

@@ -1,9 +1,15 @@
-"""The ``llmsim`` command line (typer). User mistakes print one line and exit 2."""
+"""The ``llmsim`` command line (typer). User mistakes print one line and exit 2.
 
-from __future__ import annotations
+The command modules (``cli*.py``) evaluate their annotations when they are defined (no
+``from __future__ import annotations``): typer reads every command's parameter types
+each time the app is built, at every start, and evaluates each string annotation twice
+(``tests/test_cli_startup.py``).
+"""
 
+import atexit
 import gc
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -323,15 +329,38 @@ generation, 25–35 ms of CPU by ``gc.callbacks``, a twentieth of the run); at 1
 not once: the command makes fewer. The garbage a pass would have freed waits for the
 next one: up to 10⁵ container objects, some 10 MB."""
 
+BLAS_THREADS = "1"
+"""OpenBLAS threads the command line asks for (``OPENBLAS_NUM_THREADS``; a value the user
+set wins). llmsim calls numpy's element-wise operations and never BLAS, but at numpy's
+import OpenBLAS starts a worker thread per core that busy-waits for work (its thread
+timeout, 2^28 cycles, about 0.1 s) before it sleeps: CPU time a short command pays beside
+its own. One thread starts none. Set here, before any command imports numpy, and not when
+``llmsim`` is imported: a library leaves its user's threads alone."""
+
+FREEZE_AT_EXIT = True
+"""Whether the command line freezes the cyclic collector (``gc.freeze``) at exit. The
+interpreter's finalization runs full collections over every object still alive (the
+specs, the cost tables, the trace: some 10⁵ objects after ``llmsim run``) only to free
+memory the process gives back on exit anyway; frozen, they are skipped (``llmsim run
+frontier.yaml``: 50–90 ms of CPU less, benchmarks/bench_startup.py). What it gives up:
+``__del__`` of objects in unreachable cycles at exit, which Python does not promise either
+(the reference, "object.__del__")."""
+
 
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
 
     Usage errors (an unknown command or option) are reported by typer itself, with the
     usage line and exit code 2; a :class:`UserError` from inside a command is printed
-    here as one line.
+    here as one line. Before any command runs it sets the process's start-up settings:
+    one OpenBLAS thread (:data:`BLAS_THREADS`), the collector's threshold
+    (:data:`GC_FIRST_GENERATION`) and the collector frozen at exit (:data:`FREEZE_AT_EXIT`).
     """
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     gc.set_threshold(GC_FIRST_GENERATION, *gc.get_threshold()[1:])
+    if FREEZE_AT_EXIT:
+        atexit.unregister(gc.freeze)  # once, however often main() runs in one process
+        atexit.register(gc.freeze)
     try:
         app(prog_name="llmsim")
     except UserError as exc:

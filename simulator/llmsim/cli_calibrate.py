@@ -1,8 +1,6 @@
 """``llmsim calibrate gemm | shapes | nccl``: measurements into a calibration profile, and
 the GEMM shapes a scenario runs (cli.py registers them; ``time-gemms`` is cli_time_gemms)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Annotated
 

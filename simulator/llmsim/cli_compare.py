@@ -1,7 +1,5 @@
 """``llmsim compare``: scenarios, or variants of one, side by side (cli.py registers it)."""
 
-from __future__ import annotations
-
 import math
 import shlex
 from pathlib import Path

@@ -1,7 +1,5 @@
 """``llmsim gpt4``: the days-to-GPT-4 table (cli.py registers it; docs/gpt4.md)."""
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,7 +30,7 @@ def _calendar_days(r: Any) -> str:
     return f"{r.calendar_days:,.0f} ({r.calendar_days_p10:,.0f}–{r.calendar_days_p90:,.0f})"
 
 
-def render_table(df: pd.DataFrame, console: Console) -> None:
+def render_table(df: "pd.DataFrame", console: Console) -> None:
     """Print the table side by side, a unit in every header, then one line per machine
     on why llmsim's days differ from the source's."""
     table = Table(title="Days to train GPT-4 (3·10²⁵ FLOPs, gpt4-proxy-dense): the source "
@@ -99,7 +97,7 @@ def best_yaml(result: gpt4.SystemResult) -> str:
     return yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
 
 
-def plot_days(df: pd.DataFrame, path: Path) -> Path:
+def plot_days(df: "pd.DataFrame", path: Path) -> Path:
     """Days per machine, log scale: the source's, its method recomputed, llmsim's."""
     import matplotlib
 
@@ -125,7 +123,7 @@ def plot_days(df: pd.DataFrame, path: Path) -> Path:
     return path
 
 
-def write_outputs(df: pd.DataFrame, results: list[gpt4.SystemResult], out_dir: Path
+def write_outputs(df: "pd.DataFrame", results: list[gpt4.SystemResult], out_dir: Path
                   ) -> list[Path]:
     """``gpt4.csv``, a ``<system>-best.yaml`` per machine with a layout, ``gpt4.png``."""
     paths = [out_dir / "gpt4.csv"]

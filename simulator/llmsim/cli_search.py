@@ -1,8 +1,6 @@
 """``llmsim search``: the best layouts of a scenario's model on its machine (cli.py
 registers it)."""
 
-from __future__ import annotations
-
 import math
 import sys
 import time
@@ -185,7 +183,7 @@ def _num(value: object, spec: str) -> str:
     return "—" if not math.isfinite(number) else format(number, spec)
 
 
-def render(table: pd.DataFrame, console: Console, show: int = 10) -> None:
+def render(table: "pd.DataFrame", console: Console, show: int = 10) -> None:
     """The summary and the best ``show`` layouts, units in the headers."""
     s = table.attrs.get("summary")
     if s is not None:

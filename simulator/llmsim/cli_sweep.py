@@ -1,7 +1,5 @@
 """``llmsim sweep``: one scenario over a grid of field values (cli.py registers it)."""
 
-from __future__ import annotations
-
 import math
 import time
 from pathlib import Path

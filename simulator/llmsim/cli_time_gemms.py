@@ -5,8 +5,6 @@ source checkout the one under ``benchmarks/`` runs. It needs PyTorch, which llms
 not depend on, and a GPU (or ``--device cpu`` to try it).
 """
 
-from __future__ import annotations
-
 import runpy
 import sys
 from pathlib import Path

@@ -9,7 +9,8 @@ are divided by the tensor-parallel degree ``t``. Shapes follow Megatron-LM's lay
 The package holds three parts, data flowing one way: :mod:`~llmsim.workload.layer` builds
 the ops of one block (and the embedding and head), :mod:`~llmsim.workload.build` assembles
 them into chunks and the step's traffic, and :mod:`~llmsim.workload.step` is the result,
-the :class:`Workload` the engine replays; :mod:`~llmsim.workload.fp8` sizes Transformer
+the :class:`Workload` the engine replays, its gradient buckets in
+:mod:`~llmsim.workload.grad_buckets`; :mod:`~llmsim.workload.fp8` sizes Transformer
 Engine's FP8 bookkeeping (weight casts, amax-history updates) for both.
 """
 
