@@ -13,7 +13,8 @@ backend at the kernels the ring really runs on one device (:func:`llmsim.context
 a causal diagonal and ``cp - 1`` full rectangles, over every rank of the ring; the
 heads per device ``heads / tp``, or the nearest measured count where that one was not
 measured), and gives the step time error that would result with every other op at
-llmsim's price.
+llmsim's price (llmsim's attention time taken to run at the measured rate of the row's
+own kernel, ``training.attention_kernel``, from which the catalog prices it).
 """
 
 from __future__ import annotations
@@ -76,9 +77,11 @@ def main() -> None:
         cells = ""
         if rates:
             scenario = p.result.scenario
-            accel = scenario.system.node.accelerator
-            llmsim_tflops = (accel.peak_flops("bf16") * accel.cudnn_attention_fraction / 1e12)
             heads = scenario.model.heads // scenario.parallelism.tp
+            # llmsim prices the row's own kernel from these measurements (the catalog's
+            # *_attention_measured tables), so its attention time stands for that rate
+            llmsim_tflops, _ = ring_rate(rates, scenario.training.attention_kernel, heads,
+                                         scenario.training.seq_len, scenario.parallelism.cp)
             for backend in ("cudnn", "flash"):
                 tflops, sub = ring_rate(rates, backend, heads, scenario.training.seq_len,
                                         scenario.parallelism.cp)
