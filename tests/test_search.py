@@ -18,7 +18,7 @@ from llmsim.cli import app
 from llmsim.search import search, space
 from llmsim.search.confirm import layout_of_row
 from llmsim.search.estimate import Estimator
-from llmsim.search.pipeline import StageTimes, pipeline_s
+from llmsim.search.pipeline import ZB_H2_WALKED_BELOW, StageTimes, pipeline_s
 from llmsim.search.price import price_batch, state_fits
 from llmsim.search.space import SpaceOptions, apply, cores, layout_of, switch_variants
 from llmsim.simulation import simulate
@@ -134,18 +134,25 @@ def test_zb_h1_closed_form_equals_its_bubble() -> None:
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 @pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (1.0, 2.0, 1.0)])
-def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: float) -> None:
+@pytest.mark.parametrize("walked", [True, False])
+def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: float,
+                                               walked: bool) -> None:
     """ZB-H2 with equal stages, m ≥ 2p − 1: m·(F+B+W) + (p−1)·max(F, F+B−2W), the
     reference timeline's step (the parallelogram of Qi et al. 2024 §2.2 and the
-    optimizer's synchronisation)."""
-    m = 2 * p + 1
+    optimizer's synchronisation), whether its order is walked (m below
+    ZB_H2_WALKED_BELOW·(2p − 1): each stage's own end) or its closed form taken (every
+    stage taken to end with the last)."""
+    m = 2 * p + 1 if walked else ZB_H2_WALKED_BELOW * (2 * p - 1)
     stages = [StageTimes(f=f, b=b, w=w) for _ in range(p)]
     total, ends = pipeline_s("zb-h2", stages, m, 1, blocking=True, posted_singly=False,
                              zero3=False, prefetch=True)
     assert total == pytest.approx(m * (f + b + w) + (p - 1) * max(f, f + b - 2 * w))
     timeline = schedules.unit_timeline(schedules.build("zb-h2", p, m, 1), f=f, b=b, w=w)
     assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
-    assert ends == [total] * p
+    if walked:
+        assert ends == pytest.approx([row[-1][1] for row in timeline])
+    else:
+        assert ends == [total] * p
 
 
 @settings(max_examples=30, deadline=None)
