@@ -29,6 +29,7 @@ from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.pairs import stage_pair_parts
 from llmsim.search.parts import SharedParts, contention_key, servers
+from llmsim.search.pipedream_updates import update_shares_s
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.search.zero3_queue import (
@@ -56,9 +57,12 @@ class Estimate:
     pipeline_s: float
     """Forward and backward passes of every micro-batch, to the last stage's last pass."""
     dp_tail_s: float
-    """Gradient reduction (and ZeRO traffic) after the last pass, on the slowest stage."""
+    """Gradient reduction (and ZeRO traffic) after the last pass, on the slowest stage
+    (PipeDream: its reductions after every backward, their share of the step,
+    :mod:`llmsim.search.pipedream_updates`)."""
     optimizer_s: float
-    """Optimizer step and the ZeRO-1/2 weight gather after it."""
+    """Optimizer step and the ZeRO-1/2 weight gather after it (PipeDream: its updates
+    after every backward, their share of the step)."""
     model_flops_per_step: float
     tokens_per_step: int
     devices: int
@@ -292,6 +296,14 @@ class Estimator(SharedParts):
         if tied is not None:
             done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
             ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
+        if par.schedule == "pipedream":  # a reduction and an update after every backward
+            updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
+                       for _, key, _, _ in self._runs(plan_key, split, node_of)]
+            pipe, reduce_s, opt_s = update_shares_s(
+                [(st, n) for st, n in runs], tails, updates, m,
+                tied_s=costs.comm_s(tied) if tied is not None else 0.0,
+                blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
+            ready = pipe + reduce_s
         step = ready + opt_s + trn.step_overhead_s
         accel = sc.system.node.accelerator
         return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
