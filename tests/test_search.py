@@ -51,8 +51,8 @@ def _tiny(**changes: object) -> llmsim.specs.Scenario:
 def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -> None:
     scenario = llmsim.load_scenario(name)
     if scenario.placement is not None:
-        pytest.skip("a heterogeneous job: the search refuses it and the estimator prices one "
-                    "node group (docs/heterogeneous.md)")
+        pytest.skip("a heterogeneous job: the search prices its placements with the engine "
+                    "itself, as the estimator prices one node group (docs/search.md)")
     par = scenario.parallelism
     if par.schedule not in space.SCHEDULES:
         pytest.skip("a schedule the search does not try (docs/search.md)")
@@ -85,17 +85,28 @@ def test_estimator_agrees_with_the_engine_through_parameter_servers() -> None:
         simulate(scenario).step_time_s, rel=0.01)
 
 
-def _target_runs(every: int) -> list:
+OUTSIDE_5_PERCENT = {
+    "MLPERF-v3.0-CoreWeave-n3584": "0.936: Megatron-LM's overlapped interleaved schedule "
+    "posts its sends singly, and their channels and the data-parallel collectives hold "
+    "compute units while the passes run; the estimator leaves that contention out "
+    "(docs/search.md)",
+}
+"""Target rows the estimator is known to miss by more than 5 %, with why."""
+
+
+def _target_runs() -> list:
     from llmsim.validation import load_runs
 
-    runs = [r for r in load_runs() if r.target]
-    return runs[::every]
+    return [pytest.param(r, id=r.id, marks=pytest.mark.xfail(
+                reason=OUTSIDE_5_PERCENT[r.id], strict=True))
+            if r.id in OUTSIDE_5_PERCENT else pytest.param(r, id=r.id)
+            for r in load_runs() if r.target]
 
 
-@pytest.mark.parametrize("run", _target_runs(6), ids=lambda r: r.id)
+@pytest.mark.parametrize("run", _target_runs())
 def test_estimator_agrees_with_the_engine_on_validation_target_rows(run: object) -> None:
-    """A sixth of the target rows (every sixth, all sources kept in turn); the docs give
-    the ratio on every row (docs/search.md)."""
+    """Every target row (86, about 14 s of CPU in all); the docs give the ratio on every
+    row (docs/search.md)."""
     from llmsim.validation import scenario_for
 
     scenario = scenario_for(run)
