@@ -29,7 +29,8 @@ micro-batches over ``p`` stages takes
 - PipeDream (asynchronous 1F1B, no flush; Narayanan et al. 2019 §3.2): ``m·max C`` —
   in the steady state the pipeline never fills or drains, and the slowest stage sets
   the pace (the registry's bubble 0; :func:`llmsim.steady_state.pipedream_step_s`
-  replays it);
+  replays it; the reduction and update after every backward:
+  :mod:`llmsim.search.pipedream_updates`);
 - ZB-V: no closed form — its greedy order (``llmsim.schedules.zb_v``) is irregular once
   F, B and W differ — so :func:`zb_v_walk_s` replays the schedule's action order with
   these pass times, half of a stage's per chunk (Qi et al. 2024 §6): each pass starts
