@@ -74,6 +74,18 @@ def test_why_line_states_the_sources_implied_efficiency():
     assert "mean 49 % of BF16 peak" in result.why()
 
 
+def test_why_line_says_when_the_source_s_count_exceeds_the_machine():
+    """LUMI: the source's 40,960 GCDs are more than the machine's 23,824; the row is
+    searched on the whole machine and its line says so (issue #35)."""
+    row = next(r for r in gpt4_sources.SOURCE_TABLE if r.system == "lumi")
+    result = gpt4.SystemResult(row, 40_960, 23_824, 7.84e18, 89.0, None, {}, False, "", 0,
+                               0, 0.0)
+    assert "the source's 40,960 devices exceed the machine's 23,824" in result.why()
+    fits = gpt4.SystemResult(row, 23_824, 23_824, 7.84e18, 89.0, None, {}, False, "", 0, 0,
+                             0.0)
+    assert "exceed" not in fits.why()
+
+
 def test_select_names_and_order():
     assert [r.system for r in gpt4.select("fugaku, openai")] == ["openai", "fugaku"]
     with pytest.raises(UserError, match="--systems"):

@@ -18,7 +18,7 @@ from llmsim.cli import app
 from llmsim.search import search, space
 from llmsim.search.confirm import layout_of_row
 from llmsim.search.estimate import Estimator
-from llmsim.search.pipeline import StageTimes, pipeline_s
+from llmsim.search.pipeline import ZB_H2_WALKED_BELOW, StageTimes, pipeline_s
 from llmsim.search.price import price_batch, state_fits
 from llmsim.search.space import SpaceOptions, apply, cores, layout_of, switch_variants
 from llmsim.simulation import simulate
@@ -51,8 +51,8 @@ def _tiny(**changes: object) -> llmsim.specs.Scenario:
 def test_estimator_agrees_with_the_engine_on_every_catalog_scenario(name: str) -> None:
     scenario = llmsim.load_scenario(name)
     if scenario.placement is not None:
-        pytest.skip("a heterogeneous job: the search refuses it and the estimator prices one "
-                    "node group (docs/heterogeneous.md)")
+        pytest.skip("a heterogeneous job: the search prices its placements with the engine "
+                    "itself, as the estimator prices one node group (docs/search.md)")
     par = scenario.parallelism
     if par.schedule not in space.SCHEDULES:
         pytest.skip("a schedule the search does not try (docs/search.md)")
@@ -85,17 +85,28 @@ def test_estimator_agrees_with_the_engine_through_parameter_servers() -> None:
         simulate(scenario).step_time_s, rel=0.01)
 
 
-def _target_runs(every: int) -> list:
+OUTSIDE_5_PERCENT = {
+    "MLPERF-v3.0-CoreWeave-n3584": "0.936: Megatron-LM's overlapped interleaved schedule "
+    "posts its sends singly, and their channels and the data-parallel collectives hold "
+    "compute units while the passes run; the estimator leaves that contention out "
+    "(docs/search.md)",
+}
+"""Target rows the estimator is known to miss by more than 5 %, with why."""
+
+
+def _target_runs() -> list:
     from llmsim.validation import load_runs
 
-    runs = [r for r in load_runs() if r.target]
-    return runs[::every]
+    return [pytest.param(r, id=r.id, marks=pytest.mark.xfail(
+                reason=OUTSIDE_5_PERCENT[r.id], strict=True))
+            if r.id in OUTSIDE_5_PERCENT else pytest.param(r, id=r.id)
+            for r in load_runs() if r.target]
 
 
-@pytest.mark.parametrize("run", _target_runs(6), ids=lambda r: r.id)
+@pytest.mark.parametrize("run", _target_runs())
 def test_estimator_agrees_with_the_engine_on_validation_target_rows(run: object) -> None:
-    """A sixth of the target rows (every sixth, all sources kept in turn); the docs give
-    the ratio on every row (docs/search.md)."""
+    """Every target row (86, about 14 s of CPU in all); the docs give the ratio on every
+    row (docs/search.md)."""
     from llmsim.validation import scenario_for
 
     scenario = scenario_for(run)
@@ -134,18 +145,25 @@ def test_zb_h1_closed_form_equals_its_bubble() -> None:
 
 @pytest.mark.parametrize("p", [2, 3, 4])
 @pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0), (1.0, 2.0, 1.0)])
-def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: float) -> None:
+@pytest.mark.parametrize("walked", [True, False])
+def test_zb_h2_closed_form_equals_its_schedule(p: int, f: float, b: float, w: float,
+                                               walked: bool) -> None:
     """ZB-H2 with equal stages, m ≥ 2p − 1: m·(F+B+W) + (p−1)·max(F, F+B−2W), the
     reference timeline's step (the parallelogram of Qi et al. 2024 §2.2 and the
-    optimizer's synchronisation)."""
-    m = 2 * p + 1
+    optimizer's synchronisation), whether its order is walked (m below
+    ZB_H2_WALKED_BELOW·(2p − 1): each stage's own end) or its closed form taken (every
+    stage taken to end with the last)."""
+    m = 2 * p + 1 if walked else ZB_H2_WALKED_BELOW * (2 * p - 1)
     stages = [StageTimes(f=f, b=b, w=w) for _ in range(p)]
     total, ends = pipeline_s("zb-h2", stages, m, 1, blocking=True, posted_singly=False,
                              zero3=False, prefetch=True)
     assert total == pytest.approx(m * (f + b + w) + (p - 1) * max(f, f + b - 2 * w))
     timeline = schedules.unit_timeline(schedules.build("zb-h2", p, m, 1), f=f, b=b, w=w)
     assert total == pytest.approx(max(end for row in timeline for _, end, _ in row))
-    assert ends == [total] * p
+    if walked:
+        assert ends == pytest.approx([row[-1][1] for row in timeline])
+    else:
+        assert ends == [total] * p
 
 
 @settings(max_examples=30, deadline=None)

@@ -5,6 +5,7 @@ stashed weights' memory, and the option that lets its stale updates compete."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from test_cli import run_cli
@@ -14,6 +15,8 @@ from llmsim.errors import UserError
 from llmsim.memory import memory_per_stage
 from llmsim.search import search
 from llmsim.search.estimate import Estimator
+from llmsim.search.pipedream_updates import update_shares_s
+from llmsim.search.pipeline import StageTimes
 from llmsim.search.space import ASYNCHRONOUS, SpaceOptions, apply, cores
 from llmsim.steady_state import pipedream_step_s
 
@@ -96,3 +99,39 @@ def test_cli_search_marks_pipedream_rows_asynchronous(tmp_path, capsys) -> None:
     code, _, stderr = run_cli(["search", str(path), "--top", "1", "--workers", "1",
                                "--objective", "step_time", *fix], capsys)
     assert code == 2 and "--asynchronous" in stderr
+
+
+def test_a_reduction_and_an_update_follow_every_backward() -> None:
+    """Each stage's cycle is its passes, its reduction's tail, its optimizer step
+    (llmsim.search.pipedream_updates): stages of C = 3 and 2 s, tails 0 and 1.5 s, updates
+    1 and 0.5 s, 4 micro-batches: passes 4·3, reductions 4·max(3, 3.5) − 12, updates
+    4·max(4, 4) − 14; the tied embedding's all-reduce is in the first and last tails."""
+    runs = [(StageTimes(f=1.0, b=1.0, w=1.0), 1), (StageTimes(f=0.5, b=1.0, w=0.5), 1)]
+    kw = {"blocking": True, "zero3": False, "prefetch": True}
+    assert update_shares_s(runs, [0.0, 1.5], [1.0, 0.5], 4, tied_s=0.0, **kw) == \
+        pytest.approx((12.0, 2.0, 2.0))
+    assert update_shares_s(runs, [0.0, 1.5], [1.0, 0.5], 4, tied_s=1.0, **kw) == \
+        pytest.approx((12.0, 4 * 4.5 - 12, 4 * 5.0 - 4 * 4.5))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pipedream_prices_a_reduction_and_an_update_per_backward(seed: int) -> None:
+    """PipeDream updates after every backward (Narayanan et al. 2019 §3.3): doubling the
+    micro-batches of a step doubles its reductions' and updates' share, where 1F1B's one
+    optimizer step per step stays; and the updates cost at most m of 1F1B's step (whose
+    optimizer is the slowest stage's) and more than one."""
+    est = Estimator()
+    for layout in _pipedream_layouts(4, seed):
+        one, two = (apply(_tiny(), replace(layout, global_batch=layout.global_batch * k))
+                    for k in (1, 2))
+        e1, e2 = est.estimate(one), est.estimate(two)
+        # (within 1 %: a stage's passes per micro-batch average over the step's m, e.g.
+        # ZeRO-3's queue waits, less the last one's)
+        assert e2.optimizer_s == pytest.approx(2 * e1.optimizer_s, rel=0.01), layout.key
+        assert e2.dp_tail_s == pytest.approx(2 * e1.dp_tail_s, rel=0.01), layout.key
+        flush = est.estimate(apply(_tiny(), replace(layout, schedule="1f1b")))
+        m = one.micro_batches
+        assert flush.optimizer_s < e1.optimizer_s <= m * flush.optimizer_s * (1 + 1e-9), \
+            layout.key
+        assert e1.step_time_s == pytest.approx(
+            e1.pipeline_s + e1.dp_tail_s + e1.optimizer_s + one.training.step_overhead_s)

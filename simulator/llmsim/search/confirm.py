@@ -63,8 +63,10 @@ def engine_row(base: Scenario, layout: Layout) -> dict[str, Any]:
 def steady_state_row(scenario: Scenario, key: str) -> dict[str, Any]:
     """:func:`engine_row` of a PipeDream layout, which the engine does not run as one
     step: its pipeline's steady state replayed by the engine
-    (:func:`llmsim.steady_state.pipedream_step_s`) in place of the estimator's closed form,
-    plus the estimator's gradient reduction tail and optimizer step; bubble 0 (the
+    (:func:`llmsim.steady_state.pipedream_step_s`, the passes only) in place of the
+    estimator's closed form, plus the estimator's shares of the step for the gradient
+    reduction and the optimizer step after every backward
+    (:mod:`llmsim.search.pipedream_updates`), which the replay leaves out; bubble 0 (the
     steady state has none); fits by the memory model with its stashed weight versions."""
     from llmsim.search.estimate import Estimator
     from llmsim.steady_state import pipedream_step_s

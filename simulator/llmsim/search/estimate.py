@@ -29,10 +29,14 @@ from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.pairs import stage_pair_parts
 from llmsim.search.parts import SharedParts, contention_key, servers
+from llmsim.search.pipedream_updates import update_shares_s
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.search.zero3_queue import (
+    DEFERS_W,
     blended_wait_s,
+    deferred_w_follows,
+    deferred_wait_s,
     per_microbatch_s,
     stage_cooldown_shares,
 )
@@ -53,9 +57,12 @@ class Estimate:
     pipeline_s: float
     """Forward and backward passes of every micro-batch, to the last stage's last pass."""
     dp_tail_s: float
-    """Gradient reduction (and ZeRO traffic) after the last pass, on the slowest stage."""
+    """Gradient reduction (and ZeRO traffic) after the last pass, on the slowest stage
+    (PipeDream: its reductions after every backward, their share of the step,
+    :mod:`llmsim.search.pipedream_updates`)."""
     optimizer_s: float
-    """Optimizer step and the ZeRO-1/2 weight gather after it."""
+    """Optimizer step and the ZeRO-1/2 weight gather after it (PipeDream: its updates
+    after every backward, their share of the step)."""
     model_flops_per_step: float
     tokens_per_step: int
     devices: int
@@ -150,12 +157,19 @@ class Estimator(SharedParts):
             cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
         waits_rs = zero3 and par.overlap_dp_comm and (not split_backward or walked)
         # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms subtract: a wait
-        # added to W would shorten the estimate; ZB-V's walk subtracts nothing, its W
-        # passes wait as the engine's do)
+        # added to W would shorten the estimate, so theirs is the cycle's, queue_wait;
+        # ZB-V's walk subtracts nothing, its W passes wait as the engine's do)
+        deferred = zero3 and par.overlap_dp_comm and par.schedule in DEFERS_W
+        follows: dict[tuple, set] = {}  # ZB-H1/H2: a kind's stages' (W→F, W→B) counts
+        if deferred:
+            per_stage = deferred_w_follows(par.schedule, p, m)
+            for s, kind_key, _, count in self._runs(plan_key, split, node_of):
+                follows.setdefault(kind_key, set()).update(per_stage[s:s + count])
         for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
                 f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
+                queue_wait = 0.0  # ZB-H1/H2 at ZeRO-3: the slowest of the kind's stages
                 grads: list[tuple[int, float]] = []
                 rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 backward: list[tuple[float, float]] = []
@@ -216,11 +230,19 @@ class Estimator(SharedParts):
                             regather=traffic.regather_for_recompute,
                             prefetch=par.prefetch_weights,
                             weight_s=cw + acc if units == 1 else None)] * repeat
+                    if deferred:
+                        queue_wait += repeat * max(deferred_wait_s(
+                            bucket, layer_gather, cf / units, cb / units, pair, m,
+                            regather=traffic.regather_for_recompute,
+                            prefetch=par.prefetch_weights,
+                            weight_s=cw + acc if units == 1 else None)
+                            for pair in follows[kind_key])
                 own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m
                                  + per_microbatch_s(rs_waits, m),
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
-                                 first_forward_gather=waited, chunk_forward=forward)
+                                 first_forward_gather=waited, chunk_forward=forward,
+                                 queue_wait=queue_wait)
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
                 kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
@@ -241,7 +263,7 @@ class Estimator(SharedParts):
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
                 own.chunk_backward, own.first_forward_gather,
-                chunk_forward=own.chunk_forward), count])
+                chunk_forward=own.chunk_forward, queue_wait=own.queue_wait), count])
             tails.append(kind.tail_s)
         if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
             devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
@@ -274,6 +296,14 @@ class Estimator(SharedParts):
         if tied is not None:
             done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
             ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
+        if par.schedule == "pipedream":  # a reduction and an update after every backward
+            updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
+                       for _, key, _, _ in self._runs(plan_key, split, node_of)]
+            pipe, reduce_s, opt_s = update_shares_s(
+                [(st, n) for st, n in runs], tails, updates, m,
+                tied_s=costs.comm_s(tied) if tied is not None else 0.0,
+                blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
+            ready = pipe + reduce_s
         step = ready + opt_s + trn.step_overhead_s
         accel = sc.system.node.accelerator
         return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,

@@ -20,11 +20,17 @@ micro-batches over ``p`` stages takes
   parallelogram of Qi et al. 2024 §2.2 closed by the optimizer's synchronisation
   (``llmsim.schedules.zb_h2``), for m ≥ 2p − 1 and W ≤ F, B; unequal stages are
   approximated by the costliest stage's lag, and every stage is taken to end with the
-  last (its deferred W passes fill the tail);
+  last (its deferred W passes fill the tail); with fewer than ``4(2p − 1)``
+  micro-batches (:data:`ZB_H2_WALKED_BELOW`) or a W longer than F or B the order is
+  walked instead, as ZB-V's below;
+- ZB-H1 and ZB-H2 at ZeRO-3: the waits for the reduce-scatters queued before the next
+  pass's gathers (``StageTimes.queue_wait``) are in ``C_s`` but not in the W that the
+  closed forms subtract, and ride on each W pass in a walk;
 - PipeDream (asynchronous 1F1B, no flush; Narayanan et al. 2019 §3.2): ``m·max C`` —
   in the steady state the pipeline never fills or drains, and the slowest stage sets
   the pace (the registry's bubble 0; :func:`llmsim.steady_state.pipedream_step_s`
-  replays it);
+  replays it; the reduction and update after every backward:
+  :mod:`llmsim.search.pipedream_updates`);
 - ZB-V: no closed form — its greedy order (``llmsim.schedules.zb_v``) is irregular once
   F, B and W differ — so :func:`zb_v_walk_s` replays the schedule's action order with
   these pass times, half of a stage's per chunk (Qi et al. 2024 §6): each pass starts
@@ -77,6 +83,10 @@ class StageTimes:
     (``overlap_param_gather``)."""
     chunk_forward: list[float] = field(default_factory=list)
     """Per chunk, forward seconds of one micro-batch (ZB-V's walk splits ``f`` by them)."""
+    queue_wait: float = 0.0
+    """ZeRO-3 under ZB-H1 or ZB-H2: seconds per micro-batch the compute stream waits for
+    reduce-scatters queued before gathers (:func:`llmsim.search.zero3_queue.deferred_wait_s`),
+    counted in the stage's cycle and not in ``w``, which the closed forms subtract."""
 
     @property
     def reduction_s(self) -> float:
@@ -99,6 +109,16 @@ def _passes(st: StageTimes, blocking: bool, posted_singly: bool, zero3: bool,
     elif blocking:
         f, b = f + st.sends_f, b + st.sends_b
     return f + st.gathers, b, w
+
+
+ZB_H2_WALKED_BELOW = 4
+"""ZB-H2's order is walked with fewer than this many times 2p − 1 micro-batches, its
+closed form used with more. Measured on 300 sampled ZB-H2 layouts of ``selene-gpt3``
+(seed 1), closed form over walk by m / (2p − 1): below 1 (where the form does not hold)
+mean 0.898; 1–2 mean 1.013, max 1.059; 2–4 mean 1.013, max 1.131; 4–8 mean 1.008, max
+1.026; above 8 mean 1.002, max 1.013. The walk's order is compiled once per (p, m)
+(about 5 µs a pass): walking every ZB-H2 layout of that space compiles 3.0 M passes,
+below 4 a quarter of them (0.76 M)."""
 
 
 Run = tuple[StageTimes, int]
@@ -127,7 +147,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     passes = [_passes(st, blocking, posted_singly, zero3, prefetch) for st, _ in runs]
     cycle = []
     for (st, _), (f, b, w) in zip(runs, passes, strict=True):
-        c = f + b + w
+        c = f + b + w + st.queue_wait
         if not blocking and not posted_singly:  # non-blocking sends queue on one link
             c = max(c, st.sends_f + st.sends_b)
         if zero3:  # the data-parallel stream's own work per micro-batch
@@ -137,8 +157,12 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     counts = [count for _, count in runs]
     hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)
-    # ZB-H1's closed form below assumes W ≤ F, B; otherwise its order is walked
-    walk_h1 = schedule == "zb-h1" and any(w > min(f, b) for f, b, w in passes)
+    # ZB-H1's and ZB-H2's closed forms below assume W ≤ F, B, and ZB-H2's m ≥ 2p − 1;
+    # otherwise, and where ZB-H2's is not close enough (ZB_H2_WALKED_BELOW), the order
+    # is walked
+    walked_order = schedule in ("zb-h1", "zb-h2") and (
+        any(w > min(f, b) for f, b, w in passes)
+        or (schedule == "zb-h2" and m < ZB_H2_WALKED_BELOW * (2 * p - 1)))
     if schedule == "gpipe":
         fwd = [f for f, _, _ in passes]
         bwd = [b + w for _, b, w in passes]
@@ -149,7 +173,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                  + (m - 1) * max(bwd) + sum(x * n for x, n in zip(bwd, counts, strict=True)))
     elif schedule == "interleaved-1f1b":
         total = m * top + (sum(c * n for c, n in zip(cycle, counts, strict=True)) - top) / v
-    elif schedule == "zb-h1" and not walk_h1:
+    elif schedule == "zb-h1" and not walked_order:
         # The deferred W passes fill the cool-down: min(m, p) − 2 of them hide (Qi et al.
         # 2023's p − 2 once m ≥ p; with fewer micro-batches than stages each stage has
         # only m, and with one the last W runs after the backward chain).
@@ -158,18 +182,20 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                                                                          strict=True))
                  - (min(m, p) - 2) * min(ws))
         total = max(total, m * top)
-    elif schedule == "zb-h2":
+    elif schedule == "zb-h2" and not walked_order:
         lag = max(max(f, f + b - 2 * w) for f, b, w in passes)
         total = m * top + (p - 1) * lag
     elif schedule == "pipedream":  # the steady state: no fill or drain, no hops waited
         total = m * top - hops
-    elif schedule == "zb-v" or walk_h1:
-        # ZB-V's order, or ZB-H1's where a W outlasts F or B (its deferred W passes then
-        # outlast the closed form's cool-down), walked with these passes
+    elif schedule == "zb-v" or walked_order:
+        # ZB-V's order, ZB-H2's, or ZB-H1's where a W outlasts F or B (its deferred W
+        # passes then outlast the closed form's cool-down), walked with these passes
         stages = [(st, pass_times) for (st, n), pass_times in zip(runs, passes, strict=True)
                   for _ in range(n)]
-        walked = zb_v_walk_s if schedule == "zb-v" else zb_h1_walk_s
-        walk, stage_ends = walked(stages, m, blocking=blocking)
+        if schedule == "zb-v":
+            walk, stage_ends = zb_v_walk_s(stages, m, blocking=blocking)
+        else:
+            walk, stage_ends = one_chunk_walk_s(schedule, stages, m, blocking=blocking)
         extra = max(st.first_forward_gather for st, _ in runs)
         total = max(walk, m * top) + extra
         ends, s = [], 0
@@ -223,12 +249,13 @@ def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: 
     return walk_s(compiled(len(stages), m), durations, _hops(stages, blocking))
 
 
-def zb_h1_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int,
-                 *, blocking: bool) -> tuple[float, list[float]]:
-    """ZB-H1's pipeline phase by a walk of its order (:func:`zb_v_walk_s`'s, one chunk a
-    stage): (its length, when each stage's last pass ends), seconds."""
-    durations = [x for _, pass_times in stages for x in pass_times]
-    return walk_s(compiled(len(stages), m, "zb-h1", 1), durations, _hops(stages, blocking))
+def one_chunk_walk_s(schedule: str, stages: list[tuple[StageTimes, tuple[float, float, float]]],
+                     m: int, *, blocking: bool) -> tuple[float, list[float]]:
+    """ZB-H1's or ZB-H2's pipeline phase by a walk of its order (:func:`zb_v_walk_s`'s,
+    one chunk a stage): (its length, when each stage's last pass ends), seconds. The walk
+    subtracts nothing, so ZeRO-3's queue wait (``queue_wait``) rides on each W pass."""
+    durations = [x for st, (f, b, w) in stages for x in (f, b, w + st.queue_wait)]
+    return walk_s(compiled(len(stages), m, schedule, 1), durations, _hops(stages, blocking))
 
 
 def _hops(stages: list[tuple[StageTimes, tuple[float, float, float]]],

@@ -25,9 +25,19 @@ per-pass closed forms take each pass as the slower of its compute and its gather
 without this term they miss that wait:
 measured on 12 sampled interleaved ZeRO-3 layouts of ``selene-gpt3`` the estimate was
 0.66–0.94 of the engine (``docs/search.md``).
+
+ZB-H1 and ZB-H2 defer W passes into the bubbles their closed forms subtract, so the
+wait is not added to W there but to the stage's cycle (``StageTimes.queue_wait``), per
+micro-batch the waits of the W passes a forward or a backward next follows
+(:func:`deferred_w_follows`, :func:`deferred_wait_s`); the W passes followed by W
+passes only end the stage, their reduce-scatters the step's tail.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
+
+from llmsim.in_flight import schedule_order
 
 
 def reduce_scatter_wait_s(buckets: tuple[int, float], layer_gather_s: float,
@@ -110,3 +120,68 @@ def stage_cooldown_shares(schedule: str, p: int, m: int, v: int) -> list[float]:
     else:
         return [0.0] * p
     return [w / (m * v) for w in warm]
+
+
+DEFERS_W = ("zb-h1", "zb-h2")
+"""Schedules whose closed forms subtract the deferred W passes
+(:func:`llmsim.search.pipeline.pipeline_runs_s`): their queue wait is the cycle's."""
+
+
+@lru_cache(maxsize=1024)
+def deferred_w_follows(schedule: str, p: int, m: int) -> tuple[tuple[int, int], ...]:
+    """Per stage of ZB-H1 or ZB-H2 (one chunk, ``p`` stages, ``m`` micro-batches), how
+    many of its ``m`` W passes the next pass other than a W is a forward after, and how
+    many a backward; the rest are followed by W passes only (the stage's end).
+
+    ZB-H1 (:mod:`llmsim.schedules.zb_h1`) is 1F1B with stage s's W(x) right after its
+    B(x + s): with ``w = min(m, p − s − 1)`` warm-up forwards, B(j) is followed by a
+    forward for ``j < m − w − 1``, so ``max(0, m − w − 1 − s)`` W passes by a forward and
+    the rest of the ``m − s − 1`` that follow a B by a backward. ZB-H2's greedy order
+    (:mod:`llmsim.schedules.zb_h2`), for ``m ≥ 2p − 1``: ``min(m, 2s + 1)`` W passes end the
+    stage, ``min(3(p − 1 − s), m − min(m, 2s + 1))`` are followed by a backward; with fewer
+    micro-batches the order itself is read (it is short). ``tests/test_search_zero3_queue.py``
+    checks both against the orders."""
+    if schedule == "zb-h1":
+        out = []
+        for s in range(p):
+            forward = max(0, m - min(m, p - s - 1) - 1 - s)
+            out.append((forward, max(0, m - s - 1) - forward))
+        return tuple(out)
+    if schedule == "zb-h2" and m >= 2 * p - 1:
+        out = []
+        for s in range(p):
+            ends = min(m, 2 * s + 1)
+            backward = min(3 * (p - 1 - s), m - ends)
+            out.append((m - ends - backward, backward))
+        return tuple(out)
+    return tuple(_follows_in_order(row) for row in schedule_order(schedule, p, m, 1))
+
+
+def _follows_in_order(row: tuple) -> tuple[int, int]:
+    """(W passes a forward next follows, W passes a backward does) in one stage's order."""
+    forward = backward = 0
+    after = None  # the next pass other than a W, walking back from the end
+    for action in reversed(row):
+        if action.kind == "W":
+            forward += after == "F"
+            backward += after == "B"
+        else:
+            after = action.kind
+    return forward, backward
+
+
+def deferred_wait_s(buckets: tuple[int, float], layer_gather_s: float,
+                    forward_layer_s: float, backward_layer_s: float,
+                    follows: tuple[int, int], m: int, *, regather: bool, prefetch: bool,
+                    weight_s: float | None = None) -> float:
+    """Seconds per micro-batch a stage of ZB-H1 or ZB-H2 waits for its chunk's
+    reduce-scatters: the waits of the W passes a forward follows and of those a backward
+    follows (``follows``, :func:`deferred_w_follows`), each :func:`blended_wait_s`'s for
+    its next pass, over the step's ``m`` micro-batches."""
+    forward, backward = follows
+    if not forward + backward:
+        return 0.0
+    args = (buckets, layer_gather_s, forward_layer_s, backward_layer_s)
+    kw = {"regather": regather, "prefetch": prefetch, "weight_s": weight_s}
+    return (forward * blended_wait_s(*args, 0.0, **kw)
+            + backward * blended_wait_s(*args, 1.0, **kw)) / m
