@@ -70,6 +70,8 @@ class CompiledOrder:
     p: int
     passes: tuple[tuple[int, int, int, int], ...]
     last_w: dict[tuple[int, int], int]
+    last: tuple[int, ...] = ()
+    """Per device, the 1-based index of its last pass (0: none)."""
 
 
 CACHE_PASSES = 3_000_000
@@ -103,13 +105,34 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
                  for (s, column, j, hop), a in zip(graph.rows(), graph.actions, strict=True))
     last_w = {(a.stage, a.chunk): k for k, a in enumerate(graph.actions, start=1)
               if a.kind == "W"}
-    return CompiledOrder(p, rows, last_w)
+    last = [0] * p
+    for k, (s, *_) in enumerate(rows, start=1):
+        last[s] = k
+    return CompiledOrder(p, rows, last_w, tuple(last))
+
+
+WALK_MEMO = 4096
+"""Walks whose results one process keeps, by their exact inputs (as
+:data:`llmsim.search.zb_v_walk.WALK_MEMO`): layouts that differ only in what the walk
+does not read (the ZeRO stage below 3, the parameter-gather overlap, the gradient
+buckets) replay the same walk."""
+
+_WALKS: dict[tuple, tuple[CompiledOrder, list[float]]] = {}
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:
     """Each pass's end (index 0: time 0), seconds, with ``durations`` and ``hops`` indexed
-    as :class:`CompiledOrder` says (:func:`llmsim.schedules.walk.replay`)."""
-    return replay(order.p, order.passes, durations, hops)[0]
+    as :class:`CompiledOrder` says (:func:`llmsim.schedules.walk.replay`); memoised on
+    these exact inputs (:data:`WALK_MEMO`; the order by identity, and kept with the
+    result so that its identity is not reused). The list returned is the memo's: read
+    it, do not change it."""
+    key = (id(order), *durations, *hops)
+    hit = _WALKS.get(key)
+    if hit is None or hit[0] is not order:
+        if len(_WALKS) >= WALK_MEMO:
+            _WALKS.clear()
+        hit = _WALKS[key] = (order, replay(order.p, order.passes, durations, hops)[0])
+    return hit[1]
 
 
 def _chunk_passes(own: StageTimes, sends_f: float, sends_b: float,
@@ -186,9 +209,7 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
     # Each device's gradient buckets: chunk by chunk, as their last backward ends.
     split = schedule in SPLIT_BACKWARD
     done: list[float] = []
-    last_pass = [0.0] * p
-    for k, (s, *_) in enumerate(order.passes, start=1):
-        last_pass[s] = end[k]
+    last_pass = [end[k] for k in order.last]  # end[0] is 0.0: a device without passes
     for s, dev in enumerate(devices):
         chunks = []
         for c, held in ((0, dev), (1, devices[p - 1 - s])):
