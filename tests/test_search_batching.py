@@ -13,7 +13,7 @@ from llmsim.search import two_pipelines
 from llmsim.search.batching import MAX_BATCH_CORES, batches, walk_key
 from llmsim.search.price import state_fits
 from llmsim.search.space import SpaceOptions, cores
-from llmsim.search.two_pipelines import compiled, walk
+from llmsim.search.two_pipelines import compiled, walk_ends
 
 
 def _space(fixed: dict[str, object]) -> list:
@@ -65,18 +65,38 @@ def test_the_memoised_walk_equals_a_fresh_replay(shape: tuple[str, int, int],
     order = compiled(schedule, p, m)
     durations = times * 2 * p + times[:2] * 2 * p
     hops = [0.0, *[hop] * (2 * p)]
-    fresh = replay(order.p, order.passes, durations, hops)[0]
-    assert walk(order, durations, hops) == fresh
-    assert walk(order, durations, hops) == fresh  # from the memo
+
+    def fresh(durations: list[float]) -> tuple:
+        end = replay(order.p, order.passes, durations, hops)[0]
+        last = {s: k for k, (s, *_) in enumerate(order.passes, start=1)}
+        last_w = {(a.stage, a.chunk): end[k] for (a, k) in _weight_passes(schedule, p, m)}
+        return tuple(end[last.get(s, 0)] for s in range(p)), last_w
+
+    assert walk_ends(order, durations, hops) == fresh(durations)
+    assert walk_ends(order, durations, hops) == fresh(durations)  # from the memo
     longer = [d * 1.5 for d in durations]
-    assert walk(order, longer, hops) == replay(order.p, order.passes, longer, hops)[0]
-    # each device's last pass, found once per order, is the last of its passes
-    last = {s: k for k, (s, *_) in enumerate(order.passes, start=1)}
-    assert order.last == tuple(last.get(s, 0) for s in range(p))
+    assert walk_ends(order, longer, hops) == fresh(longer)
+    other = compiled(schedule, p, 2 * m)  # another order: not answered from this one's memo
+    assert walk_ends(other, durations, hops)[0] != fresh(durations)[0]
+
+
+def _weight_passes(schedule: str, p: int, m: int) -> list:
+    """Each (device, chunk)'s last weight-gradient pass and its 1-based index in the
+    compiled order, from the wait graph's actions (the compile's own source)."""
+    from llmsim.in_flight import schedule_order
+    from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
+    from llmsim.schedules.walk import wait_graph
+
+    graph = wait_graph(schedule_order(schedule, p, m, 1),
+                       SCHEDULES[schedule].route_of(p, m, 1),
+                       gradient_after_weights=schedule not in SPLIT_BACKWARD)
+    last = {(a.stage, a.chunk): (a, k) for k, a in enumerate(graph.actions, start=1)
+            if a.kind == "W"}
+    return list(last.values())
 
 
 def test_the_walk_memo_is_bounded() -> None:
     order = compiled("chimera", 4, 8)
     for i in range(two_pipelines.WALK_MEMO + 10):
-        walk(order, [1.0 + i * 1e-6] * (6 * 4 + 4 * 4), [0.0] * 9)
+        walk_ends(order, [1.0 + i * 1e-6] * (6 * 4 + 4 * 4), [0.0] * 9)
     assert len(two_pipelines._WALKS) <= two_pipelines.WALK_MEMO
