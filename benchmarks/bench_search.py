@@ -61,7 +61,7 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
     disturb little (no pool, no confirmation). ``first`` and ``count`` narrow it to
     ``count`` batches from batch ``first`` (``--every 1``: a contiguous stretch, as a
     worker meets them)."""
-    from llmsim.search import BATCH_CORES
+    from llmsim.search.batching import batches as walk_batches
     from llmsim.search.price import price_batch, state_fits
     from llmsim.search.space import SpaceOptions, cores
 
@@ -69,7 +69,7 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
     start = time.process_time()
     space = list(cores(base, SpaceOptions(fixed={}), state_fits(base, 0.1)))
     enumerated = time.process_time() - start
-    batches = [space[i:i + BATCH_CORES] for i in range(0, len(space), BATCH_CORES)]
+    batches = walk_batches(space)  # as the search cuts them: one walk key each
     batches = batches[first:][::every][:count]
     start = time.process_time()
     priced = over = invalid = 0

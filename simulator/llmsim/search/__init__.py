@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
-from llmsim.search.bound import DaysBound, applies, by_devices
+from llmsim.search.batching import batches as walk_batches
+from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
@@ -48,9 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["OBJECTIVES", "Layout", "Progress", "SearchSummary", "apply", "layout_of",
            "search"]
-
-BATCH_CORES = 48
-"""Core layouts (before the overlap switches) per pricing batch."""
 
 Progress = Callable[[int, int, int], None]
 """``progress(batches_done, batches_total, layouts_priced)``."""
@@ -185,15 +183,14 @@ def search(
         all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
         sampled = True
     bounded = bound and applies(base, objective)
-    if bounded:
-        all_cores = by_devices(all_cores)
-    batches = [(i, all_cores[i:i + BATCH_CORES])
-               for i in range(0, len(all_cores), BATCH_CORES)]
+    batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
                 "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
                 "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp,
-                "bound": bounded, "layout_fields": list(LAYOUT_FIELDS)}
+                "bound": bounded, "layout_fields": list(LAYOUT_FIELDS),
+                "batches": "walk_key"}
+    # The batching too: a store kept with batches cut otherwise numbers them otherwise.
     # The layout fields too: a store kept before expert_tp was one has no such column.
     if max_parameter_servers:  # only then: a store kept before the option still resumes
         manifest["max_parameter_servers"] = max_parameter_servers

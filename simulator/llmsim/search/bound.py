@@ -28,11 +28,6 @@ def applies(scenario: Scenario, objective: str) -> bool:
     return objective == "days" and training.flops is not None and training.tokens is None
 
 
-def by_devices(cores: list[Layout]) -> list[Layout]:
-    """``cores`` with the most devices first (the bound's order; stable)."""
-    return sorted(cores, key=lambda core: -core.devices)
-
-
 class DaysBound:
     """The ``top``-th best estimated days so far, and whether a batch can beat it."""
 

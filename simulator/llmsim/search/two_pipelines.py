@@ -70,6 +70,8 @@ class CompiledOrder:
     p: int
     passes: tuple[tuple[int, int, int, int], ...]
     last_w: dict[tuple[int, int], int]
+    last: tuple[int, ...] = ()
+    """Per device, the 1-based index of its last pass (0: none)."""
 
 
 CACHE_PASSES = 3_000_000
@@ -103,13 +105,48 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
                  for (s, column, j, hop), a in zip(graph.rows(), graph.actions, strict=True))
     last_w = {(a.stage, a.chunk): k for k, a in enumerate(graph.actions, start=1)
               if a.kind == "W"}
-    return CompiledOrder(p, rows, last_w)
+    last = [0] * p
+    for k, (s, *_) in enumerate(rows, start=1):
+        last[s] = k
+    return CompiledOrder(p, rows, last_w, tuple(last))
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:
     """Each pass's end (index 0: time 0), seconds, with ``durations`` and ``hops`` indexed
     as :class:`CompiledOrder` says (:func:`llmsim.schedules.walk.replay`)."""
     return replay(order.p, order.passes, durations, hops)[0]
+
+
+WALK_MEMO = 4096
+"""Walks whose results one process keeps, by their exact inputs (as
+:data:`llmsim.search.zb_v_walk.WALK_MEMO`): layouts that differ only in what the walk
+does not read (the ZeRO stage below 3, the parameter-gather overlap, the gradient
+buckets) replay the same walk. Only the ends :func:`phase_s` reads are kept (3p numbers
+a walk, not one per pass), and only for the order walked last (a search's batch holds
+one order's layouts, :mod:`.batching`): the memo holds no order the order cache dropped."""
+
+_WALKS: dict[tuple, tuple[tuple[float, ...], dict[tuple[int, int], float]]] = {}
+_WALKED: list[CompiledOrder | None] = [None]
+"""The order whose walks :data:`_WALKS` holds."""
+
+
+def walk_ends(order: CompiledOrder, durations: list[float],
+              hops: list[float]) -> tuple[tuple[float, ...], dict[tuple[int, int], float]]:
+    """Of :func:`walk`'s ends, each device's last pass's (0.0 for a device without
+    passes) and, per (device, chunk), its last weight-gradient pass's; memoised on the
+    exact inputs (:data:`WALK_MEMO`)."""
+    if _WALKED[0] is not order:
+        _WALKS.clear()
+        _WALKED[0] = order
+    key = (*durations, *hops)
+    hit = _WALKS.get(key)
+    if hit is None:
+        end = walk(order, durations, hops)
+        if len(_WALKS) >= WALK_MEMO:
+            _WALKS.clear()
+        hit = _WALKS[key] = (tuple(end[k] for k in order.last),
+                             {held: end[k] for held, k in order.last_w.items()})
+    return hit
 
 
 def _chunk_passes(own: StageTimes, sends_f: float, sends_b: float,
@@ -182,20 +219,17 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
     durations += _pair_columns(devices, durations, pairs, blocking)
     hops = [0.0] * (1 + 2 * p) if blocking else \
         [0.0, *(d.times.hop_f for d in devices), *(d.times.hop_b for d in devices)]
-    end = walk(order, durations, hops)
+    last_pass, last_w = walk_ends(order, durations, hops)
     # Each device's gradient buckets: chunk by chunk, as their last backward ends.
     split = schedule in SPLIT_BACKWARD
     done: list[float] = []
-    last_pass = [0.0] * p
-    for k, (s, *_) in enumerate(order.passes, start=1):
-        last_pass[s] = end[k]
     for s, dev in enumerate(devices):
         chunks = []
         for c, held in ((0, dev), (1, devices[p - 1 - s])):
             count, seconds = held.bucket
             _, b, w = durations[6 * s + 3 * c: 6 * s + 3 * c + 3]
             window = (w if split else b + w) if overlap_dp else 0.0
-            ready = end[order.last_w[(s, c)]] if overlap_dp else last_pass[s]
+            ready = last_w[(s, c)] if overlap_dp else last_pass[s]
             chunks.append((ready, window, count, seconds))
         free, finish = -float("inf"), last_pass[s]
         for ready, window, count, seconds in sorted(chunks):
