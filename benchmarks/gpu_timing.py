@@ -98,3 +98,15 @@ def import_torch() -> Any:
         print("this benchmark needs a CUDA GPU: PyTorch sees none here", file=sys.stderr)
         return None
     return torch
+
+
+def parse_choices(option: str, value: str, allowed: tuple[str, ...]) -> list[str] | None:
+    """The comma-separated names of ``value`` (the option ``option``), or None after one
+    sentence on stderr naming the unknown ones and the choices."""
+    chosen = [name.strip() for name in value.split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(allowed))
+    if unknown:
+        print(f"{option} {value}: unknown {', '.join(unknown)}; "
+              f"choose from {', '.join(allowed)}", file=sys.stderr)
+        return None
+    return chosen

@@ -31,6 +31,7 @@ from gpu_timing import (
     environment,
     import_torch,
     log_failure,
+    parse_choices,
     seconds_per_call,
 )
 
@@ -159,11 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=CAUSAL_TOKENS[-1],
                         help="Skip shapes with more query or key tokens than this.")
     args = parser.parse_args(argv)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(set(backends) - set(BACKENDS))
-    if unknown:
-        print(f"--backends {args.backends}: unknown {', '.join(unknown)}; "
-              f"choose from {', '.join(BACKENDS)}", file=sys.stderr)
+    backends = parse_choices("--backends", args.backends, BACKENDS)
+    if backends is None:
         return 2
     torch = import_torch()
     if torch is None:

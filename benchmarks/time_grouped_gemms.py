@@ -33,6 +33,7 @@ from gpu_timing import (
     environment,
     import_torch,
     log_failure,
+    parse_choices,
     seconds_per_call,
 )
 
@@ -125,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"Comma-separated methods (default {','.join(METHODS)}).")
     args = parser.parse_args(argv)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        print(f"--methods {args.methods}: unknown {', '.join(unknown)}; "
-              f"choose from {', '.join(METHODS)}", file=sys.stderr)
+    methods = parse_choices("--methods", args.methods, METHODS)
+    if methods is None:
         return 2
     torch = import_torch()
     if torch is None:

@@ -104,15 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20, help="Timed steps (default 20).")
     parser.add_argument("--out", type=Path, default=None, help="Append the row to this CSV.")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is not installed; `pip install torch` to run this benchmark")
+    from time_layers import build_model, import_torch_for, resolve, single_device
+
+    torch = import_torch_for(args.device)
+    if torch is None:
         return 1
-    if args.device != "cpu" and not torch.cuda.is_available():
-        print("no CUDA device is visible; run on a GPU node, or pass --device cpu")
-        return 1
-    from time_layers import build_model, resolve, single_device
 
     overrides = [f"training.seq_len={args.seq}"] if args.seq else []
     one = single_device(resolve(args.scenario, overrides), args.layers, args.shrink, args.tp)

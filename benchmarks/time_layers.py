@@ -221,6 +221,20 @@ def resolve(name: str, overrides: list[str]) -> Scenario:
     return load_scenario(name, overrides)
 
 
+def import_torch_for(device: str) -> Any:
+    """PyTorch, able to run on ``device`` (cuda or cpu), or None after one sentence saying
+    what is missing."""
+    try:
+        import torch
+    except ImportError:
+        print("PyTorch is not installed; `pip install torch` to run this benchmark")
+        return None
+    if device != "cpu" and not torch.cuda.is_available():
+        print("no CUDA device is visible; run on a GPU node, or pass --device cpu to try it")
+        return None
+    return torch
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenario",
@@ -236,13 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=1,
                         help="Time one rank of N-way tensor parallelism (default 1).")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("PyTorch is not installed; `pip install torch` to run this benchmark")
-        return 1
-    if args.device != "cpu" and not torch.cuda.is_available():
-        print("no CUDA device is visible; run on a GPU node, or pass --device cpu to try it")
+    torch = import_torch_for(args.device)
+    if torch is None:
         return 1
     scenario = resolve(args.scenario, args.overrides)
     capacity_gb = (torch.cuda.get_device_properties(0).total_memory / 1e9
