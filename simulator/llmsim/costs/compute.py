@@ -1,9 +1,12 @@
 """Compute cost model: a roofline per kernel, with GEMM tile and wave quantisation.
 
-Every kernel takes the longer of its math time and its memory time, plus a fixed launch
-cost (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
+Every kernel takes the longer of its math time and its memory time, plus the device's
+launch cost per kernel (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
 
     t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory fraction(kind))) + launch
+
+(the host's issue, which a pass's short kernels may wait for, is priced per pass:
+:mod:`llmsim.costs.host_issue`).
 
 The memory fraction is ``memory_bound_fraction`` for streaming kernels, and the measured
 ``memory_fraction_by_kind`` for the kinds that run slower (norms and their backward, the

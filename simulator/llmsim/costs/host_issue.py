@@ -26,7 +26,8 @@ device's own time decides the end); host syncs inside a pass other than the coll
 that declare one (``CommOp.host_s``), after which the host issues from the device's
 position again; and the heavier host work of ops that are more than one dispatch (a
 Transformer Engine module's Python, an optimizer's loop over tensors), which count one
-dispatch per kernel here.
+dispatch per kernel here. Kernels priced outside a pass (a gradient bucket's, the
+optimizer step) do not queue.
 """
 
 from __future__ import annotations
