@@ -102,6 +102,14 @@ def test_queue_of_the_h100_eager_and_with_graphs():
     assert HostIssue.of(unmeasured, cuda_graphs=False).interval_s == 0.0
 
 
+@given(durations, intervals)
+def test_no_kernel_shorter_than_the_interval_means_no_wait(durations_s, interval_s):
+    ops = [ComputeOp("k", "memory", "F", 0.0, 1.0)] * len(durations_s)
+    longer = [max(d, interval_s) for d in durations_s]
+    assert pass_waits_s(ops, longer, interval_s) == [0.0] * len(ops)
+    assert queue_waits_s(longer, interval_s) == pytest.approx([0.0] * len(ops), abs=1e-18)
+
+
 def test_split_ops_are_kernels_of_their_own():
     op = ComputeOp("s", "memory", "F", 0.0, 1.0, splits=4)
     waits = pass_waits_s([op], [4e-6], 10e-6)

@@ -96,7 +96,11 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
     """How long each of a pass's ops waits for the host's issue before it starts, s
     (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
     many kernels of equal length, a collective one kernel, issued after its ``host_s``
-    by a host that waited for the device (a host sync)."""
+    by a host that waited for the device (a host sync). No kernel shorter than the
+    interval: none waits (each keeps the host's issue ahead by its excess)."""
+    if all(d >= interval_s * (op.splits if isinstance(op, ComputeOp) else 1)
+           for op, d in zip(ops, durations_s, strict=True)):
+        return [0.0] * len(ops)
     kernels: list[float] = []
     syncs: list[bool] = []
     owner: list[int] = []
