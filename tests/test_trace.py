@@ -12,7 +12,10 @@ from llmsim import simulate
     {},  # whole passes
     {"parallelism__zero": 3, "parallelism__pp": 1, "parallelism__tp": 4,
      "system__node__collective_units": 32},  # passes cut by gathers, slowed by collectives
-    {"parallelism__zero": 1, "parallelism__grad_bucket_nan_check": True},  # bucket kernels
+    # bucket kernels: 1 MB buckets, so that marks fall inside passes (with the default
+    # 25 MB the tiny model's one bucket is made final at its pass's end)
+    {"parallelism__zero": 1, "parallelism__grad_bucket_nan_check": True,
+     "parallelism__dp_bucket_mb": 1.0},
 ])
 def test_columns_hold_the_expanded_records_exactly(extra):
     result = simulate(make_scenario(nodes=2, **extra))

@@ -131,8 +131,12 @@ FAST_IDS = [
 # as the submission's config_fp8.sh states it (1,024, max), to 6.6946 %.
 # The H100's attention at its rates measured by shape (2026-11-27: FlashAttention-2 and
 # cuDNN apart; the old flash table had been cuDNN's kernel), to 6.4691 %.
+# The H100's device time per eager kernel measured (2.6 us, was an unverified 4; compute
+# kernels and collectives' launches) and the host's issue as a queue (no target row
+# exposes it: their kernels outlast the 9.1 us dispatch), to 6.5739 %: the H100 rows got
+# 0.3-1.5 % faster, most of them already too fast.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.47
+TARGET_MAPE_CEILING_PCT = 6.58
 ZB24_ORDERS_REPRODUCED = 8
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 from llmsim.context import ring_exposed_s
+from llmsim.costs.host_issue import pass_waits_s
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
 
@@ -61,6 +62,11 @@ class Block:
         kernel after it does not hide (:func:`llmsim.context.ring_exposed_s`).
         ``reserved_units`` more compute units are held by other kernels (a data-parallel
         collective's) while every compute op runs.
+
+        Where the host issues the kernels one by one (``costs.host_issue_s`` > 0, eager
+        mode), an op that the host's dispatch has not reached yet when the op before it
+        ends waits for it (:func:`llmsim.costs.host_issue.pass_waits_s`); the wait is
+        counted in the op's span and in its kind's time.
         """
         if reserved_units:
             ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
@@ -80,6 +86,10 @@ class Block:
                     gemm = ops[j]
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
+        interval_s = getattr(costs, "host_issue_s", 0.0)
+        if interval_s > 0:  # each op's wait for the host's issue, before it starts
+            waits = pass_waits_s(ops, durations, interval_s)
+            durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):

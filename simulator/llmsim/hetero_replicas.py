@@ -143,6 +143,11 @@ class ReplicaCosts:
     def __init__(self, own: CostModel, groups: list[CostModel]) -> None:
         self.own, self.groups = own, groups
 
+    @property
+    def host_issue_s(self) -> float:
+        """The replica's group's host issue interval, s."""
+        return getattr(self.own, "host_issue_s", 0.0)
+
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the replica's group, seconds."""
         return self.own.compute_s(op)

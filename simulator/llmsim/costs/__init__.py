@@ -122,6 +122,12 @@ class HardwareCosts:
                    scenario.parallelism.parameter_servers,
                    TokenDispatch.of(scenario.model, scenario.parallelism), training.allocator)
 
+    @property
+    def host_issue_s(self) -> float:
+        """Host time between two compute kernels' issue, s (0: none waits for it;
+        :mod:`llmsim.costs.host_issue`)."""
+        return self.compute.host_issue.interval_s
+
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""
         return self.compute.compute_s(op)

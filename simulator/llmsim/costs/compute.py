@@ -1,9 +1,12 @@
 """Compute cost model: a roofline per kernel, with GEMM tile and wave quantisation.
 
-Every kernel takes the longer of its math time and its memory time, plus a fixed launch
-cost (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
+Every kernel takes the longer of its math time and its memory time, plus the device's
+launch cost per kernel (Williams, Waterman & Patterson, "Roofline", CACM 52(4), 2009)::
 
     t = max(flops / (peak(dtype) · η), bytes / (hbm_bw · memory fraction(kind))) + launch
+
+(the host's issue, which a pass's short kernels may wait for, is priced per pass:
+:mod:`llmsim.costs.host_issue`).
 
 The memory fraction is ``memory_bound_fraction`` for streaming kernels, and the measured
 ``memory_fraction_by_kind`` for the kinds that run slower (norms and their backward, the
@@ -47,6 +50,7 @@ from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
 from llmsim.costs.grouped_gemms import GroupedGemmRates
+from llmsim.costs.host_issue import HostIssue
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
 
@@ -245,11 +249,13 @@ class ComputeModel:
         :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
         them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
-        self.compute_launch_s = (accelerator.graph_kernel_us * 1e-6 if cuda_graphs
-                                 else self.launch_s)
-        """Launch cost of each compute kernel, s: where the step's kernels replay from
-        captured CUDA graphs (``training.cuda_graphs``) the board's per-kernel cost in a
-        graph (``graph_kernel_us``; none where not measured)."""
+        self.host_issue = HostIssue.of(accelerator, cuda_graphs)
+        """The host's issue of the compute kernels (:mod:`llmsim.costs.host_issue`)."""
+        self.compute_launch_s = self.host_issue.kernel_gap_s
+        """Launch cost of each compute kernel on the device, s: ``kernel_launch_us``, or
+        where the step's kernels replay from captured CUDA graphs
+        (``training.cuda_graphs``) the board's per-kernel cost in a graph
+        (``graph_kernel_us``; none where not measured)."""
         self.gemm_table = gemm_table
         self.measured_shapes = measured_shape_rates(accelerator)
         """FLOP/s of the catalog's GEMMs timed by shape (``gemm.measured_tflops``), at the

@@ -110,6 +110,11 @@ class JitteredCosts:
             duration /= self.jitter.slow_speed
         return duration * self._factor(self.jitter.compute_cv, self.ranks, draws)
 
+    @property
+    def host_issue_s(self) -> float:
+        """The host's issue interval of the jittered costs, s (not jittered)."""
+        return getattr(self.base, "host_issue_s", 0.0)
+
     def compute_s(self, op: ComputeOp) -> float:
         """The op's time on the slowest of the ranks the representative stands for, once
         per step, s."""

@@ -189,7 +189,11 @@ class Accelerator(Spec):
     cudnn_attention_blocks_measured: list[MeasuredAttentionBlock] = Field(default_factory=list)
     """The same for cuDNN's fused attention."""
     kernel_launch_us: float = Field(default=0.0, ge=0)
-    """Fixed cost per kernel (launch and tail), microseconds."""
+    """Device time per kernel launched eagerly (launch and tail), microseconds."""
+    host_dispatch_us: float = Field(default=0.0, ge=0)
+    """Host time between two kernels an eager framework issues (its dispatch per op),
+    microseconds: a pass's kernels wait for it where they are shorter
+    (:mod:`llmsim.costs.host_issue`); 0 where not measured (no queue)."""
     graph_kernel_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel replayed from a captured CUDA graph
     (``training.cuda_graphs``), microseconds: the GPU's own launch and tail, without the

@@ -126,9 +126,10 @@ class Training(Spec):
     (:mod:`llmsim.moe`)."""
     cuda_graphs: bool = False
     """Whether the step's compute kernels replay from captured CUDA graphs (one launch for
-    a captured sequence; MLPerf Training v4 submissions capture theirs): no per-kernel
-    launch cost (``kernel_launch_us``) is paid for compute kernels. The GPU-side gap
-    between graph-launched kernels is not modelled, so this is the most graphs can save."""
+    a captured sequence; MLPerf Training v4 submissions capture theirs): each compute
+    kernel costs the device's gap between graph-launched kernels (``graph_kernel_us``)
+    instead of an eager launch (``kernel_launch_us``), and never waits for the host's
+    dispatch (``host_dispatch_us``, :mod:`llmsim.costs.host_issue`)."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

@@ -1,0 +1,115 @@
+"""The host's kernel issue as a queue: when a pass's kernels start on the device.
+
+A framework in eager mode (PyTorch without captured CUDA graphs) enqueues one kernel every
+``h`` seconds of host time (its dispatch per op), and the device runs them in order on
+one stream. The host runs ahead of the device while kernels are long (a 1 ms GEMM hides
+about a hundred dispatches), so the dispatch is exposed only in stretches of short
+kernels. Kernel ``i`` is issued at ``i·h`` (the first at 0, when the pass begins) and
+starts at ``max(i·h, end of kernel i−1)``; its duration ``d_i`` already holds the device's
+own per-kernel gap ``g`` (:attr:`HostIssue.kernel_gap_s`). Unrolled, the pass ends at
+
+    end = max over k of ( k·h + Σ_{i≥k} d_i )
+
+the latest issue after which the device never waits again (:func:`queue_end_s`, O(n) as a
+running maximum from the back). ``h = 0`` (CUDA graphs: one launch replays the whole
+step) gives ``Σ d_i``. Measured on one H100 SXM5 and its host (docs/calibration.md, "Host
+issue"): eager in-place adds take 9.1 µs each (the host), 1.15 µs replayed from a graph; a
+0.2 ms BF16 GEMM followed by 10 adds ends 25–28 µs after the GEMM alone (the GEMM hid
+their dispatch, the device's own 2.5–2.8 µs per eager kernel remain), the same adds
+issued before it add their whole dispatch.
+
+What the per-pass queue leaves out: the host's run-ahead across passes (each pass starts
+with an empty queue, so a pass that begins with short kernels pays their dispatch even
+where the host was ahead: an upper bound on exposure there); the device's limit of 1,024
+pending launches (it only holds the host back while the device is behind, where the
+device's own time decides the end); host syncs inside a pass other than the collectives
+that declare one (``CommOp.host_s``), after which the host issues from the device's
+position again; and the heavier host work of ops that are more than one dispatch (a
+Transformer Engine module's Python, an optimizer's loop over tensors), which count one
+dispatch per kernel here. Kernels priced outside a pass (a gradient bucket's, the
+optimizer step) do not queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.specs import Accelerator
+
+Op = ComputeOp | CommOp
+
+
+@dataclass(frozen=True, slots=True)
+class HostIssue:
+    """How a step's compute kernels reach one accelerator: the device's gap per kernel and
+    the host's dispatch interval, seconds."""
+
+    kernel_gap_s: float
+    """Device time each kernel adds to its own (launch and tail on the device), s."""
+    interval_s: float
+    """Host time between two kernels' issue (its dispatch per kernel), s; 0: the queue
+    never waits for the host (CUDA graphs, or no measurement of the host)."""
+
+    @classmethod
+    def of(cls, accelerator: Accelerator, cuda_graphs: bool) -> HostIssue:
+        """The accelerator's queue: in eager mode each kernel costs the device
+        ``kernel_launch_us`` and the host ``host_dispatch_us`` (0 where not measured: no
+        queue, the fixed cost alone); replayed from captured CUDA graphs
+        (``training.cuda_graphs``) the device's ``graph_kernel_us`` and no host issue."""
+        if cuda_graphs:
+            return cls(accelerator.graph_kernel_us * 1e-6, 0.0)
+        return cls(accelerator.kernel_launch_us * 1e-6, accelerator.host_dispatch_us * 1e-6)
+
+
+def queue_end_s(durations_s: Sequence[float], interval_s: float) -> float:
+    """When a sequence of kernels issued every ``interval_s`` from 0 ends on one stream:
+    ``max over k of (k·h + Σ_{i≥k} d_i)`` (module docstring), 0 for no kernels."""
+    end = suffix = 0.0
+    for k in range(len(durations_s) - 1, -1, -1):
+        suffix += durations_s[k]
+        end = max(end, k * interval_s + suffix)
+    return end
+
+
+def queue_waits_s(durations_s: Sequence[float], interval_s: float,
+                  syncs: Sequence[bool] | None = None) -> list[float]:
+    """How long the device waits for the host before each kernel, s: kernel ``i`` starts at
+    ``max(issue_i, end_{i−1})``, ``issue_i = issue_{i−1} + h``. A kernel marked in
+    ``syncs`` is issued by a host that waited for the device to drain (a host sync): it
+    starts at the end of the kernel before it, and the host issues from there on.
+    ``sum(waits) + sum(durations)`` is :func:`queue_end_s` where nothing syncs."""
+    waits = []
+    issue = end = 0.0
+    for i, d in enumerate(durations_s):
+        if i:
+            issue = end if syncs is not None and syncs[i] else issue + interval_s
+        wait = max(issue - end, 0.0)
+        waits.append(wait)
+        end += wait + d
+    return waits
+
+
+def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
+                 interval_s: float) -> list[float]:
+    """How long each of a pass's ops waits for the host's issue before it starts, s
+    (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
+    many kernels of equal length, a collective one kernel, issued after its ``host_s``
+    by a host that waited for the device (a host sync). No kernel shorter than the
+    interval: none waits (each keeps the host's issue ahead by its excess)."""
+    if all(d >= interval_s * (op.splits if isinstance(op, ComputeOp) else 1)
+           for op, d in zip(ops, durations_s, strict=True)):
+        return [0.0] * len(ops)
+    kernels: list[float] = []
+    syncs: list[bool] = []
+    owner: list[int] = []
+    for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
+        count = op.splits if isinstance(op, ComputeOp) else 1
+        kernels += [d / count] * count
+        syncs += [isinstance(op, CommOp) and op.host_s > 0] + [False] * (count - 1)
+        owner += [i] * count
+    waits = [0.0] * len(ops)
+    for i, wait in zip(owner, queue_waits_s(kernels, interval_s, syncs), strict=True):
+        waits[i] += wait
+    return waits
