@@ -45,6 +45,8 @@ class LayerOnlyCosts:
     With it every stage does the same work, so pipeline bubbles follow the closed forms.
     """
 
+    host_issue_s = 0.0  # no host queue: each op starts when the one before it ends
+
     def __init__(self, flops_per_s: float = 1e14, bytes_per_s: float = 1e12) -> None:
         self.flops_per_s, self.bytes_per_s = flops_per_s, bytes_per_s
 

@@ -158,6 +158,8 @@ def test_results_that_would_be_infinite_or_zero():
     s = make_scenario()
 
     class Free:
+        host_issue_s = 0.0
+
         def compute_s(self, op: Any) -> float:
             return 0.0
 

@@ -83,6 +83,8 @@ def test_the_draw_is_finite_and_monotone(cv, ranks, u, v):
 class UnitCosts:
     """Every op takes one second."""
 
+    host_issue_s = 0.0
+
     def compute_s(self, op):
         return 1.0
 

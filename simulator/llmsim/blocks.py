@@ -24,6 +24,11 @@ class CostModel(Protocol):
     def compute_s(self, op: ComputeOp) -> float: ...
     def comm_s(self, op: CommOp) -> float: ...
 
+    @property
+    def host_issue_s(self) -> float:
+        """Host time between two compute kernels' issue, s (0: no op waits for it)."""
+        ...
+
 
 class OpSpan(NamedTuple):
     """Where one op of a block sits inside the block, relative to its start (a frozen
@@ -86,7 +91,7 @@ class Block:
                     gemm = ops[j]
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
-        interval_s = getattr(costs, "host_issue_s", 0.0)
+        interval_s = costs.host_issue_s
         if interval_s > 0:  # each op's wait for the host's issue, before it starts
             waits = pass_waits_s(ops, durations, interval_s)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]

@@ -85,6 +85,11 @@ class SlowerPath:
     def __init__(self, first: CostModel, second: CostModel) -> None:
         self.first, self.second = first, second
 
+    @property
+    def host_issue_s(self) -> float:
+        """The slower host's issue interval, s."""
+        return max(self.first.host_issue_s, self.second.host_issue_s)
+
     def compute_s(self, op: ComputeOp) -> float:
         """The slower group's time for ``op``, seconds."""
         return max(self.first.compute_s(op), self.second.compute_s(op))
@@ -118,6 +123,11 @@ class StagedCosts:
         if key not in self._pairs:
             self._pairs[key] = SlowerPath(self.groups[key[0]], self.groups[key[1]])
         return self._pairs[key]
+
+    @property
+    def host_issue_s(self) -> float:
+        """The first stage's group's host issue interval, s."""
+        return self.for_stage(0).host_issue_s
 
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the first stage's group, seconds."""

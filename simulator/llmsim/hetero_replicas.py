@@ -146,7 +146,7 @@ class ReplicaCosts:
     @property
     def host_issue_s(self) -> float:
         """The replica's group's host issue interval, s."""
-        return getattr(self.own, "host_issue_s", 0.0)
+        return self.own.host_issue_s
 
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the replica's group, seconds."""

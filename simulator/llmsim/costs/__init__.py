@@ -55,6 +55,12 @@ class CostModel(Protocol):
     def compute_s(self, op: ComputeOp) -> float: ...
     def comm_s(self, op: CommOp) -> float: ...
 
+    @property
+    def host_issue_s(self) -> float:
+        """Host time between two compute kernels' issue, s (0: no op waits for it;
+        :mod:`llmsim.costs.host_issue`)."""
+        ...
+
 
 class HardwareCosts:
     """The hardware cost model of one plan on one system in one data type.

@@ -113,7 +113,7 @@ class JitteredCosts:
     @property
     def host_issue_s(self) -> float:
         """The host's issue interval of the jittered costs, s (not jittered)."""
-        return getattr(self.base, "host_issue_s", 0.0)
+        return self.base.host_issue_s
 
     def compute_s(self, op: ComputeOp) -> float:
         """The op's time on the slowest of the ranks the representative stands for, once
