@@ -337,15 +337,6 @@ timeout, 2^28 cycles, about 0.1 s) before it sleeps: CPU time a short command pa
 its own. One thread starts none. Set here, before any command imports numpy, and not when
 ``llmsim`` is imported: a library leaves its user's threads alone."""
 
-FREEZE_AT_EXIT = True
-"""Whether the command line freezes the cyclic collector (``gc.freeze``) at exit. The
-interpreter's finalization runs full collections over every object still alive (the
-specs, the cost tables, the trace: some 10⁵ objects after ``llmsim run``) only to free
-memory the process gives back on exit anyway; frozen, they are skipped (``llmsim run
-frontier.yaml``: 50–90 ms of CPU less, benchmarks/bench_startup.py). What it gives up:
-``__del__`` of objects in unreachable cycles at exit, which Python does not promise either
-(the reference, "object.__del__")."""
-
 
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit code 2.
@@ -354,13 +345,16 @@ def main() -> None:
     usage line and exit code 2; a :class:`UserError` from inside a command is printed
     here as one line. Before any command runs it sets the process's start-up settings:
     one OpenBLAS thread (:data:`BLAS_THREADS`), the collector's threshold
-    (:data:`GC_FIRST_GENERATION`) and the collector frozen at exit (:data:`FREEZE_AT_EXIT`).
+    (:data:`GC_FIRST_GENERATION`) and the collector frozen at exit: the interpreter's
+    finalization would run full collections over every object still alive (some 10⁵ after
+    ``llmsim run``) only to free memory the process gives back anyway (``llmsim run
+    frontier.yaml``: 50–90 ms of CPU less; ``__del__`` of objects in unreachable cycles
+    at exit, which Python does not promise either, is what it gives up).
     """
     os.environ.setdefault("OPENBLAS_NUM_THREADS", BLAS_THREADS)
     gc.set_threshold(GC_FIRST_GENERATION, *gc.get_threshold()[1:])
-    if FREEZE_AT_EXIT:
-        atexit.unregister(gc.freeze)  # once, however often main() runs in one process
-        atexit.register(gc.freeze)
+    atexit.unregister(gc.freeze)  # once, however often main() runs in one process
+    atexit.register(gc.freeze)
     try:
         app(prog_name="llmsim")
     except UserError as exc:

@@ -70,7 +70,7 @@ class CompiledOrder:
     p: int
     passes: tuple[tuple[int, int, int, int], ...]
     last_w: dict[tuple[int, int], int]
-    last: tuple[int, ...] = ()
+    last: tuple[int, ...]
     """Per device, the 1-based index of its last pass (0: none)."""
 
 
