@@ -164,13 +164,6 @@ def band_for(like: Likeness, residuals: Iterable[Residual], exclude_group: str |
     return band
 
 
-def single_source_for(like: Likeness, residuals: Iterable[Residual]) -> SingleSource | None:
-    """The rows alike in the closest level that has any, when all are from one source and no
-    level gives a band: what ``llmsim run`` shows instead of a band (None otherwise)."""
-    band, closer = _match(like, residuals)
-    return closer if band is None else None
-
-
 def _match(like: Likeness, residuals: Iterable[Residual], exclude_group: str | None = None,
            exclude_id: str | None = None) -> tuple[Band | None, SingleSource | None]:
     """The band (or None) and the closest level's single-source rows before it (or None)."""
@@ -210,8 +203,8 @@ def scenario_band(scenario: Scenario) -> Band | SingleSource | None:
     devices)."""
     if scenario.placement is not None:
         return None
-    like, residuals = likeness(scenario), load_residuals()
-    return band_for(like, residuals) or single_source_for(like, residuals)
+    band, closer = _match(likeness(scenario), load_residuals())
+    return band or closer
 
 
 def _single_source_text(c: SingleSource) -> str:
