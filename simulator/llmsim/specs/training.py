@@ -51,7 +51,7 @@ class Training(Spec):
     dropout that writes a 1-byte mask (Megatron-LM's CUDA kernels); ``eager``, Megatron's
     ``forward_torch_softmax`` as PyTorch runs it on a CPU in FP32, kernel by kernel: the
     scores scaled into a new tensor, masked in place, and a dropout that draws a float
-    noise tensor of the probabilities' size (:mod:`llmsim.workload.eager_softmax`)."""
+    noise tensor of the probabilities' size (:mod:`llmsim.workload.softmax`)."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]

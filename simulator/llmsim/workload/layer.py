@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from llmsim.memory import DROPOUT_MASK_BYTES
 from llmsim.ops import CommOp, ComputeOp
@@ -22,12 +22,8 @@ from llmsim.params import (
 )
 from llmsim.specs import MemoryKind, Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
-
-if TYPE_CHECKING:
-    pass
-
-from llmsim.workload.eager_softmax import eager_softmax_backward, eager_softmax_forward
 from llmsim.workload.fp8 import weight_cast_bytes_per_element
+from llmsim.workload.softmax import softmax_backward, softmax_forward
 from llmsim.workload.step import Op
 
 _TE_DEFAULT_METHOD: dict[str, Literal["ring_exchange", "pipeline", "bulk"]] = {
@@ -189,14 +185,10 @@ class LayerBuilder:
                     *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
-        dropout = self.trn.attention_dropout > 0
         return [
             replace(self._gemm("attn_scores", phase, s, s, d, b * heads), dtype=self.attn_dtype),
-            *(eager_softmax_forward(self._mem, phase, probs, dropout)
-              if self.trn.attention_softmax == "eager" else [
-                self._mem("attn_softmax", phase, probs, 2),     # read scores, write probs
-                *([self._mem("attn_dropout", phase, probs, 2, masks=1)]  # read, write, mask
-                  if dropout else [])]),
+            *softmax_forward(self.trn.attention_softmax, self._mem, phase, probs,
+                             self.trn.attention_dropout > 0),
             replace(self._gemm("attn_context", phase, s, d, s, b * heads), dtype=self.attn_dtype),
         ]
 
@@ -231,11 +223,8 @@ class LayerBuilder:
         scores = self._gemm("attn_scores", "B", s, s, d, b * heads)
         context = self._gemm("attn_context", "B", s, d, s, b * heads)
         # Attention has no weights: both gradients of each batched GEMM are input gradients.
-        dropout = self.trn.attention_dropout > 0
-        middle = eager_softmax_backward(self._mem, probs, dropout) \
-            if self.trn.attention_softmax == "eager" else [
-                *([self._mem("attn_dropout_bwd", "B", probs, 2, masks=1)] if dropout else []),
-                self._mem("attn_softmax_bwd", "B", probs, 3)]
+        middle = softmax_backward(self.trn.attention_softmax, self._mem, probs,
+                                  self.trn.attention_dropout > 0)
         ops = [*self._gemm_grads(context), *middle, *self._gemm_grads(scores)]
         return [replace(o, phase="B") for o in ops]
 

@@ -1,5 +1,5 @@
 """The unfused attention's softmax and dropout as PyTorch's eager CPU kernels run them
-(``training.attention_softmax: eager``, :mod:`llmsim.workload.eager_softmax`)."""
+(``training.attention_softmax: eager``, :mod:`llmsim.workload.softmax`)."""
 
 from __future__ import annotations
 

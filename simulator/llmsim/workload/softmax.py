@@ -1,5 +1,11 @@
-"""The unfused attention's scale, mask, softmax and dropout as PyTorch's eager CPU
-kernels run them in FP32 (``training.attention_softmax: eager``).
+"""The unfused attention's kernels between its scores GEMM and its context GEMM.
+
+``training.attention_softmax: fused`` (the default): Megatron's fused scale-mask-softmax
+kernel (read the scores, write the probabilities) and, with dropout, its dropout kernel
+(read, write, a byte mask); the backward mirrors them.
+
+``eager``: the scale, mask, softmax and dropout as PyTorch's eager CPU kernels run them in
+FP32.
 
 Megatron-LM's ``FusedScaleMaskSoftmax`` calls its fused CUDA kernel only for 16-bit
 input; FP32 scores take ``forward_torch_softmax``, one PyTorch kernel per line
@@ -33,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmsim.ops import ComputeOp
+from llmsim.specs.training import AttentionSoftmax
 
 MemOp = Callable[..., ComputeOp]
 """The layer's memory-bound op factory: ``(name, phase, elements, passes, masks=0,
@@ -70,3 +77,23 @@ def eager_softmax_backward(mem: MemOp, probs: float, dropout: bool) -> list[Comp
         mem("attn_mask_fill_bwd_fill", "B", probs, 2, out_elements=0),
         mem("attn_scale_bwd", "B", probs, 2),
     ]
+
+
+def softmax_forward(kind: AttentionSoftmax, mem: MemOp, phase: str, probs: float,
+                    dropout: bool) -> list[ComputeOp]:
+    """The forward's (or recompute's, ``phase``) kernels over ``probs`` score elements:
+    the fused kernels, or :func:`eager_softmax_forward`."""
+    if kind == "eager":
+        return eager_softmax_forward(mem, phase, probs, dropout)
+    return [mem("attn_softmax", phase, probs, 2),  # read scores, write probs
+            *([mem("attn_dropout", phase, probs, 2, masks=1)] if dropout else [])]
+
+
+def softmax_backward(kind: AttentionSoftmax, mem: MemOp, probs: float,
+                     dropout: bool) -> list[ComputeOp]:
+    """The backward's kernels over ``probs`` score elements: the fused kernels' backward,
+    or :func:`eager_softmax_backward`."""
+    if kind == "eager":
+        return eager_softmax_backward(mem, probs, dropout)
+    return [*([mem("attn_dropout_bwd", "B", probs, 2, masks=1)] if dropout else []),
+            mem("attn_softmax_bwd", "B", probs, 3)]
