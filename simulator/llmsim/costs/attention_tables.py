@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import lru_cache
 
 import numpy as np
 
@@ -129,9 +130,16 @@ class AttentionTable:
 
 def attention_table(accelerator: Accelerator, kernel: AttentionKernel) -> AttentionTable:
     """The catalog's measured table of ``kernel`` (``flash`` or ``cudnn``); empty where it
-    has none."""
+    has none. Built once per distinct table: a search builds a cost model per placement."""
     if kernel == "cudnn":
-        return AttentionTable(accelerator.cudnn_attention_measured,
-                              accelerator.cudnn_attention_blocks_measured)
-    return AttentionTable(accelerator.flash_attention_measured,
+        causal, blocks = (accelerator.cudnn_attention_measured,
+                          accelerator.cudnn_attention_blocks_measured)
+    else:
+        causal, blocks = (accelerator.flash_attention_measured,
                           accelerator.flash_attention_blocks_measured)
+    return _table(tuple(map(tuple, causal)), tuple(map(tuple, blocks)))
+
+
+@lru_cache(maxsize=16)
+def _table(causal: tuple, blocks: tuple) -> AttentionTable:
+    return AttentionTable(causal, blocks)
