@@ -283,27 +283,29 @@ class Estimator(SharedParts):
                             peak_flops_per_device=sc.system.node.accelerator.peak_flops(
                                 trn.precision),
                             run_flops=trn.flops, run_tokens=trn.tokens)
-        # The optimizer step of each kind of stage (the slowest one's is on the step's path).
-        opt_s = 0.0
-        for kind in kinds.values():
-            opt_s = max(opt_s, self._optimizer_s(costs, par, trn, traffic, kind, sharded))
-        pipe, ends = pipeline_runs_s(par.schedule, [(st, n) for st, n in runs], m, v,
-                                     blocking=not par.overlap_pp_comm,
-                                     posted_singly=posted_singly, zero3=zero3,
-                                     prefetch=par.prefetch_weights)
-        ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
         tied = traffic.embedding_grad_allreduce
-        if tied is not None:
-            done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
-            ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
+        stage_runs = [(st, n) for st, n in runs]
         if par.schedule == "pipedream":  # a reduction and an update after every backward
             updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
                        for _, key, _, _ in self._runs(plan_key, split, node_of)]
             pipe, reduce_s, opt_s = update_shares_s(
-                [(st, n) for st, n in runs], tails, updates, m,
+                stage_runs, tails, updates, m,
                 tied_s=costs.comm_s(tied) if tied is not None else 0.0,
                 blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
             ready = pipe + reduce_s
+        else:
+            # The optimizer step of each kind of stage (the slowest one's on the step's path).
+            opt_s = 0.0
+            for kind in kinds.values():
+                opt_s = max(opt_s, self._optimizer_s(costs, par, trn, traffic, kind, sharded))
+            pipe, ends = pipeline_runs_s(par.schedule, stage_runs, m, v,
+                                         blocking=not par.overlap_pp_comm,
+                                         posted_singly=posted_singly, zero3=zero3,
+                                         prefetch=par.prefetch_weights)
+            ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
+            if tied is not None:
+                done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
+                ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
         step = ready + opt_s + trn.step_overhead_s
         accel = sc.system.node.accelerator
         return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
