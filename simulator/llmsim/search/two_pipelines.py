@@ -31,6 +31,7 @@ from llmsim.in_flight import schedule_order
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
 from llmsim.schedules.walk import replay, wait_graph
+from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
@@ -125,9 +126,7 @@ buckets) replay the same walk. Only the ends :func:`phase_s` reads are kept (3p 
 a walk, not one per pass), and only for the order walked last (a search's batch holds
 one order's layouts, :mod:`.batching`): the memo holds no order the order cache dropped."""
 
-_WALKS: dict[tuple, tuple[tuple[float, ...], dict[tuple[int, int], float]]] = {}
-_WALKED: list[CompiledOrder | None] = [None]
-"""The order whose walks :data:`_WALKS` holds."""
+_WALKS = BoundedMemo(WALK_MEMO)
 
 
 def walk_ends(order: CompiledOrder, durations: list[float],
@@ -135,17 +134,13 @@ def walk_ends(order: CompiledOrder, durations: list[float],
     """Of :func:`walk`'s ends, each device's last pass's (0.0 for a device without
     passes) and, per (device, chunk), its last weight-gradient pass's; memoised on the
     exact inputs (:data:`WALK_MEMO`)."""
-    if _WALKED[0] is not order:
-        _WALKS.clear()
-        _WALKED[0] = order
+    _WALKS.keep_for(order)
     key = (*durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
         end = walk(order, durations, hops)
-        if len(_WALKS) >= WALK_MEMO:
-            _WALKS.clear()
-        hit = _WALKS[key] = (tuple(end[k] for k in order.last),
-                             {held: end[k] for held, k in order.last_w.items()})
+        hit = _WALKS.put(key, (tuple(end[k] for k in order.last),
+                               {held: end[k] for held, k in order.last_w.items()}))
     return hit
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from llmsim.in_flight import schedule_order
 from llmsim.schedules import SCHEDULES
 from llmsim.schedules.walk import Levels, levels, replay, replay_levels, wait_graph
+from llmsim.search.memo import BoundedMemo
 from llmsim.search.pass_cache import PassBoundedCache
 
 NUMPY_FROM_STAGES = 24
@@ -81,7 +82,7 @@ WALK_MEMO = 4096
 in what the walk does not read (the ZeRO stage below 3, the parameter-gather overlap, the
 nodes) replay the same walk."""
 
-_WALKS: dict[tuple, tuple[float, tuple[float, ...]]] = {}
+_WALKS = BoundedMemo(WALK_MEMO)
 
 
 def walk_s(walk: CompiledWalk, durations: list[float],
@@ -93,9 +94,7 @@ def walk_s(walk: CompiledWalk, durations: list[float],
     hit = _WALKS.get(key)
     if hit is None:
         total, ends = _replay(walk, durations, hops)
-        if len(_WALKS) >= WALK_MEMO:
-            _WALKS.clear()
-        hit = _WALKS[key] = (total, tuple(ends))
+        hit = _WALKS.put(key, (total, tuple(ends)))
     return hit[0], list(hit[1])
 
 
