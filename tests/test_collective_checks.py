@@ -1,5 +1,5 @@
-"""Measured collectives on LUMI and Frontier (MI250X, Slingshot-11) against llmsim's
-topology model.
+"""Measured collectives on LUMI and Frontier (MI250X, Slingshot-11) and on Fugaku
+(Tofu-D) against llmsim's topology model.
 
 ``workloads/validation/collectives.csv`` holds collectives timed inside training runs on
 LUMI-G: the DeepSpeed comms logger (``prof_all``) of the 175B strong-scaling logs in
@@ -8,9 +8,15 @@ every collective of rank 0. It also holds microbenchmark references (``LUMI-RF-*
 rccl-tests bandwidth the LUMI team's ReFrame checks hold LUMI-G to, with no spread given
 (their ``p10_ms`` is empty), and RCCL all-gathers and reduce-scatters of 1 GiB timed on
 8-1,024 GCDs of Frontier by the PCCL authors (``FRONTIER-PCCL-*``, axonn-ai/sc2025-pccl-reproducer,
-mean of 20 calls). Each point is a group shape on the machine (ranks, nodes, how
-many groups of the axis share a node's NICs) and a message; llmsim prices the same
-collective on a plan of that shape. The tolerance of each point is in the file (25 %).
+mean of 20 calls), and Fujitsu MPI's ping-pong between two Fugaku nodes and all-reduce
+over 1,536 ranks on 384 nodes timed with MPIBenchmarks.jl's IMB (``FUGAKU-JL-*``,
+giordano/julia-on-fugaku, arXiv:2207.12762), independent of the Tofu-D numbers the
+catalog takes from Ajima et al. 2018, and Fujitsu MPI's all-reduce over 16 and 32 Fugaku
+nodes with its default algorithm choice (``FUGAKU-BINE-*``, HLC-Lab/bine_trees_fugaku,
+2025), which for these counts is Open MPI's ring (``network.mpi``). Each point is a
+group shape on the machine (ranks, nodes, how many groups of the axis share a node's
+NICs) and a message; llmsim prices the same collective on a plan of that shape. The
+tolerance of each point is in the file (25 %).
 
 Points where llmsim is off by more than that are expected failures, each with the measured
 and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)" and "Frontier").
@@ -22,8 +28,13 @@ down 2-6x from 512 GCDs on (the PCCL paper, arXiv:2504.18658, puts it on RCCL's 
 all-gather and reduce-scatter at that rank count and on traffic falling into the NIC's
 software overflow path; llmsim's ring keeps its bandwidth), and inside the 2023 LUMI runs
 the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives the 8
-groups sharing the node's NICs. They are strict: a model that comes within
-the tolerance fails them, and the mark is then removed.
+groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
+link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
+adds the A64FX's 10 us per-op launch, and Fujitsu MPI's all-reduce over 1,536 ranks takes
+2.3-4x llmsim's NCCL-style tree (docs/validation.md §8, "Tofu-D collectives"); its ring
+over 16 and 32 nodes is within 11 % from 4 MiB up, but not at 512 KiB over 32 nodes (16 KiB
+blocks) nor where its rules pick recursive doubling. They are
+strict: a model that comes within the tolerance fails them, and the mark is then removed.
 """
 
 from __future__ import annotations
@@ -71,7 +82,8 @@ def modelled_s(point: dict[str, str]) -> float:
     nbytes = float(point["input_mib"]) * MIB
     if point["collective"] == "all_gather":
         nbytes *= ranks  # the gathered output (nccl-tests convention)
-    costs = HardwareCosts(system, plan, "bf16")
+    precision = "bf16" if "bf16" in system.node.accelerator.dense_tflops else "fp32"
+    costs = HardwareCosts(system, plan, precision)
     return costs.comm_s(CommOp("check", point["collective"], axis, "F", nbytes))  # type: ignore[arg-type]
 
 
@@ -85,6 +97,19 @@ KNOWN_GAPS = {
     "FRONTIER-PCCL-C-AG0512": "1 GiB all-gather, 64 nodes x 8: llmsim 15.8 ms, RCCL 31.0",
     "FRONTIER-PCCL-C-AG1024": "1 GiB all-gather, 128 nodes x 8: llmsim 17.0 ms, RCCL 93.2",
     "FRONTIER-PCCL-C-RS1024": "1 GiB reduce-scatter, 128 nodes x 8: llmsim 17.0 ms, RCCL 31.6",
+    "FUGAKU-JL-C-PP8B": "8-byte MPI ping-pong between two Fugaku nodes: llmsim 10.5 us (the "
+                        "A64FX's 10 us per-op launch of a PyTorch call), MPI alone 1.26 us",
+    "FUGAKU-JL-C-AR1K": "1 KiB all-reduce, 1,536 ranks on 384 Fugaku nodes: llmsim 0.025 ms, "
+                        "Fujitsu MPI 0.058",
+    "FUGAKU-JL-C-AR1M": "1 MiB all-reduce, 1,536 ranks on 384 Fugaku nodes: llmsim 0.19 ms "
+                        "(NCCL's tree at 12.6 GB/s), Fujitsu MPI 0.75",
+    "FUGAKU-JL-C-AR4M": "4 MiB all-reduce, 1,536 ranks on 384 Fugaku nodes: llmsim 0.68 ms, "
+                        "Fujitsu MPI 2.10 (2S/t = 4.0 GB/s, below one link's 6.2)",
+    "FUGAKU-BINE-C-AR16-64K": "64 KiB all-reduce over 16 Fugaku nodes, Fujitsu MPI's recursive "
+                              "doubling (4 KiB a process): llmsim 0.019 ms, measured 0.158",
+    "FUGAKU-BINE-C-AR32-512K": "512 KiB ring all-reduce over 32 Fugaku nodes: llmsim 0.64 ms "
+                               "(7.2 us a step, the rendezvous overhead), measured 0.50 (16 KiB "
+                               "blocks)",
 }
 
 

@@ -471,12 +471,12 @@ def test_fugaku_gap_is_in_the_compute_not_the_network():
     over Tofu-D: llmsim is too fast on both (−49.4 and −50.0 % when added; −47.4 and
     −34.4 % since the batched attention matmuls run one matrix per core, which costs the
     TP-4 row more: 8 heads per rank on 48 cores; −36.3 and −27.8 % since glibc's page round
-    trip is priced; −29.8 and −22.7 % since the eager FP32 softmax path is), so the missing
-    time of the Fugaku rows is on the node (docs/validation.md §8), not in the TP
-    all-reduces."""
+    trip is priced; −29.8 and −22.7 % since the eager FP32 softmax path is; −29.8 and
+    −17.3 % since the TP all-reduces are Fujitsu MPI's ring), so the missing time of the
+    Fugaku rows is on the node (docs/validation.md §8), not in the TP all-reduces."""
     df = v.validate([BY_ID["FUGAKU-DEV-1"], BY_ID["FUGAKU-DEV-6"]], progress=False)
     one_node, tp4 = df.set_index("id").loc[["FUGAKU-DEV-6", "FUGAKU-DEV-1"], "error_pct"]
-    assert one_node < -25 and tp4 < -20
+    assert one_node < -25 and tp4 < -10
     assert one_node < tp4
 
 

@@ -9,6 +9,7 @@ from pydantic import Field, PositiveFloat, PositiveInt
 
 from llmsim.specs._base import Spec
 from llmsim.specs.collectives import CollectiveLibrary
+from llmsim.specs.mpi import MpiCollectives
 
 
 class _NetworkBase(Spec):
@@ -35,6 +36,10 @@ class _NetworkBase(Spec):
     ``nccl-2021``): collectives are then priced per algorithm and protocol as that
     library predicts them. Without it every collective is a Simple-protocol α–β ring,
     tree or two-level algorithm with ``step_latency_us`` and the fabric's latency."""
+    mpi: MpiCollectives | None = None
+    """The MPI library's ring all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
+    all-reduce its rules give to the ring is priced as that ring
+    (:mod:`llmsim.costs.collectives.mpi_ring`), the rest as without it."""
 
 
 class FatTree(_NetworkBase):

@@ -1,6 +1,6 @@
 """The collective cost model: the fastest applicable algorithm on the path a group uses
 (:func:`algorithm_times_s`, like NCCL's tuner), plus a launch; a measured table where one
-covers the collective."""
+covers the collective; an MPI library's ring where its rules pick it (``network.mpi``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from llmsim.costs.collectives.algorithms import ALGORITHMS
 from llmsim.costs.collectives.library import library_times_s
+from llmsim.costs.collectives.mpi_ring import mpi_ring_s, runs_ring
 from llmsim.costs.collectives.table import CollectiveTable
 from llmsim.costs.paths import (
     INF,
@@ -87,5 +88,8 @@ class CollectiveModel:
             if collective == "send_recv":  # a pair of neighbours, on one node or two
                 return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
             return self.table.time_s(collective, path.ranks, path.nodes, nbytes)
+        mpi = self.system.network.mpi
+        if mpi is not None and runs_ring(mpi, collective, path.ranks, nbytes):
+            return mpi_ring_s(nbytes, path, mpi) + self.launch_s
         library = self.system.network.collectives
         return min(algorithm_times_s(collective, nbytes, path, library).values()) + self.launch_s
