@@ -59,8 +59,9 @@ def test_layout_is_the_fork_s_fsdp2_without_resharding():
 
 def test_row_runs_and_is_too_fast_by_the_band_the_docs_give():
     """Compute-bound (communication under 1 % of the step) and too fast, as the LUMI rows
-    are: −37.3 % when added (docs/validation.md §8, "Frontier"), with the MI250X GEMM rate
-    fitted to MI210 timings on the kernels of 2026 and the unverified attention fraction.
+    are: −37.3 % when added (docs/validation.md §8, "Frontier"), −30.4 % with the MI250X
+    flash-attention curve measured against an A100 (tests/test_mi250x_attention.py), with the
+    MI250X GEMM rate fitted to MI210 timings on the kernels of 2026.
     A band, not the value: a measured MI250X rate at the run's ROCm 6.3 would move it."""
     result = v.predict(ROW).result
     err = (result.step_time_s - ROW.measured) / ROW.measured * 100
