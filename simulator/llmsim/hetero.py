@@ -161,7 +161,7 @@ def group_costs(scenario: Scenario) -> dict[str, HardwareCosts]:
                                   scenario.training.cuda_graphs,
                                   scenario.parallelism.parameter_servers,
                                   TokenDispatch.of(scenario.model, scenario.parallelism),
-                                  scenario.training.allocator)
+                                  scenario.training.allocator, scenario.training.host_path)
     return out
 
 

@@ -31,7 +31,7 @@ from llmsim.loader import calibration_profile
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.plan import Plan
 from llmsim.specs import AttentionKernel, Dtype, Scenario, System
-from llmsim.specs.training import Allocator
+from llmsim.specs.training import Allocator, HostPath
 
 __all__ = [
     "ALGORITHMS",
@@ -82,6 +82,7 @@ class HardwareCosts:
         parameter_servers: int = 1,
         token_dispatch: TokenDispatch | None = None,
         allocator: Allocator = "caching",
+        host_path: HostPath = "bare",
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -105,7 +106,8 @@ class HardwareCosts:
             )
         self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
                                     power_limit_w, cuda_graphs,
-                                    PageRoundTrip(accelerator) if allocator == "glibc" else None)
+                                    PageRoundTrip(accelerator) if allocator == "glibc" else None,
+                                    host_path)
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
@@ -126,7 +128,8 @@ class HardwareCosts:
         return cls(scenario.system, plan, training.precision, calibration,
                    training.attention_kernel, training.power_limit_w, training.cuda_graphs,
                    scenario.parallelism.parameter_servers,
-                   TokenDispatch.of(scenario.model, scenario.parallelism), training.allocator)
+                   TokenDispatch.of(scenario.model, scenario.parallelism), training.allocator,
+                   training.host_path)
 
     @property
     def host_issue_s(self) -> float:

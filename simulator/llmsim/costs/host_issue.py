@@ -35,8 +35,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmsim.errors import UserError
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.specs import Accelerator
+from llmsim.specs.training import HostPath
 
 Op = ComputeOp | CommOp
 
@@ -53,14 +55,25 @@ class HostIssue:
     never waits for the host (CUDA graphs, or no measurement of the host)."""
 
     @classmethod
-    def of(cls, accelerator: Accelerator, cuda_graphs: bool) -> HostIssue:
+    def of(cls, accelerator: Accelerator, cuda_graphs: bool,
+           host_path: HostPath = "bare") -> HostIssue:
         """The accelerator's queue: in eager mode each kernel costs the device
-        ``kernel_launch_us`` and the host ``host_dispatch_us`` (0 where not measured: no
-        queue, the fixed cost alone); replayed from captured CUDA graphs
-        (``training.cuda_graphs``) the device's ``graph_kernel_us`` and no host issue."""
+        ``kernel_launch_us`` and the host ``host_dispatch_us`` for bare PyTorch ops (0
+        where not measured: no queue, the fixed cost alone) or ``host_module_dispatch_us``
+        for a model's layers as Python modules under autograd (``training.host_path``);
+        replayed from captured CUDA graphs (``training.cuda_graphs``) the device's
+        ``graph_kernel_us`` and no host issue, whatever the path."""
         if cuda_graphs:
             return cls(accelerator.graph_kernel_us * 1e-6, 0.0)
-        return cls(accelerator.kernel_launch_us * 1e-6, accelerator.host_dispatch_us * 1e-6)
+        interval_us = accelerator.host_dispatch_us
+        if host_path == "modules":
+            interval_us = accelerator.host_module_dispatch_us
+            if interval_us <= 0:
+                raise UserError(
+                    f"training.host_path: modules has no measured host time per kernel on "
+                    f"{accelerator.name}; use bare, or give the accelerator a "
+                    f"host_module_dispatch_us")
+        return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6)
 
 
 def queue_end_s(durations_s: Sequence[float], interval_s: float) -> float:
