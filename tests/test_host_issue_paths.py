@@ -15,10 +15,12 @@ from hypothesis import strategies as st
 from llmsim import simulate
 from llmsim.blocks import Block
 from llmsim.cli import main
-from llmsim.costs.host_issue import HostIssue, queue_end_s
+from llmsim.costs import HardwareCosts
+from llmsim.costs.host_issue import HostIssue, host_runs_ahead, pass_waits_s, queue_end_s
 from llmsim.errors import UserError
 from llmsim.loader import load_spec
-from llmsim.ops import ComputeOp
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.plan import Plan
 
 H100 = load_spec("accelerators", "h100-sxm5-80gb")
 A100 = load_spec("accelerators", "a100-sxm4-80gb")
@@ -58,10 +60,12 @@ def test_the_cli_refuses_the_unmeasured_path_with_exit_code_2(tmp_path, capsys):
 
 
 class _Fixed:
-    """Prices each op by its name from a table; the host issues every ``interval_s``."""
+    """Prices each op by its name from a table; the host issues every ``interval_s``,
+    entering the pass ahead where ``ahead``."""
 
-    def __init__(self, table_s: dict[str, float], interval_s: float) -> None:
-        self.table_s, self.host_issue_s = table_s, interval_s
+    def __init__(self, table_s: dict[str, float], interval_s: float,
+                 ahead: bool = False) -> None:
+        self.table_s, self.host_issue_s, self.host_issue_ahead = table_s, interval_s, ahead
 
     def compute_s(self, op: ComputeOp) -> float:
         return self.table_s[op.name]
@@ -110,3 +114,48 @@ def test_a_step_on_the_modules_path_is_no_shorter_and_graphs_remove_the_path():
                                      training__host_path=p)).step_time_s
               for p in ("bare", "modules")]
     assert graphs[0] == graphs[1] < bare.step_time_s
+
+
+def test_a_host_ahead_of_the_pass_waits_only_after_its_first_sync():
+    """Ten 5 us kernels, then a collective the host syncs before, then ten more: entering
+    ahead, the first ten never wait; after the sync the host issues from the device's
+    position, as a pass that starts there with an empty queue would. A pass whose
+    dispatch outlasts its device time keeps no lead: it starts empty either way."""
+    h = 10e-6
+    short = [ComputeOp(f"k{i}", "memory", "F", 0.0, 1.0) for i in range(10)]
+    sync = CommOp("ar", "all_reduce", "tp", "F", 1.0, host_s=1e-6)
+    after = [ComputeOp(f"j{i}", "memory", "F", 0.0, 1.0) for i in range(10)]
+    ops = (*short, ComputeOp("gemm", "gemm", "F", 1.0, 1.0), sync, *after)
+    d = [5e-6] * 10 + [400e-6, 1e-6] + [5e-6] * 10  # the GEMM gives the host its lead
+    waits = pass_waits_s(ops, d, h, ahead=True)
+    assert waits[:12] == [0.0] * 12
+    tail = pass_waits_s(ops[11:], d[11:], h)  # from the sync on, an empty queue
+    assert waits[11:] == pytest.approx(tail)
+    assert sum(waits) == pytest.approx((h - 1e-6) + 9 * (h - 5e-6))  # j0 after the 1 us sync
+    assert pass_waits_s(ops, d, h, ahead=False)[1:10] == [pytest.approx(h - 5e-6)] * 9
+    host_bound = [5e-6] * 10 + [20e-6, 1e-6] + [5e-6] * 10  # 22 dispatches > 121 us
+    assert (pass_waits_s(ops, host_bound, h, ahead=True)
+            == pass_waits_s(ops, host_bound, h, ahead=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernels, st.floats(0.0, 6e-5))
+def test_entering_ahead_never_lengthens_a_pass(ops_spec, h):
+    ops = tuple(ComputeOp(f"op{i}", "memory", "F", 0.0, 1.0, splits=n)
+                for i, (_, n) in enumerate(ops_spec))
+    table = {op.name: d for op, (d, _) in zip(ops, ops_spec, strict=True)}
+    behind, ahead = Block.of(ops, _Fixed(table, h)), Block.of(ops, _Fixed(table, h, True))
+    assert sum(table.values()) - 1e-15 <= ahead.duration_s <= behind.duration_s + 1e-15
+
+
+@pytest.mark.parametrize(("pp", "overlap", "ahead"), [
+    (1, False, True),   # no pipeline: nothing between passes waits for the device
+    (4, True, True),    # Megatron's overlapped messages: no synchronize after them
+    (4, False, False),  # batched blocking messages: torch.cuda.synchronize()
+])
+def test_which_layouts_let_the_host_run_ahead(pp, overlap, ahead):
+    s = make_scenario(system="eos", parallelism__pp=pp, parallelism__tp=8 // pp,
+                      parallelism__overlap_pp_comm=overlap)
+    assert host_runs_ahead(s.parallelism) is ahead
+    plan = Plan.from_scenario(s)
+    assert HardwareCosts.from_scenario(s, plan).host_issue_ahead is ahead

@@ -223,6 +223,7 @@ class ComputeModel:
         cuda_graphs: bool = False,
         page_round_trip: PageRoundTrip | None = None,
         host_path: HostPath = "bare",
+        host_ahead: bool = False,
     ) -> None:
         self.accelerator = accelerator
         self.page_round_trip = page_round_trip
@@ -251,7 +252,7 @@ class ComputeModel:
         :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
         them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
-        self.host_issue = HostIssue.of(accelerator, cuda_graphs, host_path)
+        self.host_issue = HostIssue.of(accelerator, cuda_graphs, host_path, host_ahead)
         """The host's issue of the compute kernels (:mod:`llmsim.costs.host_issue`)."""
         self.compute_launch_s = self.host_issue.kernel_gap_s
         """Launch cost of each compute kernel on the device, s: ``kernel_launch_us``, or
