@@ -24,8 +24,11 @@ is one dispatch of the host (:mod:`llmsim.costs.host_issue`):
   ``MoEAuxLossAutoScaler.backward``'s ``ones_like`` and scale, the two fused aux-loss
   backward kernels, the sum of the logits' two gradients (top-k and aux scores;
   ``RandomSTE`` passes its gradient through) and the probabilities' cast back to BF16.
-  Left out as unverified: HybridEP's own kernels beyond its dispatch and permutation
-  (DeepEP's hybrid-ep branch), and the casts of ``tokens_per_expert``.
+  ``tokens_per_expert`` costs none: without ``num_permuted_tokens`` HybridEP copies it
+  through pinned memory to the host (``dispatch_with_permute``, deep_ep/hybrid_ep_buffer.py
+  of DeepEP's hybrid-ep branch), so its casts, sum and ``tolist()`` are host work. Left
+  out: HybridEP's own kernels beyond its dispatch and permutation (the routing map's
+  all-gather, ``metadata_preprocess_core``, issued from C++).
 """
 
 from __future__ import annotations
