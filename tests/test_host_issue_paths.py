@@ -119,8 +119,7 @@ def test_a_step_on_the_modules_path_is_no_shorter_and_graphs_remove_the_path():
 def test_a_host_ahead_of_the_pass_waits_only_after_its_first_sync():
     """Ten 5 us kernels, then a collective the host syncs before, then ten more: entering
     ahead, the first ten never wait; after the sync the host issues from the device's
-    position, as a pass that starts there with an empty queue would. A pass whose
-    dispatch outlasts its device time keeps no lead: it starts empty either way."""
+    position, as a pass that starts there with an empty queue would."""
     h = 10e-6
     short = [ComputeOp(f"k{i}", "memory", "F", 0.0, 1.0) for i in range(10)]
     sync = CommOp("ar", "all_reduce", "tp", "F", 1.0, host_s=1e-6)
@@ -133,9 +132,6 @@ def test_a_host_ahead_of_the_pass_waits_only_after_its_first_sync():
     assert waits[11:] == pytest.approx(tail)
     assert sum(waits) == pytest.approx((h - 1e-6) + 9 * (h - 5e-6))  # j0 after the 1 us sync
     assert pass_waits_s(ops, d, h, ahead=False)[1:10] == [pytest.approx(h - 5e-6)] * 9
-    host_bound = [5e-6] * 10 + [20e-6, 1e-6] + [5e-6] * 10  # 22 dispatches > 121 us
-    assert (pass_waits_s(ops, host_bound, h, ahead=True)
-            == pass_waits_s(ops, host_bound, h, ahead=False))
 
 
 @settings(max_examples=150, deadline=None)

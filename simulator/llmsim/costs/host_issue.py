@@ -22,9 +22,11 @@ Across passes: where nothing between two passes makes the host wait for the devi
 pipeline, or Megatron's overlapped pipeline messages, which skip the
 ``torch.cuda.synchronize()`` of its batched send/receive), the host enters a pass ahead
 (:attr:`HostIssue.ahead`) and the kernels before the pass's first host sync never wait
-— where the pass's dispatch (kernels × ``h``) does not outlast its device time, else no
-lead can last and the pass starts with an empty queue, as every pass does without
-``ahead`` (an upper bound on the wait). Left out: the device's limit of 1,024
+(the host issued them while earlier passes ran); without ``ahead`` each pass starts with
+an empty queue (an upper bound on the wait). A host slower than its device over whole
+passes keeps no lead; with ``ahead`` such a pass is charged only from its first host sync
+on (a lower bound there: a tiny model at ``pp`` 1 that is host-bound in every pass).
+Left out: the device's limit of 1,024
 pending launches (it only holds the host back while the device is behind, where the
 device's own time decides the end); host syncs inside a pass other than the collectives
 that declare one (``CommOp.host_s``), after which the host issues from the device's
@@ -134,8 +136,7 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
     (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
     many kernels of equal length, a collective one kernel, issued after its ``host_s``
     by a host that waited for the device (a host sync); ``ahead``: the host enters the
-    pass ahead (:attr:`HostIssue.ahead`) where its dispatch does not outlast its device
-    time. No kernel shorter than the interval: none waits
+    pass ahead (:attr:`HostIssue.ahead`). No kernel shorter than the interval: none waits
     (each keeps the host's issue ahead by its excess)."""
     if all(d >= interval_s * (op.splits if isinstance(op, ComputeOp) else 1)
            for op, d in zip(ops, durations_s, strict=True)):
@@ -148,7 +149,6 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
         kernels += [d / count] * count
         syncs += [isinstance(op, CommOp) and op.host_s > 0] + [False] * (count - 1)
         owner += [i] * count
-    ahead = ahead and interval_s * len(kernels) <= sum(kernels)  # a lead can last
     waits = [0.0] * len(ops)
     for i, wait in zip(owner, queue_waits_s(kernels, interval_s, syncs, ahead), strict=True):
         waits[i] += wait
