@@ -117,7 +117,10 @@ def test_split_ops_are_kernels_of_their_own():
 
 
 class _Costs:
-    """Fixed prices per op name and a host interval."""
+    """Fixed prices per op name and a host interval; each pass starts with an empty
+    queue."""
+
+    host_issue_ahead = False
 
     def __init__(self, prices: dict[str, float], host_issue_s: float) -> None:
         self.prices, self.host_issue_s = prices, host_issue_s

@@ -29,6 +29,12 @@ class CostModel(Protocol):
         """Host time between two compute kernels' issue, s (0: no op waits for it)."""
         ...
 
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether the host enters each pass ahead of the device (read where the host
+        issue interval is above 0)."""
+        ...
+
 
 class OpSpan(NamedTuple):
     """Where one op of a block sits inside the block, relative to its start (a frozen
@@ -70,8 +76,9 @@ class Block:
 
         Where the host issues the kernels one by one (``costs.host_issue_s`` > 0, eager
         mode), an op that the host's dispatch has not reached yet when the op before it
-        ends waits for it (:func:`llmsim.costs.host_issue.pass_waits_s`); the wait is
-        counted in the op's span and in its kind's time.
+        ends waits for it (:func:`llmsim.costs.host_issue.pass_waits_s`; from the pass's
+        first host sync on where the host enters the pass ahead, ``costs.host_issue_ahead``);
+        the wait is counted in the op's span and in its kind's time.
         """
         if reserved_units:
             ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
@@ -93,7 +100,7 @@ class Block:
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
         interval_s = costs.host_issue_s
         if interval_s > 0:  # each op's wait for the host's issue, before it starts
-            waits = pass_waits_s(ops, durations, interval_s)
+            waits = pass_waits_s(ops, durations, interval_s, costs.host_issue_ahead)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):

@@ -31,6 +31,7 @@ from llmsim.blocks import Block
 from llmsim.calibration import load_calibration
 from llmsim.costs import CostModel, HardwareCosts
 from llmsim.costs.alltoall import TokenDispatch
+from llmsim.costs.host_issue import host_runs_ahead
 from llmsim.engine import Device
 from llmsim.errors import UserError
 from llmsim.memory import StageMemory, memory_per_stage
@@ -90,6 +91,11 @@ class SlowerPath:
         """The slower host's issue interval, s."""
         return max(self.first.host_issue_s, self.second.host_issue_s)
 
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether both hosts enter each pass ahead."""
+        return self.first.host_issue_ahead and self.second.host_issue_ahead
+
     def compute_s(self, op: ComputeOp) -> float:
         """The slower group's time for ``op``, seconds."""
         return max(self.first.compute_s(op), self.second.compute_s(op))
@@ -129,6 +135,11 @@ class StagedCosts:
         """The first stage's group's host issue interval, s."""
         return self.for_stage(0).host_issue_s
 
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether the first stage's group's host enters each pass ahead."""
+        return self.for_stage(0).host_issue_ahead
+
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the first stage's group, seconds."""
         return self.for_stage(0).compute_s(op)
@@ -161,7 +172,8 @@ def group_costs(scenario: Scenario) -> dict[str, HardwareCosts]:
                                   scenario.training.cuda_graphs,
                                   scenario.parallelism.parameter_servers,
                                   TokenDispatch.of(scenario.model, scenario.parallelism),
-                                  scenario.training.allocator)
+                                  scenario.training.allocator, scenario.training.host_path,
+                                  host_runs_ahead(scenario.parallelism))
     return out
 
 

@@ -148,6 +148,11 @@ class ReplicaCosts:
         """The replica's group's host issue interval, s."""
         return self.own.host_issue_s
 
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether the replica's group's host enters each pass ahead."""
+        return self.own.host_issue_ahead
+
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the replica's group, seconds."""
         return self.own.compute_s(op)

@@ -25,13 +25,14 @@ from llmsim.costs.collectives import (
     group_path,
 )
 from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
+from llmsim.costs.host_issue import host_runs_ahead
 from llmsim.costs.parameter_server import ParameterServerModel
 from llmsim.errors import UserError
 from llmsim.loader import calibration_profile
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.plan import Plan
 from llmsim.specs import AttentionKernel, Dtype, Scenario, System
-from llmsim.specs.training import Allocator
+from llmsim.specs.training import Allocator, HostPath
 
 __all__ = [
     "ALGORITHMS",
@@ -61,6 +62,12 @@ class CostModel(Protocol):
         :mod:`llmsim.costs.host_issue`)."""
         ...
 
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether the host enters each pass ahead of the device (no host sync between
+        passes; :mod:`llmsim.costs.host_issue`)."""
+        ...
+
 
 class HardwareCosts:
     """The hardware cost model of one plan on one system in one data type.
@@ -82,6 +89,8 @@ class HardwareCosts:
         parameter_servers: int = 1,
         token_dispatch: TokenDispatch | None = None,
         allocator: Allocator = "caching",
+        host_path: HostPath = "bare",
+        host_ahead: bool = False,
     ) -> None:
         accelerator = system.node.accelerator
         if not accelerator.supports(dtype):
@@ -105,7 +114,8 @@ class HardwareCosts:
             )
         self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
                                     power_limit_w, cuda_graphs,
-                                    PageRoundTrip(accelerator) if allocator == "glibc" else None)
+                                    PageRoundTrip(accelerator) if allocator == "glibc" else None,
+                                    host_path, host_ahead)
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
@@ -126,13 +136,20 @@ class HardwareCosts:
         return cls(scenario.system, plan, training.precision, calibration,
                    training.attention_kernel, training.power_limit_w, training.cuda_graphs,
                    scenario.parallelism.parameter_servers,
-                   TokenDispatch.of(scenario.model, scenario.parallelism), training.allocator)
+                   TokenDispatch.of(scenario.model, scenario.parallelism), training.allocator,
+                   training.host_path, host_runs_ahead(scenario.parallelism))
 
     @property
     def host_issue_s(self) -> float:
         """Host time between two compute kernels' issue, s (0: none waits for it;
         :mod:`llmsim.costs.host_issue`)."""
         return self.compute.host_issue.interval_s
+
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether the host enters each pass ahead of the device
+        (:attr:`llmsim.costs.host_issue.HostIssue.ahead`)."""
+        return self.compute.host_issue.ahead
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""

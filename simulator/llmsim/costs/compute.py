@@ -53,6 +53,7 @@ from llmsim.costs.grouped_gemms import GroupedGemmRates
 from llmsim.costs.host_issue import HostIssue
 from llmsim.ops import ComputeOp
 from llmsim.specs import Accelerator, AttentionKernel, Dtype, GemmModel, MemoryKind
+from llmsim.specs.training import HostPath
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +222,8 @@ class ComputeModel:
         power_limit_w: float | None = None,
         cuda_graphs: bool = False,
         page_round_trip: PageRoundTrip | None = None,
+        host_path: HostPath = "bare",
+        host_ahead: bool = False,
     ) -> None:
         self.accelerator = accelerator
         self.page_round_trip = page_round_trip
@@ -249,7 +252,7 @@ class ComputeModel:
         :attr:`memory_bytes_per_s`; norms and the optimizer step where the catalog measured
         them, ``memory_fraction_by_kind``)."""
         self.launch_s = accelerator.kernel_launch_us * 1e-6
-        self.host_issue = HostIssue.of(accelerator, cuda_graphs)
+        self.host_issue = HostIssue.of(accelerator, cuda_graphs, host_path, host_ahead)
         """The host's issue of the compute kernels (:mod:`llmsim.costs.host_issue`)."""
         self.compute_launch_s = self.host_issue.kernel_gap_s
         """Launch cost of each compute kernel on the device, s: ``kernel_launch_us``, or

@@ -18,9 +18,15 @@ issue"): eager in-place adds take 9.1 µs each (the host), 1.15 µs replayed fro
 their dispatch, the device's own 2.5–2.8 µs per eager kernel remain), the same adds
 issued before it add their whole dispatch.
 
-What the per-pass queue leaves out: the host's run-ahead across passes (each pass starts
-with an empty queue, so a pass that begins with short kernels pays their dispatch even
-where the host was ahead: an upper bound on exposure there); the device's limit of 1,024
+Across passes: where nothing between two passes makes the host wait for the device (no
+pipeline, or Megatron's overlapped pipeline messages, which skip the
+``torch.cuda.synchronize()`` of its batched send/receive), the host enters a pass ahead
+(:attr:`HostIssue.ahead`) and the kernels before the pass's first host sync never wait
+(the host issued them while earlier passes ran); without ``ahead`` each pass starts with
+an empty queue (an upper bound on the wait). A host slower than its device over whole
+passes keeps no lead; with ``ahead`` such a pass is charged only from its first host sync
+on (a lower bound there: a tiny model at ``pp`` 1 that is host-bound in every pass).
+Left out: the device's limit of 1,024
 pending launches (it only holds the host back while the device is behind, where the
 device's own time decides the end); host syncs inside a pass other than the collectives
 that declare one (``CommOp.host_s``), after which the host issues from the device's
@@ -32,11 +38,14 @@ optimizer step) do not queue.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from llmsim.errors import UserError
 from llmsim.ops import CommOp, ComputeOp
-from llmsim.specs import Accelerator
+from llmsim.specs import Accelerator, Parallelism
+from llmsim.specs.training import HostPath
 
 Op = ComputeOp | CommOp
 
@@ -51,16 +60,45 @@ class HostIssue:
     interval_s: float
     """Host time between two kernels' issue (its dispatch per kernel), s; 0: the queue
     never waits for the host (CUDA graphs, or no measurement of the host)."""
+    ahead: bool = False
+    """Whether the host enters each pass ahead of the device: nothing between two passes
+    waits for the device on the host (no pipeline send or receive that synchronises), so
+    the host has issued a pass's kernels before the device reaches them, up to the pass's
+    first host sync; False: each pass starts with an empty queue (an upper bound on the
+    wait)."""
 
     @classmethod
-    def of(cls, accelerator: Accelerator, cuda_graphs: bool) -> HostIssue:
+    def of(cls, accelerator: Accelerator, cuda_graphs: bool,
+           host_path: HostPath = "bare", ahead: bool = False) -> HostIssue:
         """The accelerator's queue: in eager mode each kernel costs the device
-        ``kernel_launch_us`` and the host ``host_dispatch_us`` (0 where not measured: no
-        queue, the fixed cost alone); replayed from captured CUDA graphs
-        (``training.cuda_graphs``) the device's ``graph_kernel_us`` and no host issue."""
+        ``kernel_launch_us`` and the host ``host_dispatch_us`` for bare PyTorch ops (0
+        where not measured: no queue, the fixed cost alone) or ``host_module_dispatch_us``
+        for a model's layers as Python modules under autograd (``training.host_path``);
+        replayed from captured CUDA graphs (``training.cuda_graphs``) the device's
+        ``graph_kernel_us`` and no host issue, whatever the path. ``ahead``: the host
+        runs ahead across passes (:attr:`HostIssue.ahead`)."""
         if cuda_graphs:
             return cls(accelerator.graph_kernel_us * 1e-6, 0.0)
-        return cls(accelerator.kernel_launch_us * 1e-6, accelerator.host_dispatch_us * 1e-6)
+        interval_us = accelerator.host_dispatch_us
+        if host_path == "modules":
+            interval_us = accelerator.host_module_dispatch_us
+            if interval_us <= 0:
+                raise UserError(
+                    f"training.host_path: modules has no measured host time per kernel on "
+                    f"{accelerator.name}; use bare, or give the accelerator a "
+                    f"host_module_dispatch_us")
+        return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6, ahead)
+
+
+def host_runs_ahead(par: Parallelism) -> bool:
+    """Whether the host enters each pass ahead of the device (:attr:`HostIssue.ahead`): with
+    no pipeline (``pp`` 1) nothing between passes waits for the device, and with the
+    pipeline's messages overlapped (``overlap_pp_comm``: Megatron-LM's
+    ``--overlap-p2p-communication``, which sets ``batch_p2p_comm`` off) no
+    ``torch.cuda.synchronize()`` follows a send or receive (``_communicate`` in
+    megatron/core/pipeline_parallel/p2p_communication.py synchronises only for
+    ``batch_p2p_comm and batch_p2p_sync``); blocking pipeline messages drain the queue."""
+    return par.pp == 1 or par.overlap_pp_comm
 
 
 def queue_end_s(durations_s: Sequence[float], interval_s: float) -> float:
@@ -74,14 +112,15 @@ def queue_end_s(durations_s: Sequence[float], interval_s: float) -> float:
 
 
 def queue_waits_s(durations_s: Sequence[float], interval_s: float,
-                  syncs: Sequence[bool] | None = None) -> list[float]:
+                  syncs: Sequence[bool] | None = None, ahead: bool = False) -> list[float]:
     """How long the device waits for the host before each kernel, s: kernel ``i`` starts at
     ``max(issue_i, end_{i−1})``, ``issue_i = issue_{i−1} + h``. A kernel marked in
     ``syncs`` is issued by a host that waited for the device to drain (a host sync): it
     starts at the end of the kernel before it, and the host issues from there on.
-    ``sum(waits) + sum(durations)`` is :func:`queue_end_s` where nothing syncs."""
+    ``sum(waits) + sum(durations)`` is :func:`queue_end_s` where nothing syncs. ``ahead``:
+    the host issued every kernel before the first sync already (no wait before it)."""
     waits = []
-    issue = end = 0.0
+    issue, end = (-math.inf if ahead else 0.0), 0.0
     for i, d in enumerate(durations_s):
         if i:
             issue = end if syncs is not None and syncs[i] else issue + interval_s
@@ -92,12 +131,13 @@ def queue_waits_s(durations_s: Sequence[float], interval_s: float,
 
 
 def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
-                 interval_s: float) -> list[float]:
+                 interval_s: float, ahead: bool = False) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
     (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
     many kernels of equal length, a collective one kernel, issued after its ``host_s``
-    by a host that waited for the device (a host sync). No kernel shorter than the
-    interval: none waits (each keeps the host's issue ahead by its excess)."""
+    by a host that waited for the device (a host sync); ``ahead``: the host enters the
+    pass ahead (:attr:`HostIssue.ahead`). No kernel shorter than the interval: none waits
+    (each keeps the host's issue ahead by its excess)."""
     if all(d >= interval_s * (op.splits if isinstance(op, ComputeOp) else 1)
            for op, d in zip(ops, durations_s, strict=True)):
         return [0.0] * len(ops)
@@ -110,6 +150,6 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
         syncs += [isinstance(op, CommOp) and op.host_s > 0] + [False] * (count - 1)
         owner += [i] * count
     waits = [0.0] * len(ops)
-    for i, wait in zip(owner, queue_waits_s(kernels, interval_s, syncs), strict=True):
+    for i, wait in zip(owner, queue_waits_s(kernels, interval_s, syncs, ahead), strict=True):
         waits[i] += wait
     return waits

@@ -115,6 +115,11 @@ class JitteredCosts:
         """The host's issue interval of the jittered costs, s (not jittered)."""
         return self.base.host_issue_s
 
+    @property
+    def host_issue_ahead(self) -> bool:
+        """Whether the host enters each pass ahead (not jittered)."""
+        return self.base.host_issue_ahead
+
     def compute_s(self, op: ComputeOp) -> float:
         """The op's time on the slowest of the ranks the representative stands for, once
         per step, s."""

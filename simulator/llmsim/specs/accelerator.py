@@ -194,6 +194,11 @@ class Accelerator(Spec):
     """Host time between two kernels an eager framework issues (its dispatch per op),
     microseconds: a pass's kernels wait for it where they are shorter
     (:mod:`llmsim.costs.host_issue`); 0 where not measured (no queue)."""
+    host_module_dispatch_us: float = Field(default=0.0, ge=0)
+    """Host time between two kernels when a model's layers issue them as Python modules
+    under autograd (``training.host_path: modules``), microseconds: the module calls,
+    autograd's graph and the dispatcher on top of ``host_dispatch_us``; 0 where not
+    measured (that path then refuses the accelerator)."""
     graph_kernel_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel replayed from a captured CUDA graph
     (``training.cuda_graphs``), microseconds: the GPU's own launch and tail, without the

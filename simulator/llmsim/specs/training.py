@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
 
@@ -17,6 +17,10 @@ PyTorch's eager CPU kernels one by one."""
 
 Allocator = Literal["caching", "glibc"]
 """Where a CPU framework's tensors come from: a caching allocator, or glibc's ``malloc``."""
+
+HostPath = Literal["bare", "modules"]
+"""How a framework's host issues eager kernels: ``bare`` PyTorch ops, or ``modules``
+(layers as Python modules with autograd, :attr:`Training.host_path`)."""
 
 
 class Training(Spec):
@@ -130,6 +134,18 @@ class Training(Spec):
     kernel costs the device's gap between graph-launched kernels (``graph_kernel_us``)
     instead of an eager launch (``kernel_launch_us``), and never waits for the host's
     dispatch (``host_dispatch_us``, :mod:`llmsim.costs.host_issue`)."""
+    moe_router_kernels: tuple[NonNegativeInt, NonNegativeInt] = (0, 0)
+    """Kernels per MoE layer that the framework launches around its router beyond the
+    gating GEMM and top-k kernel llmsim prices, (forward, backward): a load-balancing
+    loss, benchmark logits, type casts. Each costs the device its gap per kernel
+    (``kernel_launch_us``) and the host one dispatch; counts are read from the
+    framework's code (:mod:`llmsim.workload.router_kernels`)."""
+    host_path: HostPath = "bare"
+    """How the framework's host issues each eager kernel (:mod:`llmsim.costs.host_issue`):
+    ``bare``, one PyTorch op called back to back (the accelerator's ``host_dispatch_us``,
+    the floor); ``modules``, a model's layers as Python modules under autograd (its
+    ``host_module_dispatch_us``, measured where given; a UserError where not). No effect
+    under ``cuda_graphs``."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

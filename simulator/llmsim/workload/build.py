@@ -38,6 +38,7 @@ from llmsim.workload.fp8 import (
     weight_elements,
 )
 from llmsim.workload.layer import LayerBuilder, _as_phase
+from llmsim.workload.router_kernels import with_router_kernels
 from llmsim.workload.step import Chunk, Op, Workload
 
 
@@ -167,6 +168,7 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     moe = None
     if model.moe is not None:
         moe_f, moe_b, moe_w = replace_mlp(layer_f, layer_b, layer_w, builder)
+        moe_f, moe_b = with_router_kernels(moe_f, moe_b, builder, model, training)
         moe_r = [_as_phase(op, "R") for op in moe_f] if par.recompute == "full" else layer_r
         if training.fp8_activation_cache:
             moe_r = [*moe_r, *_recomputed(moe_f, EXPERT_ACTIVATIONS)]

@@ -1,0 +1,157 @@
+"""llmsim.costs.host_issue by framework path (``training.host_path``): the host's time per
+eager kernel for bare PyTorch ops and for a model's layers as Python modules under
+autograd, measured on one H100's host (docs/calibration.md, "Host issue")."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import yaml
+from helpers import make_scenario, tiny_raw
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmsim import simulate
+from llmsim.blocks import Block
+from llmsim.cli import main
+from llmsim.costs import HardwareCosts
+from llmsim.costs.host_issue import HostIssue, host_runs_ahead, pass_waits_s, queue_end_s
+from llmsim.errors import UserError
+from llmsim.loader import load_spec
+from llmsim.ops import CommOp, ComputeOp
+from llmsim.plan import Plan
+
+H100 = load_spec("accelerators", "h100-sxm5-80gb")
+A100 = load_spec("accelerators", "a100-sxm4-80gb")
+
+
+def test_each_path_takes_its_measured_host_time_and_graphs_take_none():
+    for path, host_us in (("bare", 9.1), ("modules", 33.8)):
+        issue = HostIssue.of(H100, False, path)
+        assert issue.kernel_gap_s == pytest.approx(2.6e-6)
+        assert issue.interval_s == pytest.approx(host_us * 1e-6)
+    for path in ("bare", "modules"):
+        issue = HostIssue.of(H100, True, path)
+        assert issue.kernel_gap_s == pytest.approx(1.15e-6) and issue.interval_s == 0.0
+
+
+def test_a_path_without_a_measurement_is_refused_in_one_sentence():
+    assert A100.host_module_dispatch_us == 0.0
+    with pytest.raises(UserError, match=r"training\.host_path: modules .* a100.*use bare"):
+        HostIssue.of(A100, False, "modules")
+    assert HostIssue.of(A100, True, "modules").interval_s == 0.0  # graphs: no host issue
+
+
+def test_the_cli_refuses_the_unmeasured_path_with_exit_code_2(tmp_path, capsys):
+    raw = tiny_raw()
+    raw["training"]["host_path"] = "modules"  # Selene: A100s, no module measurement
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    old, sys.argv = sys.argv, ["llmsim", "run", str(path)]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main()
+    finally:
+        sys.argv = old
+    err = " ".join(capsys.readouterr().err.split())
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert "training.host_path: modules" in err and "host_module_dispatch_us" in err
+
+
+class _Fixed:
+    """Prices each op by its name from a table; the host issues every ``interval_s``,
+    entering the pass ahead where ``ahead``."""
+
+    def __init__(self, table_s: dict[str, float], interval_s: float,
+                 ahead: bool = False) -> None:
+        self.table_s, self.host_issue_s, self.host_issue_ahead = table_s, interval_s, ahead
+
+    def compute_s(self, op: ComputeOp) -> float:
+        return self.table_s[op.name]
+
+    def comm_s(self, op: object) -> float:
+        raise AssertionError("no collectives here")
+
+
+def test_an_op_of_n_short_kernels_ends_after_n_minus_1_dispatches():
+    """Closed form at the modules rate: an op of ``n`` kernels of ``d/n`` each, each
+    shorter than the host's 33.8 us, lasts (n − 1)·h + d/n — the host sets its pace; a
+    20 us op after it that the host reached while it ran adds only its own time."""
+    h = HostIssue.of(H100, False, "modules").interval_s
+    n, d = 10, 50e-6
+    ops = (ComputeOp("loop", "memory", "F", 0.0, 1.0, splits=n),
+           ComputeOp("add", "memory", "F", 0.0, 1.0))
+    block = Block.of(ops, _Fixed({"loop": d, "add": 20e-6}, h))
+    assert block.spans[0].duration_s == pytest.approx((n - 1) * h + d / n)
+    assert block.spans[1].duration_s == pytest.approx(h - d / n + 20e-6)
+    assert block.duration_s == pytest.approx(queue_end_s([d / n] * n + [20e-6], h))
+
+
+kernels = st.lists(st.tuples(st.floats(1e-7, 2e-4), st.integers(1, 6)), min_size=1,
+                   max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernels, st.floats(0.0, 6e-5), st.floats(0.0, 6e-5))
+def test_more_host_time_per_dispatch_never_shortens_a_pass(ops_spec, h1, h2):
+    low, high = sorted((h1, h2))
+    ops = tuple(ComputeOp(f"op{i}", "memory", "F", 0.0, 1.0, splits=n)
+                for i, (_, n) in enumerate(ops_spec))
+    table = {op.name: d for op, (d, _) in zip(ops, ops_spec, strict=True)}
+    fast, slow = Block.of(ops, _Fixed(table, low)), Block.of(ops, _Fixed(table, high))
+    assert slow.duration_s >= fast.duration_s - 1e-15
+    assert fast.duration_s >= sum(table.values()) - 1e-15
+
+
+def test_a_step_on_the_modules_path_is_no_shorter_and_graphs_remove_the_path():
+    """The tiny GPT on H100 nodes (kernels shorter than either dispatch): the modules path
+    waits longer for the host than bare ops; under CUDA graphs the path changes nothing."""
+    bare = simulate(make_scenario(system="eos"))
+    modules = simulate(make_scenario(system="eos", training__host_path="modules"))
+    assert modules.step_time_s > bare.step_time_s
+    graphs = [simulate(make_scenario(system="eos", training__cuda_graphs=True,
+                                     training__host_path=p)).step_time_s
+              for p in ("bare", "modules")]
+    assert graphs[0] == graphs[1] < bare.step_time_s
+
+
+def test_a_host_ahead_of_the_pass_waits_only_after_its_first_sync():
+    """Ten 5 us kernels, then a collective the host syncs before, then ten more: entering
+    ahead, the first ten never wait; after the sync the host issues from the device's
+    position, as a pass that starts there with an empty queue would."""
+    h = 10e-6
+    short = [ComputeOp(f"k{i}", "memory", "F", 0.0, 1.0) for i in range(10)]
+    sync = CommOp("ar", "all_reduce", "tp", "F", 1.0, host_s=1e-6)
+    after = [ComputeOp(f"j{i}", "memory", "F", 0.0, 1.0) for i in range(10)]
+    ops = (*short, ComputeOp("gemm", "gemm", "F", 1.0, 1.0), sync, *after)
+    d = [5e-6] * 10 + [400e-6, 1e-6] + [5e-6] * 10  # the GEMM gives the host its lead
+    waits = pass_waits_s(ops, d, h, ahead=True)
+    assert waits[:12] == [0.0] * 12
+    tail = pass_waits_s(ops[11:], d[11:], h)  # from the sync on, an empty queue
+    assert waits[11:] == pytest.approx(tail)
+    assert sum(waits) == pytest.approx((h - 1e-6) + 9 * (h - 5e-6))  # j0 after the 1 us sync
+    assert pass_waits_s(ops, d, h, ahead=False)[1:10] == [pytest.approx(h - 5e-6)] * 9
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernels, st.floats(0.0, 6e-5))
+def test_entering_ahead_never_lengthens_a_pass(ops_spec, h):
+    ops = tuple(ComputeOp(f"op{i}", "memory", "F", 0.0, 1.0, splits=n)
+                for i, (_, n) in enumerate(ops_spec))
+    table = {op.name: d for op, (d, _) in zip(ops, ops_spec, strict=True)}
+    behind, ahead = Block.of(ops, _Fixed(table, h)), Block.of(ops, _Fixed(table, h, True))
+    assert sum(table.values()) - 1e-15 <= ahead.duration_s <= behind.duration_s + 1e-15
+
+
+@pytest.mark.parametrize(("pp", "overlap", "ahead"), [
+    (1, False, True),   # no pipeline: nothing between passes waits for the device
+    (4, True, True),    # Megatron's overlapped messages: no synchronize after them
+    (4, False, False),  # batched blocking messages: torch.cuda.synchronize()
+])
+def test_which_layouts_let_the_host_run_ahead(pp, overlap, ahead):
+    s = make_scenario(system="eos", parallelism__pp=pp, parallelism__tp=8 // pp,
+                      parallelism__overlap_pp_comm=overlap)
+    assert host_runs_ahead(s.parallelism) is ahead
+    plan = Plan.from_scenario(s)
+    assert HardwareCosts.from_scenario(s, plan).host_issue_ahead is ahead
