@@ -13,11 +13,12 @@ there, and the all-to-alls over the ``tp/e·ep`` ranks that hold different exper
 
 forward
     router GEMM (tokens × experts) and its top-k selection; permutation of the token rows
-    into expert order (``moe_permute``); the **dispatch all-to-all** over the
-    expert-parallel group; with sequence parallelism the all-gather of the received rows
-    over the TP group; the **grouped expert GEMMs** (one batched GEMM per projection, as
-    many GEMMs as local experts, each of the mean rows per expert, run ``λ`` times as long
-    for the busiest rank's excess, :func:`llmsim.experts.expert_rows`); the activation;
+    into expert order (``moe_permute``); with HybridEP the all-gather of the routing map
+    (``moe_routing_map_ag``); the **dispatch all-to-all** over the expert-parallel group;
+    with sequence parallelism the all-gather of the received rows over the TP group; the
+    **grouped expert GEMMs** (one batched GEMM per projection, as many GEMMs as local
+    experts, each of the mean rows per expert, run ``λ`` times as long for the busiest
+    rank's excess, :func:`llmsim.experts.expert_rows`); the activation;
     the TP reduce-scatter (all-reduce without sequence parallelism); the **combine
     all-to-all**; the un-permutation that weights and sums each token's ``top_k``
     outputs; the shared experts as a dense MLP of ``shared_experts·ffn_hidden`` width —
@@ -182,12 +183,13 @@ class MoeBlock:
         its dispatch, once per MoE layer's forward: ``metadata_preprocessing`` gathers
         every rank's boolean map (``Executor::allgather_routing_map``: NCCL's
         ``all_gather_into_tensor`` across nodes, its own 32-SM NVLink kernel on one node;
-        DeepEP ``hybrid-ep`` branch ``csrc/hybrid_ep/executor/executor.cu`` at 34152ae, the
-        commit Megatron-Bridge 26.04's image builds) and its preprocessing kernel reads the
-        result on the same stream before the dispatch, so nothing hides it. The backward
-        reuses the forward's handle (Megatron-LM ``fused_a2a.py`` ``HybridEPDispatch`` and
-        ``HybridEPCombine`` at 4415119414) and gathers nothing. Both ways priced as the
-        collective model's all-gather on the group's links."""
+        DeepEP ``hybrid-ep`` branch ``csrc/hybrid_ep/executor/executor.cu`` at 34152ae,
+        the DeepEP commit Megatron-Bridge 21d102f5e's ``docker/Dockerfile.ci`` builds) and
+        its preprocessing kernel reads the result on the same stream before the dispatch,
+        so nothing hides it. The backward reuses the forward's handle (Megatron-LM
+        ``fused_a2a.py`` ``HybridEPDispatch`` and ``HybridEPCombine`` at 4415119414) and
+        gathers nothing. Both ways priced as the collective model's all-gather on the
+        group's links."""
         if self.ep == 1 or not self.routing or self.b.par.moe_dispatcher != "hybridep":
             return []
         nbytes = routing_map_gather_bytes(self.tokens_routed, self.moe.experts, self.ep)
