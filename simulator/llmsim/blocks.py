@@ -17,6 +17,10 @@ from llmsim.costs.host_issue import pass_waits_s
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
 
+MOE_DISPATCH_AXES = frozenset({"ep", "tp+ep", "xtp+ep"})
+"""Axes whose groups run only a MoE token dispatcher's communication (its all-to-alls and
+HybridEP's routing-map all-gather, :mod:`llmsim.moe`): counted with the all-to-alls."""
+
 
 class CostModel(Protocol):
     """Prices ops in seconds (see :mod:`llmsim.costs`)."""
@@ -57,7 +61,8 @@ class Block:
     tp_s: float
     """The pass's collectives other than all-to-alls and ring exchanges (TP)."""
     a2a_s: float = 0.0
-    """The pass's expert-parallel all-to-alls (MoE token dispatch and combine)."""
+    """The pass's expert-parallel all-to-alls (MoE token dispatch and combine, with
+    HybridEP's routing-map all-gather)."""
     cp_s: float = 0.0
     """What the pass's context-parallel ring exchanges add beside attention."""
 
@@ -107,8 +112,8 @@ class Block:
             if isinstance(op, ComputeOp):
                 stream = "compute"
                 compute += d
-            elif op.collective == "all_to_all":
-                stream = "ep"  # the MoE all-to-alls' stream, whatever group runs them
+            elif op.collective == "all_to_all" or op.axis in MOE_DISPATCH_AXES:
+                stream = "ep"  # the MoE dispatcher's stream, whatever group runs them
                 a2a += d
             elif op.ring_steps:
                 stream = op.axis

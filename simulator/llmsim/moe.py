@@ -13,11 +13,12 @@ there, and the all-to-alls over the ``tp/e·ep`` ranks that hold different exper
 
 forward
     router GEMM (tokens × experts) and its top-k selection; permutation of the token rows
-    into expert order (``moe_permute``); the **dispatch all-to-all** over the
-    expert-parallel group; with sequence parallelism the all-gather of the received rows
-    over the TP group; the **grouped expert GEMMs** (one batched GEMM per projection, as
-    many GEMMs as local experts, each of the mean rows per expert, run ``λ`` times as long
-    for the busiest rank's excess, :func:`llmsim.experts.expert_rows`); the activation;
+    into expert order (``moe_permute``); with HybridEP the all-gather of the routing map
+    (``moe_routing_map_ag``); the **dispatch all-to-all** over the expert-parallel group;
+    with sequence parallelism the all-gather of the received rows over the TP group; the
+    **grouped expert GEMMs** (one batched GEMM per projection, as many GEMMs as local
+    experts, each of the mean rows per expert, run ``λ`` times as long for the busiest
+    rank's excess, :func:`llmsim.experts.expert_rows`); the activation;
     the TP reduce-scatter (all-reduce without sequence parallelism); the **combine
     all-to-all**; the un-permutation that weights and sums each token's ``top_k``
     outputs; the shared experts as a dense MLP of ``shared_experts·ffn_hidden`` width —
@@ -104,6 +105,19 @@ def dispatch_syncs_host(moe: MoE, par: Parallelism) -> bool:
     return par.moe_dispatcher == "deepep" or moe.capacity_factor is None
 
 
+ROUTING_MAP_ENTRY_BYTES = 1
+"""Bytes of one (token, expert) entry of the routing map HybridEP gathers: ``torch.bool``
+(``HybridEPBuffer.dispatch_with_permute`` asserts ``routing_map.dtype == torch.bool``,
+DeepEP ``hybrid-ep`` branch ``deep_ep/hybrid_ep_buffer.py`` at 34152ae)."""
+
+
+def routing_map_gather_bytes(tokens: float, experts: int, ranks: int) -> float:
+    """Gathered size of HybridEP's routing-map all-gather, bytes (nccl-tests' all-gather
+    convention: the output): each of the ``ranks`` of the expert-parallel group
+    contributes its ``tokens × experts`` boolean map, ``ranks·tokens·experts·1``."""
+    return ranks * tokens * experts * ROUTING_MAP_ENTRY_BYTES
+
+
 ROUTER_PASSES = 3
 """FP32 passes over the router logits: the score function (softmax or sigmoid) reads
 and writes them, top-k reads them (Megatron-Core ``TopKRouter.routing``)."""
@@ -163,6 +177,23 @@ class MoeBlock:
         nbytes = self.rows / (self.etp if self.b.sp else 1) * self.b.m.hidden * e
         host_s = HOST_SYNC_GAP_S if name == "moe_dispatch" and self.syncs else 0.0
         return [CommOp(name, "all_to_all", self.axis, phase, nbytes, host_s=host_s)]
+
+    def _routing_map_gather(self) -> list[CommOp]:
+        """HybridEP's all-gather of the routing map over the expert-parallel group before
+        its dispatch, once per MoE layer's forward: ``metadata_preprocessing`` gathers
+        every rank's boolean map (``Executor::allgather_routing_map``: NCCL's
+        ``all_gather_into_tensor`` across nodes, its own 32-SM NVLink kernel on one node;
+        DeepEP ``hybrid-ep`` branch ``csrc/hybrid_ep/executor/executor.cu`` at 34152ae,
+        the DeepEP commit Megatron-Bridge 21d102f5e's ``docker/Dockerfile.ci`` builds) and
+        its preprocessing kernel reads the result on the same stream before the dispatch,
+        so nothing hides it. The backward reuses the forward's handle (Megatron-LM
+        ``fused_a2a.py`` ``HybridEPDispatch`` and ``HybridEPCombine`` at 4415119414) and
+        gathers nothing. Both ways priced as the collective model's all-gather on the
+        group's links."""
+        if self.ep == 1 or not self.routing or self.b.par.moe_dispatcher != "hybridep":
+            return []
+        nbytes = routing_map_gather_bytes(self.tokens_routed, self.moe.experts, self.ep)
+        return [CommOp("moe_routing_map_ag", "all_gather", self.axis, "F", nbytes)]
 
     def _tp(self, name: str, kind: str, phase: str) -> list[CommOp]:
         """A TP collective of the routed rows, ``R·h·e`` bytes (none when the experts are
@@ -262,7 +293,7 @@ class MoeBlock:
         fwd: list[Op] = [
             *(shared_in if overlap else []),
             *self._router("F"), *self._permute("moe_permute", "F"),
-            *dispatch, *beside_dispatch, *gather,
+            *self._routing_map_gather(), *dispatch, *beside_dispatch, *gather,
             *self._fp8("expert_up", "F", h), up,
             b._mem("expert_act", "F", act_elements, act_passes),
             *self._fp8("expert_down", "F", self.down_k), down,
