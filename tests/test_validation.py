@@ -135,8 +135,12 @@ FAST_IDS = [
 # kernels and collectives' launches) and the host's issue as a queue (no target row
 # exposes it: their kernels outlast the 9.1 us dispatch), to 6.5739 %: the H100 rows got
 # 0.3-1.5 % faster, most of them already too fast.
+# The MLPerf rows' attention as flash-attn 1.0.5, which their submission pins, priced at
+# the board's FlashAttention-2 rate over the two kernels' ratio in the FlashAttention-2
+# paper's H100 figure (training.attention_kernel: flash1), to 6.0065 %: the five rows from
+# -9.7 ... -12.0 % to -0.5 ... -2.1 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.58
+TARGET_MAPE_CEILING_PCT = 6.01
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -472,11 +476,15 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 6.69 %, median 3.8 %, but 8 rows worse than 20 %, worst +63 % "
-    "(NAR21-T2-06, ZeRO-3), and 8 of 12 Zero Bubble schedule orders; see docs/validation.md",
+    reason="target-set MAPE 6.01 % (goal 6 %), median 3.3 %, 6 rows worse than 20 % with no "
+    "unstated value to bring them within it, worst +63 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
+    "Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
-    goal = v.accuracy_goal(_frame(target))
+    from llmsim.validation.sensitivity import goal_ranges
+
+    frame = _frame(target)
+    goal = v.accuracy_goal(frame, goal_ranges(frame))  # as llmsim validate judges it
     assert goal.rows == len(target) and goal.orders == 12
     assert goal.mape_met, goal.mape_pct
     assert goal.worst_met, goal.rows_over
