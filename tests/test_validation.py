@@ -135,8 +135,12 @@ FAST_IDS = [
 # kernels and collectives' launches) and the host's issue as a queue (no target row
 # exposes it: their kernels outlast the 9.1 us dispatch), to 6.5739 %: the H100 rows got
 # 0.3-1.5 % faster, most of them already too fast.
+# The MLPerf rows' attention as flash-attn 1.0.5, which their submission pins, priced at
+# the board's FlashAttention-2 rate over the two kernels' ratio in the FlashAttention-2
+# paper's H100 figure (training.attention_kernel: flash1), to 6.0065 %: the five rows from
+# -9.7 ... -12.0 % to -0.5 ... -2.1 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.58
+TARGET_MAPE_CEILING_PCT = 6.01
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -342,6 +346,11 @@ def test_cli_validate_nar21_end_to_end(target, tmp_path, capsys, monkeypatch):
     assert md.startswith(f"## Accuracy goal: {'met' if goal.met else 'not met'}")
     assert ("| the Zero Bubble schedule order per configuration | no Zero Bubble "
             "configuration in these rows | n/a |") in md
+    # the ZeRO-3 rows worse than 20 % shown with the range of their unstated DeepSpeed
+    # settings, which does not reach within it: still counted
+    over = next(line for line in md.splitlines() if line.startswith("| no row worse than"))
+    assert "NAR21-T2-06 (+" in over and "% over its unstated values)" in over
+    assert "reported with their range instead" not in over and "| **no** |" in over
 
 
 def test_markdown_tables_hold_every_row_and_the_schedule_order(target):
@@ -403,13 +412,60 @@ def test_accuracy_goal_judges_mape_worst_row_and_schedule_order():
     assert not (goal.mape_met or goal.worst_met or goal.orders_met or goal.met)
     assert [status for *_, status in goal.parts()] == ["no", "no", "no"]
 
-    good = v.accuracy_goal(_judged([("a", "X", 7.9, True, ""), ("b", "X", -7.9, True, ""),
+    good = v.accuracy_goal(_judged([("a", "X", 5.9, True, ""), ("b", "X", -5.9, True, ""),
                                     ("z1", "ZB24", 1.0, True, "1f1b"),
                                     ("z2", "ZB24", 1.0, True, "zb-h1")]))
     assert good.met and good.rows_over == () and (good.orders_reproduced, good.orders) == (1, 1)
     assert v.accuracy_goal(_judged([("off", "Y", 1.0, False, "")])) is None
     no_zb = v.accuracy_goal(_judged([("a", "X", 1.0, True, "")]))
     assert no_zb.met and no_zb.parts()[2][2] == "n/a"
+
+
+def _ranges(*rows: tuple[str, float, float]) -> pd.DataFrame:
+    return pd.DataFrame([{"id": rid, "low_error_pct": low, "high_error_pct": high}
+                         for rid, low, high in rows])
+
+
+def test_a_row_with_unstated_settings_is_judged_by_its_sensitivity_range():
+    """Issue #38: a row worse than 20 % whose source leaves settings unstated is judged by
+    the range its unstated values give; it passes only if that range reaches within 20 %,
+    and it is reported with the range, not hidden."""
+    frame = _judged([("in", "X", -28.5, True, ""), ("edge", "X", 21.0, True, ""),
+                     ("out", "X", 40.0, True, ""), ("bare", "X", -25.0, True, ""),
+                     ("ok", "X", 1.0, True, "")])
+    ranges = _ranges(("in", -29.2, 6.9), ("edge", 20.0, 30.0), ("out", 40.0, 113.0),
+                     ("ok", -2.0, 3.0))
+    goal = v.accuracy_goal(frame, ranges)
+    assert goal.rows_over == (("out", 40.0), ("bare", -25.0))  # no range, or none reaching
+    assert [r[0] for r in goal.rows_accepted] == ["in", "edge"]  # 20.0 is within the limit
+    assert goal.rows_ranged == (("out", 40.0, 40.0, 113.0), ("in", -28.5, -29.2, 6.9),
+                                ("edge", 21.0, 20.0, 30.0))
+    assert goal.mape_pct == pytest.approx((28.5 + 21 + 40 + 25 + 1) / 5)  # chosen values
+    _, result, met = goal.parts()[1]
+    assert met == "no" and result.startswith("2 rows worse: out (+40.0 %; +40.0 … +113.0 % "
+                                              "over its unstated values), bare (-25.0 %)")
+    assert "reported with their range instead: in (-28.5 % chosen; -29.2 … +6.9 %" in result
+    alone = v.accuracy_goal(frame[frame["id"].isin(["in", "ok"])], ranges)
+    assert alone.worst_met and alone.rows_over == () and len(alone.rows_accepted) == 1
+    assert v.accuracy_goal(frame[frame["id"].isin(["in", "ok"])]).rows_over == (("in", -28.5),)
+
+
+def test_goal_ranges_vary_only_target_rows_over_the_limit_with_unstated_settings(monkeypatch):
+    """Which rows ``llmsim validate`` simulates over their unstated values for the goal."""
+    from llmsim.validation import sensitivity as sens
+
+    seen = []
+    monkeypatch.setattr(sens, "sensitivity", lambda run: seen.append(run.id) or pd.DataFrame(
+        [{"id": run.id, "k": "1", "predicted": 1.0, "error_pct": 5.0, "fits": True,
+          "chosen": True}]))
+    frame = _judged([("MEGREADME-H100-04", "MEGREADME-H100", -28.5, True, ""),
+                     ("MEGREADME-H100-03", "MEGREADME-H100", -4.0, True, ""),
+                     ("BLOOM-02", "BLOOM", -20.7, True, ""),
+                     ("LUMIRF25-03", "LUMIRF25", -27.3, False, "")])
+    table = sens.goal_ranges(frame)
+    assert seen == ["MEGREADME-H100-04"]  # -03 within 20 %, BLOOM-02 unvaried, LUMI no target
+    assert list(table["id"]) == ["MEGREADME-H100-04"]
+    assert sens.goal_ranges(frame[frame["id"] == "BLOOM-02"]).empty
 
 
 def test_zero_bubble_schedule_order(target):
@@ -421,11 +477,15 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 6.69 %, median 3.8 %, but 8 rows worse than 20 %, worst +63 % "
-    "(NAR21-T2-06, ZeRO-3), and 8 of 12 Zero Bubble schedule orders; see docs/validation.md",
+    reason="target-set MAPE 6.01 % (goal 6 %), median 3.3 %, 6 rows worse than 20 % with no "
+    "unstated value to bring them within it, worst +63 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
+    "Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
-    goal = v.accuracy_goal(_frame(target))
+    from llmsim.validation.sensitivity import goal_ranges
+
+    frame = _frame(target)
+    goal = v.accuracy_goal(frame, goal_ranges(frame))  # as llmsim validate judges it
     assert goal.rows == len(target) and goal.orders == 12
     assert goal.mape_met, goal.mape_pct
     assert goal.worst_met, goal.rows_over

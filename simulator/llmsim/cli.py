@@ -289,7 +289,10 @@ def validate_cmd(
             same = "yes" if r.same else "[red]no[/red]"
             orders.add_row(r.config, r.measured_order + tie, r.predicted_order, same)
         out.print(orders)
-    goal = validation.accuracy_goal(df)
+    from llmsim.validation.sensitivity import goal_ranges
+
+    ranges = goal_ranges(df)
+    goal = validation.accuracy_goal(df, ranges)
     if goal is not None:
         scope = "" if subset is None else f" on the {goal.rows} target rows of this subset"
         verdict = "[green]met[/green]" if goal.met else "[red]not met[/red]"
@@ -303,7 +306,8 @@ def validate_cmd(
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         df.to_csv(out_dir / "validation.csv", index=False)
-        (out_dir / "validation.md").write_text(validation.markdown_tables(df), encoding="utf-8")
+        (out_dir / "validation.md").write_text(validation.markdown_tables(df, ranges),
+                                               encoding="utf-8")
         png = validation.plot_validation(df, out_dir / "validation.png")
         out.print(f"wrote {out_dir / 'validation.csv'}, {out_dir / 'validation.md'}, {png}")
 

@@ -112,6 +112,12 @@ class HardwareCosts:
                 f"{accelerator.name}; use flash, or give the accelerator a "
                 f"cudnn_attention_fraction"
             )
+        if attention_kernel == "flash1" and not accelerator.flash1_vs_flash2_tflops:
+            raise UserError(
+                f"training.attention_kernel: flash1 has no measured FlashAttention 1.x rate on "
+                f"{accelerator.name}; use flash, or give the accelerator "
+                f"flash1_vs_flash2_tflops"
+            )
         self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
                                     power_limit_w, cuda_graphs,
                                     PageRoundTrip(accelerator) if allocator == "glibc" else None,

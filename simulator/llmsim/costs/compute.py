@@ -47,6 +47,7 @@ from llmsim.costs.allocator import PageRoundTrip
 from llmsim.costs.attention_tables import attention_table
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
+from llmsim.costs.flash1 import flash1_slowdown
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
 from llmsim.costs.grouped_gemms import GroupedGemmRates
@@ -238,8 +239,13 @@ class ComputeModel:
             else accelerator.attention_fraction
         )
         self.flash_curve = (
-            accelerator.flash_attention_tflops if attention_kernel == "flash" else None
+            accelerator.flash_attention_tflops if attention_kernel in ("flash", "flash1")
+            else None
         )
+        self.flash1_pairs = (accelerator.flash1_vs_flash2_tflops
+                             if attention_kernel == "flash1" else None)
+        """FlashAttention 1.x beside FlashAttention-2 (:mod:`llmsim.costs.flash1`); None
+        unless the kernel is ``flash1``."""
         self.attention_table = attention_table(accelerator, attention_kernel)
         """The attention kernel's rates timed by shape on the board
         (``flash_attention_measured``, ``cudnn_attention_measured`` and their blocks)."""
@@ -271,7 +277,8 @@ class ComputeModel:
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
             "gemm": self.gemm_math_s,
-            "attention": self.attention_math_s,
+            "attention": self.attention_math_s if self.flash1_pairs is None
+            else self.flash1_math_s,
             "memory": self.memory_math_s,
         }
 
@@ -360,6 +367,15 @@ class ComputeModel:
         return op.executed_fraction * gemm_math_s(
             m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
             op.concurrent_splits, memory_bytes_per_s=self.memory_bytes_per_s)
+
+    def flash1_math_s(self, op: ComputeOp) -> float:
+        """FlashAttention 1.x: FlashAttention-2's time (:meth:`attention_math_s`) times
+        its throughput over 1.x's at the op's shape (:func:`flash1_slowdown`)."""
+        seq_len, head_dim = op.attention_shape or (0, 0)
+        if not seq_len or self.flash1_pairs is None:
+            raise ValueError("a flash1 attention op needs its (sequence, head dim) shape")
+        return self.attention_math_s(op) * flash1_slowdown(self.flash1_pairs, seq_len,
+                                                            head_dim)
 
     def attention_math_s(self, op: ComputeOp) -> float:
         """Fused attention: executed FLOPs at the kernel's fraction of peak

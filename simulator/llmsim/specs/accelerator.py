@@ -171,6 +171,13 @@ class Accelerator(Spec):
     counts them: the causal half, the backward 2.5× the forward). Where given, it prices
     ``training.attention_kernel: flash`` shape by shape in place of ``attention_fraction``
     (:func:`llmsim.costs.compute.flash_attention_flops`)."""
+    flash1_vs_flash2_tflops: dict[
+        PositiveInt, dict[PositiveInt, tuple[PositiveFloat, PositiveFloat]]] | None = None
+    """FlashAttention 1.x's and FlashAttention-2's forward + backward throughput with a
+    causal mask, TFLOP/s, timed side by side in one benchmark on this accelerator, by head
+    dimension, then sequence length: ``(flash1, flash2)``. Their ratio prices
+    ``training.attention_kernel: flash1`` from FlashAttention-2's rate
+    (:mod:`llmsim.costs.flash1`); None where not measured (``flash1`` is then refused)."""
     flash_attention_measured: list[MeasuredAttention] = Field(default_factory=list)
     """Flash attention kernels timed on the board by shape (heads, KV heads, sequence,
     head dimension, forward and backward TFLOP/s; see :data:`MeasuredAttention`). An attention

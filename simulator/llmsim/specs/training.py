@@ -8,8 +8,9 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from llmsim.specs._base import Spec
 
-AttentionKernel = Literal["flash", "cudnn", "unfused"]
-"""How attention runs: FlashAttention-2, cuDNN's fused flash attention, or unfused."""
+AttentionKernel = Literal["flash", "flash1", "cudnn", "unfused"]
+"""How attention runs: FlashAttention-2, FlashAttention 1.x, cuDNN's fused flash
+attention, or unfused."""
 
 AttentionSoftmax = Literal["fused", "eager"]
 """How the unfused attention's scale, mask, softmax and dropout run: fused kernels, or
@@ -47,9 +48,11 @@ class Training(Spec):
     tensor, each waiting for its result on the host, and the 16-bit weights copied tensor
     by tensor."""
     attention_kernel: AttentionKernel = "flash"
-    """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2) or
-    ``cudnn`` (cuDNN's fused flash attention, Transformer Engine's ``FusedAttention``,
-    which Transformer Engine prefers on Hopper) — or the unfused softmax path."""
+    """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2),
+    ``flash1`` (flash-attn 1.x, which Transformer Engine of spring 2023 called; priced
+    from FlashAttention-2's rate, :mod:`llmsim.costs.flash1`) or ``cudnn`` (cuDNN's fused
+    flash attention, Transformer Engine's ``FusedAttention``, which Transformer Engine
+    prefers on Hopper) — or the unfused softmax path."""
     attention_softmax: AttentionSoftmax = "fused"
     """With ``attention_kernel: unfused``: ``fused``, one scale-mask-softmax kernel and a
     dropout that writes a 1-byte mask (Megatron-LM's CUDA kernels); ``eager``, Megatron's

@@ -12,10 +12,12 @@ import pandas as pd
 
 from llmsim.validation.runs import METRICS
 
-TARGET_MAPE_PCT = 8.0
-"""Accuracy target on the target set: mean absolute percentage error."""
+TARGET_MAPE_PCT = 6.0
+"""Accuracy target on the target set: mean absolute percentage error, % (issue #38)."""
 TARGET_WORST_PCT = 20.0
-"""Accuracy target on the target set: no row worse than this."""
+"""Accuracy target on the target set: no row worse than this, % (issue #38: or, for a row
+whose source leaves its configuration unstated, the range of errors the unstated values
+give, ``workloads/validation/sensitivity.yaml``, instead of the chosen value's)."""
 
 
 def _stats(group: str, df: pd.DataFrame) -> dict[str, Any]:
@@ -109,11 +111,25 @@ class AccuracyGoal:
     mape_pct: float
     """Their mean absolute percentage error."""
     rows_over: tuple[tuple[str, float], ...]
-    """(id, signed error %) of the rows worse than :data:`TARGET_WORST_PCT`, worst first."""
+    """(id, signed error %) of the rows worse than :data:`TARGET_WORST_PCT` at their chosen
+    values and not accepted by their sensitivity range (:attr:`rows_accepted`), worst
+    first."""
     orders_reproduced: int
     """Zero Bubble configurations whose measured schedule order llmsim reproduces."""
     orders: int
     """Zero Bubble configurations judged (0 when the frame has none)."""
+    rows_ranged: tuple[tuple[str, float, float, float], ...] = ()
+    """(id, chosen error %, lowest %, highest %) of the rows worse than
+    :data:`TARGET_WORST_PCT` at their chosen values whose source leaves settings unstated:
+    the range of errors over the values ``sensitivity.yaml`` lists for them, worst chosen
+    error first (empty where no ranges were given to :func:`accuracy_goal`)."""
+
+    @property
+    def rows_accepted(self) -> tuple[tuple[str, float, float, float], ...]:
+        """The ranged rows whose range reaches within :data:`TARGET_WORST_PCT`: issue #38
+        accepts such a row's range in place of its chosen value's error (the unstated
+        values, not llmsim, may put it outside); they are reported, not counted as worse."""
+        return tuple(r for r in self.rows_ranged if _reaches(r[2], r[3]))
 
     @property
     def mape_met(self) -> bool:
@@ -136,7 +152,17 @@ class AccuracyGoal:
         """(part of the goal, result, "yes" / "no" / "n/a") for each part, as the tables
         print them; the schedule order is "n/a" where the rows hold no Zero Bubble
         configuration."""
-        over = ", ".join(f"{rid} ({error:+.1f} %)" for rid, error in self.rows_over)
+        ranged = {rid: (low, high) for rid, _, low, high in self.rows_ranged}
+
+        def worse(rid: str, error: float) -> str:
+            if rid not in ranged:
+                return f"{rid} ({error:+.1f} %)"
+            low, high = ranged[rid]
+            return f"{rid} ({error:+.1f} %; {low:+.1f} … {high:+.1f} % over its unstated values)"
+
+        over = ", ".join(worse(rid, error) for rid, error in self.rows_over)
+        accepted = ", ".join(f"{rid} ({error:+.1f} % chosen; {low:+.1f} … {high:+.1f} % over "
+                             "its unstated values)" for rid, error, low, high in self.rows_accepted)
         orders = (f"{self.orders_reproduced} of {self.orders}" if self.orders
                   else "no Zero Bubble configuration in these rows")
 
@@ -146,30 +172,50 @@ class AccuracyGoal:
         return [
             (f"target-set MAPE ≤ {TARGET_MAPE_PCT:g} %",
              f"{self.mape_pct:.2f} % over {self.rows} rows", status(self.mape_met)),
-            (f"no row worse than {TARGET_WORST_PCT:g} %",
-             f"{len(self.rows_over)} rows worse" + (f": {over}" if over else ""),
+            (f"no row worse than {TARGET_WORST_PCT:g} % (a row whose source leaves its "
+             "configuration unstated: the range its unstated values give reaches within it)",
+             f"{len(self.rows_over)} rows worse" + (f": {over}" if over else "")
+             + (f"; reported with their range instead: {accepted}" if accepted else ""),
              status(self.worst_met)),
             ("the Zero Bubble schedule order per configuration", orders,
              status(self.orders_met) if self.orders else "n/a"),
         ]
 
 
-def accuracy_goal(df: pd.DataFrame) -> AccuracyGoal | None:
+def _reaches(low_pct: float, high_pct: float) -> bool:
+    """Whether the errors low … high (signed, %) include one within
+    :data:`TARGET_WORST_PCT`."""
+    return low_pct <= TARGET_WORST_PCT and high_pct >= -TARGET_WORST_PCT
+
+
+def accuracy_goal(df: pd.DataFrame, ranges: pd.DataFrame | None = None) -> AccuracyGoal | None:
     """The accuracy goal on the frame's target rows (``None`` if it has none): MAPE ≤
     :data:`TARGET_MAPE_PCT`, no row worse than :data:`TARGET_WORST_PCT`, and every
-    Zero Bubble configuration's schedule order reproduced (:func:`schedule_ranking`)."""
+    Zero Bubble configuration's schedule order reproduced (:func:`schedule_ranking`).
+
+    ``ranges`` (``id``, ``low_error_pct``, ``high_error_pct``: the sensitivity ranges of
+    rows whose sources leave settings unstated, :func:`llmsim.validation.sensitivity.goal_ranges`)
+    judges a row worse than the limit at its chosen values by its range instead: it counts
+    as worse only if no value its source allows brings it within the limit."""
     target = df[df["target"]]
     if target.empty:
         return None
     size = target["error_pct"].abs()
     over = target.loc[size[size > TARGET_WORST_PCT].sort_values(ascending=False).index]
+    span = {} if ranges is None else {
+        r.id: (float(r.low_error_pct), float(r.high_error_pct)) for r in ranges.itertuples()}
+    ranged = tuple((rid, float(err), *span[rid])
+                   for rid, err in zip(over["id"], over["error_pct"], strict=True) if rid in span)
+    accepted = {rid for rid, _, low, high in ranged if _reaches(low, high)}
     ranking = schedule_ranking(target)
     return AccuracyGoal(
         rows=len(target),
         mape_pct=float(size.mean()),
-        rows_over=tuple(zip(over["id"], over["error_pct"], strict=True)),
+        rows_over=tuple((rid, err) for rid, err in zip(over["id"], over["error_pct"], strict=True)
+                        if rid not in accepted),
         orders_reproduced=int(ranking["same"].sum()) if not ranking.empty else 0,
         orders=len(ranking),
+        rows_ranged=ranged,
     )
 
 
@@ -183,12 +229,13 @@ def _sig(x: float, digits: int = 4) -> str:
     return "0" if abs(x) < 1e-9 else f"{x:.{digits}g}"
 
 
-def markdown_tables(df: pd.DataFrame) -> str:
-    """The accuracy goal, the summary per source, the ZB24 schedule order and cost of one
-    more micro-batch, and every row as Markdown tables (``docs/validation.md`` shows
-    these, as ``llmsim validate --out DIR`` writes them)."""
+def markdown_tables(df: pd.DataFrame, ranges: pd.DataFrame | None = None) -> str:
+    """The accuracy goal (the rows worse than its limit judged by their ``ranges`` where
+    given, :func:`accuracy_goal`), the summary per source, the ZB24 schedule order and
+    cost of one more micro-batch, and every row as Markdown tables (``docs/validation.md``
+    shows these, as ``llmsim validate --out DIR`` writes them)."""
     parts: list[str] = []
-    goal = accuracy_goal(df)
+    goal = accuracy_goal(df, ranges)
     if goal is not None:
         parts += [f"## Accuracy goal: {'met' if goal.met else 'not met'}", "",
                   "| part of the goal | result | met |", "|---|---|:-:|"]

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from llmsim.errors import UserError
 from llmsim.loader import read_yaml
 from llmsim.validation.predictions import predict
-from llmsim.validation.runs import Choice, Run, _expand, validation_dir
+from llmsim.validation.reports import TARGET_WORST_PCT
+from llmsim.validation.runs import Choice, Run, _expand, load_runs, validation_dir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -158,6 +159,21 @@ def ranges(frames: Iterable[pd.DataFrame]) -> pd.DataFrame:
             "high_values": ", ".join(f"{k}={high[k]}" for k in keys),
         })
     return pd.DataFrame(rows)
+
+
+def goal_ranges(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`ranges` of the target rows of a validated frame that are worse than the
+    accuracy goal's :data:`~llmsim.validation.reports.TARGET_WORST_PCT` at their chosen
+    values and whose source leaves settings unstated (``sensitivity.yaml`` varies them):
+    what :func:`~llmsim.validation.reports.accuracy_goal` judges those rows by. Empty
+    (no columns) where there are none; a few simulations per row."""
+    import pandas as pd
+
+    worse = df[df["target"] & (df["error_pct"].abs() > TARGET_WORST_PCT)]
+    runs = {r.id: r for r in load_runs() if r.id in set(worse["id"])}
+    frames = [sensitivity(run) for rid in worse["id"]
+              if rid in runs and variations_for(run := runs[rid])]
+    return ranges(frames) if frames else pd.DataFrame()
 
 
 def markdown(table: pd.DataFrame) -> str:
