@@ -38,14 +38,17 @@ micro-batches over ``p`` stages takes
   events;
 
 plus the pipeline hops where sends do not block (a blocking send is in its stage's pass
-time already). With equal stages and free communication each equals the bubble closed
-forms the schedules' tests check.
+time already): one per stage boundary each way, or, where an interleaved pipeline posts
+its sends one by one, the chain of every virtual stage's send each way
+(:mod:`llmsim.search.posted_sends`). With equal stages and free communication each equals
+the bubble closed forms the schedules' tests check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmsim.search.posted_sends import chain_hops_s
 from llmsim.search.zb_v_walk import compiled, walk_s
 
 
@@ -155,7 +158,10 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
             c = max(c, per_mb)
         cycle.append(c)
     counts = [count for _, count in runs]
-    hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
+    if posted_singly and schedule == "interleaved-1f1b":  # each step waits for its send
+        hops = chain_hops_s(runs)
+    else:
+        hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)
     # ZB-H1's and ZB-H2's closed forms below assume W ≤ F, B, and ZB-H2's m ≥ 2p − 1;
     # otherwise, and where ZB-H2's is not close enough (ZB_H2_WALKED_BELOW), the order
