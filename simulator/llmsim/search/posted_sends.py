@@ -57,7 +57,8 @@ Gather = tuple[float, int]
 """A chunk's first-forward weight gather: (seconds of one layer's gather, its layers)."""
 
 _DELAYS = BoundedMemo(4096)
-""":func:`gather_delay_s` by its exact inputs (a search's switch variants share them)."""
+""":func:`gather_delay_s` by its exact inputs, and :func:`first_backward_s` without gathers
+by its passes and sends (a search's switch variants share them)."""
 
 
 def gather_delay_s(forward_s: Sequence[Sequence[float]], hop_s: Sequence[float],
@@ -68,11 +69,14 @@ def gather_delay_s(forward_s: Sequence[Sequence[float]], hop_s: Sequence[float],
     ``forward_s[s][c]``: stage s's forward of chunk c, one micro-batch; ``hop_s[s]``: a
     send from stage s to the next (the last stage's: to stage 0); ``gathers[s][c]``:
     chunk c's gather (:data:`Gather`)."""
-    key = (tuple(map(tuple, forward_s)), tuple(hop_s), tuple(map(tuple, gathers)))
+    passes = (tuple(map(tuple, forward_s)), tuple(hop_s))
+    key = (passes, tuple(map(tuple, gathers)))
     hit = _DELAYS.get(key)
     if hit is None:
-        hit = _DELAYS.put(key, first_backward_s(forward_s, hop_s, gathers)
-                          - first_backward_s(forward_s, hop_s, None))
+        alone = _DELAYS.get(passes)  # without gathers: shared by every data-parallel width
+        if alone is None:
+            alone = _DELAYS.put(passes, first_backward_s(forward_s, hop_s, None))
+        hit = _DELAYS.put(key, first_backward_s(forward_s, hop_s, gathers) - alone)
     return hit
 
 
@@ -102,27 +106,43 @@ def first_backward_s(forward_s: Sequence[Sequence[float]], hop_s: Sequence[float
     start = [[0.0] * size for _ in range(p)]
     end = [[0.0] * size for _ in range(p)]
     sent = [[0.0] * size for _ in range(p)]  # when forward j's send has completed
-    for k in range(last + p):
-        active = [(s, k - s) for s in range(max(0, k - size + 1), min(p, k + 1))
-                  if k - s <= last + p - 1 - s]
-        for s, j in active:
+    # stage s walks its forwards j ≤ last + p − 1 − s (k = j + s < size): their sends
+    # and receives reach the last stage's forward ``last``
+    for k in range(size):
+        stages = range(min(p, k + 1))
+        for s in stages:
+            j = k - s
+            row, done, out = end[s], sent[s], forward_s[s]
             c = j // p
-            t = max(end[s][j - 1], sent[s][j - 1]) if j else 0.0
+            t = max(row[j - 1], done[j - 1]) if j else 0.0
             if s:
-                t = max(t, sent[s - 1][j])
+                arrival = sent[s - 1][j]
             elif c:
-                t = max(t, sent[p - 1][j - p])
-            extra = 0.0
+                arrival = sent[p - 1][j - p]
+            else:
+                arrival = 0.0
+            if arrival > t:
+                t = arrival
+            f = out[c]
             if gathers is not None and j % p == 0:
                 layer_s, layers = gathers[s][c]
-                t = max(t, (start[s][j - 1] if j else 0.0) + layer_s)
-                extra = (layers - 1) * max(0.0, layer_s - forward_s[s][c] / layers)
+                ready = (start[s][j - 1] if j else 0.0) + layer_s
+                if ready > t:
+                    t = ready
+                if layers > 1 and layer_s > f / layers:
+                    f += (layers - 1) * (layer_s - f / layers)
             start[s][j] = t
-            end[s][j] = t + forward_s[s][c] + extra
-        for s, j in active:
+            row[j] = t + f
+        for s in stages:
+            j = k - s
             if s == p - 1 and j >= last:
                 continue  # the last virtual stage sends nothing forward
-            to, at = (s + 1, j) if s < p - 1 else (0, j + p)
-            posted = end[to][at - 1] if at else 0.0
-            sent[s][j] = max(end[s][j], posted, sent[s][j - 1] if j else 0.0) + hop_s[s]
+            posted = (end[s + 1][j - 1] if j else 0.0) if s < p - 1 else end[0][j + p - 1]
+            done = sent[s]
+            t = end[s][j]
+            if posted > t:
+                t = posted
+            if j and done[j - 1] > t:
+                t = done[j - 1]
+            done[j] = t + hop_s[s]
     return end[p - 1][last]
