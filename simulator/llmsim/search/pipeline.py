@@ -162,8 +162,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
             c = max(c, per_mb)
         cycle.append(c)
     counts = [count for _, count in runs]
-    if posted_singly and schedule == "interleaved-1f1b":  # each step waits for its send
-        hops = chain_hops_s(runs)
+    if posted_singly and schedule == "interleaved-1f1b" and not zero3:
+        hops = chain_hops_s(runs)  # each step waits for its send (.posted_sends)
     else:
         hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)

@@ -17,7 +17,11 @@ holds, but the last virtual stage's forward and the first one's backward). Measu
 the engine (``MLPERF-v3.0-CoreWeave-n3584``: tp 4, pp 8, v 12, 24 micro-batches; no
 compute units held by collectives or posted operations and no overlapped weight gather,
 so that only the pipeline's own timing differs): estimator over engine 0.970 with one
-send per stage boundary each way, 0.994 with the chains.
+send per stage boundary each way, 0.994 with the chains. Not at ZeRO-3, whose passes
+wait for their layers' gathers and the queue of reduce-scatters
+(:mod:`llmsim.search.zero3_queue`): there the chain overshot the engine (a deep layout,
+tp 4 · pp 32 · v 3 at 32 micro-batches, 1.009 → 1.024), so ZeRO-3 keeps one send per stage
+boundary each way; why the engine hides the chain there is not worked out.
 
 **The first forwards' weight gathers** (ZeRO-1/2 with ``overlap_param_gather``,
 :func:`gather_delay_s`). Each chunk's first forward waits layer by layer for its
