@@ -80,6 +80,9 @@ def main() -> None:
     parser.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                         help="sample only layouts with this value (as llmsim search --fix)")
     parser.add_argument("--no-rows", action="store_true", help="skip the validation rows")
+    parser.add_argument("--out", metavar="PREFIX", help="also write PREFIX_rows.csv and "
+                        "PREFIX_layouts.csv (each row's or layout's ratio and steps), so "
+                        "that another checkout's estimator can be compared on them")
     args = parser.parse_args()
     if not args.no_rows:
         rows = validation_rows()
@@ -87,6 +90,8 @@ def main() -> None:
         print("all validation rows:   ", describe(rows["ratio"].tolist()))
         worst = rows.iloc[(rows["ratio"] - 1).abs().argsort()[::-1][:3]]
         print("  furthest:", ", ".join(f"{r.id} {r.ratio:.4f}" for r in worst.itertuples()))
+        if args.out:
+            rows.to_csv(f"{args.out}_rows.csv", index=False)
     table = sampled_layouts(args.scenario, args.layouts, args.seed, parse_fix(args.fix))
     print(f"{args.layouts} random fitting layouts of {args.scenario}:",
           describe(table["ratio"].tolist()))
@@ -94,6 +99,8 @@ def main() -> None:
     print(f"  Spearman rank correlation, estimator against engine: {rho:.4f}")
     worst = table.iloc[(table["ratio"] - 1).abs().argsort()[::-1][:3]]
     print("  furthest:", ", ".join(f"{r.key} {r.ratio:.4f}" for r in worst.itertuples()))
+    if args.out:
+        table.to_csv(f"{args.out}_layouts.csv", index=False)
 
 
 if __name__ == "__main__":

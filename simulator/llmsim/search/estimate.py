@@ -173,6 +173,7 @@ class Estimator(SharedParts):
                 grads: list[tuple[int, float]] = []
                 rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 backward: list[tuple[float, float]] = []
+                gathered: list[tuple[float, int]] = []  # first forwards' (.posted_sends)
                 forward: list[float] = []
                 tensors_s = params_s = experts_s = 0
                 chunk_0 = None
@@ -223,6 +224,8 @@ class Estimator(SharedParts):
                     experts_s += chunk.expert_params * repeat
                     backward += [(cb, cw + acc)] * repeat
                     forward += [cf] * repeat
+                    if overlapped_gather:
+                        gathered += [(layer_gather, units)] * repeat
                     grads += [bucket] * repeat
                     if waits_rs:
                         rs_waits += [blended_wait_s(
@@ -242,7 +245,7 @@ class Estimator(SharedParts):
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward,
-                                 queue_wait=queue_wait)
+                                 queue_wait=queue_wait, chunk_gathers=gathered)
                 tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
                                         split_backward=split_backward, zero3=zero3)
                 kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
@@ -263,7 +266,8 @@ class Estimator(SharedParts):
                 to_prev if s > 0 else 0.0,
                 own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
                 own.chunk_backward, own.first_forward_gather,
-                chunk_forward=own.chunk_forward, queue_wait=own.queue_wait), count])
+                chunk_forward=own.chunk_forward, queue_wait=own.queue_wait,
+                chunk_gathers=own.chunk_gathers), count])
             tails.append(kind.tail_s)
         if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
             devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,

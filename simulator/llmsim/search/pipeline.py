@@ -38,14 +38,17 @@ micro-batches over ``p`` stages takes
   events;
 
 plus the pipeline hops where sends do not block (a blocking send is in its stage's pass
-time already). With equal stages and free communication each equals the bubble closed
-forms the schedules' tests check.
+time already): one per stage boundary each way, or, where an interleaved pipeline posts
+its sends one by one, the chain of every virtual stage's send each way
+(:mod:`llmsim.search.posted_sends`). With equal stages and free communication each equals
+the bubble closed forms the schedules' tests check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmsim.search.posted_sends import chain_hops_s, gather_delay_s
 from llmsim.search.zb_v_walk import compiled, walk_s
 
 
@@ -87,6 +90,10 @@ class StageTimes:
     """ZeRO-3 under ZB-H1 or ZB-H2: seconds per micro-batch the compute stream waits for
     reduce-scatters queued before gathers (:func:`llmsim.search.zero3_queue.deferred_wait_s`),
     counted in the stage's cycle and not in ``w``, which the closed forms subtract."""
+    chunk_gathers: list[tuple[float, int]] = field(default_factory=list)
+    """Per chunk, its first forward's weight gather (``overlap_param_gather``): seconds of
+    one layer's and the chunk's layers (empty: none; :func:`llmsim.search.posted_sends.
+    gather_delay_s`)."""
 
     @property
     def reduction_s(self) -> float:
@@ -155,7 +162,10 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
             c = max(c, per_mb)
         cycle.append(c)
     counts = [count for _, count in runs]
-    hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
+    if posted_singly and schedule == "interleaved-1f1b" and not zero3:
+        hops = chain_hops_s(runs)  # each step waits for its send (.posted_sends)
+    else:
+        hops = 0.0 if blocking else sum((st.hop_f + st.hop_b) * n for st, n in runs)
     top = max(cycle)
     # ZB-H1's and ZB-H2's closed forms below assume W ≤ F, B, and ZB-H2's m ≥ 2p − 1;
     # otherwise, and where ZB-H2's is not close enough (ZB_H2_WALKED_BELOW), the order
@@ -205,7 +215,10 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         return total, ends
     else:  # 1f1b, and one stage of anything
         total = (m - 1) * top + sum(c * n for c, n in zip(cycle, counts, strict=True))
-    total += hops + max(st.first_forward_gather for st, _ in runs)
+    if posted_singly and schedule == "interleaved-1f1b" and runs[0][0].chunk_gathers:
+        total += hops + _posted_gather_delay_s(runs, v)
+    else:
+        total += hops + max(st.first_forward_gather for st, _ in runs)
     # The drain: stage s ends its last pass once the stages before it have run their
     # last backward (the gradient flows from the last stage to the first).
     ends, behind, s = [], 0.0, 0
@@ -223,6 +236,17 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         behind += n * step
         s += n
     return total, ends
+
+
+def _posted_gather_delay_s(runs: list[Run], v: int) -> float:
+    """The first forwards' gathers' delay of an interleaved pipeline whose sends are
+    posted one by one (:func:`llmsim.search.posted_sends.gather_delay_s`), the stages
+    expanded from their runs; the last stage's send to stage 0 is one of its ``v − 1``
+    forward sends."""
+    stages = [st for st, n in runs for _ in range(n)]
+    hops = [st.hop_f for st in stages[:-1]] + [stages[-1].sends_f / (v - 1)]
+    return gather_delay_s([st.chunk_forward for st in stages], hops,
+                          [st.chunk_gathers for st in stages])
 
 
 def zb_v_walk_s(stages: list[tuple[StageTimes, tuple[float, float, float]]], m: int,
