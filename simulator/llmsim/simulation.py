@@ -113,11 +113,16 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
         result = hetero_replicas.combined(scenario, runs, split)
         result.warnings = _warnings(scenario, result.memory)
         return result
-    scenario = hetero.balanced(scenario)
+    with collector_paused():  # the locals (schedule, engine) freed before it resumes
+        return _simulated(hetero.balanced(scenario), costs, progress)
+
+
+def _simulated(scenario: Scenario, costs: CostModel | None,
+               progress: Callable[[float], None] | None) -> Result:
+    """:func:`simulate` of a scenario on one engine (its layers balanced)."""
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
-    with _collector_paused():
-        trace = engine.run(progress)
+    trace = engine.run(progress)
     step = trace.step_end_s + trn.step_overhead_s
     if not 0 < step < math.inf:
         raise UserError(
@@ -144,10 +149,12 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the engine records a step: its records
-    are up to hundreds of thousands of new tuples, none in a reference cycle, and the
-    collector's passes over them took a third of a ZeRO-3 step's time."""
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a step is built and recorded: its
+    schedule's actions and its records are up to hundreds of thousands of new objects,
+    none in a reference cycle, and the collector's passes over them took a third of a
+    ZeRO-3 step's time. Objects freed inside cost the collector nothing when it resumes
+    (a caller that keeps only a summary of the result pauses it around both)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
