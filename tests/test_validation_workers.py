@@ -40,6 +40,27 @@ def test_the_collector_pause_nests_and_restores_the_collector():
     assert gc.isenabled()
 
 
+def test_the_collector_pause_leaves_the_callers_frozen_objects_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with collector_paused():
+            kept = [(i, float(i)) for i in range(1000)]
+        assert gc.get_freeze_count() == frozen and len(kept) == 1000
+    finally:
+        gc.unfreeze()
+
+
+def test_objects_alive_after_the_pause_are_collectable():
+    with collector_paused():
+        cycle: list = []
+        cycle.append(cycle)
+        kept = [(i, float(i)) for i in range(1000)]
+    assert gc.get_freeze_count() == 0 and len(kept) == 1000
+    del cycle
+    assert gc.collect() >= 1  # the cycle made inside, found by a full collection
+
+
 def test_cli_validate_with_workers(capsys):
     code, out, _ = cli(["validate", "--subset", "MEGREADME-2009-V100-1", "--workers", "2"],
                        capsys)

@@ -154,13 +154,22 @@ def collector_paused() -> Iterator[None]:
     schedule's actions and its records are up to hundreds of thousands of new objects,
     none in a reference cycle, and the collector's passes over them took a third of a
     ZeRO-3 step's time. Objects freed inside cost the collector nothing when it resumes
-    (a caller that keeps only a summary of the result pauses it around both)."""
+    (a caller that keeps only a summary of the result pauses it around both).
+
+    Those still alive (the result: its records, ~10⁴ tuples in a 1F1B step) go straight
+    to the oldest generation, where a full collection sees them if they are still alive
+    then, instead of a young collection scanning them all at the next allocation (a
+    tenth of a 1F1B step's time): frozen and unfrozen at once (``gc.freeze``,
+    ``gc.unfreeze``: two list splices), unless the caller keeps objects frozen itself."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
