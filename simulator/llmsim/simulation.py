@@ -224,6 +224,10 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
     pass_block = trace.pass_block()  # Trace.block_of's lookup
+    # Without pairs or passes before accumulate_from_microbatch, its plain form inlined.
+    blocks = trace.blocks if not trace.pass_kinds and trace.accumulate_from_microbatch <= 0 \
+        else None
+    inf = math.inf
     for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
         kind, stream = r.kind, r.stream
         if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
@@ -231,11 +235,14 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
         start_s, end_s = r.start_s, r.end_s
         if stream == "compute" and kind in PASSES:  # Trace.block_of, its lookup read here
             busy.append(end_s - start_s)
-            block = pass_block(r.stage, kind, r.microbatch, r.chunk)
-            # Record.block_share and Record.slowed_s, inlined.
+            block = (blocks[(r.stage, r.chunk, kind)] if blocks is not None
+                     else pass_block(r.stage, kind, r.microbatch, r.chunk))
+            # Record.block_share and Record.slowed_s, inlined (a whole block's share is
+            # d / d = 1.0 exactly: the same value without the arithmetic).
             duration_s = block.duration_s
-            share = (1.0 if duration_s <= 0 else
-                     (min(r.block_to_s, duration_s) - r.block_from_s) / duration_s)
+            from_s, to_s = r.block_from_s, r.block_to_s
+            share = (1.0 if duration_s <= 0 or (to_s == inf and from_s == 0.0) else
+                     (min(to_s, duration_s) - from_s) / duration_s)
             ran = shares.get(id(block))
             if ran is None:
                 shares[id(block)] = [block, share]
