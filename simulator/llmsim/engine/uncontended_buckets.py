@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from itertools import accumulate, islice, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device
@@ -25,6 +26,10 @@ from llmsim.trace import Record
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
     from llmsim.engine.uncontended import Stream
+
+
+_name = itemgetter(1)
+"""A launch's bucket name."""
 
 
 class BucketTraffic:
@@ -82,15 +87,19 @@ class BucketTraffic:
         device, stage, inf = dev.id, dev.stage, math.inf
         gathers = self.gathers.get(dev.id)
         t, done, free = now_s, 0.0, stream.free_s
-        if gathers is None:  # the loop below without a gather to advance, for speed
-            for share, name, bucket_s in launches:
+        if gathers is None:  # the loop below without a gather to advance, for speed:
+            starts: list[float] = []  # the records made at the end, in one map
+            ends: list[float] = []
+            for share, _, bucket_s in launches:
                 if share > done + 1e-12:
                     t += (share - done) * duration_s
                     done = share
-                start = t if t > free else free
-                free = start + bucket_s
-                append(new_record(Record, (device, stage, "dp", name, "W", -1, -1, start, free,
-                                           0.0, inf)))
+                starts.append(t if t > free else free)
+                free = starts[-1] + bucket_s
+                ends.append(free)
+            self.records[device].extend(map(new_record, repeat(Record), zip(
+                repeat(device), repeat(stage), repeat("dp"), map(_name, launches), repeat("W"),
+                repeat(-1), repeat(-1), starts, ends, repeat(0.0), repeat(inf))))
         for share, name, bucket_s in launches if gathers is not None else ():
             if share > done + 1e-12:
                 t += (share - done) * duration_s
