@@ -235,6 +235,11 @@ def validate_cmd(
         Path | None,
         typer.Option("--out", help="Write validation.csv, validation.md and validation.png here."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option("--workers", min=1,
+                     help="Processes that simulate the rows (default: every core)."),
+    ] = None,
 ) -> None:
     """Compare llmsim with published, measured training runs (docs/validation.md)."""
     from rich import box
@@ -243,7 +248,8 @@ def validate_cmd(
 
     if out_dir is not None:
         check_out_dir(out_dir)
-    df = validation.validate(validation.load_runs(subset), progress=True)
+    df = validation.validate(validation.load_runs(subset), progress=True,
+                             workers=workers or os.cpu_count() or 1)
     table = Table(
         title="llmsim vs published measurements", title_justify="left", box=box.SIMPLE_HEAD
     )

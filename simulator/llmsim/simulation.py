@@ -113,11 +113,16 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
         result = hetero_replicas.combined(scenario, runs, split)
         result.warnings = _warnings(scenario, result.memory)
         return result
-    scenario = hetero.balanced(scenario)
+    with collector_paused():  # the locals (schedule, engine) freed before it resumes
+        return _simulated(hetero.balanced(scenario), costs, progress)
+
+
+def _simulated(scenario: Scenario, costs: CostModel | None,
+               progress: Callable[[float], None] | None) -> Result:
+    """:func:`simulate` of a scenario on one engine (its layers balanced)."""
     engine = build_engine(scenario, costs)
     par, trn, workload = scenario.parallelism, scenario.training, engine.work
-    with _collector_paused():
-        trace = engine.run(progress)
+    trace = engine.run(progress)
     step = trace.step_end_s + trn.step_overhead_s
     if not 0 < step < math.inf:
         raise UserError(
@@ -144,16 +149,27 @@ def simulate(scenario: Scenario, costs: CostModel | None = None,
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while the engine records a step: its records
-    are up to hundreds of thousands of new tuples, none in a reference cycle, and the
-    collector's passes over them took a third of a ZeRO-3 step's time."""
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a step is built and recorded: its
+    schedule's actions and its records are up to hundreds of thousands of new objects,
+    none in a reference cycle, and the collector's passes over them took a third of a
+    ZeRO-3 step's time. Objects freed inside cost the collector nothing when it resumes
+    (a caller that keeps only a summary of the result pauses it around both).
+
+    Those still alive (the result: its records, ~10⁴ tuples in a 1F1B step) go straight
+    to the oldest generation, where a full collection sees them if they are still alive
+    then, instead of a young collection scanning them all at the next allocation (a
+    tenth of a 1F1B step's time): frozen and unfrozen at once (``gc.freeze``,
+    ``gc.unfreeze``: two list splices), unless the caller keeps objects frozen itself."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
@@ -208,6 +224,10 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
     dp = sum(end - start for _, start, end in dp_waits)  # passes waiting for gathered weights
     shares: dict[int, list] = {}  # id of a block → [it, the share of it the records ran]
     pass_block = trace.pass_block()  # Trace.block_of's lookup
+    # Without pairs or passes before accumulate_from_microbatch, its plain form inlined.
+    blocks = trace.blocks if not trace.pass_kinds and trace.accumulate_from_microbatch <= 0 \
+        else None
+    inf = math.inf
     for r in records:  # each field read once: a step has ~10⁴ records, a ZeRO-3 one ~10⁵
         kind, stream = r.kind, r.stream
         if kind == "W" and stream == "dp":  # a gradient bucket: in dp's tail below
@@ -215,11 +235,14 @@ def _stage_breakdown(trace: Trace, stage: int, step_s: float,
         start_s, end_s = r.start_s, r.end_s
         if stream == "compute" and kind in PASSES:  # Trace.block_of, its lookup read here
             busy.append(end_s - start_s)
-            block = pass_block(r.stage, kind, r.microbatch, r.chunk)
-            # Record.block_share and Record.slowed_s, inlined.
+            block = (blocks[(r.stage, r.chunk, kind)] if blocks is not None
+                     else pass_block(r.stage, kind, r.microbatch, r.chunk))
+            # Record.block_share and Record.slowed_s, inlined (a whole block's share is
+            # d / d = 1.0 exactly: the same value without the arithmetic).
             duration_s = block.duration_s
-            share = (1.0 if duration_s <= 0 else
-                     (min(r.block_to_s, duration_s) - r.block_from_s) / duration_s)
+            from_s, to_s = r.block_from_s, r.block_to_s
+            share = (1.0 if duration_s <= 0 or (to_s == inf and from_s == 0.0) else
+                     (min(to_s, duration_s) - from_s) / duration_s)
             ran = shares.get(id(block))
             if ran is None:
                 shares[id(block)] = [block, share]

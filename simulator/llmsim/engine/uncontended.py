@@ -144,7 +144,8 @@ class _Replay(BucketTraffic):
         device, stage, pipe = dev.id, dev.stage, dev.pipe
         virtual = [work.chunks[(stage, c)].virtual_stage for c in range(work.chunks_per_stage)]
         within: dict[int, bool] = {}
-        link = Stream()
+        link_free_s = -math.inf  # the pp link's Stream, its one field kept here
+        inf = math.inf
         now = 0.0
         w_seen = [0] * work.chunks_per_stage
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
@@ -193,7 +194,7 @@ class _Replay(BucketTraffic):
                     gathers.prefetch(i + 1, now)
                 duration_s = durations[i]
                 start = now
-                launches = carried.pop((chunk, mb), None) if kind == "W" else None
+                launches = carried.pop((chunk, mb), None) if kind == "W" and carried else None
                 if kind == hooked and w_seen[chunk] + 1 == m:
                     launches = (launches or []) + self.bucket_marks(dev, actions, i, carried)
                 if launches:
@@ -202,7 +203,7 @@ class _Replay(BucketTraffic):
                 else:
                     now = now + duration_s
                 records.append(new_record(Record, (device, stage, "compute", label, kind, mb,
-                                                   chunk, start, now, 0.0, math.inf)))
+                                                   chunk, start, now, 0.0, inf)))
             if syncs:
                 for c in syncs.get(i, ()):
                     grads_end = max(grads_end, self.queue_buckets(dev, now, stage, c))
@@ -215,9 +216,10 @@ class _Replay(BucketTraffic):
                 near = within.get(to)
                 if near is None:
                     near = within[to] = engine._within_node(dev, to)
-                sent, end = link.run(now, send_s[near])
+                sent = now if now > link_free_s else link_free_s  # Stream.run, inlined
+                end = link_free_s = sent + send_s[near]
                 records.append(new_record(Record, (device, stage, "pp", "pp_send", key[1], mb,
-                                                   chunk, sent, end, 0.0, math.inf)))
+                                                   chunk, sent, end, 0.0, inf)))
                 sent_s[key], arrival_s[key] = sent, end  # the message is in: wake its receiver
                 waiter = waiting.pop(key, None)
                 if waiter is not None:

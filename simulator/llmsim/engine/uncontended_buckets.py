@@ -14,7 +14,9 @@ the stream earlier queued first.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from itertools import accumulate, islice, repeat
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from llmsim.engine.devices import Device
@@ -24,6 +26,10 @@ from llmsim.trace import Record
 if TYPE_CHECKING:
     from llmsim.engine.replay import Engine
     from llmsim.engine.uncontended import Stream
+
+
+_name = itemgetter(1)
+"""A launch's bucket name."""
 
 
 class BucketTraffic:
@@ -44,7 +50,8 @@ class BucketTraffic:
             out = self.buckets[key] = ([], [])
             for count, first in self.engine.work.dp_grad_buckets(self.engine.work.chunks[key]):
                 stem, duration_s = first.name.removesuffix("_b0"), self.engine._comm_s(first, stage)
-                out[0].extend(f"{stem}_b{i}" for i in range(count))
+                prefix = f"{stem}_b"
+                out[0].extend([prefix + str(i) for i in range(count)])
                 out[1].extend([duration_s] * count)
         return out
 
@@ -77,21 +84,34 @@ class BucketTraffic:
         :meth:`~llmsim.engine.streams.Contention.mark_times` makes, in one loop with the
         queueing."""
         stream, append = self.dp[dev.id], self.records[dev.id].append
-        device, stage = dev.id, dev.stage
+        device, stage, inf = dev.id, dev.stage, math.inf
         gathers = self.gathers.get(dev.id)
         t, done, free = now_s, 0.0, stream.free_s
-        for share, name, bucket_s in launches:
+        if gathers is None:  # the loop below without a gather to advance, for speed:
+            starts: list[float] = []  # the records made at the end, in one map
+            ends: list[float] = []
+            for share, _, bucket_s in launches:
+                if share > done + 1e-12:
+                    t += (share - done) * duration_s
+                    done = share
+                starts.append(t if t > free else free)
+                free = starts[-1] + bucket_s
+                ends.append(free)
+            self.records[device].extend(map(new_record, repeat(Record), zip(
+                repeat(device), repeat(stage), repeat("dp"), map(_name, launches), repeat("W"),
+                repeat(-1), repeat(-1), starts, ends, repeat(0.0), repeat(inf))))
+        for share, name, bucket_s in launches if gathers is not None else ():
             if share > done + 1e-12:
                 t += (share - done) * duration_s
                 done = share
-            if gathers is not None and gathers.pending is not None:  # its all-gathers first
+            if gathers.pending is not None:  # its all-gathers first
                 stream.free_s = free
                 gathers.advance(t)
                 free = stream.free_s
             start = t if t > free else free
             free = start + bucket_s
             append(new_record(Record, (device, stage, "dp", name, "W", -1, -1, start, free,
-                                       0.0, math.inf)))
+                                       0.0, inf)))
         stream.free_s = free
         if done < 1.0 - 1e-12:
             t += (1.0 - done) * duration_s
@@ -113,16 +133,12 @@ class BucketTraffic:
             next_s = engine._block(dev, actions[i + 1]).duration_s
         n, both_s = len(names), own_s + next_s
         ats = [(k + 1) / n * both_s for k in range(n)]
-        if next_s == 0 or ats[-1] <= own_s:  # every bucket within this pass
-            if own_s > 0:
-                return list(zip([at / own_s for at in ats], names, durations, strict=True))
-            return list(zip([1.0] * n, names, durations, strict=True))
-        own, later = [], []
-        for at, name, duration_s in zip(ats, names, durations, strict=True):
-            if at <= own_s:
-                own.append((at / own_s if own_s > 0 else 1.0, name, duration_s))
-            else:
-                later.append(((at - own_s) / next_s, name, duration_s))
-        if later:
-            carried.setdefault((act.chunk, act.microbatch), []).extend(later)
-        return own
+        # The marks ascend (a product of ascending shares and both_s, each rounded once):
+        # those up to own_s are this pass's, a prefix.
+        cut = bisect_right(ats, own_s) if next_s != 0 else n
+        shares = [at / own_s for at in ats[:cut]] if own_s > 0 else [1.0] * cut
+        if cut < n:
+            carried.setdefault((act.chunk, act.microbatch), []).extend(zip(
+                [(at - own_s) / next_s for at in ats[cut:]], names[cut:], durations[cut:],
+                strict=True))
+        return list(zip(shares, names, durations, strict=False))  # the first cut buckets

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from llmsim.errors import UserError
 from llmsim.result import Result
-from llmsim.simulation import simulate
+from llmsim.simulation import collector_paused, simulate
 from llmsim.validation.runs import METRICS, Run
 from llmsim.validation.scenarios import scenario_for
+
+if TYPE_CHECKING:
+    from multiprocessing.pool import Pool
 
 
 def narayanan_flops(
@@ -101,17 +105,49 @@ def _record(p: Prediction) -> dict[str, Any]:
     }
 
 
-def validate(runs: Iterable[Run], progress: bool = True) -> pd.DataFrame:
+def validate(runs: Iterable[Run], progress: bool = True, workers: int = 1) -> pd.DataFrame:
     """Predict every run; one row each: id, source, metric, measured, predicted, error_pct …
 
     Extra columns: ``target``, the predicted step time, MFU and memory fit, the
     ``config`` (model and batch), ``model``, ``microbatches`` (per pipeline) and
     ``schedule`` keys and the critical stage's breakdown (``compute_s`` …).
+    ``workers`` local processes simulate the runs (each row's numbers are the same on
+    any count: a row is one simulation, alone in its process while it runs); the rows
+    keep the order of ``runs``.
     """
     runs = list(runs)
-    if not progress:
-        return pd.DataFrame([_record(predict(r)) for r in runs])
-    from llmsim.progress import track
+    if workers < 1:
+        raise UserError(f"workers {workers}: the runs need at least one process; use 1 or more")
+    workers = min(workers, len(runs))
+    with _pool(workers) as pool:
+        rows = iter(map(_row, runs)) if pool is None else pool.imap(_row, runs)
+        if not progress:
+            return pd.DataFrame(list(rows))
+        from llmsim.progress import track
 
-    return pd.DataFrame([_record(predict(run))
-                         for run in track(runs, "validating", label=lambda r: r.id)])
+        # The bar follows the rows as they come back, in order (the pool was forked
+        # before the bar's thread started).
+        return pd.DataFrame([next(rows) for _ in track(runs, "validating",
+                                                       label=lambda r: r.id)])
+
+
+def _row(run: Run) -> dict[str, Any]:
+    """One run predicted, as its frame row (what a worker process sends back: the row,
+    not the simulation's trace), with the garbage collector paused until the simulation
+    is freed (:func:`~llmsim.simulation.collector_paused`)."""
+    with collector_paused():
+        return _record(predict(run))
+
+
+@contextmanager
+def _pool(workers: int) -> Iterator[Pool | None]:
+    """``workers`` processes forked from this one (None for one: the runs are simulated
+    here). Forked, the workers start with every module this process imported and every
+    catalog file it read."""
+    if workers <= 1:
+        yield None
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield pool
