@@ -145,7 +145,7 @@ class Estimator(SharedParts):
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
-        hops = placement(par.schedule, p, v)  # () for the looping c·p + s
+        hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
@@ -251,7 +251,7 @@ class Estimator(SharedParts):
             # last, backward out of every one but the first) and the gathers of sliced ones.
             flops_per_replica += kind.flops * count
             to_next, to_prev = send_s[within[0]], send_s[within[1]]
-            out_f, out_b = _sends_out(hops, s) if hops else (v - (s == p - 1), v - (s == 0))
+            out_f, out_b = placed_sends[s] if hops else (v - (s == p - 1), v - (s == 0))
             received = out_b + out_f * (1 + traffic.pp_regather_output)
             own = kind.times
             runs.append([StageTimes(
@@ -381,11 +381,3 @@ class Estimator(SharedParts):
                     hit.append((c, 1, vs, *shape))
             self._groups[key] = hit
         return hit
-
-def _sends_out(hops: tuple[tuple[int, int], ...], s: int) -> tuple[int, int]:
-    """(forward, backward) pipeline sends of one micro-batch out of stage ``s`` along a
-    placed route: one per virtual stage of s whose next (previous) one is on another
-    stage."""
-    out_f = sum(hops[k][0] == s != hops[k + 1][0] for k in range(len(hops) - 1))
-    out_b = sum(hops[k][0] == s != hops[k - 1][0] for k in range(1, len(hops)))
-    return out_f, out_b
