@@ -24,17 +24,19 @@ here with each chunk's last backward taken from the walk), then the pair ``s``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from llmsim.in_flight import schedule_order
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
-from llmsim.schedules.walk import replay, wait_graph
+from llmsim.schedules.walk import levels, replay, wait_graph
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
+from llmsim.search.walk_batch import defer
 from llmsim.workload import shard_ranks
 
 
@@ -138,9 +140,14 @@ def walk_ends(order: CompiledOrder, durations: list[float],
     key = (*durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
-        end = walk(order, durations, hops)
-        hit = _WALKS.put(key, (tuple(end[k] for k in order.last),
-                               {held: end[k] for held, k in order.last_w.items()}))
+        def finish(end: Callable[[int], float], _: list[float]) -> tuple:
+            return (tuple(end(k) for k in order.last),
+                    {held: end(k) for held, k in order.last_w.items()})
+
+        defer(order, order.p, len(order.passes), lambda: levels(order.p, order.passes),
+              lambda d, h: finish(walk(order, d, h).__getitem__, []), _WALKS, key,
+              durations, hops, finish)
+        hit = _WALKS.put(key, finish(walk(order, durations, hops).__getitem__, []))
     return hit
 
 
