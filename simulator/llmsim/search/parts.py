@@ -21,8 +21,14 @@ from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
 from llmsim.schedules import placement
+from llmsim.search.memo import BoundedMemo
 from llmsim.specs import Parallelism, Scenario
 from llmsim.workload import Chunk, Workload, chunk_extras, chunk_params, pass_ops
+
+KIND_MEMO = 4096
+"""Layouts' kinds of stages whose passes one estimator keeps (emptied when full): the
+layouts of a family — the same but for the ZeRO stage and the parameter-gather overlap —
+come near one another in a batch (:mod:`.batching`), and share them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +101,7 @@ class SharedParts:
         self._optimizers: dict[tuple, float] = {}
         self._groups: dict[tuple, list] = {}
         self._placements: dict[tuple[str, int, int], tuple] = {}
+        self._kinds = BoundedMemo(KIND_MEMO)
 
     # -- shared parts -------------------------------------------------------------------
     def _family(self, sc: Scenario) -> int:
