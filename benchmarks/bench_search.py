@@ -84,6 +84,20 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
           f"{priced / cpu:,.0f} layouts priced per CPU-second")
 
 
+def _write_rows(table: object, path: str) -> str:
+    """Write the priced rows' key, memory and estimator columns, sorted by key, floats
+    exactly (``repr``), to ``path``; return the file's SHA-256."""
+    import hashlib
+
+    columns = ["key", "memory_gb"] + [c for c in table.columns if c.startswith("est_")]
+    rows = table[columns].sort_values("key")
+    text = "\n".join(",".join(repr(v) for v in row)
+                     for row in rows.itertuples(index=False, name=None))
+    with open(path, "w") as f:
+        f.write(",".join(columns) + "\n" + text + "\n")
+    return f"{len(rows):,} rows, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", nargs="?", default="selene-gpt3")
@@ -96,6 +110,9 @@ def main() -> None:
                         help="with --every: start at this batch")
     parser.add_argument("--batches", type=int, default=None,
                         help="with --every: price at most this many batches")
+    parser.add_argument("--rows", default=None,
+                        help="write every priced row (key and estimator columns, sorted) to "
+                             "this CSV and print its SHA-256 (rows identical before/after)")
     args = parser.parse_args()
     if args.every:
         every_nth_batch(args.scenario, args.every, args.first_batch, args.batches)
@@ -128,6 +145,8 @@ def main() -> None:
           f"{wall - s.estimate_wall_s:,.1f} s")
     print(f"  whole search: {wall:,.1f} s wall; peak RSS {own:,.0f} MB "
           f"(workers {children:,.0f} MB)")
+    if args.rows:
+        print(f"  rows: {_write_rows(table, args.rows)}")
     best = table.iloc[0]
     print(f"  best: {best['key']}: engine {best['step_time_s']:.3f} s/step, "
           f"estimator {best['est_step_time_s']:.3f} s, MFU {best['mfu'] * 100:.1f} %")

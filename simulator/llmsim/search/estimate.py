@@ -28,7 +28,7 @@ from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD, placement
 from llmsim.search.pairs import stage_pair_parts
-from llmsim.search.parts import SharedParts, contention_key, servers
+from llmsim.search.parts import Parts, SharedParts, contention_key, servers
 from llmsim.search.pipedream_updates import update_shares_s
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
@@ -128,11 +128,6 @@ class Estimator(SharedParts):
         parts = self._layer_parts(sc, plan, costs)
         traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches
-        ef, eb, ew = parts.embedding
-        hf, hb, hw = parts.head
-        df_, dr, db, dw = parts.dense
-        mf, mr, mb, mw = parts.moe
-        fl_dense, fl_moe, fl_emb, fl_head = parts.model_flops
         split = self._split(sc)
         starts = self._first_layers(sc, split)
         split_backward = par.schedule in SPLIT_BACKWARD
@@ -145,13 +140,12 @@ class Estimator(SharedParts):
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
-        hops = placement(par.schedule, p, v)  # () for the looping c·p + s
+        hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
         tails: list[float] = []
         flops_per_replica = 0.0
-        same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
         cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
         for s, kind_key, _, count in self._runs(plan_key, split, node_of):
             cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
@@ -165,68 +159,39 @@ class Estimator(SharedParts):
             per_stage = deferred_w_follows(par.schedule, p, m)
             for s, kind_key, _, count in self._runs(plan_key, split, node_of):
                 follows.setdefault(kind_key, set()).update(per_stage[s:s + count])
+        shared = self._kind_passes(sc, plan_key, costs, parts, split, starts, node_of, m, a)
+        gathering = gathers_f_on or gathers_b_on or overlapped_gather or waits_rs or deferred
         for s, kind_key, within, count in self._runs(plan_key, split, node_of):
             kind = kinds.get(kind_key)
             if kind is None:
-                f = b = w = w_first = waited = gathers_f = gathers_b = flops = 0.0
+                (f, b, w, w_first, flops, tensors_s, params_s, experts_s, backward, forward,
+                 chunk_0, groups) = shared[kind_key]
+                waited = gathers_f = gathers_b = 0.0
                 queue_wait = 0.0  # ZB-H1/H2 at ZeRO-3: the slowest of the kind's stages
                 grads: list[tuple[int, float]] = []
                 rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
-                backward: list[tuple[float, float]] = []
                 gathered: list[tuple[float, int]] = []  # first forwards' (.posted_sends)
-                forward: list[float] = []
-                tensors_s = params_s = experts_s = 0
-                chunk_0 = None
-                # Consecutive chunks of the same layers cost the same: priced once, their
-                # sums still added chunk by chunk (the same floating-point sums).
-                for c, repeat, vs, n, first, last, start in self._chunk_groups(
-                        split, starts, par.schedule, p, v, s):
-                    chunk_key = (n, first, last, start)
-                    priced = same_chunks.get(chunk_key)
-                    if priced is None:
-                        params, experts, tensors, k = self._chunk_params(sc, n, first, last,
-                                                                         start)
-                        amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n,
-                                                                 first, last, start)
-                        cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
-                        cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b \
-                            + first * eb
-                        cw = last * hw + (n - k) * dw + k * mw + first * ew
-                        chunk_flops = ((n - k) * fl_dense + k * fl_moe + first * fl_emb
-                                       + last * fl_head) * par.tp
-                        chunk = Chunk(s, c, vs, n, first, last, params, (), (), (),
-                                      expert_params=experts)
-                        gather = traffic.weight_gather(chunk)
-                        layer_gather = (costs.comm_s(gather) * traffic.gather_messages
-                                        if gather is not None else 0.0)
-                        priced = same_chunks[chunk_key] = (
-                            cf, cb, cw, acc, chunk_flops, tensors, chunk,
-                            self._buckets(plan_key, costs, traffic, chunk), layer_gather,
-                            chunk.units)
-                    (cf, cb, cw, acc, chunk_flops, tensors, chunk, bucket, layer_gather,
-                     units) = priced
-                    if c == 0:
-                        chunk_0 = chunk  # only its parameters are read
+                for chunk, repeat, cf, cb, cw, acc in groups:
+                    bucket = self._buckets(plan_key, costs, traffic, chunk)
+                    grads += [bucket] * repeat
+                    if not gathering:
+                        continue
+                    units = chunk.units
+                    gather = traffic.weight_gather(chunk)
+                    layer_gather = (costs.comm_s(gather) * traffic.gather_messages
+                                    if gather is not None else 0.0)
                     gather_b = units * layer_gather * (1 + traffic.regather_for_recompute)
                     first_wait = layer_gather + (units - 1) * max(0.0,
                                                                   layer_gather - cf / units)
                     for _ in range(repeat):
-                        f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
-                        flops += chunk_flops
                         if gathers_f_on:
                             gathers_f += units * layer_gather
                         if gathers_b_on:
                             gathers_b += gather_b
                         if overlapped_gather:  # the first forward's layers wait for weights
                             waited += first_wait
-                    tensors_s += tensors * repeat
-                    params_s += chunk.params * repeat
-                    experts_s += chunk.expert_params * repeat
-                    backward += [(cb, cw + acc)] * repeat
-                    forward += [cf] * repeat
                     if overlapped_gather:
                         gathered += [(layer_gather, units)] * repeat
-                    grads += [bucket] * repeat
                     if waits_rs:
                         rs_waits += [blended_wait_s(
                             bucket, layer_gather, cf / units, cb / units, cooled[kind_key],
@@ -254,7 +219,7 @@ class Estimator(SharedParts):
             # last, backward out of every one but the first) and the gathers of sliced ones.
             flops_per_replica += kind.flops * count
             to_next, to_prev = send_s[within[0]], send_s[within[1]]
-            out_f, out_b = _sends_out(hops, s) if hops else (v - (s == p - 1), v - (s == 0))
+            out_f, out_b = placed_sends[s] if hops else (v - (s == p - 1), v - (s == 0))
             received = out_b + out_f * (1 + traffic.pp_regather_output)
             own = kind.times
             runs.append([StageTimes(
@@ -320,6 +285,75 @@ class Estimator(SharedParts):
                         run_flops=trn.flops, run_tokens=trn.tokens)
 
     # -- memoised on exactly what they read --------------------------------------------
+    def _kind_passes(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, parts: Parts,
+                     split: list[list[int]], starts: list[list[int]], node_of: list[int],
+                     m: int, a: int) -> dict[tuple, tuple]:
+        """Per kind of stage (:meth:`_runs`), what its passes cost whatever the ZeRO stage,
+        the parameter-gather overlap and the data-parallel traffic: (forward, backward,
+        weight-gradient and its first micro-batch's seconds, model FLOPs, tensors,
+        parameters and expert parameters of a device, per chunk its (backward, weight)
+        and forward seconds, its first chunk, and per run of equal chunks (chunk, count,
+        F, B, W, accumulation seconds)); memoised for the layouts of a family (those that
+        differ in what this does not read: :data:`KIND_MEMO`). Consecutive chunks of the
+        same layers cost the same: priced once, their sums still added chunk by chunk
+        (the same floating-point sums); the chunks of one layout are shared by its kinds
+        in their order (the first kind's chunk stands for an equal one of a later kind)."""
+        par = sc.parallelism
+        key = (id(parts), plan_key, par.grad_reduce_dtype, par.expert_ranks, par.etp,
+               id(split), id(starts), par.schedule, par.pp, par.virtual_stages, m, a)
+        hit = self._kinds.get(key)
+        if hit is not None:
+            return hit
+        p, v = par.pp, par.virtual_stages
+        ef, eb, ew = parts.embedding
+        hf, hb, hw = parts.head
+        df_, dr, db, dw = parts.dense
+        mf, mr, mb, mw = parts.moe
+        fl_dense, fl_moe, fl_emb, fl_head = parts.model_flops
+        same_chunks: dict[tuple, tuple] = {}  # chunks with the same layers cost the same
+        hit = {}
+        for s, kind_key, _, _ in self._runs(plan_key, split, node_of):
+            if kind_key in hit:
+                continue
+            f = b = w = w_first = flops = 0.0
+            backward: list[tuple[float, float]] = []
+            forward: list[float] = []
+            groups: list[tuple] = []
+            tensors_s = params_s = experts_s = 0
+            chunk_0 = None
+            for c, repeat, vs, n, first, last, start in self._chunk_groups(
+                    split, starts, par.schedule, p, v, s):
+                chunk_key = (n, first, last, start)
+                priced = same_chunks.get(chunk_key)
+                if priced is None:
+                    params, experts, tensors, k = self._chunk_params(sc, n, first, last, start)
+                    amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
+                                                             last, start)
+                    cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
+                    cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b + first * eb
+                    cw = last * hw + (n - k) * dw + k * mw + first * ew
+                    chunk_flops = ((n - k) * fl_dense + k * fl_moe + first * fl_emb
+                                   + last * fl_head) * par.tp
+                    chunk = Chunk(s, c, vs, n, first, last, params, (), (), (),
+                                  expert_params=experts)
+                    priced = same_chunks[chunk_key] = (cf, cb, cw, acc, chunk_flops, tensors,
+                                                       chunk)
+                cf, cb, cw, acc, chunk_flops, tensors, chunk = priced
+                if c == 0:
+                    chunk_0 = chunk  # only its parameters are read
+                for _ in range(repeat):
+                    f, b, w, w_first = f + cf, b + cb, w + cw + acc, w_first + cw
+                    flops += chunk_flops
+                tensors_s += tensors * repeat
+                params_s += chunk.params * repeat
+                experts_s += chunk.expert_params * repeat
+                backward += [(cb, cw + acc)] * repeat
+                forward += [cf] * repeat
+                groups.append((chunk, repeat, cf, cb, cw, acc))
+            hit[kind_key] = (f, b, w, w_first, flops, tensors_s, params_s, experts_s,
+                             backward, forward, chunk_0, groups)
+        return self._kinds.put(key, hit)
+
     def _pipeline_messages(self, costs: HardwareCosts, traffic: Workload,
                            posted_singly: bool, tp: int) -> tuple[dict[bool, float], float]:
         """Seconds of one pipeline send ({within a node: seconds}) and of the all-gather
@@ -385,11 +419,3 @@ class Estimator(SharedParts):
                     hit.append((c, 1, vs, *shape))
             self._groups[key] = hit
         return hit
-
-def _sends_out(hops: tuple[tuple[int, int], ...], s: int) -> tuple[int, int]:
-    """(forward, backward) pipeline sends of one micro-batch out of stage ``s`` along a
-    placed route: one per virtual stage of s whose next (previous) one is on another
-    stage."""
-    out_f = sum(hops[k][0] == s != hops[k + 1][0] for k in range(len(hops) - 1))
-    out_b = sum(hops[k][0] == s != hops[k - 1][0] for k in range(1, len(hops)))
-    return out_f, out_b

@@ -47,6 +47,8 @@ class PeakMemory:
         self._held: dict[tuple, tuple[list[int], int, int]] = {}
         self._activations: dict[tuple, tuple[float, float, float, float]] = {}
         self._params: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._placed: dict[tuple, tuple[list[list[int]], list[tuple]]] = {}
+        self._exact: dict[tuple, tuple[float, float, float, float]] = {}
 
     def _split(self, par: Any) -> list[list[int]]:
         key = (par.pp, par.virtual_stages, par.first_stage_layers, par.last_stage_layers)
@@ -65,9 +67,11 @@ class PeakMemory:
         # MoE models, models with multi-token prediction modules (on the last stage), and
         # schedules that place chunks their own way (ZB-V's V) or stash weight versions
         # (PipeDream), take the memory model itself.
-        if model.moe is not None or model.mtp_depth or par.schedule not in LOOPING_ONE_VERSION:
+        if model.moe is not None or model.mtp_depth or par.schedule not in ONE_VERSION:
             return max(s.total_bytes for s in memory_per_stage(model, par, training, dp,
                                                                 self.accelerator))
+        if par.schedule not in LOOPING_ONE_VERSION:
+            return self._placed_peak_bytes(par, training, dp)
         p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
         if model.heads % t or model.ffn_hidden % t:
             raise UserError(f"parallelism.tp: {t} must divide model.heads={model.heads} and "
@@ -112,6 +116,122 @@ class PeakMemory:
             peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
         return peak
 
+    def _placed_peak_bytes(self, par: Any, training: Any, dp: int) -> float:
+        """:meth:`peak_bytes` of a dense model under a schedule that places its chunks its
+        own way (ZB-V's V) or runs two pipelines (Chimera, DualPipe), with one version of
+        the weights: :func:`memory_per_stage`'s sums in its order (the same numbers), the
+        per-stage parts shared by the stages alike computed once per (schedule, p, m, v)."""
+        model = self.model
+        p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
+        if model.heads % t or model.ffn_hidden % t:
+            raise UserError(f"parallelism.tp: {t} must divide model.heads={model.heads} and "
+                            f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor")
+        per_step = par.micro_batch * dp * par.ep
+        if dp < 1 or training.global_batch % per_step:
+            raise UserError(f"training.global_batch: {training.global_batch} is not a "
+                            f"multiple of micro_batch·dp·ep = {par.micro_batch}·{dp}·{par.ep}")
+        m = training.global_batch // per_step
+        split = self._split(par)
+        layer_params = layer_params_per_device(model, t)
+        stages = self._placed_stages(par.schedule, p, m, v, split, layer_params,
+                                     embedding_params_per_device(model, t),
+                                     head_params_per_device(model, t, p), head_params_per_device(
+                                         model, t, 1))
+        per_layer, remat, embedding_acts, output_acts = self._exact_activation_parts(par,
+                                                                                    training)
+        w_b, g_b, o_b = state_bytes_per_param(training.precision)
+        ranks = dp * par.ep * par.cp
+        buffers: dict[tuple[bool, bool, bool], float] = {}
+        peak = 0.0
+        for i, params, layers, held, first_in, out_in in stages:
+            weights = params * w_b / (ranks if zero >= 3 else 1) + 0.0
+            grads = params * g_b / (ranks if zero >= 2 else 1) + 0.0
+            optimizer = params * o_b / (ranks if zero >= 1 else 1) + 0.0
+            activations = held * per_layer + (remat if held else 0.0)
+            if first_in is not None:
+                activations += first_in(embedding_acts, output_acts)
+            if out_in:
+                activations += out_in * output_acts
+            activations = activations / par.cp
+            shape = (i == 0, i == p - 1, layers > 0)
+            buffer = buffers.get(shape)
+            if buffer is None:
+                buffer = buffers[shape] = _buffer_bytes(model, par, training, dp, i, layers)
+            tensors = weights + grads + optimizer + activations + buffer
+            peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
+        return peak
+
+    def _placed_stages(self, schedule: str, p: int, m: int, v: int, split: list[list[int]],
+                       layer_params: int, embedding_params: int, head_params: int,
+                       one_head_params: int) -> list[tuple]:
+        """The distinct stages of :meth:`_placed_peak_bytes` (the first of those alike):
+        (stage, parameters, layers, layer-micro-batches held, the embedding's and
+        output's activations of two pipelines as a function of theirs or None, the
+        output's in-flight micro-batches of one pipeline or 0), as
+        :func:`memory_per_stage` counts them."""
+        key = (schedule, p, m, v, id(split), layer_params, embedding_params, head_params,
+               one_head_params)
+        hit = self._placed.get(key)
+        if hit is not None:
+            return hit[1]
+        chunks = in_flight_chunks(schedule, p, m, v)
+        hops = placement(schedule, p, v)
+        pipelines = SCHEDULES[schedule].pipelines
+        first_stage, last_stage = (hops[0][0], hops[-1][0]) if hops else (0, p - 1)
+        head = head_params if first_stage != last_stage else one_head_params
+        seen, out = set(), []
+        for i in range(p):
+            shape = (tuple(split[i]), tuple(chunks[i]), i == first_stage, i == last_stage,
+                     tuple(split[p - 1 - i]) if pipelines > 1 else ())
+            if shape in seen:
+                continue
+            seen.add(shape)
+            held_stages = (i, p - 1 - i) if pipelines > 1 else (i,)
+            layers = params = 0
+            for j in held_stages:
+                layers += sum(split[j])
+                params += sum(split[j]) * layer_params + 0 \
+                    + (embedding_params if j == first_stage else 0) \
+                    + (head if j == last_stage else 0)
+            held_layers = [n for j in held_stages for n in split[j]]
+            held = sum(n * k for n, k in zip(chunks[i], held_layers, strict=True))
+            first_in = out_in = None
+            if pipelines > 1:
+                ends = [(n, j == first_stage, j == last_stage)
+                        for n, j in zip(chunks[i], held_stages, strict=True)]
+                first_in = _two_pipeline_ends(ends)
+                out_in = 0  # memory_per_stage adds in_flight × (0.0 + 0.0) here
+            else:
+                if i == first_stage:
+                    n0 = chunks[i][0]
+                    first_in = lambda e, o, n0=n0: n0 * e  # noqa: E731
+                out_in = chunks[i][-1] if last_stage in held_stages else 0
+            out.append((i, params, layers, held, first_in, out_in))
+        self._placed[key] = (split, out)  # the split held: its id stays its own
+        return out
+
+    def _exact_activation_parts(self, par: Any,
+                                training: Any) -> tuple[float, float, float, float]:
+        """(per layer, re-materialised, embedding, output) activation bytes of one
+        micro-batch, as :func:`memory_per_stage` computes them (its re-materialised
+        layer without recompute of the norms and up-projections either)."""
+        key = (id(training), training.global_batch, par.tp, par.sequence_parallel,
+               par.micro_batch, par.recompute, par.recompute_norms_and_up_proj, par.cp,
+               par.ep)
+        hit = self._exact.get(key)
+        if hit is None:
+            model, e = self.model, _activation_bytes(training)
+            per_layer = activation_bytes_per_layer(model, par, training) \
+                + mla_activation_bytes_delta(model, par, training, e)
+            none = par.model_copy(update={"recompute": "none",
+                                          "recompute_norms_and_up_proj": False})
+            remat = (activation_bytes_per_layer(model, none, training)
+                     + mla_activation_bytes_delta(model, none, training, e) - per_layer)
+            hit = self._exact[key] = (
+                per_layer, remat, embedding_activation_bytes(model, par, training),
+                output_activation_bytes(model, par, training))
+        return hit
+
     def _activation_parts(self, par: Any, training: Any) -> tuple[float, float, float, float]:
         """(per layer, re-materialised, embedding, output) activation bytes of one
         micro-batch, as :func:`memory_per_stage` computes them."""
@@ -145,3 +265,17 @@ LOOPING_ONE_VERSION = frozenset(
     if not placement(name, 4, 2) and all(info.weight_versions(4, i, 8) == 1 for i in range(4)))
 """Schedules whose chunks loop (chunk c of stage s is virtual stage c·p + s) and that hold
 one version of the weights: the memory this module computes in its fast way."""
+
+ONE_VERSION = frozenset(
+    name for name, info in SCHEDULES.items()
+    if all(info.weight_versions(4, i, 8) == 1 for i in range(4)))
+"""Schedules that hold one version of the weights (all but PipeDream's stashing)."""
+
+
+def _two_pipeline_ends(ends: list[tuple[int, bool, bool]]) -> Any:
+    """Σ in-flight × (embedding if the held stage is the first + output if the last), the
+    activations :func:`memory_per_stage` adds for the two pipelines' end chunks."""
+    def added(embedding: float, output: float) -> float:
+        return sum(n * (first * embedding + last * output) for n, first, last in ends)
+    return added
+

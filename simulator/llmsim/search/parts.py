@@ -21,8 +21,14 @@ from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
 from llmsim.schedules import placement
+from llmsim.search.memo import BoundedMemo
 from llmsim.specs import Parallelism, Scenario
 from llmsim.workload import Chunk, Workload, chunk_extras, chunk_params, pass_ops
+
+KIND_MEMO = 4096
+"""Layouts' kinds of stages whose passes one estimator keeps (emptied when full): the
+layouts of a family — the same but for the ZeRO stage and the parameter-gather overlap —
+come near one another in a batch (:mod:`.batching`), and share them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +100,8 @@ class SharedParts:
         self._messages: dict[tuple, tuple[dict[bool, float], float]] = {}
         self._optimizers: dict[tuple, float] = {}
         self._groups: dict[tuple, list] = {}
+        self._placements: dict[tuple[str, int, int], tuple] = {}
+        self._kinds = BoundedMemo(KIND_MEMO)
 
     # -- shared parts -------------------------------------------------------------------
     def _family(self, sc: Scenario) -> int:
@@ -210,13 +218,24 @@ class SharedParts:
             self._starts[key] = hit
         return hit
 
+    def _placement(self, schedule: str, p: int, v: int) -> tuple:
+        """:func:`~llmsim.schedules.placement` of (schedule, p, v), memoised, and per
+        stage its (forward, backward) pipeline sends of one micro-batch along that route
+        (:func:`sends_out`; None for the looping placement, whose route is empty)."""
+        hit = self._placements.get((schedule, p, v))
+        if hit is None:
+            hops = placement(schedule, p, v)
+            hit = self._placements[(schedule, p, v)] = (
+                hops, [sends_out(hops, s) for s in range(p)] if hops else None)
+        return hit
+
     def _chunk_params(self, sc: Scenario, n: int, first: bool, last: bool,
                       start: int) -> tuple[int, int, int, int]:
         """Parameters, expert parameters and parameter tensors of a chunk on one device,
         and its MoE blocks, memoised."""
         par, model = sc.parallelism, sc.model
         moe_start = start if model.moe is not None else 0
-        hops = placement(par.schedule, par.pp, par.virtual_stages)
+        hops = self._placement(par.schedule, par.pp, par.virtual_stages)[0]
         # One LM head copy where the first and last chunks share a stage (ZB-V's V).
         head_p = 1 if hops and hops[0][0] == hops[-1][0] else par.pp
         # The routed experts are split over the expert ranks (tp·ep with whole experts) and
@@ -275,3 +294,12 @@ class SharedParts:
             count, total = count + n, total + n * seconds
         hit = self._chunk_buckets[memo] = (count, total / count if count else 0.0)
         return hit
+
+
+def sends_out(hops: tuple[tuple[int, int], ...], s: int) -> tuple[int, int]:
+    """(forward, backward) pipeline sends of one micro-batch out of stage ``s`` along a
+    placed route: one per virtual stage of s whose next (previous) one is on another
+    stage."""
+    out_f = sum(hops[k][0] == s != hops[k + 1][0] for k in range(len(hops) - 1))
+    out_b = sum(hops[k][0] == s != hops[k - 1][0] for k in range(1, len(hops)))
+    return out_f, out_b

@@ -18,6 +18,7 @@ from llmsim.params import (
     head_params_per_device,
     layers_params_per_device,
 )
+from llmsim.search import walk_batch
 from llmsim.search.estimate import Estimator
 from llmsim.search.fit import PeakMemory
 from llmsim.search.space import (
@@ -129,28 +130,36 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
     capacity_bytes = base.system.node.accelerator.hbm_bytes
     capacity = capacity_bytes * (1 - headroom)
     machine_devices = base.system.node.devices_per_node * base.nodes_used
-    for core in cores:
-        try:
-            par, training = parallelism_of(base, core)
-            peak = peak_memory.peak_bytes(par, training, core.dp)
-        except (ValueError, UserError):
-            out.invalid += 1
-            continue
-        if peak > capacity:
-            out.out_of_memory += variant_count(core, fixed)
-            continue
-        core_scenario = None
-        for layout in switch_variants(core, fixed):
+    priced: list[list[Any]] = []  # [layout, its estimate (None: walk deferred), scenario, peak]
+    with walk_batch.collecting():  # walks not yet memoised: replayed together, below
+        for core in cores:
             try:
-                if core_scenario is None:
-                    core_scenario = applied(base, core, par, training)
-                scenario = with_switches(core_scenario, layout)
-                check_posted_units(scenario)
+                par, training = parallelism_of(base, core)
+                peak = peak_memory.peak_bytes(par, training, core.dp)
             except (ValueError, UserError):
                 out.invalid += 1
                 continue
-            row(out.columns, layout, est.estimate(scenario), peak, capacity_bytes,
-                machine_devices)
+            if peak > capacity:
+                out.out_of_memory += variant_count(core, fixed)
+                continue
+            core_scenario = None
+            for layout in switch_variants(core, fixed):
+                try:
+                    if core_scenario is None:
+                        core_scenario = applied(base, core, par, training)
+                    scenario = with_switches(core_scenario, layout)
+                    check_posted_units(scenario)
+                except (ValueError, UserError):
+                    out.invalid += 1
+                    continue
+                try:
+                    priced.append([layout, est.estimate(scenario), None, peak])
+                except walk_batch.Deferred:
+                    priced.append([layout, None, scenario, peak])
+    walk_batch.flush()
+    for layout, estimate, scenario, peak in priced:
+        row(out.columns, layout, estimate if estimate is not None else est.estimate(scenario),
+            peak, capacity_bytes, machine_devices)
     out.columns = packed(out.columns)
     return out
 

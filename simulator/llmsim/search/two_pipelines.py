@@ -24,17 +24,19 @@ here with each chunk's last backward taken from the walk), then the pair ``s``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from llmsim.in_flight import schedule_order
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
-from llmsim.schedules.walk import replay, wait_graph
+from llmsim.schedules.walk import levels, replay, wait_graph
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
+from llmsim.search.walk_batch import defer
 from llmsim.workload import shard_ranks
 
 
@@ -138,9 +140,14 @@ def walk_ends(order: CompiledOrder, durations: list[float],
     key = (*durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
-        end = walk(order, durations, hops)
-        hit = _WALKS.put(key, (tuple(end[k] for k in order.last),
-                               {held: end[k] for held, k in order.last_w.items()}))
+        def finish(end: Callable[[int], float], _: list[float]) -> tuple:
+            return (tuple(end(k) for k in order.last),
+                    {held: end(k) for held, k in order.last_w.items()})
+
+        defer(order, order.p, len(order.passes), lambda: levels(order.p, order.passes),
+              lambda d, h: finish(walk(order, d, h).__getitem__, []), _WALKS, key,
+              durations, hops, finish)
+        hit = _WALKS.put(key, finish(walk(order, durations, hops).__getitem__, []))
     return hit
 
 
@@ -234,22 +241,30 @@ def phase_s(devices: list[Device], schedule: str, m: int, *, blocking: bool,
             free = max(free + total, t0 + window / count + total, t0 + window + seconds)
             finish = max(finish, free)
         done.append(finish)
-    # The two replicas' gradients summed between s and p − 1 − s, then the optimizer.
-    held_chunks = {}
-    for s, dev in enumerate(devices):
-        held_chunks[(s, 0)] = dev.chunk
-        held_chunks[(s, 1)] = replace(devices[p - 1 - s].chunk, stage=s, chunk=1)
-    work = replace(traffic, chunks=held_chunks, pipelines=2)
+    # The two replicas' gradients summed between s and p − 1 − s, then the optimizer. A
+    # device's exchange and optimizer read only its two chunks' parameters, its tensors
+    # and whether its mirror shares its node: devices alike are priced once.
     ready_all, opt_s = 0.0, 0.0
+    priced: dict[tuple, tuple[float, float]] = {}
     for s, dev in enumerate(devices):
         mirror = p - 1 - s
-        op = work.replica_grad_exchange(s)
-        op = replace(op, within_node=node_of[s] == node_of[mirror])
-        ready_all = max(ready_all, max(done[s], done[mirror]) + costs.comm_s(op))
         tensors = dev.tensors + devices[mirror].tensors
-        opt = costs.compute_s(optimizer_step(par, training, work.stage_params(s), tensors,
-                                             shard_ranks(work, s)))
-        opt += sum(costs.comm_s(g) for g in work.dp_param_gathers(s)) \
-            if traffic.grad_ranks > 1 else 0.0
+        within = node_of[s] == node_of[mirror]
+        chunk, other = dev.chunk, devices[mirror].chunk
+        key = (chunk.params, chunk.expert_params, other.params, other.expert_params,
+               tensors, within)
+        hit = priced.get(key)
+        if hit is None:
+            work = replace(traffic, chunks={(s, 0): chunk,
+                                            (s, 1): replace(other, stage=s, chunk=1)},
+                           pipelines=2)
+            op = replace(work.replica_grad_exchange(s), within_node=within)
+            opt = costs.compute_s(optimizer_step(par, training, work.stage_params(s),
+                                                 tensors, shard_ranks(work, s)))
+            opt += sum(costs.comm_s(g) for g in work.dp_param_gathers(s)) \
+                if traffic.grad_ranks > 1 else 0.0
+            hit = priced[key] = (costs.comm_s(op), opt)
+        exchange_s, opt = hit
+        ready_all = max(ready_all, max(done[s], done[mirror]) + exchange_s)
         opt_s = max(opt_s, opt)
     return max(last_pass), ready_all, opt_s

@@ -24,6 +24,7 @@ from llmsim.schedules import SCHEDULES
 from llmsim.schedules.walk import Levels, levels, replay, replay_levels, wait_graph
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pass_cache import PassBoundedCache
+from llmsim.search.walk_batch import defer
 
 NUMPY_FROM_STAGES = 24
 """Pipelines of this many stages or more are replayed level by level with numpy (a level
@@ -93,9 +94,26 @@ def walk_s(walk: CompiledWalk, durations: list[float],
     key = (walk.p, walk.passes, *durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
-        total, ends = _replay(walk, durations, hops)
-        hit = _WALKS.put(key, (total, tuple(ends)))
+        defer(walk, walk.p, walk.passes, lambda: _levels(walk), lambda d, h: _value(walk, d, h),
+              _WALKS, key, durations, hops, _finish)
+        hit = _WALKS.put(key, _value(walk, durations, hops))
     return hit[0], list(hit[1])
+
+
+def _value(walk: CompiledWalk, durations: list[float],
+           hops: list[float]) -> tuple[float, tuple[float, ...]]:
+    """The memo's value of one walk: (its length, each stage's last end)."""
+    total, ends = _replay(walk, durations, hops)
+    return total, tuple(ends)
+
+
+def _finish(_: list[float], free: list[float]) -> tuple[float, tuple[float, ...]]:
+    """The memo's value of a walk replayed with its batch's (:mod:`.walk_batch`)."""
+    return max(free), tuple(free)
+
+
+def _levels(walk: CompiledWalk) -> Levels:
+    return walk.levels if walk.levels is not None else levels(walk.p, walk.loop)
 
 
 def _replay(walk: CompiledWalk, durations: list[float],

@@ -1,0 +1,97 @@
+"""The walks of a batch replayed together (:mod:`llmsim.search.walk_batch`) give the loop's
+numbers bit for bit, and a batch priced with them gives each layout's own estimate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import llmsim
+from llmsim.schedules.walk import levels, replay
+from llmsim.search import two_pipelines, walk_batch, zb_v_walk
+from llmsim.search.batching import batches, walk_key
+from llmsim.search.estimate import Estimator
+from llmsim.search.memo import BoundedMemo
+from llmsim.search.price import price_batch, state_fits
+from llmsim.search.space import SpaceOptions, apply, cores, switch_variants
+from llmsim.simulation import check_posted_units
+
+ORDERS = [("zb-v", 4, 8), ("zb-v", 3, 5), ("chimera", 4, 8), ("dualpipe", 4, 8),
+          ("zb-h1", 4, 6), ("zb-h2", 3, 9)]
+
+
+def _rows(schedule: str, p: int, m: int) -> tuple:
+    if schedule in ("chimera", "dualpipe"):
+        return two_pipelines.compiled(schedule, p, m).passes
+    chunks = 2 if schedule == "zb-v" else 1
+    walk = zb_v_walk.compiled(p, m, schedule, chunks)
+    return walk.loop
+
+
+@settings(max_examples=25, deadline=None)
+@given(order=st.sampled_from(ORDERS), walks=st.integers(1, 6), seed=st.integers(0, 10**6),
+       blocking=st.booleans())
+def test_walks_replayed_together_equal_the_loop_bit_for_bit(order: tuple, walks: int,
+                                                           seed: int, blocking: bool) -> None:
+    schedule, p, m = order
+    rows = _rows(schedule, p, m)
+    columns = 1 + max(column for _, column, _, _ in rows)
+    rng = random.Random(seed)
+    durations = [[rng.uniform(0.1, 3.0) for _ in range(columns)] for _ in range(walks)]
+    hops = [[0.0] + [0.0 if blocking else rng.uniform(0.0, 0.5) for _ in range(2 * p)]
+            for _ in range(walks)]
+    ends, free = walk_batch.replay_together(p, len(rows), levels(p, rows), durations, hops)
+    for i in range(walks):
+        want_ends, want_free = replay(p, rows, durations[i], hops[i])
+        assert ends[:, i].tolist() == [float(x) for x in want_ends]
+        assert free[:, i].tolist() == [float(x) for x in want_free]
+
+
+def test_defer_does_nothing_unless_collecting_and_flush_fills_the_memo() -> None:
+    memo, order = BoundedMemo(10), object()
+    walk_batch.defer(order, 2, 1, lambda: (), lambda d, h: 1.5, memo, ("k",), [], [],
+                     lambda end, free: 0.0)  # returns: the caller walks at once
+    assert not memo
+    with walk_batch.collecting(), pytest.raises(walk_batch.Deferred):
+        walk_batch.defer(order, 2, 1, lambda: (), lambda d, h: 1.5, memo, ("k",), [], [],
+                         lambda end, free: 0.0)
+    walk_batch.flush()  # one walk of two stages: by the loop
+    assert memo == {("k",): 1.5}
+
+
+@pytest.mark.parametrize("schedule", ["zb-v", "chimera", "dualpipe", "zb-h2"])
+def test_a_walked_batch_equals_each_layout_priced_alone(schedule: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A whole batch of one walk key (walks deferred, replayed together with numpy,
+    layouts priced again) prices each layout as a fresh estimator does alone."""
+    monkeypatch.setattr(walk_batch, "TOGETHER_FROM", 0)  # numpy even for one walk
+    together = []
+    replay_together = walk_batch.replay_together
+    monkeypatch.setattr(walk_batch, "replay_together",
+                        lambda *a: together.append(1) or replay_together(*a))
+    base = llmsim.load_scenario("selene-gpt3").model_copy(update={"fidelity": "reduced"})
+    fixed = {"schedule": schedule, "recompute": "selective"}
+    space = list(cores(base, SpaceOptions(fixed=fixed, max_micro_batch=2),
+                       state_fits(base, 0.1)))
+    walked = [b for b in batches(space)  # ZB-H2 walks below 4(2p − 1) micro-batches
+              if schedule != "zb-h2" or walk_key(b[0])[3] < 4 * (2 * b[0].pp - 1)]
+    batch = max(walked, key=len)[:60]
+    result = price_batch(base.model_copy(), batch, {}, 0.1)
+    assert len(result) >= 8 and together
+    rows = {r["key"]: r for r in result.rows}
+    checked = 0
+    for core in batch:
+        for layout in switch_variants(core, {}):
+            if layout.key not in rows:
+                continue
+            sc = apply(base, layout)
+            check_posted_units(sc)
+            e = Estimator().estimate(sc)
+            row = rows[layout.key]
+            assert (row["est_step_time_s"], row["est_pipeline_s"], row["est_dp_tail_s"]) \
+                == pytest.approx((e.step_time_s, e.pipeline_s, e.dp_tail_s), rel=1e-9)
+            checked += 1
+    assert checked == len(result)
