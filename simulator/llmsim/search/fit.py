@@ -60,6 +60,19 @@ class PeakMemory:
                 raise UserError(str(exc)) from None
         return hit
 
+    def _micro_batches(self, par: Any, training: Any, dp: int) -> int:
+        """Micro-batches per step, after the checks :func:`memory_per_stage` makes first
+        (tp divides the heads and the FFN; the global batch is a multiple of mb·dp·ep)."""
+        model, t = self.model, par.tp
+        if model.heads % t or model.ffn_hidden % t:
+            raise UserError(f"parallelism.tp: {t} must divide model.heads={model.heads} and "
+                            f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor")
+        per_step = par.micro_batch * dp * par.ep
+        if dp < 1 or training.global_batch % per_step:
+            raise UserError(f"training.global_batch: {training.global_batch} is not a "
+                            f"multiple of micro_batch·dp·ep = {par.micro_batch}·{dp}·{par.ep}")
+        return training.global_batch // per_step
+
     def peak_bytes(self, par: Any, training: Any, dp: int) -> float:
         """``max(s.total_bytes for s in memory_per_stage(model, par, training, dp, …))``,
         bytes (raises UserError where :func:`memory_per_stage` does)."""
@@ -73,14 +86,7 @@ class PeakMemory:
         if par.schedule not in LOOPING_ONE_VERSION:
             return self._placed_peak_bytes(par, training, dp)
         p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
-        if model.heads % t or model.ffn_hidden % t:
-            raise UserError(f"parallelism.tp: {t} must divide model.heads={model.heads} and "
-                            f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor")
-        per_step = par.micro_batch * dp * par.ep
-        if dp < 1 or training.global_batch % per_step:
-            raise UserError(f"training.global_batch: {training.global_batch} is not a "
-                            f"multiple of micro_batch·dp·ep = {par.micro_batch}·{dp}·{par.ep}")
-        m = training.global_batch // per_step
+        m = self._micro_batches(par, training, dp)
         split = self._split(par)
         held_key = (par.schedule, p, m, v, par.first_stage_layers, par.last_stage_layers)
         hit = self._held.get(held_key)
@@ -123,14 +129,7 @@ class PeakMemory:
         per-stage parts shared by the stages alike computed once per (schedule, p, m, v)."""
         model = self.model
         p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
-        if model.heads % t or model.ffn_hidden % t:
-            raise UserError(f"parallelism.tp: {t} must divide model.heads={model.heads} and "
-                            f"model.ffn_hidden={model.ffn_hidden}; choose a common divisor")
-        per_step = par.micro_batch * dp * par.ep
-        if dp < 1 or training.global_batch % per_step:
-            raise UserError(f"training.global_batch: {training.global_batch} is not a "
-                            f"multiple of micro_batch·dp·ep = {par.micro_batch}·{dp}·{par.ep}")
-        m = training.global_batch // per_step
+        m = self._micro_batches(par, training, dp)
         split = self._split(par)
         layer_params = layer_params_per_device(model, t)
         stages = self._placed_stages(par.schedule, p, m, v, split, layer_params,
