@@ -67,3 +67,17 @@ def test_cli_validate_with_workers(capsys):
     assert code == 0 and "MEGREADME-2009-V100-1" in out
     code, _, err = cli(["validate", "--workers", "0"], capsys)
     assert code == 2 and "--workers" in err and "Traceback" not in err
+
+
+def test_a_platform_that_cannot_fork_simulates_the_rows_here(monkeypatch):
+    import multiprocessing
+
+    def no_fork(method=None):
+        raise ValueError(f"cannot find context for {method!r}")  # as on Windows
+
+    monkeypatch.setattr(multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    monkeypatch.setattr(multiprocessing, "get_context", no_fork)
+    runs = [BY_ID[CHEAP[0]], BY_ID[CHEAP[2]]]
+    pooled = v.validate(runs, progress=False, workers=2)
+    alone = v.validate(runs, progress=False, workers=1)
+    pd.testing.assert_frame_equal(pooled, alone, check_exact=True)

@@ -141,13 +141,14 @@ def _row(run: Run) -> dict[str, Any]:
 
 @contextmanager
 def _pool(workers: int) -> Iterator[Pool | None]:
-    """``workers`` processes forked from this one (None for one: the runs are simulated
-    here). Forked, the workers start with every module this process imported and every
-    catalog file it read."""
-    if workers <= 1:
+    """``workers`` processes forked from this one (None for one, or where the platform
+    cannot fork, as on Windows: the runs are simulated here). Forked, the workers start
+    with every module this process imported and every catalog file it read."""
+    import multiprocessing
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         yield None
         return
-    import multiprocessing
 
     with multiprocessing.get_context("fork").Pool(workers) as pool:
         yield pool
