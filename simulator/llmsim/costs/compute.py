@@ -37,17 +37,16 @@ alignment (an unpadded vocabulary) the rate measured for such GEMMs (``gemm.unal
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import get_args
-
-import numpy as np
 
 from llmsim.costs.allocator import PageRoundTrip
 from llmsim.costs.attention_tables import attention_table
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.flash1 import flash1_slowdown
+from llmsim.costs.flash_curve import flash_attention_flops as flash_attention_flops
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
 from llmsim.costs.grouped_gemms import GroupedGemmRates
@@ -186,29 +185,6 @@ def gemm_math_s(
                 seconds += reduced_bytes / memory_bytes_per_s
             best = min(best, seconds)
     return best
-
-
-def flash_attention_flops(
-    curve: Mapping[int, Mapping[int, float]], seq_len: int, head_dim: int
-) -> float:
-    """FLOP/s of FlashAttention-2 (forward + backward, causal) at one shape, from a
-    measured curve ``{head_dim: {seq_len: TFLOP/s}}``.
-
-    Along the sequence the throughput is interpolated in log₂(seq_len), the axis its
-    benchmark doubles (512 … 16k), and held at the ends; between two measured head
-    dimensions it is interpolated linearly, and held beyond them. The kernel is slower on
-    short sequences (fewer tiles of work per softmax rescaling, more launch and tail) and
-    on small heads (less math per byte of Q, K and V).
-    """
-    def along_seq(by_seq: Mapping[int, float]) -> float:
-        points = sorted(by_seq.items())
-        xs = [math.log2(s) for s, _ in points]
-        ys = [t for _, t in points]
-        return float(np.interp(math.log2(seq_len), xs, ys))
-
-    dims = sorted(curve)
-    tflops = float(np.interp(head_dim, dims, [along_seq(curve[d]) for d in dims]))
-    return tflops * 1e12
 
 
 class ComputeModel:

@@ -8,7 +8,7 @@ throughput over FlashAttention 1.x's where both were timed side by side in one b
 on the accelerator (``flash1_vs_flash2_tflops``: Dao 2023, the FlashAttention-2 paper,
 Figure 7 on the H100, forward + backward, causal). Between the benchmark's sequence
 lengths the ratio is interpolated in log₂(length) and held beyond them; between its head
-dimensions linearly, held beyond them — as :func:`llmsim.costs.compute.flash_attention_flops`
+dimensions linearly, held beyond them — as :func:`llmsim.costs.flash_curve.flash_attention_flops`
 reads a curve. The one ratio of forward + backward is applied to the forward and the
 backward alike (the benchmark gives no split).
 """

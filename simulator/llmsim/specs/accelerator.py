@@ -170,7 +170,7 @@ class Accelerator(Spec):
     by head dimension, then sequence length (FLOPs counted as the kernel's own benchmark
     counts them: the causal half, the backward 2.5× the forward). Where given, it prices
     ``training.attention_kernel: flash`` shape by shape in place of ``attention_fraction``
-    (:func:`llmsim.costs.compute.flash_attention_flops`)."""
+    (:func:`llmsim.costs.flash_curve.flash_attention_flops`)."""
     flash1_vs_flash2_tflops: dict[
         PositiveInt, dict[PositiveInt, tuple[PositiveFloat, PositiveFloat]]] | None = None
     """FlashAttention 1.x's and FlashAttention-2's forward + backward throughput with a
