@@ -8,17 +8,16 @@ throughput over FlashAttention 1.x's where both were timed side by side in one b
 on the accelerator (``flash1_vs_flash2_tflops``: Dao 2023, the FlashAttention-2 paper,
 Figure 7 on the H100, forward + backward, causal). Between the benchmark's sequence
 lengths the ratio is interpolated in log₂(length) and held beyond them; between its head
-dimensions linearly, held beyond them — as :func:`llmsim.costs.flash_curve.flash_attention_flops`
+dimensions linearly, held beyond them — as :func:`llmsim.costs.flash_curve.curve_at`
 reads a curve. The one ratio of forward + backward is applied to the forward and the
 backward alike (the benchmark gives no split).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-import numpy as np
+from llmsim.costs.flash_curve import curve_at
 
 Flash1Pairs = Mapping[int, Mapping[int, tuple[float, float]]]
 """``{head_dim: {seq_len: (FlashAttention 1.x TFLOP/s, FlashAttention-2 TFLOP/s)}}``."""
@@ -26,13 +25,8 @@ Flash1Pairs = Mapping[int, Mapping[int, tuple[float, float]]]
 
 def flash1_slowdown(pairs: Flash1Pairs, seq_len: int, head_dim: int) -> float:
     """FlashAttention-2's throughput over FlashAttention 1.x's at a causal shape (≥ 1 where
-    the newer kernel is faster): the factor on FlashAttention-2's time (module docstring)."""
-
-    def along_seq(by_seq: Mapping[int, tuple[float, float]]) -> float:
-        points = sorted(by_seq.items())
-        xs = [math.log2(s) for s, _ in points]
-        ys = [fa2 / fa1 for _, (fa1, fa2) in points]
-        return float(np.interp(math.log2(seq_len), xs, ys))
-
-    dims = sorted(pairs)
-    return float(np.interp(head_dim, dims, [along_seq(pairs[d]) for d in dims]))
+    the newer kernel is faster): the factor on FlashAttention-2's time (module docstring),
+    the ratio at each timed shape read as a curve (:func:`curve_at`)."""
+    ratios = {d: {s: fa2 / fa1 for s, (fa1, fa2) in by_seq.items()}
+              for d, by_seq in pairs.items()}
+    return curve_at(ratios, seq_len, head_dim)
