@@ -26,9 +26,9 @@ is one dispatch of the host (:mod:`llmsim.costs.host_issue`):
   ``RandomSTE`` passes its gradient through) and the probabilities' cast back to BF16.
   ``tokens_per_expert`` costs none: without ``num_permuted_tokens`` HybridEP copies it
   through pinned memory to the host (``dispatch_with_permute``, deep_ep/hybrid_ep_buffer.py
-  of DeepEP's hybrid-ep branch), so its casts, sum and ``tolist()`` are host work. Left
-  out: HybridEP's own kernels beyond its dispatch and permutation (the routing map's
-  all-gather, ``metadata_preprocess_core``, issued from C++).
+  of DeepEP's hybrid-ep branch), so its casts, sum and ``tolist()`` are host work.
+  HybridEP's routing-map all-gather is priced with the dispatcher (:mod:`llmsim.moe`);
+  left out: its ``metadata_preprocess_core`` kernel, issued from C++.
 """
 
 from __future__ import annotations
