@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from llmsim.costs.compute import ComputeModel
 from llmsim.costs.cpu_gemm import (
@@ -151,3 +152,9 @@ def test_small_gemms_on_48_threads_run_below_a_third_of_peak():
     assert fraction == pytest.approx(0.219)
     assert fraction < gemm.peak_fraction
     assert math.isclose(cpu_gemm_fraction(64, 64, 64, CORES, gemm, "fp32"), 0.014)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.2])
+def test_a_fraction_outside_0_1_is_refused_naming_the_field(fraction):
+    with pytest.raises(ValidationError, match="square_fraction"):
+        cpu(square_fraction={"fp32": {1: [(100, fraction)]}})
