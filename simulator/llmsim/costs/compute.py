@@ -45,6 +45,7 @@ from llmsim.costs.allocator import PageRoundTrip
 from llmsim.costs.attention_tables import attention_table
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
+from llmsim.costs.cpu_gemm import cpu_gemm_s
 from llmsim.costs.flash1 import flash1_slowdown
 from llmsim.costs.flash_curve import flash_attention_flops as flash_attention_flops
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
@@ -313,7 +314,9 @@ class ComputeModel:
         no units, prices each chunk at the rate measured for its shape alone, slowed by
         compute_units / (compute_units − reserved_units). A batched GEMM on a library that
         runs one matrix per unit (``gemm.batched``) takes ⌈batch/units⌉ single-unit rounds
-        (:func:`llmsim.costs.batched_gemm.one_matrix_per_unit_s`).
+        (:func:`llmsim.costs.batched_gemm.one_matrix_per_unit_s`). A CPU BLAS with measured
+        square GEMMs (``gemm.square_fraction``) prices its dtype's GEMMs from them instead
+        of tiles (:func:`llmsim.costs.cpu_gemm.cpu_gemm_s`).
         """
         dtype = self._dtype(op)
         peak = self.accelerator.peak_flops(dtype)
@@ -337,6 +340,9 @@ class ComputeModel:
         if unaligned is not None and not is_aligned(rows, n, k, dtype, gemm.alignment_bytes):
             units = gemm.compute_units
             return op.executed_flops / unaligned * units / (units - op.reserved_units)
+        cpu = cpu_gemm_s(rows, n, k, op.batch, gemm, peak, dtype, op.reserved_units)
+        if cpu is not None:  # a CPU BLAS's measured squares (llmsim.costs.cpu_gemm)
+            return op.splits * op.executed_fraction * cpu
         if gemm.batched == "one_matrix_per_unit" and op.batch > 1:
             return op.splits * op.executed_fraction * one_matrix_per_unit_s(
                 rows, n, k, op.batch, gemm, peak, dtype, op.reserved_units)

@@ -1,0 +1,160 @@
+"""A CPU BLAS's GEMMs by shape from its measured squares (llmsim.costs.cpu_gemm): the
+reading at the square of equal volume, the log-linear interpolation and its clamps, the
+cap at the catalog's fraction, the thread count's curve, and A64FX's catalog curves
+(Fujitsu SSL2 sgemm, BLIS's Fugaku graphs; hardware/accelerators/a64fx.yaml)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from llmsim.costs.compute import ComputeModel
+from llmsim.costs.cpu_gemm import (
+    cpu_gemm_fraction,
+    cpu_gemm_s,
+    equal_volume_size,
+    square_fraction,
+)
+from llmsim.loader import load_spec
+from llmsim.ops import ComputeOp
+from llmsim.specs import Accelerator
+
+CORES = 48
+PEAK_FP32 = 6.144e12  # A64FX at 2.0 GHz, FP32
+ONE_CORE = [(100, 0.5), (400, 0.8)]
+ALL_CORES = [(200, 0.1), (800, 0.4), (3200, 0.9)]
+
+
+def cpu(cap: float = 1.0, **gemm: Any) -> Accelerator:
+    """An A64FX-like device with measured FP32 squares on 1 and 48 threads."""
+    return Accelerator.model_validate({
+        "name": "test-cpu",
+        "dense_tflops": {"fp32": PEAK_FP32 / 1e12, "fp16": 2 * PEAK_FP32 / 1e12},
+        "hbm_gb": 32,
+        "hbm_tbps": 1.024,
+        "gemm": {"peak_fraction": cap, "compute_units": CORES, "tile_m": 64, "tile_n": 64,
+                 "batched": "one_matrix_per_unit",
+                 "square_fraction": {"fp32": {1: ONE_CORE, CORES: ALL_CORES}}, **gemm},
+        "memory_bound_fraction": 0.8,
+    })
+
+
+def test_a_gemm_is_read_at_the_square_of_its_volume():
+    assert equal_volume_size(800, 800, 800) == pytest.approx(800)
+    assert equal_volume_size(3200, 800, 200) == pytest.approx(800)
+    gemm = cpu().gemm
+    assert cpu_gemm_fraction(3200, 800, 200, CORES, gemm, "fp32") == pytest.approx(0.4)
+
+
+def test_measured_sizes_are_exact_and_between_them_linear_in_log_size():
+    assert square_fraction(ALL_CORES, 800) == pytest.approx(0.4)
+    # 400 is half-way between 200 and 800 in log size.
+    assert square_fraction(ALL_CORES, 400) == pytest.approx(0.25)
+    assert square_fraction(ALL_CORES, 1600) == pytest.approx(0.65)
+
+
+def test_outside_the_measured_sizes_the_end_value_holds():
+    assert square_fraction(ALL_CORES, 10) == pytest.approx(0.1)
+    assert square_fraction(ALL_CORES, 100_000) == pytest.approx(0.9)
+
+
+def test_repeated_sizes_are_averaged():
+    assert square_fraction([(100, 0.2), (100, 0.4), (400, 0.8)], 100) == pytest.approx(0.3)
+
+
+def test_the_catalog_fraction_caps_the_library_rate():
+    gemm = cpu(cap=1 / 3).gemm
+    assert cpu_gemm_fraction(3200, 3200, 3200, CORES, gemm, "fp32") == pytest.approx(1 / 3)
+    assert cpu_gemm_fraction(200, 200, 200, CORES, gemm, "fp32") == pytest.approx(0.1)
+
+
+def test_no_curve_for_the_dtype_or_thread_count_means_no_reading():
+    gemm = cpu().gemm
+    assert cpu_gemm_fraction(800, 800, 800, CORES, gemm, "fp16") is None
+    assert cpu_gemm_fraction(800, 800, 800, 12, gemm, "fp32") is None
+    assert cpu_gemm_s(800, 800, 800, 1, gemm, PEAK_FP32, "fp16") is None
+
+
+def test_a_multi_threaded_gemm_runs_on_all_cores_at_their_curve():
+    gemm = cpu().gemm
+    seconds = cpu_gemm_s(800, 800, 800, 1, gemm, PEAK_FP32, "fp32")
+    assert seconds == pytest.approx(2 * 800**3 / (PEAK_FP32 * 0.4))
+    # Cores held by other work slow it by compute_units / free cores.
+    held = cpu_gemm_s(800, 800, 800, 1, gemm, PEAK_FP32, "fp32", reserved_units=8)
+    assert held == pytest.approx(seconds * 48 / 40)
+
+
+def test_a_batch_dealt_one_matrix_per_core_runs_on_the_one_thread_curve():
+    gemm = cpu().gemm
+    one = 2 * 400**3 / (PEAK_FP32 / CORES * 0.8)
+    assert cpu_gemm_s(400, 400, 400, 48, gemm, PEAK_FP32, "fp32") == pytest.approx(one)
+    assert cpu_gemm_s(400, 400, 400, 49, gemm, PEAK_FP32, "fp32") == pytest.approx(2 * one)
+
+
+def test_a_tiled_batch_runs_its_matrices_in_turn_on_all_cores():
+    gemm = cpu(batched="tiled").gemm
+    single = cpu_gemm_s(800, 800, 800, 1, gemm, PEAK_FP32, "fp32")
+    assert cpu_gemm_s(800, 800, 800, 3, gemm, PEAK_FP32, "fp32") == pytest.approx(3 * single)
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.integers(1, 20_000), n=st.integers(1, 20_000), k=st.integers(1, 20_000))
+def test_the_fraction_stays_within_the_measured_range_and_the_cap(m, n, k):
+    gemm = cpu(cap=0.7).gemm
+    fraction = cpu_gemm_fraction(m, n, k, CORES, gemm, "fp32")
+    assert 0.1 - 1e-12 <= fraction <= 0.7 + 1e-12
+
+
+def test_the_compute_model_prices_covered_gemms_from_the_curve_and_fp16_by_tiles():
+    model = ComputeModel(cpu(), "fp32")
+    op = ComputeOp("fc1", "gemm", "F", 2.0 * 800**3, 0.0, mnk=(800, 800, 800))
+    assert model.gemm_math_s(op) == pytest.approx(2 * 800**3 / (PEAK_FP32 * 0.4))
+    fp16 = ComputeModel(cpu(), "fp16")
+    # 13 × 13 tiles of 64 on 48 cores: 4 waves at the whole fraction of the FP16 peak.
+    tiles_s = 2 * 64 * 64 * 800 * 4 * CORES / (2 * PEAK_FP32)
+    assert fp16.gemm_math_s(op) == pytest.approx(tiles_s)
+
+
+# The catalog's A64FX curves (Fujitsu SSL2 sgemm, BLIS's Fugaku graphs).
+
+def test_the_chip_and_the_cmg_carry_ssl2_curves_for_their_thread_counts():
+    chip, cmg = load_spec("accelerators", "a64fx"), load_spec("accelerators", "a64fx-cmg")
+    assert set(chip.gemm.square_fraction["fp32"]) == {1, 48}
+    assert set(cmg.gemm.square_fraction["fp32"]) == {1, 12}
+    assert chip.gemm.square_fraction["fp32"][1] == cmg.gemm.square_fraction["fp32"][1]
+    for spec in (chip, cmg):
+        assert "fp16" not in spec.gemm.square_fraction  # FP16 not measured
+        assert "l3_perf_a64fx" in spec.sources["gemm.square_fraction"]
+
+
+def test_ssl2_reaches_more_than_a_third_of_peak_at_the_rows_linear_layers():
+    """At the 124M and 1.3B rows' linear layers (1,024 tokens, h = 768-2,048) SSL2 alone
+    runs above the catalog's third of peak on 48 cores, so the cap, not the curve, prices
+    them (docs/validation.md section 8)."""
+    gemm = load_spec("accelerators", "a64fx").gemm
+    for m, n, k in [(1024, 2304, 768), (1024, 768, 768), (1024, 6144, 2048),
+                    (1024, 8192, 2048), (2048, 8192, 1024)]:
+        points = gemm.square_fraction["fp32"][CORES]
+        assert square_fraction(points, equal_volume_size(m, n, k)) > gemm.peak_fraction
+        assert cpu_gemm_fraction(m, n, k, CORES, gemm, "fp32") == gemm.peak_fraction
+
+
+def test_small_gemms_on_48_threads_run_below_a_third_of_peak():
+    """SSL2 on 48 threads is slow on small squares (0.01 at 144, 0.22 at 432): a GEMM of
+    that volume is priced at the curve."""
+    gemm = load_spec("accelerators", "a64fx").gemm
+    fraction = cpu_gemm_fraction(432, 432, 432, CORES, gemm, "fp32")
+    assert fraction == pytest.approx(0.219)
+    assert fraction < gemm.peak_fraction
+    assert math.isclose(cpu_gemm_fraction(64, 64, 64, CORES, gemm, "fp32"), 0.014)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.2])
+def test_a_fraction_outside_0_1_is_refused_naming_the_field(fraction):
+    with pytest.raises(ValidationError, match="square_fraction"):
+        cpu(square_fraction={"fp32": {1: [(100, fraction)]}})
