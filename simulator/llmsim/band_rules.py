@@ -37,7 +37,7 @@ def random_effects(coverage: float) -> Rule:
     uncertainty of μ with it), s_w² the pooled variance of the rows about their source's
     mean (n − k degrees of freedom; 0 where every source has one row) and z the normal
     quantile. The random-effects prediction interval of Higgins, Thompson & Spiegelhalter
-    (2009, J. R. Stat. Soc. A 172:137, eq. 12) with each source weighted equally and the
+    (2009, J. R. Stat. Soc. A 172:137–159) with each source weighted equally and the
     within-source scatter of a single row added; the normal quantile in place of their
     t with k − 2 degrees of freedom (which needs k ≥ 3 and is wider)."""
     z = NormalDist().inv_cdf(0.5 + coverage / 2)
