@@ -8,6 +8,7 @@ from types import ModuleType
 from typing import Any
 
 from llmsim import load_scenario
+from llmsim.costs.host_issue import HostIssue
 from llmsim.specs import Scenario
 from llmsim.workload import EXTRA_OP_PREFIXES
 
@@ -45,7 +46,7 @@ class LayerOnlyCosts:
     With it every stage does the same work, so pipeline bubbles follow the closed forms.
     """
 
-    host_issue_s = 0.0  # no host queue: each op starts when the one before it ends
+    host_issue = HostIssue(0.0, 0.0)  # no host queue: each op starts when the one before ends
 
     def __init__(self, flops_per_s: float = 1e14, bytes_per_s: float = 1e12) -> None:
         self.flops_per_s, self.bytes_per_s = flops_per_s, bytes_per_s

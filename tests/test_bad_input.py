@@ -18,6 +18,7 @@ from test_cli import run_cli as cli
 
 from llmsim import load_scenario, load_spec, simulate
 from llmsim.calibration import load_calibration, parse_gemm_csv, parse_nccl_tests
+from llmsim.costs.host_issue import HostIssue
 from llmsim.errors import UserError
 from llmsim.safe_yaml import MAX_FILE_BYTES, parse_yaml
 
@@ -158,7 +159,7 @@ def test_results_that_would_be_infinite_or_zero():
     s = make_scenario()
 
     class Free:
-        host_issue_s = 0.0
+        host_issue = HostIssue(0.0, 0.0)
 
         def compute_s(self, op: Any) -> float:
             return 0.0

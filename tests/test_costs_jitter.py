@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import llmsim
 from llmsim.calendar.stragglers import step_spread
 from llmsim.costs import HardwareCosts
+from llmsim.costs.host_issue import HostIssue
 from llmsim.costs.jitter import JitteredCosts, jittered, lognormal_params, max_lognormal
 from llmsim.errors import UserError
 from llmsim.ops import CommOp, ComputeOp
@@ -83,7 +84,7 @@ def test_the_draw_is_finite_and_monotone(cv, ranks, u, v):
 class UnitCosts:
     """Every op takes one second."""
 
-    host_issue_s = 0.0
+    host_issue = HostIssue(0.0, 0.0)
 
     def compute_s(self, op):
         return 1.0

@@ -120,10 +120,8 @@ class _Costs:
     """Fixed prices per op name and a host interval; each pass starts with an empty
     queue."""
 
-    host_issue_ahead = False
-
     def __init__(self, prices: dict[str, float], host_issue_s: float) -> None:
-        self.prices, self.host_issue_s = prices, host_issue_s
+        self.prices, self.host_issue = prices, HostIssue(0.0, host_issue_s)
 
     def compute_s(self, op):
         return self.prices[op.name]
@@ -157,7 +155,7 @@ def test_graphs_keep_the_block_a_sum_of_its_ops():
 
     scenario = make_scenario(system="eos", training__cuda_graphs=True)
     costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
-    assert costs.host_issue_s == 0.0
+    assert costs.host_issue.interval_s == 0.0
     block = Block.of(OPS, costs)
     priced = [costs.compute_s(op) if isinstance(op, ComputeOp) else costs.comm_s(op)
               for op in OPS]
@@ -235,3 +233,11 @@ def test_a_step_of_tiny_kernels_waits_for_the_host_and_graphs_do_not():
     extra_s = eager.step_time_s - no_host.step_time_s
     compute_s = [b.compute_s for b in eager.stages], [b.compute_s for b in no_host.stages]
     assert max(e - n for e, n in zip(*compute_s, strict=True)) > 0.5 * extra_s
+
+
+def test_the_slower_of_two_hosts_issue():
+    """A message between node groups of different devices waits on the slower host: the
+    longer gap and interval, ahead only where both hosts run ahead."""
+    fast, slow = HostIssue(1e-6, 5e-6, True), HostIssue(3e-6, 9e-6, False)
+    assert fast.slower(slow) == slow.slower(fast) == HostIssue(3e-6, 9e-6, False)
+    assert fast.slower(HostIssue(2e-6, 1e-6, True)) == HostIssue(2e-6, 5e-6, True)

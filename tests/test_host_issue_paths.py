@@ -65,7 +65,7 @@ class _Fixed:
 
     def __init__(self, table_s: dict[str, float], interval_s: float,
                  ahead: bool = False) -> None:
-        self.table_s, self.host_issue_s, self.host_issue_ahead = table_s, interval_s, ahead
+        self.table_s, self.host_issue = table_s, HostIssue(0.0, interval_s, ahead)
 
     def compute_s(self, op: ComputeOp) -> float:
         return self.table_s[op.name]
@@ -154,4 +154,4 @@ def test_which_layouts_let_the_host_run_ahead(pp, overlap, ahead):
                       parallelism__overlap_pp_comm=overlap)
     assert host_runs_ahead(s.parallelism) is ahead
     plan = Plan.from_scenario(s)
-    assert HardwareCosts.from_scenario(s, plan).host_issue_ahead is ahead
+    assert HardwareCosts.from_scenario(s, plan).host_issue.ahead is ahead

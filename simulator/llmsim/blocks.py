@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
 from llmsim.context import ring_exposed_s
-from llmsim.costs.host_issue import pass_waits_s
+from llmsim.costs.host_issue import HostIssue, pass_waits_s
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
 
@@ -29,14 +29,9 @@ class CostModel(Protocol):
     def comm_s(self, op: CommOp) -> float: ...
 
     @property
-    def host_issue_s(self) -> float:
-        """Host time between two compute kernels' issue, s (0: no op waits for it)."""
-        ...
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether the host enters each pass ahead of the device (read where the host
-        issue interval is above 0)."""
+    def host_issue(self) -> HostIssue:
+        """How the host issues the compute kernels (its interval, 0: no op waits for it;
+        whether it enters each pass ahead)."""
         ...
 
 
@@ -79,10 +74,10 @@ class Block:
         ``reserved_units`` more compute units are held by other kernels (a data-parallel
         collective's) while every compute op runs.
 
-        Where the host issues the kernels one by one (``costs.host_issue_s`` > 0, eager
-        mode), an op that the host's dispatch has not reached yet when the op before it
+        Where the host issues the kernels one by one (``costs.host_issue.interval_s`` > 0,
+        eager mode), an op that the host's dispatch has not reached yet when the op before it
         ends waits for it (:func:`llmsim.costs.host_issue.pass_waits_s`; from the pass's
-        first host sync on where the host enters the pass ahead, ``costs.host_issue_ahead``);
+        first host sync on where the host enters the pass ahead, ``costs.host_issue.ahead``);
         the wait is counted in the op's span and in its kind's time.
         """
         if reserved_units:
@@ -103,9 +98,9 @@ class Block:
                     gemm = ops[j]
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
-        interval_s = costs.host_issue_s
-        if interval_s > 0:  # each op's wait for the host's issue, before it starts
-            waits = pass_waits_s(ops, durations, interval_s, costs.host_issue_ahead)
+        issue = costs.host_issue
+        if issue.interval_s > 0:  # each op's wait for the host's issue, before it starts
+            waits = pass_waits_s(ops, durations, issue.interval_s, issue.ahead)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):

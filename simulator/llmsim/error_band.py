@@ -19,8 +19,11 @@ scenario and a validation row are described by four things, all read from the sc
 The band comes from the first of these levels that holds at least :data:`MIN_RUNS` rows
 from at least :data:`MIN_SOURCES` sources: all four alike; family, era and mix; family and
 mix; family alone. Where not even the family has that, no validation run resembles the
-scenario and no band is given. The band is the 10th to 90th percentile of the matched
-rows' step-time errors. Rows closer to the scenario than the band's, but all from one
+scenario and no band is given. The band is an 80 % interval of a new run's step-time
+error from the matched rows' errors, each source weighted equally: the spread between the
+sources' mean errors and the spread of the rows about their source's mean
+(:data:`llmsim.band_rules.CHOSEN`, chosen among other rules by the leave-one-source-out
+check). Rows closer to the scenario than the band's, but all from one
 source (too few sources for a band of their own), are not dropped silently: the band
 carries the closest such rows' range beside it (:class:`SingleSource`).
 """
@@ -33,8 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import numpy as np
-
+from llmsim.band_rules import CHOSEN, RULES, Rule
 from llmsim.specs import Scenario
 
 TABLE_PATH = Path(__file__).parent / "data" / "residuals.csv"
@@ -46,9 +48,6 @@ MIN_RUNS = 3
 MIN_SOURCES = 2
 """Fewest sources those rows come from: one source's rows share its unstated settings
 and err together, so they say little about a run that is not theirs."""
-
-PERCENTILES = (10.0, 90.0)
-"""The band: this spread of the matched rows' errors (an 80 % interval)."""
 
 LEVELS: tuple[tuple[str, ...], ...] = (
     ("family", "era", "mix", "precision"),
@@ -118,11 +117,14 @@ class Band:
     """The spread to expect of a prediction's step time, from runs like it."""
 
     low_pct: float
-    """10th percentile of the matched rows' step-time errors, % (negative: llmsim fast)."""
+    """Low end of the step-time error to expect, % (negative: llmsim fast): the band is
+    meant to hold :data:`llmsim.band_rules.COVERAGE_PCT` % of runs like the matched rows."""
     high_pct: float
-    """90th percentile of the same, %."""
+    """High end of the same, %."""
     runs: int
     """How many validation rows the band rests on."""
+    sources: int
+    """How many sources those rows come from."""
     matched_on: tuple[str, ...]
     """The attributes the rows share with the scenario (:data:`LEVELS`)."""
     closer: SingleSource | None = None
@@ -156,16 +158,18 @@ def likeness(scenario: Scenario) -> Likeness:
 
 
 def band_for(like: Likeness, residuals: Iterable[Residual], exclude_group: str | None = None,
-             exclude_id: str | None = None) -> Band | None:
+             exclude_id: str | None = None, rule: Rule = RULES[CHOSEN]) -> Band | None:
     """The band of a run with ``like``, from ``residuals`` less the rows of
-    ``exclude_group`` and ``exclude_id`` (leave-one-source-out, leave-one-out); None when
-    no level has :data:`MIN_RUNS` rows from :data:`MIN_SOURCES` sources."""
-    band, _ = _match(like, residuals, exclude_group, exclude_id)
+    ``exclude_group`` and ``exclude_id`` (leave-one-source-out, leave-one-out) by ``rule``
+    (:mod:`llmsim.band_rules`); None when no level has :data:`MIN_RUNS` rows from
+    :data:`MIN_SOURCES` sources."""
+    band, _ = _match(like, residuals, exclude_group, exclude_id, rule)
     return band
 
 
 def _match(like: Likeness, residuals: Iterable[Residual], exclude_group: str | None = None,
-           exclude_id: str | None = None) -> tuple[Band | None, SingleSource | None]:
+           exclude_id: str | None = None, rule: Rule = RULES[CHOSEN],
+           ) -> tuple[Band | None, SingleSource | None]:
     """The band (or None) and the closest level's single-source rows before it (or None)."""
     pool = [r for r in residuals if r.group != exclude_group and r.id != exclude_id]
     closer = None
@@ -173,18 +177,22 @@ def _match(like: Likeness, residuals: Iterable[Residual], exclude_group: str | N
         alike = [r for r in pool if all(getattr(r, k) == getattr(like, k) for k in level)]
         groups = {r.group for r in alike}
         if len(alike) >= MIN_RUNS and len(groups) >= MIN_SOURCES:
-            low, high = np.percentile([r.time_error_pct for r in alike], PERCENTILES)
-            return Band(float(low), float(high), len(alike), level, closer), closer
+            by_source: dict[str, list[float]] = {}
+            for r in alike:
+                by_source.setdefault(r.group, []).append(r.time_error_pct)
+            low, high = rule(by_source)
+            return Band(low, high, len(alike), len(groups), level, closer), closer
         if closer is None and len(groups) == 1:
             errors = [r.time_error_pct for r in alike]
             closer = SingleSource(groups.pop(), len(alike), min(errors), max(errors), level)
     return None, closer
 
 
-def leave_one_source_out(residuals: Sequence[Residual]) -> list[tuple[Residual, Band | None]]:
-    """Each row with the band the other sources' rows give it: how often a stated band
-    holds on a source it was not built from (docs/validation.md)."""
-    return [(row, band_for(row.likeness, residuals, exclude_group=row.group))
+def leave_one_source_out(residuals: Sequence[Residual], rule: Rule = RULES[CHOSEN],
+                         ) -> list[tuple[Residual, Band | None]]:
+    """Each row with the band the other sources' rows give it by ``rule``: how often a
+    stated band holds on a source it was not built from (docs/validation.md)."""
+    return [(row, band_for(row.likeness, residuals, exclude_group=row.group, rule=rule))
             for row in residuals]
 
 
@@ -222,7 +230,8 @@ def describe(band: Band | SingleSource | None, predicted_s: float) -> str:
         return _single_source_text(band)
     low_s, high_s = band.measured_range_s(predicted_s)
     text = (f"{low_s:.4g}–{high_s:.4g} s (llmsim {band.low_pct:+.1f} … {band.high_pct:+.1f} % "
-            f"on {band.runs} validation runs alike in {', '.join(band.matched_on)})")
+            f"on {band.runs} validation runs of {band.sources} sources alike in "
+            f"{', '.join(band.matched_on)})")
     if band.closer is None:
         return text
     c = band.closer
@@ -245,7 +254,7 @@ def to_dict(band: Band | SingleSource | None, predicted_s: float) -> dict[str, o
                 "closer_single_source": _single_source_dict(band)}
     low_s, high_s = band.measured_range_s(predicted_s)
     return {"step_time_low_s": low_s, "step_time_high_s": high_s, "error_low_pct": band.low_pct,
-            "error_high_pct": band.high_pct, "runs": band.runs,
+            "error_high_pct": band.high_pct, "runs": band.runs, "sources": band.sources,
             "matched_on": list(band.matched_on),
             "closer_single_source": _single_source_dict(band.closer)}
 

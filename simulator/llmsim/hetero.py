@@ -31,7 +31,7 @@ from llmsim.blocks import Block
 from llmsim.calibration import load_calibration
 from llmsim.costs import CostModel, HardwareCosts
 from llmsim.costs.alltoall import TokenDispatch
-from llmsim.costs.host_issue import host_runs_ahead
+from llmsim.costs.host_issue import HostIssue, host_runs_ahead
 from llmsim.engine import Device
 from llmsim.errors import UserError
 from llmsim.memory import StageMemory, memory_per_stage
@@ -87,14 +87,9 @@ class SlowerPath:
         self.first, self.second = first, second
 
     @property
-    def host_issue_s(self) -> float:
-        """The slower host's issue interval, s."""
-        return max(self.first.host_issue_s, self.second.host_issue_s)
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether both hosts enter each pass ahead."""
-        return self.first.host_issue_ahead and self.second.host_issue_ahead
+    def host_issue(self) -> HostIssue:
+        """The slower of the two hosts' issue (:meth:`HostIssue.slower`)."""
+        return self.first.host_issue.slower(self.second.host_issue)
 
     def compute_s(self, op: ComputeOp) -> float:
         """The slower group's time for ``op``, seconds."""
@@ -131,14 +126,9 @@ class StagedCosts:
         return self._pairs[key]
 
     @property
-    def host_issue_s(self) -> float:
-        """The first stage's group's host issue interval, s."""
-        return self.for_stage(0).host_issue_s
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether the first stage's group's host enters each pass ahead."""
-        return self.for_stage(0).host_issue_ahead
+    def host_issue(self) -> HostIssue:
+        """The first stage's group's host issue."""
+        return self.for_stage(0).host_issue
 
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the first stage's group, seconds."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from llmsim import hetero
 from llmsim.costs import CostModel
+from llmsim.costs.host_issue import HostIssue
 from llmsim.costs.jitter import jittered
 from llmsim.memory import StageMemory, memory_per_stage
 from llmsim.ops import CommOp, ComputeOp
@@ -144,14 +145,9 @@ class ReplicaCosts:
         self.own, self.groups = own, groups
 
     @property
-    def host_issue_s(self) -> float:
-        """The replica's group's host issue interval, s."""
-        return self.own.host_issue_s
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether the replica's group's host enters each pass ahead."""
-        return self.own.host_issue_ahead
+    def host_issue(self) -> HostIssue:
+        """The replica's group's host issue."""
+        return self.own.host_issue
 
     def compute_s(self, op: ComputeOp) -> float:
         """``op`` on the replica's group, seconds."""

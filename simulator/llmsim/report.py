@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmsim import hetero, hetero_replicas
+from llmsim.band_rules import COVERAGE_PCT
 from llmsim.calendar import CalendarSummary
 from llmsim.calendar.energy import JOULES_PER_KWH
 from llmsim.calendar.stragglers import StepSpread
@@ -224,7 +225,7 @@ def render(result: Result, console: Console, error_band: str | None = None) -> N
     peak = result.peak_flops_per_device / 1e12
     rows = [
         ("step time", fmt_seconds(result.step_time_s)),
-        *([("likely measured (10–90 %)", error_band)] if error_band else []),
+        *([(f"likely measured ({COVERAGE_PCT} %)", error_band)] if error_band else []),
         ("throughput", f"{result.tokens_per_s:,.0f} tokens/s"),
         ("model FLOPs per device", f"{result.model_tflops_per_device:,.1f} TFLOP/s"),
         ("MFU", f"{100 * result.mfu:.1f} % of {peak:,.1f} TFLOP/s"),

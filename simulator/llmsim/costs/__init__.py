@@ -25,7 +25,7 @@ from llmsim.costs.collectives import (
     group_path,
 )
 from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
-from llmsim.costs.host_issue import host_runs_ahead
+from llmsim.costs.host_issue import HostIssue, host_runs_ahead
 from llmsim.costs.parameter_server import ParameterServerModel
 from llmsim.errors import UserError
 from llmsim.loader import calibration_profile
@@ -57,15 +57,9 @@ class CostModel(Protocol):
     def comm_s(self, op: CommOp) -> float: ...
 
     @property
-    def host_issue_s(self) -> float:
-        """Host time between two compute kernels' issue, s (0: no op waits for it;
-        :mod:`llmsim.costs.host_issue`)."""
-        ...
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether the host enters each pass ahead of the device (no host sync between
-        passes; :mod:`llmsim.costs.host_issue`)."""
+    def host_issue(self) -> HostIssue:
+        """How the host issues the compute kernels: its interval (0: no op waits for it)
+        and whether it enters each pass ahead (:mod:`llmsim.costs.host_issue`)."""
         ...
 
 
@@ -146,16 +140,9 @@ class HardwareCosts:
                    training.host_path, host_runs_ahead(scenario.parallelism))
 
     @property
-    def host_issue_s(self) -> float:
-        """Host time between two compute kernels' issue, s (0: none waits for it;
-        :mod:`llmsim.costs.host_issue`)."""
-        return self.compute.host_issue.interval_s
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether the host enters each pass ahead of the device
-        (:attr:`llmsim.costs.host_issue.HostIssue.ahead`)."""
-        return self.compute.host_issue.ahead
+    def host_issue(self) -> HostIssue:
+        """The host's issue of the compute kernels (:mod:`llmsim.costs.host_issue`)."""
+        return self.compute.host_issue
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds."""

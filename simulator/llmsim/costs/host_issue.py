@@ -89,6 +89,12 @@ class HostIssue:
                     f"host_module_dispatch_us")
         return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6, ahead)
 
+    def slower(self, other: HostIssue) -> HostIssue:
+        """The slower of two hosts' issue (a message between node groups of different
+        devices): the longer gap and interval, ahead only where both run ahead."""
+        return HostIssue(max(self.kernel_gap_s, other.kernel_gap_s),
+                         max(self.interval_s, other.interval_s), self.ahead and other.ahead)
+
 
 def host_runs_ahead(par: Parallelism) -> bool:
     """Whether the host enters each pass ahead of the device (:attr:`HostIssue.ahead`): with

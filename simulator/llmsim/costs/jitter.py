@@ -62,6 +62,7 @@ from statistics import NormalDist
 import numpy as np
 
 from llmsim.costs import CostModel
+from llmsim.costs.host_issue import HostIssue
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.specs import Jitter, Scenario
 
@@ -111,14 +112,9 @@ class JitteredCosts:
         return duration * self._factor(self.jitter.compute_cv, self.ranks, draws)
 
     @property
-    def host_issue_s(self) -> float:
-        """The host's issue interval of the jittered costs, s (not jittered)."""
-        return self.base.host_issue_s
-
-    @property
-    def host_issue_ahead(self) -> bool:
-        """Whether the host enters each pass ahead (not jittered)."""
-        return self.base.host_issue_ahead
+    def host_issue(self) -> HostIssue:
+        """The host's issue of the jittered costs (not jittered)."""
+        return self.base.host_issue
 
     def compute_s(self, op: ComputeOp) -> float:
         """The op's time on the slowest of the ranks the representative stands for, once
