@@ -39,6 +39,9 @@ class Tuned:
     depth_u: int
     prefetch: int
     gsu: int
+    efficiency_rocm523: float | None
+    """The same size's efficiency in ROCm 5.2.3's logic (the LUMI23 runs' release), or None."""
+    same_tile_rocm523: bool
 
 
 def _table() -> list[Tuned]:
@@ -46,7 +49,9 @@ def _table() -> list[Tuned]:
         rows = csv.DictReader(line for line in fh if not line.startswith("#"))
         return [Tuned(int(r["m"]), int(r["n"]), int(r["k"]), float(r["eff_pct"]) / 100,
                       (int(r["tile_m"]), int(r["tile_n"])), int(r["depth_u"]),
-                      int(r["prefetch"]), int(r["gsu"])) for r in rows]
+                      int(r["prefetch"]), int(r["gsu"]),
+                      float(r["eff_pct_rocm523"]) / 100 if r["eff_pct_rocm523"] else None,
+                      r["same_tile_rocm523"] == "1") for r in rows]
 
 
 def _gcd() -> Accelerator:
@@ -125,3 +130,14 @@ def test_the_model_follows_the_shape_dependence_of_rocblas_tuning() -> None:
     assert max(ratios) < 1.6 and min(ratios) > 0.7
     one_tile = gcd.gemm.model_copy(update={"extra_tiles": [], "split_k": False})
     assert _log_spread(_model_over_table(gcd, one_tile)) > 0.3
+
+
+def test_the_lumi23_runs_rocblas_ran_the_same_kernels() -> None:
+    """ROCm 5.2.3's logic (the release of the LUMI23 runs, 2023) holds 1,608 of the 1,637
+    large sizes with the same winning tile and, on all but 2, the same efficiency: the
+    tiles and shape dependence are those of the runs' rocBLAS, not only of later ones."""
+    large = _large(_gcd())
+    old = [t for t in large if t.efficiency_rocm523 is not None]
+    assert len(old) == 1608
+    assert sum(t.same_tile_rocm523 for t in old) >= len(old) - 1
+    assert sum(t.efficiency == t.efficiency_rocm523 for t in old) >= len(old) - 2
