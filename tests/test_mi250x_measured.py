@@ -35,7 +35,7 @@ def _model_tflops(m: int, n: int, k: int) -> float:
 
 
 def test_the_model_lies_between_the_two_mi250x_measurements() -> None:
-    """At the MAMF shape the MI210 fit gives 128.1 TFLOP/s: above the second sweep's peak,
+    """At the MAMF shape the MI210 fit gives 127.7 TFLOP/s: above the second sweep's peak,
     0.87 of the fastest single call."""
     model = _model_tflops(*MAMF_SHAPE)
     assert SECOND_SWEEP_PEAK_TFLOPS <= model <= MAMF_FASTEST_TFLOPS
@@ -44,10 +44,10 @@ def test_the_model_lies_between_the_two_mi250x_measurements() -> None:
 
 def test_the_gemm_rate_cannot_close_the_frontier_row() -> None:
     """FRONTIER25-01's measured step less what llmsim prices besides the GEMMs leaves the
-    GEMMs 4.72 s where llmsim gives them 2.85 (with the MI250X flash-attention curve,
-    tests/test_mi250x_attention.py; 5.15 s with the old 0.49 fraction): they would have to
-    run at 0.60 of the model's rate, about 79 TFLOP/s at the row's largest GEMM, under 0.65
-    of the slower MI250X measurement."""
+    GEMMs 4.72 s where llmsim gives them 2.80 (2.85 with the one 256 × 128 tile; with the
+    MI250X flash-attention curve, tests/test_mi250x_attention.py; 5.15 s with the old 0.49
+    fraction): they would have to run at 0.59 of the model's rate, about 77 TFLOP/s at the
+    row's largest GEMM, under 0.65 of the slower MI250X measurement."""
     run = next(r for r in v.load_runs() if r.id == "FRONTIER25-01")
     result = v.predict(run).result
     frame = result.to_dataframe()
