@@ -599,6 +599,24 @@ def test_library_ll128_ring_is_capped_per_channel_of_the_ring_graph(
     assert one_node is not None and one_node.ring_channels == 0  # the graph across nodes only
 
 
+@settings(max_examples=100, deadline=None)
+@given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10), channels=st.integers(1, 32),
+       layout=st.sampled_from([(2, 1), (8, 1), (16, 8)]),
+       collective=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
+def test_library_ll128_ceiling_only_slows_and_keeps_time_growing_with_size(
+    a: float, b: float, channels: int, layout: tuple[int, int], collective: str
+) -> None:
+    """With the ceiling no call is faster than without, and a bigger one never faster."""
+    nodes, tp = layout
+    capped_net = {**FAT_TREE, "collectives": NCCL_2021, "ring_graph_channels": channels}
+    capped = costs(system(network=capped_net), nodes=nodes, tp=tp)
+    plain = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=nodes, tp=tp)
+    small, big = sorted((a, b))
+    for nbytes in (small, big):
+        assert price(capped, collective, "dp", nbytes) >= price(plain, collective, "dp", nbytes)
+    assert price(capped, collective, "dp", big) >= price(capped, collective, "dp", small)
+
+
 @settings(max_examples=200, deadline=None)
 @given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10), nodes=st.sampled_from([1, 2, 8, 16]),
        tp=st.sampled_from([1, 8]),
