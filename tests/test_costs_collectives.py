@@ -571,6 +571,52 @@ def test_library_tree_on_eight_members_per_node_pays_the_chain_and_the_cap() -> 
     assert times["ring/simple"] < times["tree/ll128"]  # the cap halves the tree's rate
 
 
+@pytest.mark.parametrize(("collective", "per_channel_gbps", "volume"), [
+    ("all_gather", 18.3, 63 / 64), ("reduce_scatter", 15.2, 63 / 64),
+    ("all_reduce", 16.7, 2 * 63 / 64)])
+def test_library_ll128_ring_is_capped_per_channel_of_the_ring_graph(
+    collective: str, per_channel_gbps: float, volume: float
+) -> None:
+    """8 ring-graph channels cap LL128's ring at 8 × ll128MaxBwPerCh, below 0.92 × 180 GB/s;
+    the other protocols, and a system that does not give its channels, are not capped."""
+    capped_net = {**FAT_TREE, "collectives": NCCL_2021, "ring_graph_channels": 8}
+    model = costs(system(network=capped_net), nodes=8, tp=1)
+    plain = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=8, tp=1)
+    path, plain_path = model.collectives.path("dp"), plain.collectives.path("dp")
+    assert path is not None and plain_path is not None
+    assert (path.ring_channels, plain_path.ring_channels) == (8, 0)
+    s = 1e9
+    capped = algorithm_times_s(collective, s, path, LIBRARY)
+    uncapped = algorithm_times_s(collective, s, plain_path, LIBRARY)
+    bus = 8 * 25e9 * 0.9  # the NICs, 180 GB/s
+    cap = per_channel_gbps * 8 * 1e9
+    assert cap < 0.92 * bus
+    assert capped["ring/ll128"] - uncapped["ring/ll128"] == pytest.approx(
+        volume * s / cap - volume * s / (0.92 * bus))
+    for name in set(capped) - {"ring/ll128"}:
+        assert capped[name] == uncapped[name]
+    one_node = costs(system(network=capped_net), nodes=1, tp=1).collectives.path("dp")
+    assert one_node is not None and one_node.ring_channels == 0  # the graph across nodes only
+
+
+@settings(max_examples=100, deadline=None)
+@given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10), channels=st.integers(1, 32),
+       layout=st.sampled_from([(2, 1), (8, 1), (16, 8)]),
+       collective=st.sampled_from(["all_reduce", "all_gather", "reduce_scatter"]))
+def test_library_ll128_ceiling_only_slows_and_keeps_time_growing_with_size(
+    a: float, b: float, channels: int, layout: tuple[int, int], collective: str
+) -> None:
+    """With the ceiling no call is faster than without, and a bigger one never faster."""
+    nodes, tp = layout
+    capped_net = {**FAT_TREE, "collectives": NCCL_2021, "ring_graph_channels": channels}
+    capped = costs(system(network=capped_net), nodes=nodes, tp=tp)
+    plain = costs(system(network={**FAT_TREE, "collectives": NCCL_2021}), nodes=nodes, tp=tp)
+    small, big = sorted((a, b))
+    for nbytes in (small, big):
+        assert price(capped, collective, "dp", nbytes) >= price(plain, collective, "dp", nbytes)
+    assert price(capped, collective, "dp", big) >= price(capped, collective, "dp", small)
+
+
 @settings(max_examples=200, deadline=None)
 @given(a=st.floats(1.0, 1e10), b=st.floats(1.0, 1e10), nodes=st.sampled_from([1, 2, 8, 16]),
        tp=st.sampled_from([1, 8]),

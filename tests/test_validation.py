@@ -139,8 +139,11 @@ FAST_IDS = [
 # the board's FlashAttention-2 rate over the two kernels' ratio in the FlashAttention-2
 # paper's H100 figure (training.attention_kernel: flash1), to 6.0065 %: the five rows from
 # -9.7 ... -12.0 % to -0.5 ... -2.1 %.
+# NCCL's per-channel LL128 ring ceiling (ll128MaxBwPerCh x the ring graph's 8 channels on
+# Selene's DGX A100, tuning.cc) on the NAR21-T2 ZeRO-3 rows' gathers and all-reduces, to
+# 5.7495 %: the six rows from +9.0 ... +62.6 % to +7.0 ... +55.0 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 6.01
+TARGET_MAPE_CEILING_PCT = 5.75
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -477,8 +480,8 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 6.01 % (goal 6 %), median 3.3 %, 6 rows worse than 20 % with no "
-    "unstated value to bring them within it, worst +63 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
+    reason="target-set MAPE 5.75 % (goal 6 %, met), median 3.3 %, 5 rows worse than 20 % with "
+    "no unstated value to bring them within it, worst +55 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
     "Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):

@@ -54,6 +54,9 @@ class GroupPath:
     between nodes does not include)."""
     channels: int = 0
     """The library's channels for a collective (``node.collective_units``; 0: unknown)."""
+    ring_channels: int = 0
+    """Channels of the library's ring graph across nodes (``network.ring_graph_channels``;
+    0: unknown or on one node)."""
     dims: tuple[RingDimension, ...] = ()
     """On a torus, the dimensions the group spans with each one's ring bandwidth and step
     latency (:mod:`llmsim.costs.multidim`); empty elsewhere."""
@@ -217,8 +220,10 @@ def group_path(system: System, placement: GroupPlacement,
         link_bw = device_link_bytes_per_s(system) * network.efficiency * route.bandwidth_fraction
     else:
         inter_bw, inter_lat, link_bw, hop_lat = INF, 0.0, INF, 0.0
+    ring_channels = (network.ring_graph_channels or 0) if n_nodes > 1 else 0
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
-                     link_bw, pair_bw, hop_lat, node.collective_units, dims, multidim_bw)
+                     link_bw, pair_bw, hop_lat, node.collective_units, ring_channels, dims,
+                     multidim_bw)
 
 
 def _spec_route(system: System, placement: GroupPlacement) -> Route:

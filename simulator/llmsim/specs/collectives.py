@@ -10,6 +10,7 @@ predicts them (:mod:`llmsim.costs.collectives`).
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, PositiveFloat, model_validator
@@ -18,6 +19,7 @@ from llmsim.specs._base import Spec
 
 Protocol = Literal["ll", "ll128", "simple"]
 LibraryAlgorithm = Literal["ring", "tree"]
+RingCapCollective = Literal["all_gather", "reduce_scatter", "all_reduce"]
 
 
 class ProtocolValues(Spec):
@@ -102,6 +104,11 @@ class CollectiveLibrary(Spec):
     ll_max_bus_gbps: BusCap | None = None
     """LL's most bus bandwidth after its fraction, ring and tree alike (``llMaxBws``);
     None: no such cap."""
+    ring_ll128_max_bus_gbps_per_channel: dict[RingCapCollective, PositiveFloat] | None = None
+    """LL128's most ring bus bandwidth per channel of the ring graph, by collective, GB/s
+    (``ll128MaxBwPerCh``): times the network's ``ring_graph_channels`` it caps the ring's
+    LL128 bandwidth after its fraction; not applied where the channels are unknown or the
+    collective is not listed."""
     ring_network_step_floor_us: ProtocolValues | None = None
     """Least a fabric step of a ring that spans nodes costs, per protocol: the host's
     cost of posting a network operation, which every step of such a ring pays
@@ -160,6 +167,14 @@ class CollectiveLibrary(Spec):
         if protocol != "ll" or self.ll_max_bus_gbps is None:
             return bus_bytes_per_s
         return min(bus_bytes_per_s, self.ll_max_bus_gbps.at(nodes) * 1e9)
+
+    def ring_ll128_cap_bytes_per_s(self, collective: str, ring_channels: int) -> float:
+        """LL128's ring bus bandwidth cap for ``collective`` over a ring graph of
+        ``ring_channels`` channels, bytes/s; inf where not known (no channels, no entry)."""
+        caps = self.ring_ll128_max_bus_gbps_per_channel
+        if not ring_channels or caps is None or collective not in caps:
+            return math.inf
+        return caps[collective] * ring_channels * 1e9
 
     def tree_cap_bytes_per_s(self, protocol: Protocol, nodes: int, channels: int) -> float:
         """The tree's bus bandwidth cap for ``protocol`` over ``nodes`` nodes, bytes/s."""

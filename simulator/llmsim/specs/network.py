@@ -31,6 +31,11 @@ class _NetworkBase(Spec):
     two members on one node also runs on this many channels; the fabric tier's
     ``link_gbps`` says what they carry. Each channel is a thread block that holds an SM
     while the operation is posted, where the node's ``p2p_kernels_hold_units`` says so."""
+    ring_graph_channels: PositiveInt | None = None
+    """Channels of the ring graph NCCL's topology search finds for a communicator that
+    spans nodes (``graph->nChannels``, before the runtime doubles them): the tuner's
+    per-channel caps multiply it (``ring_ll128_max_bus_gbps_per_channel`` of
+    ``collectives``). None: not known, no such cap."""
     collectives: CollectiveLibrary | None = None
     """The collective library's own cost model (a ``hardware/collectives`` entry, e.g.
     ``nccl-2021``): collectives are then priced per algorithm and protocol as that

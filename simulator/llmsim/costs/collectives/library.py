@@ -22,7 +22,8 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
     ``base + (steps(n) − steps(N))·α_fabric + steps(N)·(α_network + hops)`` plus
     ``f(n)·S / (B·fraction)``: the protocol's share of the bus bandwidth ``B`` (LL's
     8-byte stores carry 4 bytes of data beside a flag, LL128's 128-byte lines 120 bytes;
-    LL's capped where the library caps it), the plateau factor on the latency of a large
+    LL's capped where the library caps it, LL128's at its per-channel ceiling times the
+    ring graph's channels where both are known), the plateau factor on the latency of a large
     Simple all-reduce across nodes, and, across nodes, a fabric step never cheaper than
     the library's network floor (NCCL ``tuning.cc``).
     """
@@ -50,6 +51,9 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
         if nbytes >= plateau_bytes:
             latency_us *= library.ring_plateau_latency_factor
     bandwidth = library.ll_capped(protocol, n_nodes, path.bottleneck_bytes_per_s * fraction)
+    if protocol == "ll128":
+        bandwidth = min(bandwidth, library.ring_ll128_cap_bytes_per_s(collective,
+                                                                       path.ring_channels))
     return latency_us * 1e-6 + volume_factor(collective, n) * nbytes / bandwidth
 
 
