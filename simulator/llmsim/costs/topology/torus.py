@@ -139,6 +139,11 @@ class TorusTopology:
         links only in the dimensions that close)."""
         return int(self._distances(np.array([a]), np.array([b]))[0])
 
+    def hops(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`distance` of each pair of nodes ``a[i]``, ``b[i]`` (0 where they are one
+        node)."""
+        return self._distances(a, b)
+
     def _distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """:meth:`distance` of each pair of nodes ``a[i]``, ``b[i]``."""
         step = np.abs(self._coords_of(a) - self._coords_of(b))
