@@ -50,6 +50,7 @@ from llmsim.costs.topology.base import (
     concurrent_axes,
     groups_touching,
     is_chain,
+    shared_share,
 )
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Torus
@@ -185,18 +186,62 @@ class TorusTopology:
             routes[i].bandwidth_fraction * routes[i].ring_links, -routes[i].hops,
             len(routes[i].dims)))
         route = routes[worst]
-        others = concurrent_axes(plan.parallelism, placement.axis)
-        others = tuple(a for a in others if plan.degrees[a] > 1
-                       and not self._apart(plan, route, a))
-        if not others:
+        concurrent = tuple(a for a in concurrent_axes(plan.parallelism, placement.axis)
+                           if plan.degrees[a] > 1)
+        others = tuple(a for a in concurrent if not self._apart(plan, route, a))
+        share, crossed = (self.cross_axis_share(plan, placement.axis, firsts[worst], others)
+                          if others else (1.0, []))
+        injected, driving = self.injection_share(plan, placement.axis, route, concurrent)
+        if min(share, injected) >= 1.0:
             return route
-        share, crossed = self.cross_axis_share(plan, placement.axis, firsts[worst], others)
-        if share >= 1.0:
-            return route
-        detail = (f"{route.detail}; {'/'.join(crossed)} rings run at once on its links: "
-                  f"{100 * share:.0f} % of them")
-        return replace(route, bandwidth_fraction=route.bandwidth_fraction * share,
-                       detail=detail)
+        detail = route.detail
+        if share < 1.0:
+            detail += (f"; {'/'.join(crossed)} rings run at once on its links: "
+                       f"{100 * share:.0f} % of them")
+        if injected < share:
+            detail += (f"; with the {'/'.join(driving)} transfers at once the node's "
+                       f"{plan.system.node.nics_per_node} network interfaces leave it "
+                       f"{100 * injected:.0f} %")
+        return replace(route, bandwidth_fraction=route.bandwidth_fraction
+                       * min(share, injected), detail=detail)
+
+    def driven_links(self, axis: str, route: Route) -> int:
+        """Links a node drives per direction for ``axis``'s group on ``route``: one ring
+        per dimension of a box at once (each dimension's :attr:`TorusDimension.links`),
+        else its ring's links; one for the pipeline's chain (a stage sends to the next);
+        none inside a node."""
+        if route.hops == 0:
+            return 0
+        if is_chain(axis):
+            return 1
+        return sum(d.links for d in route.dims) if route.dims else route.ring_links
+
+    def injection_share(self, plan: Plan, axis: str, route: Route,
+                        concurrent: tuple[str, ...]) -> tuple[float, list[str]]:
+        """The share of its links' rate the group of ``axis`` on ``route`` keeps when the
+        ``concurrent`` axes' transfers leave the same nodes at once, and those axes.
+
+        A node injects through its network interfaces (Tofu-D: 6 TNIs of 6.8 GB/s each,
+        Ajima et al., "The Tofu Interconnect D", IEEE Cluster 2018), whichever links the
+        data then take: the axes' demands (:meth:`driven_links` of each axis's group, each
+        at most the interfaces, times a link's rate) share the node's injection
+        (``nics_per_node × nic_gbit``) by max-min fairness of equal link flows, each keeping
+        ``min(1, injection / total demand)`` (:func:`~llmsim.costs.topology.base.shared_share`).
+        Axes along different dimensions use different links but the same interfaces, so
+        this holds where the links' sharing does not.
+        """
+        node, link = plan.system.node, self.network.link_gbps_per_direction * 1e9
+        mine = min(self.driven_links(axis, route), node.nics_per_node)
+        if mine == 0:
+            return 1.0, []
+        demand, driving = mine * link, []
+        for other in concurrent:
+            theirs = self.group_route(plan, other, plan.placement(other).first_rank)
+            links = min(self.driven_links(other, theirs), node.nics_per_node)
+            if links:
+                demand += links * link
+                driving.append(other)
+        return shared_share(node.injection_bytes_per_s, 1, demand), driving
 
     def _apart(self, plan: Plan, route: Route, other: str) -> bool:
         """Whether ``route``, a box, and (up to 8 of) the groups of ``other``, boxes too,
