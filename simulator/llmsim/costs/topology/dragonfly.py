@@ -24,7 +24,8 @@ lie in different groups every ring step between nodes leaves its group. Where th
 schedule runs another axis's transfers at the same time
 (:func:`~llmsim.costs.topology.base.concurrent_axes`), that axis's flows leaving the
 dragonfly group load the same global links: each limit is then taken over both axes'
-demand, at most what the group's nodes can inject.
+demand, at most what the group's nodes can inject. An expert-parallel axis at once sends
+all to all (:func:`~llmsim.costs.topology.base.alltoall_leaving`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ import numpy as np
 
 from llmsim.costs.topology.base import (
     Route,
+    alltoall_leaving,
     concurrent_axes,
+    is_alltoall,
     is_chain,
     shared_share,
 )
@@ -143,7 +146,9 @@ class DragonflyTopology:
         for other in concurrent_axes(plan.parallelism, axis):
             if plan.degrees[other] < 2:
                 continue
-            leaving = self._leaving(plan, other, home_nodes, home)
+            leaving = (alltoall_leaving(plan, other, home_nodes,
+                                        lambda n: int(self.group_of(np.asarray(n), plan.nodes)))
+                       if is_alltoall(other) else self._leaving(plan, other, home_nodes, home))
             if leaving:
                 crossed.append(other)
                 k = plan.placement(other).members_per_node

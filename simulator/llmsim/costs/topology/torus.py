@@ -33,7 +33,9 @@ those steps pass, are routed link by link
 (dimension order); on each directed link the group's axis keeps its own flows' part of
 all the flows (max-min fair sharing of equal flows), and the group keeps the least of
 those parts over its links, on top of its own axis's sharing. Groups whose boxes lie
-along different dimensions use different links and do not slow each other.
+along different dimensions use different links and do not slow each other. An
+expert-parallel axis at once sends all to all: each of its members near those steps
+sends ``1/(n − 1)`` of its rate to every other member, routed the same way.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from llmsim.costs.topology.base import (
     TorusDimension,
     concurrent_axes,
     groups_touching,
+    is_alltoall,
     is_chain,
     shared_share,
 )
@@ -196,7 +199,8 @@ class TorusTopology:
             return route
         detail = route.detail
         if share < 1.0:
-            detail += (f"; {'/'.join(crossed)} rings run at once on its links: "
+            kind = "transfers" if any(is_alltoall(a) for a in crossed) else "rings"
+            detail += (f"; {'/'.join(crossed)} {kind} run at once on its links: "
                        f"{100 * share:.0f} % of them")
         if injected < share:
             detail += (f"; with the {'/'.join(driving)} transfers at once the node's "
@@ -293,6 +297,24 @@ class TorusTopology:
                 load.update(self.links_between(int(a[i]), int(b[i])))
         return load
 
+    def _alltoall_flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
+        """All-to-all flows of the groups of ``axis`` on each directed link, from the
+        transfers that start or end on one of the ``near`` nodes (as :meth:`_flows`):
+        each member sends ``1/(n − 1)`` of its rate to every other member, routed by
+        dimension order."""
+        dpn = plan.system.node.devices_per_node
+        close = set(near)
+        load: Counter[tuple[int, int]] = Counter()
+        for group in groups_touching(plan, axis, near):
+            weight = 1 / (len(group) - 1) if len(group) > 1 else 0.0
+            nodes = [r // dpn for r in group]
+            for a in nodes:
+                for b in nodes:
+                    if b != a and (a in close or b in close):
+                        for link in self.links_between(a, b):
+                            load[link] += weight
+        return load
+
     def cross_axis_share(self, plan: Plan, axis: str, first_rank: int,
                          others: tuple[str, ...]) -> tuple[float, list[str]]:
         """The part of its links the group of ``axis`` holding ``first_rank`` keeps when
@@ -312,7 +334,8 @@ class TorusTopology:
         share, crossed = 1.0, []
         foreign: Counter[tuple[int, int]] = Counter()
         for other in others:
-            load = self._flows(plan, other, near)
+            load = (self._alltoall_flows(plan, other, near) if is_alltoall(other)
+                    else self._flows(plan, other, near))
             if any(load[link] for link in used):
                 crossed.append(other)
                 foreign.update(load)
