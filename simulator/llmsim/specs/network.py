@@ -37,9 +37,9 @@ class _NetworkBase(Spec):
     library predicts them. Without it every collective is a Simple-protocol α–β ring,
     tree or two-level algorithm with ``step_latency_us`` and the fabric's latency."""
     mpi: MpiCollectives | None = None
-    """The MPI library's ring all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
-    all-reduce its rules give to the ring is priced as that ring
-    (:mod:`llmsim.costs.collectives.mpi_ring`), the rest as without it."""
+    """The MPI library's all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
+    all-reduce its rules give to the ring, recursive doubling or Trinaryx3 is priced as
+    that algorithm (:mod:`llmsim.costs.collectives.mpi_rules`), the rest as without it."""
 
 
 class FatTree(_NetworkBase):
