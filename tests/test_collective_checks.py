@@ -13,7 +13,8 @@ over 1,536 ranks on 384 nodes timed with MPIBenchmarks.jl's IMB (``FUGAKU-JL-*``
 giordano/julia-on-fugaku, arXiv:2207.12762), independent of the Tofu-D numbers the
 catalog takes from Ajima et al. 2018, and Fujitsu MPI's all-reduce over 16 and 32 Fugaku
 nodes with its default algorithm choice (``FUGAKU-BINE-*``, HLC-Lab/bine_trees_fugaku,
-2025), which for these counts is Open MPI's ring (``network.mpi``). Each point is a
+2025), which for these counts is Open MPI's ring (``network.mpi``), and over 64 nodes,
+where it is recursive doubling up to 96 KiB and Fujitsu's Trinaryx3 above. Each point is a
 group shape on the machine (ranks, nodes, how many groups of the axis share a node's
 NICs) and a message; llmsim prices the same collective on a plan of that shape. The
 tolerance of each point is in the file (25 %).
@@ -30,10 +31,13 @@ software overflow path; llmsim's ring keeps its bandwidth), and inside the 2023 
 the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives the 8
 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
 link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
-adds the A64FX's 10 us per-op launch, and Fujitsu MPI's all-reduce over 1,536 ranks takes
-2.3-4x llmsim's NCCL-style tree (docs/validation.md §8, "Tofu-D collectives"); its ring
-over 16 and 32 nodes is within 11 % from 4 MiB up, but not at 512 KiB over 32 nodes (16 KiB
-blocks) nor where its rules pick recursive doubling. They are
+adds the A64FX's 10 us per-op launch (and a 4-byte all-reduce takes 3.7 us on the Tofu
+barrier interface's hardware); Fujitsu MPI's all-reduces as its rules run them
+(:mod:`llmsim.costs.collectives.mpi_rules`: the ring up to 32 processes, recursive
+doubling for small messages, Trinaryx3 above 96 KiB among 33-3,840 processes) are within
+25 % over 16, 32, 64 and 1,536 ranks (``FUGAKU-BINE-C-AR64-*``: HLC-Lab/bine_trees_fugaku's
+64-node runs, 2025), but not at 512 KiB over 32 nodes (16 KiB ring blocks) nor for 64 KiB
+over 16 nodes laid on a 1-D shape (docs/validation.md §8, "Tofu-D collectives"). They are
 strict: a model that comes within the tolerance fails them, and the mark is then removed.
 """
 
@@ -99,14 +103,13 @@ KNOWN_GAPS = {
     "FRONTIER-PCCL-C-RS1024": "1 GiB reduce-scatter, 128 nodes x 8: llmsim 17.0 ms, RCCL 31.6",
     "FUGAKU-JL-C-PP8B": "8-byte MPI ping-pong between two Fugaku nodes: llmsim 10.5 us (the "
                         "A64FX's 10 us per-op launch of a PyTorch call), MPI alone 1.26 us",
-    "FUGAKU-JL-C-AR1K": "1 KiB all-reduce, 1,536 ranks on 384 Fugaku nodes: llmsim 0.025 ms, "
-                        "Fujitsu MPI 0.058",
-    "FUGAKU-JL-C-AR1M": "1 MiB all-reduce, 1,536 ranks on 384 Fugaku nodes: llmsim 0.19 ms "
-                        "(NCCL's tree at 12.6 GB/s), Fujitsu MPI 0.75",
-    "FUGAKU-JL-C-AR4M": "4 MiB all-reduce, 1,536 ranks on 384 Fugaku nodes: llmsim 0.68 ms, "
-                        "Fujitsu MPI 2.10 (2S/t = 4.0 GB/s, below one link's 6.2)",
     "FUGAKU-BINE-C-AR16-64K": "64 KiB all-reduce over 16 Fugaku nodes, Fujitsu MPI's recursive "
-                              "doubling (4 KiB a process): llmsim 0.019 ms, measured 0.158",
+                              "doubling: llmsim 0.094 ms, measured 0.158; llmsim lays the 16 "
+                              "nodes as a 2x2x2x2 box where each of the 4 steps is one hop, the "
+                              "run had a 1-D shape where they are 1, 2, 4 and 8",
+    "FUGAKU-BINE-C-AR64-4B": "4-byte all-reduce over 64 Fugaku nodes: llmsim 19.6 us (the A64FX's "
+                             "10 us per-op launch and 6 steps of recursive doubling), Fujitsu MPI "
+                             "3.7 us (the Tofu barrier interface's hardware reduction)",
     "FUGAKU-BINE-C-AR32-512K": "512 KiB ring all-reduce over 32 Fugaku nodes: llmsim 0.64 ms "
                                "(7.2 us a step, the rendezvous overhead), measured 0.50 (16 KiB "
                                "blocks)",

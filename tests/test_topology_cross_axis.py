@@ -26,9 +26,9 @@ def inter_bw(nodes: int, dims: list[int], axis: str, **parallel: object) -> floa
 
 def test_which_axes_run_at_once_follows_the_overlap_switches() -> None:
     both = Parallelism(overlap_dp_comm=True, overlap_pp_comm=True)
-    assert set(concurrent_axes(both, "dp")) == {"tp", "pp"}
+    assert set(concurrent_axes(both, "dp")) == {"tp", "pp", "cp", "ep"}
     assert set(concurrent_axes(both, "tp")) == {"dp", "pp"}
-    assert set(concurrent_axes(both, "pp")) == {"dp", "tp"}
+    assert set(concurrent_axes(both, "pp")) == {"dp", "tp", "cp", "ep"}
     none = Parallelism(overlap_dp_comm=False, overlap_pp_comm=False)
     assert all(concurrent_axes(none, a) == () for a in ("tp", "dp", "pp"))
     assert concurrent_axes(Parallelism(overlap_dp_comm=False, overlap_pp_comm=True),

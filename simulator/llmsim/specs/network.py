@@ -42,9 +42,9 @@ class _NetworkBase(Spec):
     library predicts them. Without it every collective is a Simple-protocol α–β ring,
     tree or two-level algorithm with ``step_latency_us`` and the fabric's latency."""
     mpi: MpiCollectives | None = None
-    """The MPI library's ring all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
-    all-reduce its rules give to the ring is priced as that ring
-    (:mod:`llmsim.costs.collectives.mpi_ring`), the rest as without it."""
+    """The MPI library's all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
+    all-reduce its rules give to the ring, recursive doubling or Trinaryx3 is priced as
+    that algorithm (:mod:`llmsim.costs.collectives.mpi_rules`), the rest as without it."""
 
 
 class FatTree(_NetworkBase):
@@ -83,6 +83,15 @@ class Dragonfly(_NetworkBase):
     routing: Literal["minimal", "adaptive"] = "adaptive"
     """``minimal``: traffic to another group uses only the links joining the pair;
     ``adaptive`` (UGAL, Slingshot's default): also through intermediate groups."""
+    job_placement: Literal["packed", "scattered"] = "packed"
+    """How a job's nodes lie in the dragonfly groups: ``packed``, consecutive nodes fill
+    one group before the next (an empty machine, or a scheduler that keeps jobs in as few
+    groups as it can); ``scattered``, node i in group i mod G with G the machine's groups
+    or the job's nodes if fewer (a busy machine handing out free nodes wherever they
+    are): every ring step between consecutive nodes then leaves its group, and the job
+    has only its own nodes' share of each group's global links
+    (:mod:`llmsim.costs.topology.dragonfly`). A stride of a multiple of G stays in one
+    group: the round robin is a stand-in for a scheduler's scatter, not a measured one."""
 
     def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
         """Share of injection bandwidth across groups: the global links' taper."""

@@ -1,6 +1,7 @@
 """The collective cost model: the fastest applicable algorithm on the path a group uses
 (:func:`algorithm_times_s`, like NCCL's tuner), plus a launch; a measured table where one
-covers the collective; an MPI library's ring where its rules pick it (``network.mpi``)."""
+covers the collective; an MPI library's all-reduce as its rules pick it (``network.mpi``,
+:mod:`~llmsim.costs.collectives.mpi_rules`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import replace
 
 from llmsim.costs.collectives.algorithms import ALGORITHMS
 from llmsim.costs.collectives.library import library_times_s
-from llmsim.costs.collectives.mpi_ring import mpi_ring_s, runs_ring
+from llmsim.costs.collectives.mpi_rules import GroupGeometry, group_geometry, mpi_all_reduce_s
 from llmsim.costs.collectives.table import CollectiveTable
 from llmsim.costs.paths import (
     INF,
@@ -47,6 +48,7 @@ class CollectiveModel:
     ) -> None:
         self.system, self.plan, self.launch_s, self.table = system, plan, launch_s, table
         self._paths: dict[str, GroupPath | None] = {}
+        self._geometry: dict[str, GroupGeometry] = {}
         self._cache: dict[tuple[str, str, float], float] = {}
 
     def path(self, axis: str) -> GroupPath | None:
@@ -56,6 +58,14 @@ class CollectiveModel:
             self._paths[axis] = (group_path(self.system, placement, self.plan)
                                  if placement is not None and placement.size > 1 else None)
         return self._paths[axis]
+
+    def geometry(self, axis: str) -> GroupGeometry:
+        """Where the members of ``axis``'s worst group sit (an MPI library's recursive
+        doubling and Trinaryx3 price over it), worked out once per axis."""
+        if axis not in self._geometry:
+            placement = self.plan.placements.get(axis) or self.plan.placement(axis)
+            self._geometry[axis] = group_geometry(self.plan, axis, placement.first_rank)
+        return self._geometry[axis]
 
     def comm_s(self, op: CommOp) -> float:
         """Duration of ``op`` in seconds (0 for a one-rank group or an empty message)."""
@@ -89,7 +99,9 @@ class CollectiveModel:
                 return self.table.time_s(collective, 2, min(path.nodes, 2), nbytes)
             return self.table.time_s(collective, path.ranks, path.nodes, nbytes)
         mpi = self.system.network.mpi
-        if mpi is not None and runs_ring(mpi, collective, path.ranks, nbytes):
-            return mpi_ring_s(nbytes, path, mpi) + self.launch_s
+        if mpi is not None:
+            mpi_s = mpi_all_reduce_s(mpi, collective, nbytes, path, lambda: self.geometry(axis))
+            if mpi_s is not None:
+                return mpi_s + self.launch_s
         library = self.system.network.collectives
         return min(algorithm_times_s(collective, nbytes, path, library).values()) + self.launch_s

@@ -34,7 +34,8 @@ __all__ = [
 
 _KINDS: dict[str, Callable[[System, int], Topology]] = {
     "fat_tree": lambda system, nodes: FatTreeTopology(system.network),  # type: ignore[arg-type]
-    "dragonfly": lambda system, nodes: DragonflyTopology(system.network),  # type: ignore[arg-type]
+    "dragonfly": lambda system, nodes: DragonflyTopology(system.network,  # type: ignore[arg-type]
+                                                         system.nodes),
     "torus": lambda system, nodes: TorusTopology(system.network, nodes),  # type: ignore[arg-type]
 }
 """Topology implementation by ``network.kind``."""

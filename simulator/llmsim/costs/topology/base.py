@@ -12,7 +12,8 @@ from its collective algorithms).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -100,6 +101,35 @@ def ring_edges(nodes: list[int], closed: bool = True) -> list[tuple[int, int]]:
     return [(distinct[i], distinct[(i + 1) % len(distinct)]) for i in range(steps)]
 
 
+def is_alltoall(axis: str) -> bool:
+    """Whether the groups of ``axis`` send all to all (expert parallelism's token
+    dispatch and combine), not along a ring: each member sends ``1/(n − 1)`` of its data to
+    every other member."""
+    return axis == "ep"
+
+
+def alltoall_leaving(plan: Plan, axis: str, nodes: Iterable[int],
+                     domain_of: Callable[[int], int]) -> Counter[int]:
+    """The all-to-all traffic of every group of ``axis`` with a member on ``nodes`` that
+    leaves those nodes' domain (leaf switch, dragonfly group), in flows at a member's full
+    rate, by the domain it goes to: each member on ``nodes`` sends ``1/(n − 1)`` of its
+    rate to each of the group's other members, and what goes to a member in another
+    domain leaves (the pattern of :func:`is_alltoall`)."""
+    dpn = plan.system.node.devices_per_node
+    mine = set(nodes)
+    home = {domain_of(n) for n in mine}
+    out: Counter[int] = Counter()
+    for group in groups_touching(plan, axis, mine):
+        if len(group) < 2:
+            continue
+        where = Counter(domain_of(r // dpn) for r in group)
+        senders = sum(1 for r in group if r // dpn in mine)
+        for domain, members in where.items():
+            if domain not in home:
+                out[domain] += senders * members / (len(group) - 1)
+    return out
+
+
 def is_chain(axis: str) -> bool:
     """Whether the groups of ``axis`` send along a chain, not a ring: the pipeline's
     stages pass activations forward and gradients back, with no step from last to first."""
@@ -136,12 +166,17 @@ def concurrent_axes(parallelism: Parallelism, axis: str) -> tuple[str, ...]:
     """The other axes whose traffic runs while ``axis``'s does, by the schedule's switches.
 
     The gradient reduction overlapped with the backward (``overlap_dp_comm``) runs while
-    the backward's TP collectives and pipeline sends do; pipeline sends overlapped with
-    compute (``overlap_pp_comm``) run while the TP collectives of the next pass do. With
-    neither switch the axes' transfers take turns with the compute that waits for them,
-    and share no link in time. Context and expert parallelism are left out (no rule).
+    the backward's TP collectives, context-parallel ring passes (the attention's keys and
+    values, Megatron's ring attention), expert all-to-alls and pipeline sends do; pipeline
+    sends overlapped with compute (``overlap_pp_comm``) run while the TP collectives, ring
+    passes and all-to-alls of the next pass do. With neither switch the axes' transfers
+    take turns with the compute that waits for them, and share no link in time. TP, CP
+    and EP transfers of one layer come one after another (the TP collectives around the
+    attention and the MLP, the ring passes inside the attention, the all-to-alls around
+    the experts), so they are not taken to run at once.
     """
     dp, pp = parallelism.overlap_dp_comm, parallelism.overlap_pp_comm
-    pairs = {("dp", "tp"): dp, ("dp", "pp"): dp, ("pp", "tp"): pp}
+    pairs = {("dp", "tp"): dp, ("dp", "pp"): dp, ("pp", "tp"): pp,
+             ("cp", "dp"): dp, ("dp", "ep"): dp, ("cp", "pp"): pp, ("ep", "pp"): pp}
     out = [b if a == axis else a for (a, b), on in pairs.items() if on and axis in (a, b)]
     return tuple(out)

@@ -1,10 +1,13 @@
 """Dragonfly (Slingshot): all-to-all groups joined by global links.
 
-A job's nodes fill dragonfly groups of ``nodes_per_group`` in order (contiguous
-placement). Inside a group every switch reaches every other in one hop (2 switch hops
-node to node); a step to another group takes 3 (Kim, Dally, Scott & Abts, "Technology-
-Driven, Highly-Scalable Dragonfly Topology", ISCA 2008). Every group of an axis runs at
-once, and the ring flows leaving the worst group's dragonfly group share its global links:
+A job's nodes fill dragonfly groups of ``nodes_per_group`` in order (``job_placement:
+packed``), or go round the groups one node each (``scattered``: node i in group i mod G,
+G the machine's groups or the job's nodes if fewer; a busy machine's scheduler handing
+out free nodes wherever they are). Inside a group every switch reaches every other in
+one hop (2 switch hops node to node); a step to another group takes 3 (Kim, Dally, Scott
+& Abts, "Technology-Driven, Highly-Scalable Dragonfly Topology", ISCA 2008). Every group
+of an axis runs at once, and the ring flows leaving the worst group's dragonfly group
+share its global links:
 
 * all of them together carry ``nodes_per_group × injection / global_taper``;
 * between one pair of groups there are ``global_links_per_group_pair`` links
@@ -14,22 +17,30 @@ once, and the ring flows leaving the worst group's dragonfly group share its glo
   half as much of it (Valiant routing's factor of two, Kim et al. 2008 §4).
 
 The group keeps the lowest share any of these limits leaves it
-(:func:`~llmsim.costs.topology.base.shared_share`). Where the schedule runs another axis's
-transfers at the same time (:func:`~llmsim.costs.topology.base.concurrent_axes`), that
-axis's flows leaving the dragonfly group load the same global links: each limit is then
-taken over both axes' demand, at most what the group's nodes can inject.
+(:func:`~llmsim.costs.topology.base.shared_share`). A scattered job shares its groups with
+other jobs: it holds only its own nodes' part of a group's global links (``m /
+nodes_per_group`` of both limits for its ``m`` nodes there), and since consecutive nodes
+lie in different groups every ring step between nodes leaves its group. Where the
+schedule runs another axis's transfers at the same time
+(:func:`~llmsim.costs.topology.base.concurrent_axes`), that axis's flows leaving the
+dragonfly group load the same global links: each limit is then taken over both axes'
+demand, at most what the group's nodes can inject. An expert-parallel axis at once sends
+all to all (:func:`~llmsim.costs.topology.base.alltoall_leaving`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from llmsim.costs.topology.base import (
     Route,
+    alltoall_leaving,
     concurrent_axes,
+    is_alltoall,
     is_chain,
     shared_share,
 )
@@ -42,25 +53,63 @@ class DragonflyTopology:
     """:class:`~llmsim.specs.Dragonfly` behind the topology interface."""
 
     network: Dragonfly
+    machine_nodes: int = 0
+    """Nodes of the whole machine: its groups bound how far a scattered job spreads (0:
+    as many groups as the job's own nodes fill)."""
+
+    @property
+    def scattered(self) -> bool:
+        """Whether the job's nodes go round the groups (``job_placement: scattered``)."""
+        return self.network.job_placement == "scattered"
+
+    def groups(self, job_nodes: int) -> int:
+        """G: the dragonfly groups a scattered job of ``job_nodes`` goes round."""
+        machine = -(-max(self.machine_nodes, job_nodes) // self.network.nodes_per_group)
+        return max(1, min(machine, job_nodes))
+
+    def group_of(self, nodes: np.ndarray, job_nodes: int) -> np.ndarray:
+        """The dragonfly group of each of the job's ``nodes``."""
+        if self.scattered:
+            return nodes % self.groups(job_nodes)
+        return nodes // self.network.nodes_per_group
+
+    def nodes_in(self, group: int, job_nodes: int) -> range:
+        """The job's nodes in dragonfly group ``group``."""
+        if self.scattered:
+            return range(group, job_nodes, self.groups(job_nodes))
+        size = self.network.nodes_per_group
+        return range(group * size, min((group + 1) * size, job_nodes))
+
+    def _share_of_group(self, home_nodes: range) -> float:
+        """The job's part of a group's global links: all of them packed, its nodes' part of
+        the group scattered."""
+        if not self.scattered:
+            return 1.0
+        return min(1.0, len(home_nodes) / self.network.nodes_per_group)
 
     def route(self, plan: Plan, placement: GroupPlacement) -> Route:
         """Dragonfly group or global links, hops, and the global links' share."""
         net, node = self.network, plan.system.node
         size = net.nodes_per_group
         members = plan.members(placement.axis, placement.first_rank)
-        home = plan.location(members[0])[0] // size
-        home_nodes = range(home * size, min((home + 1) * size, plan.nodes))
+        dpn = node.devices_per_node
+        home = int(self.group_of(np.asarray([members[0] // dpn]), plan.nodes)[0])
+        home_nodes = self.nodes_in(home, plan.nodes)
         to_group = self._leaving(plan, placement.axis, home_nodes, home)
+        spanned = len(np.unique(self.group_of(np.asarray(members) // dpn, plan.nodes)))
         where = (f"{placement.members_per_node} per node on {placement.nodes_spanned} nodes in "
-                 f"{placement.domains_spanned} dragonfly group(s) of {size} nodes")
+                 f"{spanned} dragonfly group(s) of {size} nodes"
+                 + (f", the job scattered over {self.groups(plan.nodes)} groups"
+                    if self.scattered else ""))
         if not to_group:
             return Route("dragonfly group", 2, 1.0, detail=where)
         k = placement.members_per_node
+        part = self._share_of_group(home_nodes)
         flow_rate = node.injection_bytes_per_s * min(1.0, k / node.devices_per_node)
-        global_bw = size * node.injection_bytes_per_s / net.global_taper
+        global_bw = size * node.injection_bytes_per_s / net.global_taper * part
         share = shared_share(global_bw, sum(to_group.values()), flow_rate)
         if net.global_links_per_group_pair is not None:
-            direct = net.global_links_per_group_pair * node.nic_gbit * 1e9 / 8
+            direct = net.global_links_per_group_pair * node.nic_gbit * 1e9 / 8 * part
             indirect = 0.0 if net.routing == "minimal" else max(0.0, global_bw - direct) / 2
             for flows in to_group.values():
                 share = min(share, shared_share(direct + indirect, flows, flow_rate))
@@ -81,7 +130,8 @@ class DragonflyTopology:
         known = plan.memo.get(key)
         if known is not None and known[0] is self.network:
             return Counter(known[1])  # type: ignore[arg-type]
-        to_group = _steps_leaving(plan, axis, home_nodes, home, self.network.nodes_per_group)
+        to_group = _steps_leaving(plan, axis, home_nodes, home, self.network.nodes_per_group,
+                                  lambda nodes: self.group_of(nodes, plan.nodes))
         plan.memo[key] = (self.network, Counter(to_group))
         return to_group
 
@@ -96,7 +146,9 @@ class DragonflyTopology:
         for other in concurrent_axes(plan.parallelism, axis):
             if plan.degrees[other] < 2:
                 continue
-            leaving = self._leaving(plan, other, home_nodes, home)
+            leaving = (alltoall_leaving(plan, other, home_nodes,
+                                        lambda n: int(self.group_of(np.asarray(n), plan.nodes)))
+                       if is_alltoall(other) else self._leaving(plan, other, home_nodes, home))
             if leaving:
                 crossed.append(other)
                 k = plan.placement(other).members_per_node
@@ -105,10 +157,11 @@ class DragonflyTopology:
         if not crossed:
             return 1.0, []
         injection = len(home_nodes) * node.injection_bytes_per_s
-        global_bw = net.nodes_per_group * node.injection_bytes_per_s / net.global_taper
+        part = self._share_of_group(home_nodes)
+        global_bw = net.nodes_per_group * node.injection_bytes_per_s / net.global_taper * part
         share = shared_share(global_bw, 1, min(sum(demand_to.values()), injection))
         if net.global_links_per_group_pair is not None:
-            direct = net.global_links_per_group_pair * node.nic_gbit * 1e9 / 8
+            direct = net.global_links_per_group_pair * node.nic_gbit * 1e9 / 8 * part
             indirect = 0.0 if net.routing == "minimal" else max(0.0, global_bw - direct) / 2
             for dest in to_group:
                 share = min(share, shared_share(direct + indirect, 1,
@@ -121,7 +174,8 @@ MAX_CELLS = 1 << 20
 
 
 def _steps_leaving(plan: Plan, axis: str, home_nodes: range, home: int,
-                   nodes_per_group: int) -> Counter[int]:
+                   nodes_per_group: int,
+                   group_of: Callable[[np.ndarray], np.ndarray] | None = None) -> Counter[int]:
     """The ring (or chain) steps between nodes of every group of ``axis`` with a member on
     ``home_nodes`` (dragonfly group ``home``) that go from one of those nodes to another
     dragonfly group, counted by that group, in the order a walk group by group
@@ -135,12 +189,16 @@ def _steps_leaving(plan: Plan, axis: str, home_nodes: range, home: int,
     the first's (members ascend, so a group's nodes never come back to its first node,
     the case :func:`~llmsim.costs.topology.base.ring_edges` also handles). About six
     times faster than the walk on Frontier's 65,536 GCDs, whose data-parallel groups span
-    the machine (``tests/test_topology_dragonfly.py`` checks the two agree)."""
+    the machine (``tests/test_topology_dragonfly.py`` checks the two agree). A node's
+    dragonfly group is ``group_of`` it (default: packed, ``node // nodes_per_group``)."""
+    if group_of is None:
+        def group_of(nodes: np.ndarray) -> np.ndarray:
+            return nodes // nodes_per_group
     dpn = plan.system.node.devices_per_node
-    ranks = range(home_nodes.start * dpn, min(home_nodes.stop * dpn, plan.devices))
+    on_home = np.asarray(home_nodes, dtype=np.int64)
+    ranks = (on_home[:, None] * dpn + np.arange(dpn, dtype=np.int64)[None, :]).ravel()
     # each rank's group's first rank, a column at a time (group_first's arithmetic on arrays)
-    firsts = list(dict.fromkeys(
-        plan.group_first(axis, np.arange(ranks.start, ranks.stop, dtype=np.int64)).tolist()))
+    firsts = list(dict.fromkeys(plan.group_first(axis, ranks[ranks < plan.devices]).tolist()))
     if not firsts:
         return Counter()
     offsets = np.asarray(plan.members(axis, firsts[0]), dtype=np.int64) - firsts[0]
@@ -156,7 +214,7 @@ def _steps_leaving(plan: Plan, axis: str, home_nodes: range, home: int,
         step = np.concatenate([nodes[:, 1:] != nodes[:, :-1], back], axis=1)
         if chain:
             step[:, -1] = False
-        leaving = (step & (src >= home_nodes.start) & (src < home_nodes.stop)
-                   & (dst // nodes_per_group != home))
-        found.append((dst // nodes_per_group)[leaving])  # row-major: the walk's order
+        dst_group = group_of(dst)
+        leaving = step & (group_of(src) == home) & (dst_group != home)
+        found.append(dst_group[leaving])  # row-major: the walk's order
     return Counter(np.concatenate(found).tolist())

@@ -18,7 +18,10 @@ Where the schedule runs another axis's transfers at the same time
 (:func:`~llmsim.costs.topology.base.concurrent_axes`), that axis's ring flows leaving the
 leaf load the same uplinks: the group keeps ``capacity / demand`` of its rate, the demand
 of both axes together and at most what the leaf's nodes can inject (their NICs are not
-modelled as shared between the axes), so a non-blocking fabric still slows no group.
+modelled as shared between the axes), so a non-blocking fabric still slows no group. An
+expert-parallel axis at once sends all to all: its traffic leaving the leaf is each of its
+members' ``1/(n − 1)`` share to every member outside the leaf
+(:func:`~llmsim.costs.topology.base.alltoall_leaving`).
 """
 
 from __future__ import annotations
@@ -26,7 +29,14 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from llmsim.costs.topology.base import Route, concurrent_axes, is_chain, shared_share
+from llmsim.costs.topology.base import (
+    Route,
+    alltoall_leaving,
+    concurrent_axes,
+    is_alltoall,
+    is_chain,
+    shared_share,
+)
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import FatTree
 
@@ -67,7 +77,10 @@ class FatTreeTopology:
             if plan.degrees[other] < 2:
                 continue
             k_other = plan.placement(other).members_per_node
-            other_flows = self._leaving(plan, other, leaf_nodes, k_other)
+            other_flows = (sum(alltoall_leaving(plan, other, leaf_nodes,
+                                                lambda n: n // net.nodes_per_leaf).values())
+                           if is_alltoall(other)
+                           else self._leaving(plan, other, leaf_nodes, k_other))
             if other_flows:
                 crossed.append(other)
                 demand += other_flows * node.injection_bytes_per_s * min(

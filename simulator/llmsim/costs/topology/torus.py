@@ -33,7 +33,9 @@ those steps pass, are routed link by link
 (dimension order); on each directed link the group's axis keeps its own flows' part of
 all the flows (max-min fair sharing of equal flows), and the group keeps the least of
 those parts over its links, on top of its own axis's sharing. Groups whose boxes lie
-along different dimensions use different links and do not slow each other.
+along different dimensions use different links and do not slow each other. An
+expert-parallel axis at once sends all to all: each of its members near those steps
+sends ``1/(n − 1)`` of its rate to every other member, routed the same way.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ from llmsim.costs.topology.base import (
     TorusDimension,
     concurrent_axes,
     groups_touching,
+    is_alltoall,
     is_chain,
+    shared_share,
 )
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Torus
@@ -139,6 +143,11 @@ class TorusTopology:
         links only in the dimensions that close)."""
         return int(self._distances(np.array([a]), np.array([b]))[0])
 
+    def hops(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """:meth:`distance` of each pair of nodes ``a[i]``, ``b[i]`` (0 where they are one
+        node)."""
+        return self._distances(a, b)
+
     def _distances(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """:meth:`distance` of each pair of nodes ``a[i]``, ``b[i]``."""
         step = np.abs(self._coords_of(a) - self._coords_of(b))
@@ -180,18 +189,63 @@ class TorusTopology:
             routes[i].bandwidth_fraction * routes[i].ring_links, -routes[i].hops,
             len(routes[i].dims)))
         route = routes[worst]
-        others = concurrent_axes(plan.parallelism, placement.axis)
-        others = tuple(a for a in others if plan.degrees[a] > 1
-                       and not self._apart(plan, route, a))
-        if not others:
+        concurrent = tuple(a for a in concurrent_axes(plan.parallelism, placement.axis)
+                           if plan.degrees[a] > 1)
+        others = tuple(a for a in concurrent if not self._apart(plan, route, a))
+        share, crossed = (self.cross_axis_share(plan, placement.axis, firsts[worst], others)
+                          if others else (1.0, []))
+        injected, driving = self.injection_share(plan, placement.axis, route, concurrent)
+        if min(share, injected) >= 1.0:
             return route
-        share, crossed = self.cross_axis_share(plan, placement.axis, firsts[worst], others)
-        if share >= 1.0:
-            return route
-        detail = (f"{route.detail}; {'/'.join(crossed)} rings run at once on its links: "
-                  f"{100 * share:.0f} % of them")
-        return replace(route, bandwidth_fraction=route.bandwidth_fraction * share,
-                       detail=detail)
+        detail = route.detail
+        if share < 1.0:
+            kind = "transfers" if any(is_alltoall(a) for a in crossed) else "rings"
+            detail += (f"; {'/'.join(crossed)} {kind} run at once on its links: "
+                       f"{100 * share:.0f} % of them")
+        if injected < share:
+            detail += (f"; with the {'/'.join(driving)} transfers at once the node's "
+                       f"{plan.system.node.nics_per_node} network interfaces leave it "
+                       f"{100 * injected:.0f} %")
+        return replace(route, bandwidth_fraction=route.bandwidth_fraction
+                       * min(share, injected), detail=detail)
+
+    def driven_links(self, axis: str, route: Route) -> int:
+        """Links a node drives per direction for ``axis``'s group on ``route``: one ring
+        per dimension of a box at once (each dimension's :attr:`TorusDimension.links`),
+        else its ring's links; one for the pipeline's chain (a stage sends to the next);
+        none inside a node."""
+        if route.hops == 0:
+            return 0
+        if is_chain(axis):
+            return 1
+        return sum(d.links for d in route.dims) if route.dims else route.ring_links
+
+    def injection_share(self, plan: Plan, axis: str, route: Route,
+                        concurrent: tuple[str, ...]) -> tuple[float, list[str]]:
+        """The share of its links' rate the group of ``axis`` on ``route`` keeps when the
+        ``concurrent`` axes' transfers leave the same nodes at once, and those axes.
+
+        A node injects through its network interfaces (Tofu-D: 6 TNIs of 6.8 GB/s each,
+        Ajima et al., "The Tofu Interconnect D", IEEE Cluster 2018), whichever links the
+        data then take: the axes' demands (:meth:`driven_links` of each axis's group, each
+        at most the interfaces, times a link's rate) share the node's injection
+        (``nics_per_node × nic_gbit``) by max-min fairness of equal link flows, each keeping
+        ``min(1, injection / total demand)`` (:func:`~llmsim.costs.topology.base.shared_share`).
+        Axes along different dimensions use different links but the same interfaces, so
+        this holds where the links' sharing does not.
+        """
+        node, link = plan.system.node, self.network.link_gbps_per_direction * 1e9
+        mine = min(self.driven_links(axis, route), node.nics_per_node)
+        if mine == 0:
+            return 1.0, []
+        demand, driving = mine * link, []
+        for other in concurrent:
+            theirs = self.group_route(plan, other, plan.placement(other).first_rank)
+            links = min(self.driven_links(other, theirs), node.nics_per_node)
+            if links:
+                demand += links * link
+                driving.append(other)
+        return shared_share(node.injection_bytes_per_s, 1, demand), driving
 
     def _apart(self, plan: Plan, route: Route, other: str) -> bool:
         """Whether ``route``, a box, and (up to 8 of) the groups of ``other``, boxes too,
@@ -243,6 +297,24 @@ class TorusTopology:
                 load.update(self.links_between(int(a[i]), int(b[i])))
         return load
 
+    def _alltoall_flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
+        """All-to-all flows of the groups of ``axis`` on each directed link, from the
+        transfers that start or end on one of the ``near`` nodes (as :meth:`_flows`):
+        each member sends ``1/(n − 1)`` of its rate to every other member, routed by
+        dimension order."""
+        dpn = plan.system.node.devices_per_node
+        close = set(near)
+        load: Counter[tuple[int, int]] = Counter()
+        for group in groups_touching(plan, axis, near):
+            weight = 1 / (len(group) - 1) if len(group) > 1 else 0.0
+            nodes = [r // dpn for r in group]
+            for a in nodes:
+                for b in nodes:
+                    if b != a and (a in close or b in close):
+                        for link in self.links_between(a, b):
+                            load[link] += weight
+        return load
+
     def cross_axis_share(self, plan: Plan, axis: str, first_rank: int,
                          others: tuple[str, ...]) -> tuple[float, list[str]]:
         """The part of its links the group of ``axis`` holding ``first_rank`` keeps when
@@ -262,7 +334,8 @@ class TorusTopology:
         share, crossed = 1.0, []
         foreign: Counter[tuple[int, int]] = Counter()
         for other in others:
-            load = self._flows(plan, other, near)
+            load = (self._alltoall_flows(plan, other, near) if is_alltoall(other)
+                    else self._flows(plan, other, near))
             if any(load[link] for link in used):
                 crossed.append(other)
                 foreign.update(load)
