@@ -185,3 +185,40 @@ def test_a_search_picks_zero3_and_the_all_to_all_overlap_where_they_win() -> Non
     assert best["zero"] == 3 and best["ep"] > 1 and best["moe_a2a_overlap"]
     without = table[table["key"] == best["key"].removesuffix(".a2a")].iloc[0]
     assert without["step_time_s"] > best["step_time_s"]
+
+
+def test_cli_search_writes_the_best_moe_layout_with_its_switches(tmp_path, capsys) -> None:
+    """``llmsim search`` end to end on the Mixtral job: the best layout's scenario keeps
+    ZeRO-3 and the all-to-all overlap, and ``llmsim run`` of it gives the table's step."""
+    import json
+
+    import pandas as pd
+    import yaml
+    from test_cli import run_cli
+
+    path = tmp_path / "mixtral.yaml"
+    path.write_text(yaml.safe_dump(MIXTRAL))
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli(
+        ["search", str(path), "--top", "1", "--workers", "1", "--out", str(out),
+         "--fix", "parallelism.tp=1", "--fix", "parallelism.pp=1",
+         "--fix", "parallelism.micro_batch=1", "--fix", "parallelism.recompute=selective"],
+        capsys)
+    assert code == 0, stdout + stderr
+    best = llmsim.load_scenario(out / "best.yaml")
+    assert best.parallelism.zero == 3 and best.parallelism.moe_a2a_overlap
+    table = pd.read_csv(out / "layouts.csv")
+    code, stdout, _ = run_cli(["run", str(out / "best.yaml"), "--json"], capsys)
+    assert code == 0
+    step = json.loads(stdout[stdout.index("{"):])["step_time_s"]
+    assert step == pytest.approx(table.iloc[0]["step_time_s"], rel=1e-9)
+
+
+def test_cli_refuses_a_bad_all_to_all_overlap_fix(capsys) -> None:
+    from test_cli import run_cli
+
+    code, stdout, stderr = run_cli(["search", "frontier-moe", "--fix",
+                                    "parallelism.moe_a2a_overlap=maybe"], capsys)
+    assert code == 2, stdout + stderr
+    assert "moe_a2a_overlap" in stderr and "true or false" in stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) <= 3
