@@ -247,29 +247,32 @@ def test_model_flops_do_not_depend_on_the_layout(tp, ep, cp, etp, pp):
 # -- the layout search ---------------------------------------------------------------------
 
 
-def _layout(tp: int, ep: int):
+def _layout(tp: int, ep: int, a2a: bool = False):
     from llmsim.search.space import Layout
 
     return Layout(nodes=2, tp=tp, pp=1, dp=16 // (tp * ep), virtual_stages=1, schedule="1f1b",
                   micro_batch=1, zero=1, sequence_parallel=tp > 1, recompute="none",
                   overlap_dp_comm=True, overlap_tp_comm=False, overlap_pp_comm=False,
-                  overlap_param_gather=False, global_batch=16, ep=ep)
+                  overlap_param_gather=False, global_batch=16, ep=ep, moe_a2a_overlap=a2a)
 
 
 def test_the_search_keeps_whole_experts_only_where_tp_ep_divides_them():
     """A scenario's expert_tp 1 holds in every layout the search tries: layouts whose
-    tp·ep does not divide the experts are ruled out (ValueError), and the all-to-all
-    overlap is dropped where no all-to-all is left; an expert_tp equal to the
-    scenario's tp follows the layout's tp."""
+    tp·ep does not divide the experts are ruled out (ValueError), and the layout's
+    all-to-all overlap is dropped where no all-to-all is left (and off where the layout
+    has it off, whatever the scenario's); an expert_tp equal to the scenario's tp follows
+    the layout's tp."""
     from llmsim.search.space import parallelism_of
 
     s = make_scenario(**(BASE | {"nodes": 2, "parallelism__expert_tp": 1,
                                  "parallelism__moe_a2a_overlap": True}))
-    par, _ = parallelism_of(s, _layout(tp=2, ep=4))
+    par, _ = parallelism_of(s, _layout(tp=2, ep=4, a2a=True))
     assert (par.expert_tp, par.expert_ranks, par.moe_a2a_overlap) == (1, 8, True)
+    par, _ = parallelism_of(s, _layout(tp=2, ep=4))
+    assert par.moe_a2a_overlap is False
     with pytest.raises(ValueError, match="tp·ep = 16 does not divide the 8 experts"):
-        parallelism_of(s, _layout(tp=2, ep=8))
-    par, _ = parallelism_of(s, _layout(tp=1, ep=1))
+        parallelism_of(s, _layout(tp=2, ep=8, a2a=True))
+    par, _ = parallelism_of(s, _layout(tp=1, ep=1, a2a=True))
     assert (par.expert_ranks, par.moe_a2a_overlap) == (1, False)
     follows, _ = parallelism_of(make_scenario(**BASE, parallelism__expert_tp=2),
                                 _layout(tp=4, ep=2))

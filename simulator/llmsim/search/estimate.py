@@ -179,8 +179,9 @@ class Estimator(StageKinds):
                         continue
                     units = chunk.units
                     gather = traffic.weight_gather(chunk)
-                    layer_gather = (costs.comm_s(gather) * traffic.gather_messages
-                                    if gather is not None else 0.0)
+                    layer_gather = (sum(costs.comm_s(part) for part in
+                                        traffic.gather_parts(chunk, gather))
+                                    * traffic.gather_messages if gather is not None else 0.0)
                     gather_b = units * layer_gather * (1 + traffic.regather_for_recompute)
                     first_wait = layer_gather + (units - 1) * max(0.0,
                                                                   layer_gather - cf / units)

@@ -48,6 +48,10 @@ class Layout:
     """Tensor-parallel degree of the routed experts (MoE models): ``tp`` (each expert split
     like the dense MLP) or 1 (whole experts over tp·ep ranks); 0: as the base scenario
     has it (its expert_tp 1 kept, one equal to its tp following the layout's tp)."""
+    moe_a2a_overlap: bool = False
+    """Hide the MoE all-to-alls behind the other micro-batch's computation
+    (``parallelism.moe_a2a_overlap``, Megatron-Core ``--overlap-moe-expert-parallel-comm``;
+    :func:`.space.a2a_overlap_allowed` says where the search tries it)."""
 
     @property
     def key(self) -> str:
@@ -59,7 +63,8 @@ class Layout:
                 + (f".ep{self.ep}" if self.ep > 1 else "")
                 + (f".cp{self.cp}" if self.cp > 1 else "")
                 + (f".ps{self.parameter_servers}" if self.parameter_servers else "")
-                + (f".etp{self.expert_tp}" if self.expert_tp else ""))
+                + (f".etp{self.expert_tp}" if self.expert_tp else "")
+                + (".a2a" if self.moe_a2a_overlap else ""))
 
     @property
     def devices(self) -> int:
@@ -76,7 +81,7 @@ class Layout:
                 "overlap_tp_comm": self.overlap_tp_comm,
                 "overlap_pp_comm": self.overlap_pp_comm,
                 "overlap_param_gather": self.overlap_param_gather, "ep": self.ep,
-                "cp": self.cp,
+                "cp": self.cp, "moe_a2a_overlap": self.moe_a2a_overlap,
                 "dp_mode": "parameter_server" if self.parameter_servers else "all_reduce",
                 **({"parameter_servers": self.parameter_servers}
                    if self.parameter_servers else {}),
@@ -108,5 +113,5 @@ def layout_of(scenario: Scenario) -> Layout:
                   par.overlap_pp_comm, par.overlap_param_gather, scenario.training.global_batch,
                   par.ep, par.cp,
                   par.parameter_servers if par.dp_mode == "parameter_server" else 0,
-                  par.etp if scenario.model.moe is not None else 0)
+                  par.etp if scenario.model.moe is not None else 0, par.moe_a2a_overlap)
 

@@ -19,8 +19,10 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     Framework settings of the scenario that a layout rules out are dropped, as the
     frameworks do: Megatron-Core's aligned gradient launch where its schedules do not
     run (GPipe, ZB-H1, ZeRO-3), its bucket checks at ZeRO-3, uneven first/last stage
-    splits when pp differs from the scenario's, the MoE all-to-all overlap (and the units
-    it holds) where no all-to-all is left, and the recompute of the norms and MLA
+    splits when pp differs from the scenario's, the MoE all-to-all overlap where no
+    all-to-all is left (and the units it holds wherever it is off), the shared experts'
+    overlap where the all-to-all overlap is on (Megatron-Core 4415119414 refuses the two
+    together, ``TransformerConfig.__post_init__``), and the recompute of the norms and MLA
     up-projections under full recompute. A schedule the engine does not replay as one
     step (PipeDream, ``NOT_REPLAYED``; the search's ``--asynchronous``) is checked as the
     1F1B order it runs and then set: the estimator and the memory model read it. The
@@ -49,9 +51,12 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     if whole and moe.experts % (layout.tp * layout.ep):
         raise ValueError(f"expert_tp 1: tp·ep = {layout.tp * layout.ep} does not divide the "
                          f"{moe.experts} experts")
-    if par.moe_a2a_overlap and layout.ep * (layout.tp if whole else 1) == 1:
+    if layout.moe_a2a_overlap and layout.ep * (layout.tp if whole else 1) == 1:
         updates["moe_a2a_overlap"] = False
+    if not updates["moe_a2a_overlap"]:
         updates["moe_comm_units"] = 0  # held only while all-to-alls overlap
+    elif par.moe_shared_expert_overlap:  # Megatron-Core refuses the two together
+        updates["moe_shared_expert_overlap"] = False
     if layout.recompute == "full":  # recomputes the norms and up-projections already
         updates["recompute_norms_and_up_proj"] = False
     asynchronous = updates.get("schedule") in NOT_REPLAYED  # PipeDream (space.ASYNCHRONOUS)

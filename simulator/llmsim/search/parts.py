@@ -146,7 +146,8 @@ class SharedParts:
                par.etp, par.micro_batch,
                par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
-               _gemm_overlaps(par))
+               _gemm_overlaps(par), par.moe_a2a_overlap, par.moe_shared_expert_overlap,
+               par.moe_comm_units)
         hit = self._parts.get(key)
         if hit is None:
             ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm

@@ -184,10 +184,14 @@ def with_switches(core: Scenario, layout: Layout) -> Scenario:
     :func:`switch_variants`, checked by the parallelism's and the scenario's own rules
     (raises ValueError); equal to :func:`~llmsim.search.space.switched` (tested)."""
     par = core.parallelism
-    updates = {name: getattr(layout, name) for name in SWITCHES
+    updates = {name: getattr(layout, name) for name in (*SWITCHES, "moe_a2a_overlap")
                if getattr(par, name) != getattr(layout, name)}
     if not updates:
         return core
+    if updates.get("moe_a2a_overlap") is False:  # as parallelism_of drops them
+        updates["moe_comm_units"] = 0
+    elif updates.get("moe_a2a_overlap"):
+        updates["moe_shared_expert_overlap"] = False
     new_par = par.model_copy(update=updates)
     new_par._check()  # the parallelism's rules (field types are unchanged: booleans)
     scenario = core.model_copy(update={"parallelism": new_par})

@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from llmsim.errors import UserError
+from llmsim.schedules import SCHEDULES as SCHEDULE_INFO
 from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
 from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_layout
 from llmsim.search.two_pipelines import allows
@@ -161,7 +162,8 @@ def cores(scenario: Scenario, options: SpaceOptions,
                     for cp in _choices("cp", cps or [1], fx):
                         for etp in _choices("expert_tp", _expert_tps(model, tp, ep), fx):
                             yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes,
-                                                 model.layers, options, state_fits, etp)
+                                                 model.layers, options, state_fits, etp,
+                                                 scenario.parallelism.moe_a2a_overlap)
 
 
 def _expert_tps(model: Any, tp: int, ep: int) -> list[int]:
@@ -175,7 +177,8 @@ def _expert_tps(model: Any, tp: int, ep: int) -> list[int]:
 
 def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_nodes: int,
               layers: int, options: SpaceOptions,
-              state_fits: StateFilter | None, etp: int = 0) -> Iterator[Layout]:
+              state_fits: StateFilter | None, etp: int = 0,
+              a2a: bool = False) -> Iterator[Layout]:
     fx = options.fixed
     for dp in _choices("dp", divisors(gb), fx):
         if gb % (dp * ep):
@@ -188,16 +191,15 @@ def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_no
             continue
         if "nodes" in fx and fx["nodes"] != nodes:
             continue
-        # ZeRO-3 (and the parameter-gather overlap) is not modelled with ep or cp.
         zeros = [0, 1, 2, 3] if dp * ep * cp > 1 else [0]
-        if ep > 1 or cp > 1:
-            zeros = [z for z in zeros if z < 3]
         for zero in _choices("zero", zeros, fx):
             if state_fits is None or state_fits(tp, pp, dp, ep, cp, zero):
                 servers = _servers(nodes, dp, ep, cp, zero, options)
                 for layout in _per_replica(gb, nodes, tp, pp, dp * ep, zero, layers, options):
                     layout = replace(layout, dp=dp, ep=ep, cp=cp, expert_tp=etp) \
                         if ep > 1 or cp > 1 or etp else layout
+                    if fx.get("moe_a2a_overlap", a2a) and a2a_overlap_allowed(layout):
+                        layout = replace(layout, moe_a2a_overlap=True)  # the base's value
                     for k in servers:
                         yield replace(layout, parameter_servers=k) if k else layout
 
@@ -257,14 +259,16 @@ def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
     ``overlap_dp_comm=false`` to see it off); the TP overlap is tried with sequence
     parallelism (Transformer Engine's userbuffers need it); the pipeline overlap with the
     interleaved schedule, the only one whose sends Megatron-LM can overlap
-    (``--overlap-p2p-communication``); the parameter-gather overlap at ZeRO 1 and 2.
+    (``--overlap-p2p-communication``); the parameter-gather overlap at ZeRO 1 and 2; the
+    MoE all-to-all overlap where :func:`a2a_overlap_allowed`.
     """
-    tp_choices, pp_choices, gather_choices = _switch_choices(core, fixed)
+    tp_choices, pp_choices, gather_choices, a2a_choices = _switch_choices(core, fixed)
     for otp in tp_choices:
         for opp in pp_choices:
             for opg in gather_choices:
-                yield replace(core, overlap_tp_comm=otp, overlap_pp_comm=opp,
-                              overlap_param_gather=opg)
+                for a2a in a2a_choices:
+                    yield replace(core, overlap_tp_comm=otp, overlap_pp_comm=opp,
+                                  overlap_param_gather=opg, moe_a2a_overlap=a2a)
 
 
 def variant_count(core: Layout, fixed: Mapping[str, Any]) -> int:
@@ -272,11 +276,30 @@ def variant_count(core: Layout, fixed: Mapping[str, Any]) -> int:
     return math.prod(len(choices) for choices in _switch_choices(core, fixed))
 
 
-def _switch_choices(core: Layout, fixed: Mapping[str, Any]) -> tuple[list, list, list]:
+def _switch_choices(core: Layout,
+                    fixed: Mapping[str, Any]) -> tuple[list, list, list, list]:
     tp_overlap = [False, True] if core.sequence_parallel else [False]
     pp_overlap = [False, True] if core.schedule == "interleaved-1f1b" else [False]
-    gather = [False, True] if core.zero in (1, 2) and core.dp > 1 and core.ep == 1 \
-        and core.cp == 1 else [False]
+    gather = [False, True] if core.zero in (1, 2) and core.dp * core.ep * core.cp > 1 \
+        else [False]
+    a2a = [core.moe_a2a_overlap, not core.moe_a2a_overlap] if a2a_overlap_allowed(core) \
+        else [False]
     return (_choices("overlap_tp_comm", tp_overlap, fixed),
             _choices("overlap_pp_comm", pp_overlap, fixed),
-            _choices("overlap_param_gather", gather, fixed))
+            _choices("overlap_param_gather", gather, fixed),
+            [x for x in _choices("moe_a2a_overlap", a2a, fixed)
+             if not x or a2a_overlap_allowed(core)])
+
+
+def a2a_overlap_allowed(layout: Layout) -> bool:
+    """Whether the search tries the MoE all-to-all overlap on ``layout``: where there is
+    an all-to-all (more than one expert rank: ep, or tp·ep with whole experts) and
+    Megatron-Core runs ``--overlap-moe-expert-parallel-comm`` — without full recompute,
+    and with pp > 1 only with a virtual pipeline (the interleaved schedule)
+    (``TransformerConfig.__post_init__``, NVIDIA/Megatron-LM 4415119414, lines 2386–2425)
+    — or under a schedule that overlaps its own forward-backward pairs (DualPipe,
+    DeepSeek-V3 report §3.2.1)."""
+    splits = layout.tp // layout.expert_tp if layout.expert_tp else 1
+    return layout.ep * splits > 1 and layout.recompute != "full" and (
+        layout.pp == 1 or layout.schedule == "interleaved-1f1b"
+        or SCHEDULE_INFO[layout.schedule].overlapped_pairs is not None)
