@@ -161,7 +161,7 @@ class Training(Spec):
     blocking pipeline messages, the ``torch.cuda.synchronize()`` after each batched
     exchange (``batch_p2p_sync``); ``megatron_nan_check``, those and the loss's NaN check
     on the last stage (``assert not loss.isnan()``, ``check_for_nan_in_loss_and_grad``,
-    on by default in Megatron-LM from late 2023)."""
+    on by default in Megatron-LM from September 2023)."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has
