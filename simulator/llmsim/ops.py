@@ -81,6 +81,10 @@ class ComputeOp:
     elements; a dropout mask beside it is not counted); 0 for in-place kernels and where
     not counted. Only a host allocator that maps fresh memory prices it
     (:mod:`llmsim.costs.allocator`)."""
+    host_s: float = 0.0
+    """Device idle a host synchronisation next to the kernel adds, seconds: the host waits
+    for the device to drain, then reads the result and issues the next kernel
+    (:mod:`llmsim.host_syncs`); it adds to the op's duration."""
 
     @property
     def executed_flops(self) -> float:

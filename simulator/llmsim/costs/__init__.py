@@ -145,8 +145,9 @@ class HardwareCosts:
         return self.compute.host_issue
 
     def compute_s(self, op: ComputeOp) -> float:
-        """Duration of a compute op, seconds."""
-        return self.compute.compute_s(op)
+        """Duration of a compute op, seconds, with the gap of a host sync beside it
+        (``op.host_s``)."""
+        return self.compute.compute_s(op) + op.host_s
 
     def comm_s(self, op: CommOp) -> float:
         """Duration of a communication op, seconds.

@@ -140,8 +140,8 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
                  interval_s: float, ahead: bool = False) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
     (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
-    many kernels of equal length, a collective one kernel, issued after its ``host_s``
-    by a host that waited for the device (a host sync); ``ahead``: the host enters the
+    many kernels of equal length, a collective one kernel; an op with a ``host_s`` is
+    issued by a host that waited for the device (a host sync); ``ahead``: the host enters the
     pass ahead (:attr:`HostIssue.ahead`). No kernel shorter than the interval: none waits
     (each keeps the host's issue ahead by its excess)."""
     if all(d >= interval_s * (op.splits if isinstance(op, ComputeOp) else 1)
@@ -153,7 +153,7 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
         count = op.splits if isinstance(op, ComputeOp) else 1
         kernels += [d / count] * count
-        syncs += [isinstance(op, CommOp) and op.host_s > 0] + [False] * (count - 1)
+        syncs += [op.host_s > 0] + [False] * (count - 1)
         owner += [i] * count
     waits = [0.0] * len(ops)
     for i, wait in zip(owner, queue_waits_s(kernels, interval_s, syncs, ahead), strict=True):

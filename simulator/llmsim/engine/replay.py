@@ -151,7 +151,8 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
         self.dp_stream = {d.id: Fifo(self.env) for d in devices}
         self.pp_send_op = {  # posted one by one: on the pair's own communicator
             within: CommOp("pp_send", "send_recv", "pp", "F", workload.pp_message_bytes,
-                           within_node=within, two_rank=self.posted_singly)
+                           within_node=within, two_rank=self.posted_singly,
+                           host_s=workload.pp_exchange_host_s)
             for within in (False, True)
         }
         self.pair_send_s: dict[tuple[int, int, bool], float] = {}

@@ -23,6 +23,10 @@ HostPath = Literal["bare", "modules"]
 """How a framework's host issues eager kernels: ``bare`` PyTorch ops, or ``modules``
 (layers as Python modules with autograd, :attr:`Training.host_path`)."""
 
+HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
+"""Which host synchronisations a framework's training step makes per micro-batch
+(:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
+
 
 class Training(Spec):
     """One optimizer step's batch and the whole run's size."""
@@ -149,6 +153,15 @@ class Training(Spec):
     the floor); ``modules``, a model's layers as Python modules under autograd (its
     ``host_module_dispatch_us``, measured where given; a UserError where not). No effect
     under ``cuda_graphs``."""
+    host_syncs: HostSyncs = "none"
+    """The host synchronisations of the framework's step, each a gap on the device
+    (:mod:`llmsim.host_syncs`): ``none``; ``megatron``, Megatron-LM's ``get_batch``
+    reading the batch's sizes back (``broadcast_data``: ``sizes_cuda.cpu()``) before
+    the forward of the chunk with the embedding and of the one with the LM head, and, with
+    blocking pipeline messages, the ``torch.cuda.synchronize()`` after each batched
+    exchange (``batch_p2p_sync``); ``megatron_nan_check``, those and the loss's NaN check
+    on the last stage (``assert not loss.isnan()``, ``check_for_nan_in_loss_and_grad``,
+    on by default in Megatron-LM from September 2023)."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

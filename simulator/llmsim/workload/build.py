@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llmsim.context import apply_context_parallel
+from llmsim.host_syncs import batch_ops, exchange_sync_s, loss_ops
 from llmsim.mla import apply_mla
 from llmsim.moe import pairs_overlap, replace_mlp
 from llmsim.mtp import mtp_ops, mtp_params_per_device
@@ -241,6 +242,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         chunks={},
         microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
         pp_message_bytes=float(message),
+        pp_exchange_host_s=exchange_sync_s(training, par),
         pp_gather_bytes=float(activation) if gathered else 0.0,
         pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",
         grad_bytes_per_param=grad_bytes_per_param(training.precision, par.grad_reduce_dtype),
@@ -292,7 +294,9 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             start = chunk_first_layer(split, stage, c, hops or None)
             amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
                                                       start)
-            fwd: tuple[Op, ...] = emb_f if first else ()
+            # get_batch's sync and masks before the embedding's and the head's chunk
+            fwd: tuple[Op, ...] = batch_ops(training) if first or last else ()
+            fwd += emb_f if first else ()
             bwd: tuple[Op, ...] = head_b if last else ()
             wgt: tuple[Op, ...] = head_w if last else ()
             for i in range(start, start + n):
@@ -301,7 +305,7 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
                 block = ops.block(model, i)
                 bwd += block[1] + block[2]
                 wgt += block[3]
-            fwd += amax_f + (head_f if last else ())
+            fwd += amax_f + (head_f + loss_ops(training) if last else ())
             bwd += amax_b + (emb_b if first else ())
             wgt += emb_w if first else ()
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,

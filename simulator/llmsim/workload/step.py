@@ -75,6 +75,10 @@ class Workload(GradientBuckets):
     dp: int
     tp: int
     bucket_bytes: float
+    pp_exchange_host_s: float = 0.0
+    """Device idle after each blocking pipeline exchange, seconds: a host sync after the
+    batched send and receive (:func:`llmsim.host_syncs.exchange_sync_s`); it adds to each
+    send's time."""
     pp_gather_bytes: float = 0.0
     """With ``parallelism.pp_scatter_gather``: bytes of the all-gather over the tensor-
     parallel group that rebuilds each received message from its slices (0: none)."""

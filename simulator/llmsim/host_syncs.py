@@ -1,0 +1,78 @@
+"""The host synchronisations of a framework's training step, each a gap on the device.
+
+Where the host waits for the device (a device-to-host read, ``torch.cuda.synchronize()``),
+the device drains what was queued and then idles while the host wakes, goes on with its
+Python and issues the next kernel: :data:`llmsim.moe.HOST_SYNC_GAP_S` (93.8 µs, measured
+on an H100 host with PyTorch 2.11; taken for every device, as there). A host that ran
+ahead of the device loses its lead there, so the gap is paid even where pipeline messages
+are overlapped. ``training.host_syncs`` says which a framework makes
+(:data:`llmsim.specs.training.HostSyncs`); read from Megatron-LM as the Zero Bubble fork
+ran it (sail-sg/zero-bubble-pipeline-parallelism at 6b74c58, Dec 2023, the paper's
+commit):
+
+* ``get_batch`` (``pretrain_gpt.py``) on the chunk with the embedding and the chunk with
+  the LM head (``mpu.is_pipeline_first_stage()`` / ``is_pipeline_last_stage()``, virtual
+  ranks counted: the other chunks return early) calls ``tensor_parallel.broadcast_data``,
+  whose ``_build_key_size_numel_dictionaries`` reads the batch's sizes back with
+  ``sizes_cuda.cpu()``: one sync before that chunk's forward, every micro-batch, then
+  ``get_ltor_masks_and_position_ids``'s kernels (:func:`batch_ops`);
+* ``loss_func`` asserts ``not loss.isnan()`` while ``check_for_nan_in_loss_and_grad`` is
+  on (its flag ``--no-check-for-nan-in-loss-and-grad`` is off by default in the fork's
+  ``megatron/arguments.py``): one sync after the LM head's forward (:func:`loss_ops`);
+* ``_communicate`` (``megatron/core/pipeline_parallel/p2p_communication.py``) calls
+  ``torch.cuda.synchronize()`` after every exchange when ``batch_p2p_comm and
+  batch_p2p_sync`` ("to protect against race condition when using batch_isend_irecv()"):
+  Megatron-LM's blocking schedules, not its overlapped interleaved one
+  (``batch_p2p_comm`` is ``not overlap_p2p_comm``), nor the Zero Bubble runtime's own
+  batched sends (``zb_schedules.py``), nor the interleaved cooldown's unbatched ones
+  (:func:`exchange_sync_s`). A step's send and its receive go in one exchange
+  (``send_forward_recv_backward``), so llmsim charges the gap with the send: the sender
+  is blocked and the message is in only after it, which is also when the receiver's own
+  exchange returns. The warmup's and cooldown's exchanges with a receive alone
+  (``recv_forward``, ``recv_backward``: at most ``pp`` a step) are left out.
+"""
+
+from __future__ import annotations
+
+from llmsim.moe import HOST_SYNC_GAP_S
+from llmsim.ops import ComputeOp
+from llmsim.specs import Parallelism
+from llmsim.specs.training import Training
+
+MASK_BYTES_PER_POSITION = 17
+"""Bytes ``get_ltor_masks_and_position_ids`` moves per entry of its s × s causal mask (no
+per-document reset, so one mask for the micro-batch): ``torch.ones`` writes 4 (FP32),
+``torch.tril`` reads and writes 8, ``attention_mask < 0.5`` reads 4 and writes 1."""
+
+MASK_KERNELS = 5
+"""Kernels of ``get_ltor_masks_and_position_ids``: the ones, the tril, the comparison, the
+loss mask's ones and the position ids' ``arange``."""
+
+
+def batch_ops(training: Training) -> tuple[ComputeOp, ...]:
+    """``get_batch``'s kernels before the forward of the chunk with the embedding or the
+    LM head: the causal mask and position ids, issued after the host read the batch's
+    sizes back (the sync's gap, ``host_s``). The loss mask and position ids (b·s values)
+    are not counted in the bytes. Empty where the framework makes no such sync."""
+    if training.host_syncs == "none":
+        return ()
+    s = training.seq_len
+    return (ComputeOp("batch_masks", "memory", "F", 0.0, MASK_BYTES_PER_POSITION * s * s,
+                      splits=MASK_KERNELS, host_s=HOST_SYNC_GAP_S),)
+
+
+def loss_ops(training: Training) -> tuple[ComputeOp, ...]:
+    """The loss's NaN check after the LM head's forward: ``loss.isnan()`` (one kernel on
+    one value) read by the host (the sync's gap, ``host_s``); empty without it."""
+    if training.host_syncs != "megatron_nan_check":
+        return ()
+    return (ComputeOp("loss_nan_check", "memory", "F", 0.0, 0.0, host_s=HOST_SYNC_GAP_S),)
+
+
+def exchange_sync_s(training: Training, par: Parallelism) -> float:
+    """The gap after each blocking pipeline exchange, seconds: Megatron-LM's
+    ``torch.cuda.synchronize()`` after a batched ``batch_isend_irecv`` (0 with overlapped
+    messages, without a pipeline, or where the framework makes no such sync)."""
+    if training.host_syncs == "none" or par.pp == 1 or par.overlap_pp_comm:
+        return 0.0
+    return HOST_SYNC_GAP_S
