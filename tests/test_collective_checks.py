@@ -33,8 +33,8 @@ on 512 from 16 MiB to 1 GiB) where llmsim's unverified step latency is 2 us, so 
 messages on 128 and more GCDs take 1.4-14x llmsim's time (docs/validation.md §8, "The
 MI250X rows taken apart"), while at the 8- and 32-GCD sizes of the LUMI rows llmsim is
 within 16 %; and inside the 2023 LUMI runs the dp all-gathers of 8 groups per node at
-once ran 1.9x slower than llmsim gives the 8 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
-link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
+once ran 1.9x slower than llmsim gives the 8 groups sharing the node's NICs. On Fugaku
+the ping-pong's bandwidth is the catalog's link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
 adds the A64FX's 10 us per-op launch, and Fujitsu MPI's all-reduce over 1,536 ranks takes
 2.3-4x llmsim's NCCL-style tree (docs/validation.md §8, "Tofu-D collectives"); its ring
 over 16 and 32 nodes is within 11 % from 4 MiB up, but not at 512 KiB over 32 nodes (16 KiB
