@@ -20,26 +20,26 @@ NICs) and a message; llmsim prices the same collective on a plan of that shape. 
 tolerance of each point is in the file (25 %).
 
 Points where llmsim is off by more than that are expected failures, each with the measured
-and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)" and "Frontier").
-The MI250X node's fabric (tier 2) and the Slingshot efficiency of ``frontier`` and ``lumi``
-were set from the Frontier all-gathers on 8-256 GCDs (``FRONTIER-PCCL-C-AG0008`` to
-``-AG0256``), so those five points hold by construction; the reduce-scatters of the same
-sweep and the LUMI points are the independent checks. What stays off: RCCL itself slows
-down 2-6x from 512 GCDs on (the PCCL paper, arXiv:2504.18658, puts it on RCCL's ring-only
-all-gather and reduce-scatter at that rank count and on traffic falling into the NIC's
-software overflow path; llmsim's ring keeps its bandwidth); below 1 GiB RCCL has a floor
-of 20-35 us a ring step (0.16 ms on 8 GCDs, 0.56 ms on 32, 3.5-4.3 ms on 128, 10.6-17.3 ms
-on 512 from 16 MiB to 1 GiB) where llmsim's unverified step latency is 2 us, so mid-size
-messages on 128 and more GCDs take 1.4-14x llmsim's time (docs/validation.md §8, "The
-MI250X rows taken apart"), while at the 8- and 32-GCD sizes of the LUMI rows llmsim is
-within 16 %; and inside the 2023 LUMI runs the dp all-gathers of 8 groups per node at
-once ran 1.9x slower than llmsim gives the 8 groups sharing the node's NICs. On Fugaku
-the ping-pong's bandwidth is the catalog's link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
-adds the A64FX's 10 us per-op launch, and Fujitsu MPI's all-reduce over 1,536 ranks takes
-2.3-4x llmsim's NCCL-style tree (docs/validation.md §8, "Tofu-D collectives"); its ring
-over 16 and 32 nodes is within 11 % from 4 MiB up, but not at 512 KiB over 32 nodes (16 KiB
-blocks) nor where its rules pick recursive doubling. They are
-strict: a model that comes within the tolerance fails them, and the mark is then removed.
+and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)" and "Frontier"). The
+MI250X node's fabric (tier 2) and the Slingshot efficiency of ``frontier`` and ``lumi`` were
+set from the Frontier all-gathers on 8-256 GCDs (``FRONTIER-PCCL-C-AG0008`` to ``-AG0256``),
+so those five points hold by construction; the reduce-scatters of the same sweep and the
+LUMI points are the independent checks. What stays off: RCCL itself slows down 2-6x from 512
+GCDs on (the PCCL paper, arXiv:2504.18658, puts it on RCCL's ring-only all-gather and
+reduce-scatter at that rank count and on traffic falling into the NIC's software overflow
+path; llmsim's ring keeps its bandwidth); below 1 GiB RCCL has a floor of 20-35 us a ring
+step (0.16 ms on 8 GCDs, 0.56 ms on 32, 3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB
+to 1 GiB) where llmsim's unverified step latency is 2 us, so mid-size messages on 128 and
+more GCDs take 1.4-14x llmsim's time (docs/validation.md §8, "The MI250X rows taken apart"),
+while at the 8- and 32-GCD sizes of the LUMI rows llmsim is within 16 %; and inside the 2023
+LUMI runs the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives
+the 8 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
+link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim adds
+the A64FX's 10 us per-op launch, and Fujitsu MPI's all-reduce over 1,536 ranks takes 2.3-4x
+llmsim's NCCL-style tree (docs/validation.md §8, "Tofu-D collectives"); its ring over 16 and
+32 nodes is within 11 % from 4 MiB up, but not at 512 KiB over 32 nodes (16 KiB blocks) nor
+where its rules pick recursive doubling. They are strict: a model that comes within the
+tolerance fails them, and the mark is then removed.
 """
 
 from __future__ import annotations
