@@ -4,6 +4,11 @@ the gap").
 
     python benchmarks/mi250x_decomposition.py                 # LUMI23-05, -06, LUMIRF25-03
     python benchmarks/mi250x_decomposition.py LUMI FRONTIER   # rows whose id starts with them
+    python benchmarks/mi250x_decomposition.py FRONTIER --calibration PROFILE  # a what-if
+
+With ``--calibration`` the rows' collectives are priced from a measured table where it
+covers them (``benchmarks/results/frontier_rccl_pccl.yaml``: the PCCL authors' RCCL sweep on
+Frontier), each group at the measured shape closest to its own.
 
 Prints one Markdown table: the busiest stage's compute split by how each kernel is priced
 (GEMMs, fused attention, memory-bound kernels: one micro-batch's ops times the
@@ -12,14 +17,17 @@ that is communication, and the time llmsim is short of the measurement. About 2-
 row on one core.
 """
 
+import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from llmsim.costs import HardwareCosts
 from llmsim.errors import UserError
 from llmsim.ops import ComputeOp
 from llmsim.plan import Plan
-from llmsim.validation import load_runs, predict, scenario_for
+from llmsim.simulation import simulate
+from llmsim.validation import load_runs, scenario_for
 from llmsim.validation.runs import Run
 
 DEFAULT_ROWS = ("LUMI23-05", "LUMI23-06", "LUMIRF25-03")
@@ -64,11 +72,13 @@ class Decomposition:
         return self.measured_s - self.step_s
 
 
-def decompose(run: Run) -> Decomposition:
-    """Price the busiest stage's ops of ``run`` by kind and take the engine's breakdown."""
-    prediction = predict(run)
-    result = prediction.result
+def decompose(run: Run, calibration: Path | None = None) -> Decomposition:
+    """Price the busiest stage's ops of ``run`` by kind and take the engine's breakdown,
+    with the measured tables of the ``calibration`` profile if one is given."""
     scenario = scenario_for(run)
+    if calibration is not None:
+        scenario = scenario.model_copy(update={"calibration": str(calibration)})
+    result = simulate(scenario)
     costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
     stage = result.critical_stage
     by_kind = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
@@ -79,7 +89,7 @@ def decompose(run: Run) -> Decomposition:
                     by_kind[op.kind] += costs.compute_s(op)
     m = result.workload.microbatches
     return Decomposition(
-        run.id, result.step_time_s / (1 + prediction.error_pct / 100), result.step_time_s,
+        run.id, run.measured, result.step_time_s,
         by_kind["gemm"] * m, by_kind["attention"] * m, by_kind["memory"] * m,
         stage.compute_s, stage.tp_s, stage.pp_s, stage.dp_s, stage.bubble_s, stage.optimizer_s)
 
@@ -98,15 +108,22 @@ def table(rows: list[Decomposition]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Print the table for the rows whose ids start with ``argv``'s prefixes; 2 on bad input."""
-    prefixes = tuple(argv) or DEFAULT_ROWS
+    """Print the table for the rows whose ids start with the given prefixes; 2 on bad input."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", nargs="*", help="row ids or prefixes (MI250X rows only)")
+    parser.add_argument("--calibration", type=Path, help="a calibration profile (what-if)")
+    args = parser.parse_args(argv)
+    prefixes = tuple(args.rows) or DEFAULT_ROWS
     try:
         runs = [r for r in load_runs() if r.id.startswith(prefixes)]
         if not runs or any(scenario_for(r).system.node.accelerator.name != "mi250x-gcd"
-                           for r in runs):
+                           or r.metric != "iteration_time_s" for r in runs):
             raise UserError(f"rows {', '.join(prefixes)}: give ids or prefixes of MI250X "
                             "rows (LUMI23, LUMIRF25, FRONTIER)")
-        print(table([decompose(r) for r in runs]))
+        if args.calibration is not None and not args.calibration.is_file():
+            raise UserError(f"--calibration: no file {args.calibration}; give the path of a "
+                            "calibration profile (llmsim calibrate writes one)")
+        print(table([decompose(r, args.calibration) for r in runs]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

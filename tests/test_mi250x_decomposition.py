@@ -4,12 +4,15 @@ parts to the step, communication is a small share of the rows it is cited for, b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from helpers import load_script
 
 from llmsim.validation import load_runs
 
 ROW = "LUMIRF25-03"
+PROFILE = Path(__file__).parents[1] / "benchmarks" / "results" / "frontier_rccl_pccl.yaml"
 
 
 def _script():
@@ -34,3 +37,19 @@ def test_script_prints_the_table_and_refuses_rows_off_mi250x(capsys) -> None:
     assert _script().main(["NAR21-T2-01"]) == 2
     refused = capsys.readouterr()
     assert "error:" in refused.err and "MI250X" in refused.err and not refused.out
+
+
+def test_a_measured_collective_table_moves_only_the_communication() -> None:
+    """With the PCCL authors' RCCL sweep as a calibration profile the compute is the same
+    and the DP collectives take longer (RCCL's measured all-gathers at 128 GCDs are slower
+    than llmsim's ring at the sizes of this row's parameter gathers)."""
+    run = next(r for r in load_runs(ROW) if r.id == ROW)
+    script = _script()
+    modelled, measured = script.decompose(run), script.decompose(run, PROFILE)
+    assert measured.compute_s == pytest.approx(modelled.compute_s)
+    assert measured.dp_s > 2 * modelled.dp_s and measured.step_s > modelled.step_s
+
+
+def test_a_missing_profile_is_refused(capsys) -> None:
+    assert _script().main([ROW, "--calibration", "no-such-profile.yaml"]) == 2
+    assert "--calibration" in capsys.readouterr().err
