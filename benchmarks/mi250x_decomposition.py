@@ -1,0 +1,134 @@
+"""Where llmsim's step of an MI250X validation row goes, part by part, beside the measured
+step (docs/validation.md, section 8, "The MI250X rows taken apart: communication is not
+the gap").
+
+    python benchmarks/mi250x_decomposition.py                 # LUMI23-05, -06, LUMIRF25-03
+    python benchmarks/mi250x_decomposition.py LUMI FRONTIER   # rows whose id starts with them
+    python benchmarks/mi250x_decomposition.py FRONTIER --calibration PROFILE  # a what-if
+
+With ``--calibration`` the rows' collectives are priced from a measured table where it
+covers them (``benchmarks/results/frontier_rccl_pccl.yaml``: the PCCL authors' RCCL sweep on
+Frontier), each group at the measured shape closest to its own.
+
+Prints one Markdown table: the busiest stage's compute split by how each kernel is priced
+(GEMMs, fused attention, memory-bound kernels: one micro-batch's ops times the
+micro-batches), the exposed TP, PP and DP communication, the bubble, the share of the step
+that is communication, and the time llmsim is short of the measurement. About 2-5 s per
+row on one core.
+"""
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmsim.costs import HardwareCosts
+from llmsim.errors import UserError
+from llmsim.ops import ComputeOp
+from llmsim.plan import Plan
+from llmsim.simulation import simulate
+from llmsim.validation import load_runs, scenario_for
+from llmsim.validation.runs import Run
+
+DEFAULT_ROWS = ("LUMI23-05", "LUMI23-06", "LUMIRF25-03")
+"""The two worst LUMI23 rows and the largest LUMIRF25 run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decomposition:
+    """One MI250X row's predicted step, by part, beside its measured step (all in s)."""
+
+    id: str
+    measured_s: float
+    step_s: float
+    gemm_s: float
+    """GEMM kernels of the busiest stage over the step (the unfused attention's batched
+    score and context GEMMs included)."""
+    attention_s: float
+    """Fused attention kernels of the busiest stage over the step."""
+    memory_s: float
+    """Memory-bound kernels (norms, softmax, dropout, element-wise) over the step."""
+    compute_s: float
+    """The busiest stage's compute stream, as the engine ran it."""
+    tp_s: float
+    pp_s: float
+    dp_s: float
+    bubble_s: float
+    optimizer_s: float
+
+    @property
+    def comm_s(self) -> float:
+        """Exposed communication of the busiest stage, s."""
+        return self.tp_s + self.pp_s + self.dp_s
+
+    @property
+    def comm_share(self) -> float:
+        """Exposed communication over the predicted step."""
+        return self.comm_s / self.step_s
+
+    @property
+    def shortfall_s(self) -> float:
+        """Measured step less llmsim's, s."""
+        return self.measured_s - self.step_s
+
+
+def decompose(run: Run, calibration: Path | None = None) -> Decomposition:
+    """Price the busiest stage's ops of ``run`` by kind and take the engine's breakdown,
+    with the measured tables of the ``calibration`` profile if one is given."""
+    scenario = scenario_for(run)
+    if calibration is not None:
+        scenario = scenario.model_copy(update={"calibration": str(calibration)})
+    result = simulate(scenario)
+    costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    stage = result.critical_stage
+    by_kind = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
+    for chunk in result.workload.chunks.values():
+        if chunk.stage == stage.stage:
+            for op in chunk.ops:
+                if isinstance(op, ComputeOp):
+                    by_kind[op.kind] += costs.compute_s(op)
+    m = result.workload.microbatches
+    return Decomposition(
+        run.id, run.measured, result.step_time_s,
+        by_kind["gemm"] * m, by_kind["attention"] * m, by_kind["memory"] * m,
+        stage.compute_s, stage.tp_s, stage.pp_s, stage.dp_s, stage.bubble_s, stage.optimizer_s)
+
+
+def table(rows: list[Decomposition]) -> str:
+    """The decompositions as one Markdown table, seconds per step."""
+    lines = ["| row | measured s | llmsim s | GEMMs | attention | memory-bound | TP | PP | DP "
+             "| bubble | comm. share % | short by s |", "|---|" + "---:|" * 11]
+    for d in rows:
+        lines.append(
+            f"| {d.id} | {d.measured_s:,.2f} | {d.step_s:,.2f} | {d.gemm_s:,.2f} | "
+            f"{d.attention_s:,.2f} | {d.memory_s:,.2f} | {d.tp_s:,.2f} | {d.pp_s:,.2f} | "
+            f"{d.dp_s:,.2f} | {d.bubble_s:,.2f} | {100 * d.comm_share:.1f} | "
+            f"{d.shortfall_s:,.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """Print the table for the rows whose ids start with the given prefixes; 2 on bad input."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", nargs="*", help="row ids or prefixes (MI250X rows only)")
+    parser.add_argument("--calibration", type=Path, help="a calibration profile (what-if)")
+    args = parser.parse_args(argv)
+    prefixes = tuple(args.rows) or DEFAULT_ROWS
+    try:
+        runs = [r for r in load_runs() if r.id.startswith(prefixes)]
+        if not runs or any(scenario_for(r).system.node.accelerator.name != "mi250x-gcd"
+                           or r.metric != "iteration_time_s" for r in runs):
+            raise UserError(f"rows {', '.join(prefixes)}: give ids or prefixes of MI250X "
+                            "rows (LUMI23, LUMIRF25, FRONTIER)")
+        if args.calibration is not None and not args.calibration.is_file():
+            raise UserError(f"--calibration: no file {args.calibration}; give the path of a "
+                            "calibration profile (llmsim calibrate writes one)")
+        print(table([decompose(r, args.calibration) for r in runs]))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
