@@ -142,8 +142,11 @@ FAST_IDS = [
 # NCCL's per-channel LL128 ring ceiling (ll128MaxBwPerCh x the ring graph's 8 channels on
 # Selene's DGX A100, tuning.cc) on the NAR21-T2 ZeRO-3 rows' gathers and all-reduces, to
 # 5.7495 %: the six rows from +9.0 ... +62.6 % to +7.0 ... +55.0 %.
+# Jean Zay's Omni-Path at the per-HFI rate BigScience's all-reduce benchmark measured with
+# the run's own environment (network.efficiency 0.408, was an unverified 0.9), to 5.6001 %:
+# BLOOM-01 -3.9 -> +2.0 %, BLOOM-02 -20.7 -> +9.8 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 5.75
+TARGET_MAPE_CEILING_PCT = 5.61
 ZB24_ORDERS_REPRODUCED = 8
 
 
@@ -480,7 +483,7 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 5.75 % (goal 6 %, met), median 3.3 %, 5 rows worse than 20 % with "
+    reason="target-set MAPE 5.60 % (goal 6 %, met), median 3.3 %, 4 rows worse than 20 % with "
     "no unstated value to bring them within it, worst +55 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
     "Zero Bubble schedule orders; see docs/validation.md",
 )
