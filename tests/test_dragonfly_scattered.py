@@ -150,3 +150,40 @@ def test_yaml_round_trip_of_the_field() -> None:
     spec = system(network("scattered"), 8)
     assert yaml.safe_load(yaml.safe_dump(spec.network.model_dump()))["job_placement"] == (
         "scattered")
+
+
+def test_the_plan_counts_the_groups_a_scattered_job_spans() -> None:
+    """The plan's group counts follow the placement the route uses. 16 nodes of 1 device,
+    groups of 4, PP = 2: each DP group is 8 consecutive nodes, 2 groups packed and all
+    G = 4 scattered; the pipeline's pair 8 nodes apart is 2 groups packed, 1 scattered."""
+    def placement(how: str, axis: str) -> Any:
+        return costs(system(network(how), 16, nics=1, nic_gbit=100), 16,
+                     pp=2).plan.placements[axis]
+    assert placement("packed", "dp").domains_spanned == 2
+    assert placement("scattered", "dp").domains_spanned == 4
+    assert placement("packed", "pp").domains_spanned == 2
+    assert placement("scattered", "pp").domains_spanned == 1
+    assert placement("scattered", "pp").level == "dragonfly group"
+
+
+@settings(max_examples=60, deadline=None)
+@given(devices=st.sampled_from([1, 2, 4]), job=st.integers(1, 24), extra=st.integers(0, 40),
+       per_group=st.integers(1, 6), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 3]),
+       how=st.sampled_from(["packed", "scattered"]))
+def test_the_plans_group_count_is_the_routes(devices: int, job: int, extra: int,
+                                              per_group: int, tp: int, pp: int,
+                                              how: str) -> None:
+    """Every axis's worst group spans as many dragonfly groups, by the plan's count (in
+    closed form for evenly spaced ranks), as its members' nodes lie in by the topology's
+    ``group_of``, packed or scattered."""
+    ranks = job * devices
+    if ranks % (tp * pp):
+        return
+    net = {**network(how), "nodes_per_group": per_group}
+    model = costs(system(net, job + extra, devices=devices, nics=1, nic_gbit=100), job,
+                  tp=tp, pp=pp)
+    plan, topology = model.plan, topology_of(model.plan.system, job)
+    for axis, placement in plan.placements.items():
+        members = np.asarray(plan.members(axis, placement.first_rank))
+        groups = len(np.unique(topology.group_of(members // devices, job)))
+        assert placement.domains_spanned == groups, axis
