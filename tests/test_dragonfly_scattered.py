@@ -7,7 +7,6 @@ own nodes' part of each group's global links (:mod:`llmsim.costs.topology.dragon
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli import run_cli
 from test_topology import costs, system
 
 from llmsim.costs.topology import dragonfly, topology_of
@@ -99,36 +99,19 @@ def test_the_scattered_count_is_the_walk(tp: int, pp: int, nodes: int, machine: 
                                 if int(topology.group_of(np.asarray([n]), nodes)[0]) == home]
 
 
-def test_llmsim_run_shows_a_scattered_job(tmp_path: Any,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from llmsim.cli import main
-
-    old, sys.argv = sys.argv, ["llmsim", "run", "frontier.yaml", "--set",
-                               "system.network.job_placement=scattered"]
-    try:
-        main()
-    except SystemExit as exc:
-        assert exc.code in (0, None)
-    finally:
-        sys.argv = old
-    out = " ".join(capsys.readouterr().out.split())
-    assert "the job scattered over 74 groups" in out
+def test_llmsim_run_shows_a_scattered_job(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["run", "frontier.yaml", "--set",
+                            "system.network.job_placement=scattered"], capsys)
+    assert code == 0
+    assert "the job scattered over 74 groups" in " ".join(out.split())
 
 
 def test_a_bad_placement_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    from llmsim.cli import main
-
-    old, sys.argv = sys.argv, ["llmsim", "run", "frontier.yaml", "--set",
-                               "system.network.job_placement=spread"]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            main()
-    finally:
-        sys.argv = old
-    assert exc.value.code == 2
-    captured = capsys.readouterr()
-    assert "job_placement" in captured.err + captured.out
-    assert "Traceback" not in captured.err
+    code, out, err = run_cli(["run", "frontier.yaml", "--set",
+                              "system.network.job_placement=spread"], capsys)
+    assert code == 2
+    assert "job_placement" in err + out
+    assert "Traceback" not in err
 
 
 def test_consecutive_nodes_slow_down_a_stride_of_the_groups_does_not() -> None:
