@@ -158,3 +158,9 @@ def test_small_gemms_on_48_threads_run_below_a_third_of_peak():
 def test_a_fraction_outside_0_1_is_refused_naming_the_field(fraction):
     with pytest.raises(ValidationError, match="square_fraction"):
         cpu(square_fraction={"fp32": {1: [(100, fraction)]}})
+
+
+def test_a_curve_without_points_is_refused_naming_the_field():
+    """An empty list would silently mean 'no curve' (the GEMM keeps peak_fraction)."""
+    with pytest.raises(ValidationError, match="square_fraction"):
+        cpu(square_fraction={"fp32": {12: []}})

@@ -7,7 +7,6 @@ own nodes' part of each group's global links (:mod:`llmsim.costs.topology.dragon
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_cli import run_cli
 from test_topology import costs, system
 
 from llmsim.costs.topology import dragonfly, topology_of
@@ -99,36 +99,19 @@ def test_the_scattered_count_is_the_walk(tp: int, pp: int, nodes: int, machine: 
                                 if int(topology.group_of(np.asarray([n]), nodes)[0]) == home]
 
 
-def test_llmsim_run_shows_a_scattered_job(tmp_path: Any,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from llmsim.cli import main
-
-    old, sys.argv = sys.argv, ["llmsim", "run", "frontier.yaml", "--set",
-                               "system.network.job_placement=scattered"]
-    try:
-        main()
-    except SystemExit as exc:
-        assert exc.code in (0, None)
-    finally:
-        sys.argv = old
-    out = " ".join(capsys.readouterr().out.split())
-    assert "the job scattered over 74 groups" in out
+def test_llmsim_run_shows_a_scattered_job(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(["run", "frontier.yaml", "--set",
+                            "system.network.job_placement=scattered"], capsys)
+    assert code == 0
+    assert "the job scattered over 74 groups" in " ".join(out.split())
 
 
 def test_a_bad_placement_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    from llmsim.cli import main
-
-    old, sys.argv = sys.argv, ["llmsim", "run", "frontier.yaml", "--set",
-                               "system.network.job_placement=spread"]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            main()
-    finally:
-        sys.argv = old
-    assert exc.value.code == 2
-    captured = capsys.readouterr()
-    assert "job_placement" in captured.err + captured.out
-    assert "Traceback" not in captured.err
+    code, out, err = run_cli(["run", "frontier.yaml", "--set",
+                              "system.network.job_placement=spread"], capsys)
+    assert code == 2
+    assert "job_placement" in err + out
+    assert "Traceback" not in err
 
 
 def test_consecutive_nodes_slow_down_a_stride_of_the_groups_does_not() -> None:
@@ -150,3 +133,40 @@ def test_yaml_round_trip_of_the_field() -> None:
     spec = system(network("scattered"), 8)
     assert yaml.safe_load(yaml.safe_dump(spec.network.model_dump()))["job_placement"] == (
         "scattered")
+
+
+def test_the_plan_counts_the_groups_a_scattered_job_spans() -> None:
+    """The plan's group counts follow the placement the route uses. 16 nodes of 1 device,
+    groups of 4, PP = 2: each DP group is 8 consecutive nodes, 2 groups packed and all
+    G = 4 scattered; the pipeline's pair 8 nodes apart is 2 groups packed, 1 scattered."""
+    def placement(how: str, axis: str) -> Any:
+        return costs(system(network(how), 16, nics=1, nic_gbit=100), 16,
+                     pp=2).plan.placements[axis]
+    assert placement("packed", "dp").domains_spanned == 2
+    assert placement("scattered", "dp").domains_spanned == 4
+    assert placement("packed", "pp").domains_spanned == 2
+    assert placement("scattered", "pp").domains_spanned == 1
+    assert placement("scattered", "pp").level == "dragonfly group"
+
+
+@settings(max_examples=60, deadline=None)
+@given(devices=st.sampled_from([1, 2, 4]), job=st.integers(1, 24), extra=st.integers(0, 40),
+       per_group=st.integers(1, 6), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 3]),
+       how=st.sampled_from(["packed", "scattered"]))
+def test_the_plans_group_count_is_the_routes(devices: int, job: int, extra: int,
+                                              per_group: int, tp: int, pp: int,
+                                              how: str) -> None:
+    """Every axis's worst group spans as many dragonfly groups, by the plan's count (in
+    closed form for evenly spaced ranks), as its members' nodes lie in by the topology's
+    ``group_of``, packed or scattered."""
+    ranks = job * devices
+    if ranks % (tp * pp):
+        return
+    net = {**network(how), "nodes_per_group": per_group}
+    model = costs(system(net, job + extra, devices=devices, nics=1, nic_gbit=100), job,
+                  tp=tp, pp=pp)
+    plan, topology = model.plan, topology_of(model.plan.system, job)
+    for axis, placement in plan.placements.items():
+        members = np.asarray(plan.members(axis, placement.first_rank))
+        groups = len(np.unique(topology.group_of(members // devices, job)))
+        assert placement.domains_spanned == groups, axis

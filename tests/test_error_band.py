@@ -238,3 +238,30 @@ def test_the_docs_tables_are_the_scripts() -> None:
     doc = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
     assert loso.sources_table(TABLE) in doc
     assert loso.rules_table(TABLE) in doc
+
+
+def test_random_effects_with_one_row_a_source() -> None:
+    """Three sources of one row each (−2, 0, +5 %): no scatter within a source, so the
+    band is the sources' mean 1 % ± z₀.₉·√(s_b²·(1 + 1/3)), s_b² = 13."""
+    band = band_for(H100_TP_PP_DP, rows([-2.0, 0.0, 5.0], groups="STU"),
+                    rule=RANDOM_EFFECTS_80)
+    half = Z80 * math.sqrt(13 * (1 + 1 / 3))
+    assert band is not None and (band.runs, band.sources) == (3, 3)
+    assert (band.low_pct, band.high_pct) == (pytest.approx(1 - half), pytest.approx(1 + half))
+
+
+def test_random_effects_with_sources_that_agree() -> None:
+    """Two sources with the same mean 3 % (S: 1, 5; T: 2, 4): no spread between them,
+    the band is the rows' pooled scatter alone, 3 ± z₀.₉·√((4 + 4 + 1 + 1)/(4 − 2))."""
+    band = band_for(H100_TP_PP_DP, rows([1.0, 2.0, 5.0, 4.0]), rule=RANDOM_EFFECTS_80)
+    half = Z80 * math.sqrt(5.0)
+    assert band is not None and (band.runs, band.sources) == (4, 2)
+    assert (band.low_pct, band.high_pct) == (pytest.approx(3 - half), pytest.approx(3 + half))
+
+
+def test_the_chosen_rule_of_identical_rows_is_one_point() -> None:
+    """Every row of two sources at −10 %: nothing between or within, a band of width 0
+    at −10 % that holds exactly that error."""
+    band = band_for(H100_TP_PP_DP, rows([-10.0, -10.0, -10.0]))
+    assert band is not None
+    assert band.low_pct == pytest.approx(-10.0) and band.high_pct == pytest.approx(-10.0)

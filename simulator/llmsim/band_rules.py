@@ -39,7 +39,14 @@ def random_effects(coverage: float) -> Rule:
     quantile. The random-effects prediction interval of Higgins, Thompson & Spiegelhalter
     (2009, J. R. Stat. Soc. A 172:137–159) with each source weighted equally and the
     within-source scatter of a single row added; the normal quantile in place of their
-    t with k − 2 degrees of freedom (which needs k ≥ 3 and is wider)."""
+    t with k − 2 degrees of freedom (which needs k ≥ 3 and is wider). One departure: s_b²
+    stands where their between-source variance τ² does, and a source mean of nᵢ rows
+    carries s_w²/nᵢ of scatter besides its offset (E s_b² = τ² + s_w²·mean(1/nᵢ)), so
+    that scatter is counted twice and the band is wider than theirs by at most
+    s_w²·mean(1/nᵢ) under the root; with one row a source (s_w² = 0) the two agree.
+    The moment estimate τ̂² = max(0, s_b² − s_w²·mean(1/nᵢ)) in place of s_b² holds on
+    127 of the 142 held-out rows (129 with s_b²; docs/validation.md), so the rule is
+    kept as chosen."""
     z = NormalDist().inv_cdf(0.5 + coverage / 2)
 
     def rule(errors: ErrorsBySource) -> tuple[float, float]:

@@ -167,7 +167,7 @@ class Plan:
         if isinstance(net, FatTree):
             return node // net.nodes_per_leaf
         if isinstance(net, Dragonfly):
-            return node // net.nodes_per_group
+            return net.group_of(node, self.nodes, self.system.nodes)
         return 0
 
     def _level(self, nodes: int, domains: int, span_devices: int) -> str:
@@ -317,13 +317,29 @@ class Plan:
                     local = max(local, (hi - lo) // stride + 1)
                     span = max(span, hi - lo + 1)
         per_domain = self._nodes_per_domain()
+        net = self.system.network
         if per_domain is None:
             domains = 1
+        elif isinstance(net, Dragonfly) and net.job_placement == "scattered":
+            domains = self._scattered_groups(first, stride, size)
         elif stride >= dpn * per_domain:
             domains = size
         else:
             domains = last_node // per_domain - first_node // per_domain + 1
         return nodes, domains, local, span
+
+    def _scattered_groups(self, first: int, stride: int, size: int) -> int:
+        """Dragonfly groups holding the ranks ``first + j·stride``, ``j < size``, of a job
+        scattered round G groups (node i in group i mod G): consecutive nodes lie in
+        ``min(nodes, G)`` groups; nodes ``s`` apart in ``G / gcd(s, G)`` at most."""
+        assert isinstance(self.system.network, Dragonfly)
+        dpn = self.system.node.devices_per_node
+        groups = self.system.network.job_groups(self.nodes, self.system.nodes)
+        if stride < dpn:
+            return min((first + (size - 1) * stride) // dpn - first // dpn + 1, groups)
+        if stride % dpn == 0:
+            return min(size, groups // math.gcd(stride // dpn, groups))
+        return len({(first + j * stride) // dpn % groups for j in range(size)})
 
     def _nodes_per_domain(self) -> int | None:
         """Nodes under one leaf switch / in one dragonfly group (None: one domain)."""

@@ -118,8 +118,8 @@ class GemmModel(Spec):
     50,257 / 8 = 6,283 columns), measured on the board at the sustained clock of its kind
     as ``measured_tflops`` are: the library cannot use its vectorised (TMA) kernels and
     falls back to slower ones. A dtype not given prices such a GEMM like any other."""
-    square_fraction: dict[Dtype, dict[PositiveInt, list[tuple[PositiveInt, Annotated[
-        float, Field(gt=0, le=1)]]]]] = Field(default_factory=dict)
+    square_fraction: dict[Dtype, dict[PositiveInt, Annotated[list[tuple[PositiveInt, Annotated[
+        float, Field(gt=0, le=1)]]], Field(min_length=1)]]] = Field(default_factory=dict)
     """A CPU BLAS's square GEMMs (m = n = k) measured by dtype and thread count:
     ``[size, fraction of the threads' peak]``. Where given for a GEMM's dtype and thread
     count (``compute_units`` for a multi-threaded call, 1 for a matrix of a batch run one

@@ -93,6 +93,18 @@ class Dragonfly(_NetworkBase):
     (:mod:`llmsim.costs.topology.dragonfly`). A stride of a multiple of G stays in one
     group: the round robin is a stand-in for a scheduler's scatter, not a measured one."""
 
+    def job_groups(self, job_nodes: int, machine_nodes: int) -> int:
+        """G: the dragonfly groups a scattered job of ``job_nodes`` nodes goes round on a
+        machine of ``machine_nodes`` nodes (its groups, or the job's nodes if fewer)."""
+        machine = -(-max(machine_nodes, job_nodes) // self.nodes_per_group)
+        return max(1, min(machine, job_nodes))
+
+    def group_of(self, node: int, job_nodes: int, machine_nodes: int) -> int:
+        """The dragonfly group of the job's node ``node`` under ``job_placement``."""
+        if self.job_placement == "scattered":
+            return node % self.job_groups(job_nodes, machine_nodes)
+        return node // self.nodes_per_group
+
     def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
         """Share of injection bandwidth across groups: the global links' taper."""
         if nodes_spanned <= self.nodes_per_group:

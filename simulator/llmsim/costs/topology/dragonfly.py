@@ -64,8 +64,7 @@ class DragonflyTopology:
 
     def groups(self, job_nodes: int) -> int:
         """G: the dragonfly groups a scattered job of ``job_nodes`` goes round."""
-        machine = -(-max(self.machine_nodes, job_nodes) // self.network.nodes_per_group)
-        return max(1, min(machine, job_nodes))
+        return self.network.job_groups(job_nodes, self.machine_nodes)
 
     def group_of(self, nodes: np.ndarray, job_nodes: int) -> np.ndarray:
         """The dragonfly group of each of the job's ``nodes``."""
