@@ -208,7 +208,7 @@ class Estimator(StageKinds):
                             weight_s=cw + acc if units == 1 else None)
                             for pair in follows[kind_key])
                 own = StageTimes(f=f, b=b, w=(w * (m - a) + w_first * a) / m
-                                 + per_microbatch_s(rs_waits, m),
+                                 + per_microbatch_s(rs_waits, m, par.schedule, p),
                                  zero_gathers_f=gathers_f, zero_gathers_b=gathers_b,
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward,

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 from llmsim.search.posted_sends import chain_hops_s, gather_delay_s
 from llmsim.search.zb_v_walk import compiled, walk_s
+from llmsim.search.zero3_queue import stream_share
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +160,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
             c = max(c, st.sends_f + st.sends_b)
         if zero3:  # the data-parallel stream's own work per micro-batch
             per_mb = st.zero_gathers_f + st.zero_gathers_b + st.reduction_s
-            c = max(c, per_mb)
+            c = max(c, per_mb * stream_share(schedule, p, m))
         cycle.append(c)
     counts = [count for _, count in runs]
     if posted_singly and schedule == "interleaved-1f1b" and not zero3:
