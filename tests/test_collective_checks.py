@@ -21,7 +21,6 @@ NICs) and a message; llmsim prices the same collective on a plan of that shape. 
 tolerance of each point is in the file (25 %).
 
 Points where llmsim is off by more than that are expected failures, each with the measured
-<<<<<<< HEAD
 and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)" and "Frontier").
 The MI250X node's fabric (tier 2) and the Slingshot efficiency of ``frontier`` and ``lumi``
 were set from the Frontier all-gathers on 8-256 GCDs (``FRONTIER-PCCL-C-AG0008`` to
@@ -29,7 +28,12 @@ were set from the Frontier all-gathers on 8-256 GCDs (``FRONTIER-PCCL-C-AG0008``
 sweep and the LUMI points are the independent checks. What stays off: RCCL itself slows
 down 2-6x from 512 GCDs on (the PCCL paper, arXiv:2504.18658, puts it on RCCL's ring-only
 all-gather and reduce-scatter at that rank count and on traffic falling into the NIC's
-software overflow path; llmsim's ring keeps its bandwidth), and inside the 2023 LUMI runs
+software overflow path; llmsim's ring keeps its bandwidth; like RCCL's tuner, llmsim prices
+their all-gathers and reduce-scatters as the ring only, ``network.collective_algorithms``);
+below 1 GiB RCCL has a floor of 20-35 us a ring step (0.16 ms on 8 GCDs, 0.56 ms on 32,
+3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB to 1 GiB) where llmsim's unverified step
+latency is 2 us, so mid-size messages on 128 and more GCDs take 1.4-14x llmsim's time
+(docs/validation.md §8, "The MI250X rows taken apart"); and inside the 2023 LUMI runs
 the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives the 8
 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
 link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
@@ -41,28 +45,6 @@ doubling for small messages, Trinaryx3 above 96 KiB among 33-3,840 processes) ar
 64-node runs, 2025), but not at 512 KiB over 32 nodes (16 KiB ring blocks) nor for 64 KiB
 over 16 nodes laid on a 1-D shape (docs/validation.md §8, "Tofu-D collectives"). They are
 strict: a model that comes within the tolerance fails them, and the mark is then removed.
-=======
-and modelled time in its reason (docs/validation.md §8, "LUMI (MI250X)" and "Frontier"). The
-MI250X node's fabric (tier 2) and the Slingshot efficiency of ``frontier`` and ``lumi`` were
-set from the Frontier all-gathers on 8-256 GCDs (``FRONTIER-PCCL-C-AG0008`` to ``-AG0256``),
-so those five points hold by construction; the reduce-scatters of the same sweep and the
-LUMI points are the independent checks. What stays off: RCCL itself slows down 2-6x from 512
-GCDs on (the PCCL paper, arXiv:2504.18658, puts it on RCCL's ring-only all-gather and
-reduce-scatter at that rank count and on traffic falling into the NIC's software overflow
-path; llmsim's ring keeps its bandwidth); below 1 GiB RCCL has a floor of 20-35 us a ring
-step (0.16 ms on 8 GCDs, 0.56 ms on 32, 3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB
-to 1 GiB) where llmsim's unverified step latency is 2 us, so mid-size messages on 128 and
-more GCDs take 1.4-14x llmsim's time (docs/validation.md §8, "The MI250X rows taken apart"),
-while at the 8- and 32-GCD sizes of the LUMI rows llmsim is within 16 %; and inside the 2023
-LUMI runs the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives
-the 8 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
-link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim adds
-the A64FX's 10 us per-op launch, and Fujitsu MPI's all-reduce over 1,536 ranks takes 2.3-4x
-llmsim's NCCL-style tree (docs/validation.md §8, "Tofu-D collectives"); its ring over 16 and
-32 nodes is within 11 % from 4 MiB up, but not at 512 KiB over 32 nodes (16 KiB blocks) nor
-where its rules pick recursive doubling. They are strict: a model that comes within the
-tolerance fails them, and the mark is then removed.
->>>>>>> rccl
 """
 
 from __future__ import annotations
@@ -130,9 +112,9 @@ KNOWN_GAPS = {
                                   "22 us a step)",
     "FRONTIER-PCCL-C-AG0128-64M": "64 MiB all-gather, 16 nodes x 8: llmsim 1.20 ms, RCCL 4.32",
     "FRONTIER-PCCL-C-AG0128-256M": "256 MiB all-gather, 16 nodes x 8: llmsim 3.94 ms, RCCL 5.46",
-    "FRONTIER-PCCL-C-RS0512-32M": "32 MiB reduce-scatter, 64 nodes x 8: llmsim 1.05 ms, RCCL 15.0 "
+    "FRONTIER-PCCL-C-RS0512-32M": "32 MiB reduce-scatter, 64 nodes x 8: llmsim 1.61 ms, RCCL 15.0 "
                                   "(RCCL takes 10.6-17.3 ms from 16 MiB to 1 GiB: 21-34 us a step)",
-    "FRONTIER-PCCL-C-RS0512-64M": "64 MiB reduce-scatter, 64 nodes x 8: llmsim 1.83 ms, RCCL 17.3",
+    "FRONTIER-PCCL-C-RS0512-64M": "64 MiB reduce-scatter, 64 nodes x 8: llmsim 2.07 ms, RCCL 17.3",
     "FRONTIER-PCCL-C-AG0512-512M": "512 MiB all-gather, 64 nodes x 8: llmsim 8.49 ms, RCCL 25.2",
     "FUGAKU-JL-C-PP8B": "8-byte MPI ping-pong between two Fugaku nodes: llmsim 10.5 us (the "
                         "A64FX's 10 us per-op launch of a PyTorch call), MPI alone 1.26 us",

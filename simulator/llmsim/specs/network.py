@@ -11,6 +11,12 @@ from llmsim.specs._base import Spec
 from llmsim.specs.collectives import CollectiveLibrary
 from llmsim.specs.mpi import MpiCollectives
 
+AlgorithmName = Literal["ring", "hierarchical", "tree", "point_to_point", "torus"]
+"""An α–β algorithm of :data:`llmsim.costs.collectives.ALGORITHMS`."""
+LibraryCollective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv",
+                            "all_to_all"]
+"""A collective whose algorithms ``collective_algorithms`` can restrict."""
+
 
 class _NetworkBase(Spec):
     name: str = ""
@@ -41,6 +47,11 @@ class _NetworkBase(Spec):
     ``nccl-2021``): collectives are then priced per algorithm and protocol as that
     library predicts them. Without it every collective is a Simple-protocol α–β ring,
     tree or two-level algorithm with ``step_latency_us`` and the fabric's latency."""
+    collective_algorithms: dict[LibraryCollective, list[AlgorithmName]] | None = None
+    """The α–β algorithms the collective library's tuner considers, per collective,
+    where it offers fewer than llmsim's: RCCL runs an all-gather or reduce-scatter only
+    as a ring, never two-level (``hardware/systems/frontier.yaml``). A collective not
+    listed, or None, may take any applicable algorithm. Not used with ``collectives``."""
     mpi: MpiCollectives | None = None
     """The MPI library's all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
     all-reduce its rules give to the ring, recursive doubling or Trinaryx3 is priced as

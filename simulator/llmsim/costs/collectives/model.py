@@ -23,16 +23,19 @@ from llmsim.specs import CollectiveLibrary, System
 
 
 def algorithm_times_s(collective: Collective, nbytes: float, path: GroupPath,
-                      library: CollectiveLibrary | None = None) -> dict[str, float]:
+                      library: CollectiveLibrary | None = None,
+                      offered: dict[str, list[str]] | None = None) -> dict[str, float]:
     """Time of every applicable algorithm (without the launch cost), by name.
 
     With a ``library`` the collectives are its own algorithms and protocols
     (:func:`library_times_s`, named ``ring/ll128`` and so on); a send/recv is always
-    :func:`point_to_point_s`.
+    :func:`point_to_point_s`. Otherwise ``offered`` (``network.collective_algorithms``)
+    keeps, for a collective it lists, only the algorithms the library's tuner considers.
     """
     if library is not None and collective != "send_recv":
         return library_times_s(collective, nbytes, path, library)
-    times = {name: algo(collective, nbytes, path) for name, algo in ALGORITHMS.items()}
+    names = (offered or {}).get(collective, ALGORITHMS)
+    times = {name: ALGORITHMS[name](collective, nbytes, path) for name in names}
     return {name: t for name, t in times.items() if t is not None}
 
 
@@ -103,5 +106,7 @@ class CollectiveModel:
             mpi_s = mpi_all_reduce_s(mpi, collective, nbytes, path, lambda: self.geometry(axis))
             if mpi_s is not None:
                 return mpi_s + self.launch_s
-        library = self.system.network.collectives
-        return min(algorithm_times_s(collective, nbytes, path, library).values()) + self.launch_s
+        network = self.system.network
+        times = algorithm_times_s(collective, nbytes, path, network.collectives,
+                                  network.collective_algorithms)
+        return min(times.values()) + self.launch_s
