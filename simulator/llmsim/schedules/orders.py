@@ -75,7 +75,7 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     nothing to run stays idle until a pass fills its queues: its memory limit changes
     only with its own passes), so a build is O(passes · log passes), not O(time · p).
     Within one time the stages decide independently (a choice changes only the stage's
-    own queues; what it starts is seen at the pass's end), in stage order.
+    own queues; what it starts is seen at the pass's end), so in any order.
     """
     if min(times) < 1:
         raise ValueError(f"greedy_order: pass times {times} must be at least 1 each")
@@ -94,85 +94,80 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     forwards_run = [0] * stages
     # By time: the passes ending then (kind, mb, k) and the stages free again then; the
     # order within a time does not matter (each fills a queue; the queues are heaps).
-    ends: dict[int, list[tuple[str, int, int]]] = {}
-    frees: dict[int, list[int]] = {}
-    times_ahead: list[int] = []  # the times of ``ends`` and ``frees``, a heap
+    due: dict[int, tuple[list[tuple[str, int, int]], list[int]]] = {}
+    times_ahead: list[int] = []  # the times of ``due``, a heap
     free_at = [0] * stages
+    push, pop = heapq.heappush, heapq.heappop
     for mb, path in enumerate(hops):
-        heapq.heappush(ready_f[path[0][0]][path[0][1]], (mb, 0))
+        push(ready_f[path[0][0]][path[0][1]], (mb, 0))
     left = 3 * sum(len(path) for path in hops)
     now = 0
     awake = set(range(stages))  # the free stages that may start a pass now
+    ended: list[tuple[str, int, int]] = []
     while left:
-        for kind, mb, k in ends.pop(now, ()):  # what has ended makes its successors ready
+        for kind, mb, k in ended:  # what has ended makes its successors ready
             path = hops[mb]
             if kind == "F" and k + 1 < len(path):
                 s, c = path[k + 1]
-                heapq.heappush(ready_f[s][c], (mb, k + 1))
+                push(ready_f[s][c], (mb, k + 1))
             elif kind == "F" or k > 0:
                 j = k if kind == "F" else k - 1
                 s, c = path[j]
-                heapq.heappush(ready_b[s], (order_of[(mb, j)], mb, c, j))
+                push(ready_b[s], (order_of[(mb, j)], mb, c, j))
             else:
                 continue
             awake.add(s)
-        awake.update(frees.pop(now, ()))
         for s in awake:
             if free_at[s] > now:
                 continue
-            k = 0
             if ready_b[s]:
-                _, mb, c, k = heapq.heappop(ready_b[s])
-                choice = Action(s, "B", mb, c)
+                _, mb, c, k = pop(ready_b[s])
+                kind, end = "B", now + b_time
+                rows[s].append(Action(s, "B", mb, c))
+                weight = Action(s, "W", mb, c)
+                if fused:
+                    rows[s].append(weight)
+                    left -= 1
+                    held[s][c] -= 1
+                else:
+                    weights[s].append(weight)
             else:
-                choice = None
+                kind = ""
                 heads = [(queue[0], c) for c, queue in enumerate(ready_f[s]) if queue]
                 if len(heads) > 1:
                     heads.sort()
                 for (mb, k), c in heads:
                     if may_forward(s, c, held[s]):
-                        heapq.heappop(ready_f[s][c])
-                        choice = Action(s, "F", mb, c)
+                        pop(ready_f[s][c])
+                        rows[s].append(Action(s, "F", mb, c))
                         held[s][c] += 1
                         order_of[(mb, k)] = forwards_run[s]
                         forwards_run[s] += 1
+                        kind, end = "F", now + f_time
                         break
-                if choice is None:
+                if not kind:
                     if not weights[s]:
                         continue  # idle until a pass fills its queues
-                    choice = weights[s].popleft()
-                    held[s][choice.chunk] -= 1
-            rows[s].append(choice)
+                    weight = weights[s].popleft()
+                    rows[s].append(weight)
+                    held[s][weight.chunk] -= 1
+                    kind, end = "W", now + w_time
             left -= 1
-            kind = choice.kind
-            if kind == "W":
-                end = now + w_time
-            else:
-                end = now + (f_time if kind == "F" else b_time)
-                _at(ends, times_ahead, end).append((kind, choice.microbatch, k))
-                if kind == "B":
-                    weight = Action(s, "W", choice.microbatch, choice.chunk)
-                    if fused:
-                        rows[s].append(weight)
-                        left -= 1
-                        held[s][choice.chunk] -= 1
-                        end += w_time
-                    else:
-                        weights[s].append(weight)
-            _at(frees, times_ahead, end).append(s)
-            free_at[s] = end
-        awake.clear()
+            free_at[s] = free = end + w_time if kind == "B" and fused else end
+            if kind != "W":
+                at = due.get(end)
+                if at is None:
+                    at = due[end] = ([], [])
+                    push(times_ahead, end)
+                at[0].append((kind, mb, k))
+            at = due.get(free)
+            if at is None:
+                at = due[free] = ([], [])
+                push(times_ahead, free)
+            at[1].append(s)
         if not times_ahead:
             raise ValueError("greedy_order: no stage can move (the memory limit is too low)")
-        now = heapq.heappop(times_ahead)
+        now = pop(times_ahead)
+        ended, freed = due.pop(now)
+        awake = set(freed)
     return rows
-
-
-def _at(by_time: dict[int, list], times_ahead: list[int], time: int) -> list:
-    """``by_time``'s list at ``time``, made (and ``time`` put on the heap) if new."""
-    hit = by_time.get(time)
-    if hit is None:
-        hit = by_time[time] = []
-        if time not in times_ahead:
-            heapq.heappush(times_ahead, time)
-    return hit
