@@ -26,3 +26,25 @@ def test_placed_schedules_peak_equals_the_memory_model_exactly(name: str) -> Non
     sample = random.Random(11).sample(space, min(80, len(space)))
     assert check_peak_memory(base, sample, rel=0) > 30
     assert {c.schedule for c in sample} == set(PLACED)
+
+
+@pytest.mark.parametrize("name", ["selene-gpt3", "frontier"])
+def test_the_candidate_stages_give_the_peak_of_every_stage_exactly(name: str, monkeypatch) -> None:
+    """:class:`PeakMemory` looks only at the stages that can hold the peak (of stages
+    alike, the one holding the most activations): the same number, bit for bit, as
+    looking at every stage."""
+    from llmsim.search import fit
+    from llmsim.search.layout_scenario import parallelism_of
+
+    base = llmsim.load_scenario(name).model_copy(update={"fidelity": "reduced"})
+    space = [c for c in cores(base, SpaceOptions(fixed={}), state_fits(base, 0.1))
+             if c.pp > 2 and (c.schedule not in PLACED or c.pp * walk_key(c)[3] <= 1024)]
+    sample = random.Random(5).sample(space, 300)
+    fast = fit.PeakMemory(base)
+    got = [fast.peak_bytes(*parallelism_of(base, c), c.dp) for c in sample]
+    assert fit._candidates(8, [[12]] * 8, [8, 7, 6, 5, 4, 3, 2, 1]) == [0, 1, 7]
+    monkeypatch.setattr(fit, "_candidates", lambda p, split, held: range(p))
+    monkeypatch.setattr(fit, "_placed_candidates", lambda p, stages: stages)
+    every = fit.PeakMemory(base)
+    assert got == [every.peak_bytes(*parallelism_of(base, c), c.dp) for c in sample]
+    assert {c.schedule for c in sample} >= {"1f1b", "interleaved-1f1b", "zb-v"}

@@ -61,7 +61,7 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                  fused: bool = False,
                  times: tuple[int, int, int] = (1, 1, 1)) -> list[list[Action]]:
     """The per-stage orders a list scheduler makes with fixed pass times ``times``
-    (F, B, W; unit times by default) and free communication.
+    (F, B, W; unit times by default, each at least 1) and free communication.
 
     Whenever a stage is free it starts, first, the B whose input gradient is in (the
     earliest forward first); else the F whose input is in (lowest micro-batch, then
@@ -69,11 +69,19 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     With ``fused`` the W runs right after its B (one backward). This is the greedy rule
     of Qi et al. 2024 §3.2 (B before F before W, F bounded by the memory limit) with
     equal pass times, the setting in which their handcrafted schedules are drawn.
-    Event-driven: O(passes · (p + log passes)).
+
+    Event-driven: at each time only the stages that have just become free, or whose
+    queues a finished pass has just filled, are looked at (a free stage that found
+    nothing to run stays idle until a pass fills its queues: its memory limit changes
+    only with its own passes), so a build is O(passes · log passes), not O(time · p).
+    Within one time the stages decide independently (a choice changes only the stage's
+    own queues; what it starts is seen at the pass's end), so in any order.
     """
+    if min(times) < 1:
+        raise ValueError(f"greedy_order: pass times {times} must be at least 1 each")
     hops = [route(mb) for mb in range(microbatches)]
     chunks = 1 + max(c for path in hops for _, c in path)
-    duration = dict(zip("FBW", times, strict=True))
+    f_time, b_time, w_time = times
     rows: list[list[Action]] = [[] for _ in range(stages)]
     held = [[0] * chunks for _ in range(stages)]
     # Per stage: ready forwards per chunk (heap of (mb, k)), ready backwards (heap of
@@ -84,65 +92,82 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     weights: list[deque[Action]] = [deque() for _ in range(stages)]
     order_of: dict[tuple[int, int], int] = {}  # (mb, k) → its stage's forward count
     forwards_run = [0] * stages
+    # By time: the passes ending then (kind, mb, k) and the stages free again then; the
+    # order within a time does not matter (each fills a queue; the queues are heaps).
+    due: dict[int, tuple[list[tuple[str, int, int]], list[int]]] = {}
+    times_ahead: list[int] = []  # the times of ``due``, a heap
     free_at = [0] * stages
-    events: list[tuple[int, int, str, int, int]] = []  # (end, seq, kind, mb, k)
-    seq = 0
+    push, pop = heapq.heappush, heapq.heappop
     for mb, path in enumerate(hops):
-        heapq.heappush(ready_f[path[0][0]][path[0][1]], (mb, 0))
+        push(ready_f[path[0][0]][path[0][1]], (mb, 0))
     left = 3 * sum(len(path) for path in hops)
     now = 0
+    awake = set(range(stages))  # the free stages that may start a pass now
+    ended: list[tuple[str, int, int]] = []
     while left:
-        while events and events[0][0] <= now:  # what has ended makes its successors ready
-            _, _, kind, mb, k = heapq.heappop(events)
+        for kind, mb, k in ended:  # what has ended makes its successors ready
             path = hops[mb]
             if kind == "F" and k + 1 < len(path):
-                heapq.heappush(ready_f[path[k + 1][0]][path[k + 1][1]], (mb, k + 1))
-            elif kind == "F" or (kind == "B" and k > 0):
+                s, c = path[k + 1]
+                push(ready_f[s][c], (mb, k + 1))
+            elif kind == "F" or k > 0:
                 j = k if kind == "F" else k - 1
                 s, c = path[j]
-                heapq.heappush(ready_b[s], (order_of[(mb, j)], mb, c, j))
-        for s in range(stages):
+                push(ready_b[s], (order_of[(mb, j)], mb, c, j))
+            else:
+                continue
+            awake.add(s)
+        for s in awake:
             if free_at[s] > now:
                 continue
-            choice: Action | None = None
             if ready_b[s]:
-                _, mb, c, k = heapq.heappop(ready_b[s])
-                choice = Action(s, "B", mb, c)
-            else:
-                heads = sorted((queue[0], c) for c, queue in enumerate(ready_f[s]) if queue)
-                for (mb, k), c in heads:
-                    if may_forward(s, c, held[s]):
-                        heapq.heappop(ready_f[s][c])
-                        choice = Action(s, "F", mb, c)
-                        held[s][c] += 1
-                        order_of[(mb, k)] = forwards_run[s]
-                        forwards_run[s] += 1
-                        break
-            if choice is None and weights[s]:
-                choice = weights[s].popleft()
-                held[s][choice.chunk] -= 1
-            if choice is None:
-                continue
-            rows[s].append(choice)
-            left -= 1
-            free_at[s] = now + duration[choice.kind]
-            if choice.kind == "B":
-                weight = Action(s, "W", choice.microbatch, choice.chunk)
+                _, mb, c, k = pop(ready_b[s])
+                kind, end = "B", now + b_time
+                rows[s].append(Action(s, "B", mb, c))
+                weight = Action(s, "W", mb, c)
                 if fused:
                     rows[s].append(weight)
                     left -= 1
-                    held[s][choice.chunk] -= 1
-                    free_at[s] += duration["W"]
+                    held[s][c] -= 1
                 else:
                     weights[s].append(weight)
-            if choice.kind != "W":
-                heapq.heappush(events, (now + duration[choice.kind], seq, choice.kind,
-                                        choice.microbatch, k))
-                seq += 1
-        upcoming = [t for t in free_at if t > now]
-        if events:
-            upcoming.append(events[0][0])
-        if not upcoming:
+            else:
+                kind = ""
+                heads = [(queue[0], c) for c, queue in enumerate(ready_f[s]) if queue]
+                if len(heads) > 1:
+                    heads.sort()
+                for (mb, k), c in heads:
+                    if may_forward(s, c, held[s]):
+                        pop(ready_f[s][c])
+                        rows[s].append(Action(s, "F", mb, c))
+                        held[s][c] += 1
+                        order_of[(mb, k)] = forwards_run[s]
+                        forwards_run[s] += 1
+                        kind, end = "F", now + f_time
+                        break
+                if not kind:
+                    if not weights[s]:
+                        continue  # idle until a pass fills its queues
+                    weight = weights[s].popleft()
+                    rows[s].append(weight)
+                    held[s][weight.chunk] -= 1
+                    kind, end = "W", now + w_time
+            left -= 1
+            free_at[s] = free = end + w_time if kind == "B" and fused else end
+            if kind != "W":
+                at = due.get(end)
+                if at is None:
+                    at = due[end] = ([], [])
+                    push(times_ahead, end)
+                at[0].append((kind, mb, k))
+            at = due.get(free)
+            if at is None:
+                at = due[free] = ([], [])
+                push(times_ahead, free)
+            at[1].append(s)
+        if not times_ahead:
             raise ValueError("greedy_order: no stage can move (the memory limit is too low)")
-        now = min(upcoming)
+        now = pop(times_ahead)
+        ended, freed = due.pop(now)
+        awake = set(freed)
     return rows

@@ -44,7 +44,7 @@ class PeakMemory:
     def __init__(self, base: Any) -> None:
         self.model, self.accelerator = base.model, base.system.node.accelerator
         self._splits: dict[tuple, list[list[int]]] = {}
-        self._held: dict[tuple, tuple[list[int], int, int]] = {}
+        self._held: dict[tuple, tuple[list[int], int, int, list[int]]] = {}
         self._activations: dict[tuple, tuple[float, float, float, float]] = {}
         self._params: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._placed: dict[tuple, tuple[list[list[int]], list[tuple]]] = {}
@@ -92,11 +92,14 @@ class PeakMemory:
         hit = self._held.get(held_key)
         if hit is None:
             chunks = in_flight_chunks(par.schedule, p, m, v)
-            hit = self._held[held_key] = (
-                [sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
-                 for i in range(p)], chunks[0][0], chunks[p - 1][-1])
-        held, first_held, last_held = hit
+            held = [sum(n * layers for n, layers in zip(chunks[i], split[i], strict=True))
+                    for i in range(p)]
+            hit = self._held[held_key] = (held, chunks[0][0], chunks[p - 1][-1],
+                                          _candidates(p, split, held))
+        held, first_held, last_held, candidates = hit
         per_layer, remat, embedding_acts, output_acts = self._activation_parts(par, training)
+        if per_layer < 0:  # never (bytes); the candidates need activations growing in held
+            candidates = range(p)
         layer_params, embedding_params, head_params = self._param_parts(t, p)
         w_b, g_b, o_b = state_bytes_per_param(training.precision)
         ranks = dp * par.ep * par.cp
@@ -104,7 +107,7 @@ class PeakMemory:
                      o_b / (ranks if zero >= 1 else 1))
         buffers: dict[tuple[bool, bool, bool], float] = {}
         peak = 0.0
-        for i in range(p):
+        for i in candidates:
             layers = sum(split[i])
             params = layers * layer_params + (embedding_params if i == 0 else 0) \
                 + (head_params if i == p - 1 else 0)
@@ -138,6 +141,9 @@ class PeakMemory:
                                          model, t, 1))
         per_layer, remat, embedding_acts, output_acts = self._exact_activation_parts(par,
                                                                                     training)
+        if per_layer < 0:  # never (bytes); the candidates need activations growing in held
+            return max(s.total_bytes for s in memory_per_stage(self.model, par, training, dp,
+                                                                self.accelerator))
         w_b, g_b, o_b = state_bytes_per_param(training.precision)
         ranks = dp * par.ep * par.cp
         buffers: dict[tuple[bool, bool, bool], float] = {}
@@ -206,6 +212,7 @@ class PeakMemory:
                     first_in = lambda e, o, n0=n0: n0 * e  # noqa: E731
                 out_in = chunks[i][-1] if last_stage in held_stages else 0
             out.append((i, params, layers, held, first_in, out_in))
+        out = _placed_candidates(p, out)
         self._placed[key] = (split, out)  # the split held: its id stays its own
         return out
 
@@ -269,6 +276,37 @@ ONE_VERSION = frozenset(
     name for name, info in SCHEDULES.items()
     if all(info.weight_versions(4, i, 8) == 1 for i in range(4)))
 """Schedules that hold one version of the weights (all but PipeDream's stashing)."""
+
+
+def _candidates(p: int, split: list[list[int]], held: list[int]) -> list[int]:
+    """The stages that can hold the peak, in stage order: of the stages alike in all but
+    the activations they hold (the same layers, neither first nor last, holding some or
+    none), the one holding the most (the first of equals). Their parameters and buffers
+    are equal and their activations grow with what they hold, and every step of
+    :meth:`PeakMemory.peak_bytes`' sum (a product by a non-negative number, a sum, a
+    quotient by cp) keeps the order of floats, so the largest of the others' totals is
+    never above the candidate's: the maximum is the same number."""
+    best: dict[tuple, int] = {}
+    for i in range(p):
+        alike = (sum(split[i]), i == 0, i == p - 1, held[i] > 0)
+        if alike not in best or held[i] > held[best[alike]]:
+            best[alike] = i
+    return sorted(best.values())
+
+
+def _placed_candidates(p: int, stages: list[tuple]) -> list[tuple]:
+    """:meth:`PeakMemory._placed_stages`' stages that can hold the peak (as
+    :func:`_candidates`): of those alike in all but the layer-micro-batches held (the
+    same parameters and layers, neither first nor last, no end chunk's activations,
+    holding some or none), the one holding the most."""
+    best: dict[tuple, tuple] = {}
+    for stage in stages:
+        i, params, layers, held, first_in, out_in = stage
+        alike = (params, layers, held > 0) if first_in is None and not out_in \
+            and 0 < i < p - 1 else (i,)
+        if alike not in best or held > best[alike][3]:
+            best[alike] = stage
+    return sorted(best.values(), key=lambda stage: stage[0])
 
 
 def _two_pipeline_ends(ends: list[tuple[int, bool, bool]]) -> Any:

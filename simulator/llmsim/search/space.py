@@ -223,6 +223,10 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
     micro = [b for b in divisors(per_replica) if b <= options.max_micro_batch]
     schedules = list(SCHEDULES) + list(ASYNCHRONOUS) * options.asynchronous if pp > 1 \
         else ["1f1b"]
+    sps = _choices("sequence_parallel", [False, True] if tp > 1 else [False], fx)
+    recomputes = _choices("recompute", list(RECOMPUTE), fx)
+    switches = (fx.get("overlap_dp_comm", True), fx.get("overlap_tp_comm", False),
+                fx.get("overlap_pp_comm", False), fx.get("overlap_param_gather", False))
     for schedule in _choices("schedule", schedules, fx):
         if schedule == "interleaved-1f1b":
             chunks = [v for v in divisors(layers // pp) if v >= 2]
@@ -242,14 +246,10 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
                     continue
                 if schedule in ASYNCHRONOUS and per_replica // mb < pp:
                     continue
-                for sp in _choices("sequence_parallel", [False, True] if tp > 1 else [False],
-                                   fx):
-                    for rc in _choices("recompute", list(RECOMPUTE), fx):
+                for sp in sps:
+                    for rc in recomputes:
                         yield Layout(nodes, tp, pp, dp, v, schedule, mb, zero, sp, rc,
-                                     fx.get("overlap_dp_comm", True),
-                                     fx.get("overlap_tp_comm", False),
-                                     fx.get("overlap_pp_comm", False),
-                                     fx.get("overlap_param_gather", False), gb)
+                                     *switches, gb)
 
 
 def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
