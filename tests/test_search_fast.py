@@ -5,6 +5,7 @@ fully validated scenario, and :class:`PeakMemory` equals :func:`memory_per_stage
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -276,3 +277,79 @@ def _family_space() -> tuple[llmsim.specs.Scenario, list]:
 
 
 _FAMILY_SPACE = _family_space()
+
+
+def _row_of(layout, estimate, peak_bytes: float, capacity_bytes: float,
+            machine_devices: int) -> dict:
+    """One layout's row by the scalar path (:func:`llmsim.search.price.row`)."""
+    from llmsim.search.price import ROW_COLUMNS, row
+
+    columns: dict[str, list] = {name: [] for name in ROW_COLUMNS}
+    row(columns, layout, estimate, peak_bytes, capacity_bytes, machine_devices)
+    return {name: values[0] for name, values in columns.items()}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), size=st.integers(1, 10))
+def test_a_family_s_columns_equal_each_member_s_scalar_row(seed: int, size: int) -> None:
+    """Property: a random family (as above) priced by one warm estimator, its rows built
+    as numpy columns over the members (:func:`llmsim.search.price.columns`: memory share,
+    MFU, tokens/s, days), equals each member's row by the scalar path from a fresh
+    estimator, bit for bit."""
+    from llmsim.search.price import columns
+
+    scenario, sample = _FAMILY_SPACE
+    rng = random.Random(seed)
+    anchor = rng.choice(sample)
+    family = [c for c in sample if (c.tp, c.pp, c.micro_batch, c.recompute) ==
+              (anchor.tp, anchor.pp, anchor.micro_batch, anchor.recompute)]
+    members = _valid_layouts(scenario, rng.sample(family, min(size, len(family))))
+    rng.shuffle(members)
+    warm = Estimator()
+    peaks = [rng.uniform(1e9, 8e10) for _ in members]
+    got = columns([[layout, warm.estimate(sc), None, peak]
+                   for (layout, sc), peak in zip(members, peaks, strict=True)], 8e10, 1024)
+    for i, ((layout, sc), peak) in enumerate(zip(members, peaks, strict=True)):
+        want = _row_of(layout, Estimator().estimate(sc), peak, 8e10, 1024)
+        assert {name: got[name][i] for name in want} == want, layout.key
+
+
+def test_the_members_of_a_family_share_one_pipeline_phase() -> None:
+    """Layouts that differ only in their ZeRO stage below 3 (the stages' passes and sends
+    alike, their gradients not read by the pipeline's closed form) are given one pipeline
+    phase (one entry of the family memo), and each equals a fresh estimator's."""
+    scenario, sample = _FAMILY_SPACE
+    core = next(c for c in sample if c.schedule == "1f1b" and c.pp > 1 and c.zero == 0
+                and c.dp > 1 and c.recompute == "full")
+    members = [replace(core, zero=z) for z in (0, 1, 2)]
+    scenarios = _valid_scenarios(scenario, members)
+    scenarios = [sc for sc in scenarios if not sc.parallelism.overlap_param_gather]
+    assert len(scenarios) == 3
+    est = Estimator()
+    assert _estimates(est, scenarios) == [_estimates(Estimator(), [sc])[0]
+                                          for sc in scenarios]
+    assert len(est._pipelines) == 1
+
+
+def test_a_deferred_walk_s_layout_resumes_where_it_was_set_aside() -> None:
+    """A layout whose walk is set aside to be replayed with its batch's others
+    (:mod:`llmsim.search.walk_batch`) is priced again from where it stopped: the same
+    estimate as a fresh estimator's, nothing left pending."""
+    from llmsim.search import walk_batch
+
+    scenario, sample = _FAMILY_SPACE
+    cores_v = [c for c in sample if c.schedule == "zb-v"][:3]
+    scenarios = _valid_scenarios(scenario, cores_v)
+    assert scenarios
+    est = Estimator()
+    deferred = []
+    with walk_batch.collecting():
+        for sc in scenarios:
+            try:
+                est.estimate(sc)
+            except walk_batch.Deferred:
+                deferred.append(sc)
+    walk_batch.flush()
+    assert deferred and len(est._pending) == len(deferred)
+    assert _estimates(est, deferred) == [_estimates(Estimator(), [sc])[0] for sc in deferred]
+    assert not est._pending

@@ -20,6 +20,7 @@ engine, and ``docs/search.md`` states how far apart the two are.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmsim.costs import HardwareCosts
@@ -27,12 +28,14 @@ from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
+from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import stage_pair_parts
-from llmsim.search.parts import contention_key, servers
+from llmsim.search.parts import KIND_MEMO, contention_key, servers
 from llmsim.search.pipedream_updates import update_shares_s
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.stage_kinds import StageKinds
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
+from llmsim.search.walk_batch import Deferred
 from llmsim.search.zero3_queue import (
     DEFERS_W,
     blended_wait_s,
@@ -118,9 +121,23 @@ class Estimator(StageKinds):
     """Prices layouts of one base scenario (its system, model and training fixed),
     memoising every part that layouts share (:class:`~llmsim.search.parts.SharedParts`)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._pending: dict[int, tuple[Scenario, Callable[[], Estimate]]] = {}
+        self._pipelines = BoundedMemo(KIND_MEMO)
+        """A family's pipeline phase (:func:`pipeline_runs_s`), by exactly what it reads:
+        the kinds' passes (their memo entry, held in the value so that its id stays its
+        own), the sends and, per kind, what differs between the family's layouts."""
+        """Per scenario (by id, the scenario held) whose walk was set aside
+        (:class:`~llmsim.search.walk_batch.Deferred`), the rest of its estimate: its stages
+        are not priced twice."""
+
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
         """The estimated step of a validated scenario (any fidelity: it is the reduced one)."""
+        pending = self._pending.pop(id(sc), None)
+        if pending is not None and pending[0] is sc:  # its walk set aside, now replayed
+            return pending[1]()
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
@@ -144,11 +161,11 @@ class Estimator(StageKinds):
         hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
-        runs: list[list] = []  # [StageTimes, count] of consecutive equal stages
+        placed: list[tuple] = []  # (first stage, neighbours within its node, count, kind)
         tails: list[float] = []
         flops_per_replica = 0.0
         cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
-        for s, kind_key, _, count in self._runs(plan_key, split, node_of):
+        for s, kind_key, _, count in self._runs(plan_key, split, node_of) if zero3 else ():
             cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
         waits_rs = zero3 and par.overlap_dp_comm and (not split_backward or walked)
         # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms subtract: a wait
@@ -217,74 +234,96 @@ class Estimator(StageKinds):
                                         split_backward=split_backward, zero3=zero3)
                 kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
                                                 experts_s, chunk_0)
-            # Pipeline sends of one micro-batch (forward out of every virtual stage but the
-            # last, backward out of every one but the first) and the gathers of sliced ones.
             flops_per_replica += kind.flops * count
-            to_next, to_prev = send_s[within[0]], send_s[within[1]]
-            out_f, out_b = placed_sends[s] if hops else (v - (s == p - 1), v - (s == 0))
-            received = out_b + out_f * (1 + traffic.pp_regather_output)
-            own = kind.times
-            runs.append([StageTimes(
-                own.f, own.b, own.w,
-                out_f * to_next if p > 1 else 0.0,
-                out_b * to_prev if p > 1 else 0.0,
-                received * gather_s if p > 1 else 0.0,
-                to_next if s < p - 1 else 0.0,
-                to_prev if s > 0 else 0.0,
-                own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
-                own.chunk_backward, own.first_forward_gather,
-                chunk_forward=own.chunk_forward, queue_wait=own.queue_wait,
-                chunk_gathers=own.chunk_gathers), count])
+            placed.append((s, within, count, kind.times))
             tails.append(kind.tail_s)
-        if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
-            devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
-                              kinds[key].times.grad_buckets[0])
-                       for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
-                                                          runs, strict=True)
-                       for _ in range(n)]
-            pipe, ready, opt_s = phase_s(devices, par.schedule, m,
-                                         blocking=not par.overlap_pp_comm,
-                                         overlap_dp=par.overlap_dp_comm, traffic=traffic,
-                                         costs=costs, par=par, training=trn, node_of=node_of,
-                                         pairs=stage_pair_parts(sc, costs, split, starts))
-            return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
-                            dp_tail_s=ready - pipe, optimizer_s=opt_s,
+
+        def stage_runs() -> list[tuple[StageTimes, int]]:
+            """The runs of equal stages with their pipeline sends of one micro-batch (forward
+            out of every virtual stage but the last, backward out of every one but the
+            first) and the gathers of sliced ones."""
+            out = []
+            for s, within, count, own in placed:
+                to_next, to_prev = send_s[within[0]], send_s[within[1]]
+                out_f, out_b = placed_sends[s] if hops else (v - (s == p - 1), v - (s == 0))
+                received = out_b + out_f * (1 + traffic.pp_regather_output)
+                out.append((StageTimes(
+                    own.f, own.b, own.w,
+                    out_f * to_next if p > 1 else 0.0,
+                    out_b * to_prev if p > 1 else 0.0,
+                    received * gather_s if p > 1 else 0.0,
+                    to_next if s < p - 1 else 0.0,
+                    to_prev if s > 0 else 0.0,
+                    own.zero_gathers_f, own.zero_gathers_b, own.grad_buckets,
+                    own.chunk_backward, own.first_forward_gather,
+                    chunk_forward=own.chunk_forward, queue_wait=own.queue_wait,
+                    chunk_gathers=own.chunk_gathers), count))
+            return out
+
+        def finish() -> Estimate:  # the pipeline phase, its walks memoised or not
+            if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
+                devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
+                                  kinds[key].times.grad_buckets[0])
+                           for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
+                                                              stage_runs(), strict=True)
+                           for _ in range(n)]
+                pipe, ready, opt_s = phase_s(devices, par.schedule, m,
+                                             blocking=not par.overlap_pp_comm,
+                                             overlap_dp=par.overlap_dp_comm, traffic=traffic,
+                                             costs=costs, par=par, training=trn, node_of=node_of,
+                                             pairs=stage_pair_parts(sc, costs, split, starts))
+                return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
+                                dp_tail_s=ready - pipe, optimizer_s=opt_s,
+                                model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
+                                tokens_per_step=trn.tokens_per_step, devices=sc.devices,
+                                peak_flops_per_device=sc.system.node.accelerator.peak_flops(
+                                    trn.precision),
+                                run_flops=trn.flops, run_tokens=trn.tokens)
+            tied = traffic.embedding_grad_allreduce
+            if par.schedule == "pipedream":  # a reduction and an update after every backward
+                updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
+                           for _, key, _, _ in self._runs(plan_key, split, node_of)]
+                pipe, reduce_s, opt_s = update_shares_s(
+                    stage_runs(), tails, updates, m,
+                    tied_s=costs.comm_s(tied) if tied is not None else 0.0,
+                    blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
+                ready = pipe + reduce_s
+            else:
+                # The optimizer step of each kind of stage (the slowest one's on the step's path).
+                opt_s = 0.0
+                for kind in kinds.values():
+                    opt_s = max(opt_s, self._optimizer_s(costs, par, trn, traffic, kind, sharded))
+                # A family's layouts (the same but for what the stages' gradients, ZeRO
+                # gathers and waits read) share their pipeline phase where those are equal.
+                family = (id(shared), id(send_s), gather_s, traffic.pp_regather_output,
+                          par.schedule, m, v, par.overlap_pp_comm, posted_singly, zero3,
+                          par.prefetch_weights,
+                          *(_pipeline_reads(kind.times, zero3) for kind in kinds.values()))
+                hit = self._pipelines.get(family)
+                if hit is None:
+                    hit = self._pipelines.put(family, (shared, *pipeline_runs_s(
+                        par.schedule, stage_runs(), m, v, blocking=not par.overlap_pp_comm,
+                        posted_singly=posted_singly, zero3=zero3,
+                        prefetch=par.prefetch_weights)))
+                _, pipe, ends = hit
+                ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
+                if tied is not None:
+                    done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
+                    ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
+            step = ready + opt_s + trn.step_overhead_s
+            accel = sc.system.node.accelerator
+            return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
+                            optimizer_s=opt_s,
                             model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
                             tokens_per_step=trn.tokens_per_step, devices=sc.devices,
-                            peak_flops_per_device=sc.system.node.accelerator.peak_flops(
-                                trn.precision),
+                            peak_flops_per_device=accel.peak_flops(trn.precision),
                             run_flops=trn.flops, run_tokens=trn.tokens)
-        tied = traffic.embedding_grad_allreduce
-        stage_runs = [(st, n) for st, n in runs]
-        if par.schedule == "pipedream":  # a reduction and an update after every backward
-            updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
-                       for _, key, _, _ in self._runs(plan_key, split, node_of)]
-            pipe, reduce_s, opt_s = update_shares_s(
-                stage_runs, tails, updates, m,
-                tied_s=costs.comm_s(tied) if tied is not None else 0.0,
-                blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
-            ready = pipe + reduce_s
-        else:
-            # The optimizer step of each kind of stage (the slowest one's on the step's path).
-            opt_s = 0.0
-            for kind in kinds.values():
-                opt_s = max(opt_s, self._optimizer_s(costs, par, trn, traffic, kind, sharded))
-            pipe, ends = pipeline_runs_s(par.schedule, stage_runs, m, v,
-                                         blocking=not par.overlap_pp_comm,
-                                         posted_singly=posted_singly, zero3=zero3,
-                                         prefetch=par.prefetch_weights)
-            ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
-            if tied is not None:
-                done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
-                ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
-        step = ready + opt_s + trn.step_overhead_s
-        accel = sc.system.node.accelerator
-        return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
-                        optimizer_s=opt_s,
-                        model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
-                        tokens_per_step=trn.tokens_per_step, devices=sc.devices,
-                        peak_flops_per_device=accel.peak_flops(trn.precision),
-                        run_flops=trn.flops, run_tokens=trn.tokens)
+
+        try:
+            return finish()
+        except Deferred:  # priced again once its walk is replayed (.walk_batch)
+            self._pending[id(sc)] = (sc, finish)
+            raise
 
     # -- memoised on exactly what they read --------------------------------------------
     def _pipeline_messages(self, costs: HardwareCosts, traffic: Workload,
@@ -329,3 +368,11 @@ class Estimator(StageKinds):
                 if sharded else 0.0
             self._optimizers[key] = hit
         return hit
+
+
+def _pipeline_reads(st: StageTimes, zero3: bool) -> tuple:
+    """What :func:`pipeline_runs_s` reads of a kind's stage times beyond its passes and
+    sends (shared by a family): the weight-gradient time with ZeRO-3's waits, the ZeRO-3
+    gathers and reduction, the first forwards' gathers and the ZeRO-3 queue wait."""
+    return (st.w, st.zero_gathers_f, st.zero_gathers_b, st.first_forward_gather,
+            st.queue_wait, tuple(st.chunk_gathers), st.reduction_s if zero3 else 0.0)

@@ -18,6 +18,7 @@ from llmsim.params import (
     head_params_per_device,
     layers_params_per_device,
 )
+from llmsim.result import SECONDS_PER_DAY
 from llmsim.search import walk_batch
 from llmsim.search.estimate import Estimator
 from llmsim.search.fit import PeakMemory
@@ -157,11 +158,61 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 except walk_batch.Deferred:
                     priced.append([layout, None, scenario, peak])
     walk_batch.flush()
-    for layout, estimate, scenario, peak in priced:
-        row(out.columns, layout, estimate if estimate is not None else est.estimate(scenario),
-            peak, capacity_bytes, machine_devices)
-    out.columns = packed(out.columns)
+    for entry in priced:
+        if entry[1] is None:  # its walk replayed with the batch's (.walk_batch)
+            entry[1] = est.estimate(entry[2])
+    out.columns = packed(columns(priced, capacity_bytes, machine_devices))
     return out
+
+
+def columns(priced: list[list[Any]], capacity_bytes: float,
+            machine_devices: int) -> dict[str, Any]:
+    """The rows of ``priced`` ([layout, estimate, _, peak memory bytes] each) as columns
+    (:data:`ROW_COLUMNS`): the layout's fields as lists, the estimates' and what follows
+    from them (memory share, MFU, tokens/s, days) as numpy arrays over the batch, each
+    by the same floating-point operations as :func:`row` and :class:`Estimate`'s
+    properties in the same order (so the same numbers, bit for bit; tested)."""
+    import numpy as np
+
+    if not priced:
+        return {name: [] for name in ROW_COLUMNS}
+    layouts = [entry[0] for entry in priced]
+    estimates = [entry[1] for entry in priced]
+    out: dict[str, Any] = {"key": [layout.key for layout in layouts]}
+    for name in LAYOUT_FIELDS:
+        out[name] = [getattr(layout, name) for layout in layouts]
+    out["dp_mode"] = ["parameter_server" if layout.parameter_servers else "all_reduce"
+                      for layout in layouts]
+    devices = np.array([layout.devices for layout in layouts])
+    out["devices"] = devices
+    out["idle_devices"] = machine_devices - devices
+    out["micro_batches"] = np.array([layout.global_batch // (layout.micro_batch * layout.dp)
+                                     for layout in layouts])
+    memory = np.array([entry[3] for entry in priced], dtype=float)
+    out["memory_gb"] = memory / 1e9
+    out["memory_fraction"] = memory / capacity_bytes
+
+    def of(name: str) -> np.ndarray:
+        return np.array([getattr(e, name) for e in estimates], dtype=float)
+
+    step = of("step_time_s")
+    flops = of("model_flops_per_step")
+    out["est_step_time_s"] = step
+    out["est_pipeline_s"] = of("pipeline_s")
+    out["est_dp_tail_s"] = of("dp_tail_s")
+    out["est_optimizer_s"] = of("optimizer_s")
+    out["est_mfu"] = flops / step / of("devices") / of("peak_flops_per_device")
+    tokens_per_s = of("tokens_per_step") / step
+    out["est_tokens_per_s"] = tokens_per_s
+    out["est_tokens_per_device_s"] = tokens_per_s / devices
+    budgets = {(e.run_tokens is None, e.run_flops is None) for e in estimates}
+    if budgets == {(False, False)} or budgets == {(False, True)}:  # tokens: as days_to_train
+        out["est_days"] = of("run_tokens") / tokens_per_s / SECONDS_PER_DAY
+    elif budgets == {(True, False)}:
+        out["est_days"] = of("run_flops") / (flops / step) / SECONDS_PER_DAY
+    else:
+        out["est_days"] = [e.days_to_train for e in estimates]
+    return {name: out[name] for name in ROW_COLUMNS}
 
 
 def packed(columns: dict[str, list[Any]]) -> dict[str, Any]:
