@@ -76,7 +76,7 @@ SOURCE_TABLE: tuple[SourceRow, ...] = (
               (Part("aurora", 63_744, 2, "bf16"),), 30, True, GPU_FACTOR, False),
     SourceRow("fugaku", "fugaku", "Fugaku A64FX ×158,976",
               (Part("fugaku", 158_976, 1, "fp32"),), 2_100, False, 4.0, True,
-              "the source's peak is FP32; llmsim trains in FP16",
+              "FP32 on both sides, as the Fugaku-LLM 13B production run trained (fugaku.yaml)",
               max_tp=12),  # the 2x3x2 Tofu unit, the catalog scenario's TP group
     SourceRow("abci", "abci", "ABCI A100 ×960 + V100 ×4,352",
               (Part("abci-a100", 960, 1, "bf16"), Part("abci-v100", 4_352, 1, "fp16")),
