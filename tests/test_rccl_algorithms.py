@@ -66,3 +66,11 @@ def test_an_unknown_algorithm_is_a_one_sentence_error():
     raw["network"]["collective_algorithms"] = {"all_gather": ["two_level"]}
     with pytest.raises(UserError, match="collective_algorithms"):
         validate(System, raw, "frontier.yaml")
+
+
+def test_a_listed_set_that_never_applies_is_a_one_sentence_error():
+    """A collective listed with only algorithms that cannot run it (the tree cannot
+    all-gather) is refused naming the field, not a traceback from an empty choice."""
+    _, path = _dp_path(FRONTIER, 4, 1)
+    with pytest.raises(UserError, match="collective_algorithms gives all_gather"):
+        algorithm_times_s("all_gather", 2.0**20, path, None, {"all_gather": ["tree"]})

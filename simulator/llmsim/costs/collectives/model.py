@@ -17,6 +17,7 @@ from llmsim.costs.paths import (
     group_path,
     pair_p2p_channels,
 )
+from llmsim.errors import UserError
 from llmsim.ops import Collective, CommOp
 from llmsim.plan import Plan
 from llmsim.specs import CollectiveLibrary, System
@@ -36,7 +37,12 @@ def algorithm_times_s(collective: Collective, nbytes: float, path: GroupPath,
         return library_times_s(collective, nbytes, path, library)
     names = (offered or {}).get(collective, ALGORITHMS)
     times = {name: ALGORITHMS[name](collective, nbytes, path) for name in names}
-    return {name: t for name, t in times.items() if t is not None}
+    applicable = {name: t for name, t in times.items() if t is not None}
+    if not applicable:
+        raise UserError(
+            f"network.collective_algorithms gives {collective} {list(names)}, none of which "
+            f"can run this {collective}: list one that applies to it (e.g. ring)")
+    return applicable
 
 
 class CollectiveModel:
