@@ -11,8 +11,13 @@ from test_cli import run_cli, tiny_file
 import llmsim
 from llmsim import validation as v
 from llmsim.costs import HardwareCosts
-from llmsim.host_syncs import MASK_BYTES_PER_POSITION, batch_ops, exchange_sync_s, loss_ops
-from llmsim.moe import HOST_SYNC_GAP_S
+from llmsim.host_syncs import (
+    HOST_SYNC_GAP_S,
+    MASK_BYTES_PER_POSITION,
+    batch_ops,
+    exchange_sync_s,
+    loss_ops,
+)
 from llmsim.plan import Plan
 from llmsim.simulation import simulate
 from llmsim.workload import build_workload

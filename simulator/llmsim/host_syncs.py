@@ -2,8 +2,8 @@
 
 Where the host waits for the device (a device-to-host read, ``torch.cuda.synchronize()``),
 the device drains what was queued and then idles while the host wakes, goes on with its
-Python and issues the next kernel: :data:`llmsim.moe.HOST_SYNC_GAP_S` (93.8 µs, measured
-on an H100 host with PyTorch 2.11; taken for every device, as there). A host that ran
+Python and issues the next kernel: :data:`HOST_SYNC_GAP_S` (93.8 µs, measured
+on an H100 host with PyTorch 2.11; taken for every device). A host that ran
 ahead of the device loses its lead there, so the gap is paid even where pipeline messages
 are overlapped. ``training.host_syncs`` says which a framework makes
 (:data:`llmsim.specs.training.HostSyncs`); read from Megatron-LM as the Zero Bubble fork
@@ -34,10 +34,19 @@ commit):
 
 from __future__ import annotations
 
-from llmsim.moe import HOST_SYNC_GAP_S
 from llmsim.ops import ComputeOp
 from llmsim.specs import Parallelism
 from llmsim.specs.training import Training
+
+HOST_SYNC_GAP_S = 93.8e-6
+"""GPU idle one host synchronisation in the stream adds, seconds: the device drains what
+the host queued and then waits while the host wakes, reads the counts, allocates the
+receive buffer and launches the next kernel. Measured on an H100 SXM5 with PyTorch
+2.11 eager (``benchmarks/host_sync_gap.py``, 300 interleaved trials, the median with a
+sync less the median without: 93.8 µs, 95.2 µs on a rerun;
+``benchmarks/results/h100-2026-11-27-host-sync/``). A lower bound for a framework: a
+dispatcher's Python between the sync and its kernel adds to it. Taken for every device
+(an A100's or an MI250X's host and driver were not measured)."""
 
 MASK_BYTES_PER_POSITION = 17
 """Bytes ``get_ltor_masks_and_position_ids`` moves per entry of its s × s causal mask (no

@@ -53,6 +53,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from llmsim.experts import FP8_CACHED_BYTES, FP32_BYTES, expert_group_tokens, expert_rows
+from llmsim.host_syncs import HOST_SYNC_GAP_S
 from llmsim.ops import Axis, CommOp, ComputeOp
 from llmsim.schedules import SCHEDULES
 
@@ -65,17 +66,6 @@ def pairs_overlap(par: Parallelism) -> bool:
     """Whether the all-to-alls hide in the schedule's overlapped forward-backward pairs
     (``moe_a2a_overlap`` under DualPipe) rather than beside a GEMM of their own pass."""
     return par.moe_a2a_overlap and SCHEDULES[par.schedule].overlapped_pairs is not None
-
-
-HOST_SYNC_GAP_S = 93.8e-6
-"""GPU idle one host synchronisation in the stream adds, seconds: the device drains what
-the host queued and then waits while the host wakes, reads the counts, allocates the
-receive buffer and launches the next kernel. Measured on an H100 SXM5 with PyTorch
-2.11 eager (``benchmarks/host_sync_gap.py``, 300 interleaved trials, the median with a
-sync less the median without: 93.8 µs, 95.2 µs on a rerun;
-``benchmarks/results/h100-2026-11-27-host-sync/``). A lower bound for a framework: a
-dispatcher's Python between the sync and its kernel adds to it. Taken for every device
-(an A100's or an MI250X's host and driver were not measured)."""
 
 
 def dispatch_syncs_host(moe: MoE, par: Parallelism) -> bool:

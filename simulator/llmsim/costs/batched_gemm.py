@@ -28,18 +28,21 @@ def one_matrix_per_unit_s(
     peak_flops: float,
     dtype: Dtype,
     reserved_units: int = 0,
+    fraction: float | None = None,
 ) -> float:
     """Math time, s, of ``batch`` GEMMs of M×N×K, each on one compute unit:
 
         t = ⌈batch / u⌉ · 2·M·N·K / (peak / compute_units · η)
 
     with ``u = compute_units − reserved_units`` the units free to take a matrix, each at
-    its share of the device's peak (``peak_flops``, FLOP/s) and the library's best
-    fraction ``η = gemm.fraction(dtype)``. A round of up to ``u`` matrices takes as long
-    as one matrix alone; there is no tile or wave quantisation inside a matrix (one unit
-    runs all of it).
+    its share of the device's peak (``peak_flops``, FLOP/s) and the library's fraction
+    ``η``: ``fraction`` where the caller read it by shape (a CPU BLAS's one-thread curve,
+    :mod:`llmsim.costs.cpu_gemm`), else the best one, ``gemm.fraction(dtype)``. A round of
+    up to ``u`` matrices takes as long as one matrix alone; there is no tile or wave
+    quantisation inside a matrix (one unit runs all of it).
     """
     units = gemm.compute_units - reserved_units
     rounds = math.ceil(batch / units)
-    per_unit_flops = peak_flops / gemm.compute_units * gemm.fraction(dtype)
+    eta = gemm.fraction(dtype) if fraction is None else fraction
+    per_unit_flops = peak_flops / gemm.compute_units * eta
     return rounds * 2.0 * m * n * k / per_unit_flops

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.specs import Dtype, GemmModel
 
 
@@ -96,7 +97,8 @@ def cpu_gemm_s(
         fraction = cpu_gemm_fraction(m, n, k, 1, gemm, dtype)
         if fraction is None:
             return None
-        return math.ceil(batch / free) * flops / (peak_flops / units * fraction)
+        return one_matrix_per_unit_s(m, n, k, batch, gemm, peak_flops, dtype, reserved_units,
+                                     fraction)
     fraction = cpu_gemm_fraction(m, n, k, units, gemm, dtype)
     if fraction is None:
         return None
