@@ -45,10 +45,9 @@ class PeakMemory:
         self.model, self.accelerator = base.model, base.system.node.accelerator
         self._splits: dict[tuple, list[list[int]]] = {}
         self._held: dict[tuple, tuple[list[int], int, int, list[int]]] = {}
-        self._activations: dict[tuple, tuple[float, float, float, float]] = {}
         self._params: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._placed: dict[tuple, tuple[list[list[int]], list[tuple]]] = {}
-        self._exact: dict[tuple, tuple[float, float, float, float]] = {}
+        self._activations: dict[tuple, tuple[float, float, float, float]] = {}
 
     def _split(self, par: Any) -> list[list[int]]:
         key = (par.pp, par.virtual_stages, par.first_stage_layers, par.last_stage_layers)
@@ -139,8 +138,7 @@ class PeakMemory:
                                      embedding_params_per_device(model, t),
                                      head_params_per_device(model, t, p), head_params_per_device(
                                          model, t, 1))
-        per_layer, remat, embedding_acts, output_acts = self._exact_activation_parts(par,
-                                                                                    training)
+        per_layer, remat, embedding_acts, output_acts = self._activation_parts(par, training)
         if per_layer < 0:  # never (bytes); the candidates need activations growing in held
             return max(s.total_bytes for s in memory_per_stage(self.model, par, training, dp,
                                                                 self.accelerator))
@@ -216,39 +214,20 @@ class PeakMemory:
         self._placed[key] = (split, out)  # the split held: its id stays its own
         return out
 
-    def _exact_activation_parts(self, par: Any,
-                                training: Any) -> tuple[float, float, float, float]:
+    def _activation_parts(self, par: Any, training: Any) -> tuple[float, float, float, float]:
         """(per layer, re-materialised, embedding, output) activation bytes of one
         micro-batch, as :func:`memory_per_stage` computes them (its re-materialised
         layer without recompute of the norms and up-projections either)."""
         key = (id(training), training.global_batch, par.tp, par.sequence_parallel,
                par.micro_batch, par.recompute, par.recompute_norms_and_up_proj, par.cp,
                par.ep)
-        hit = self._exact.get(key)
+        hit = self._activations.get(key)
         if hit is None:
             model, e = self.model, _activation_bytes(training)
             per_layer = activation_bytes_per_layer(model, par, training) \
                 + mla_activation_bytes_delta(model, par, training, e)
             none = par.model_copy(update={"recompute": "none",
                                           "recompute_norms_and_up_proj": False})
-            remat = (activation_bytes_per_layer(model, none, training)
-                     + mla_activation_bytes_delta(model, none, training, e) - per_layer)
-            hit = self._exact[key] = (
-                per_layer, remat, embedding_activation_bytes(model, par, training),
-                output_activation_bytes(model, par, training))
-        return hit
-
-    def _activation_parts(self, par: Any, training: Any) -> tuple[float, float, float, float]:
-        """(per layer, re-materialised, embedding, output) activation bytes of one
-        micro-batch, as :func:`memory_per_stage` computes them."""
-        key = (id(training), training.global_batch, par.tp, par.sequence_parallel,
-               par.micro_batch, par.recompute, par.cp, par.ep)
-        hit = self._activations.get(key)
-        if hit is None:
-            model, e = self.model, _activation_bytes(training)
-            per_layer = activation_bytes_per_layer(model, par, training) \
-                + mla_activation_bytes_delta(model, par, training, e)
-            none = par.model_copy(update={"recompute": "none"})
             remat = (activation_bytes_per_layer(model, none, training)
                      + mla_activation_bytes_delta(model, none, training, e) - per_layer)
             hit = self._activations[key] = (
