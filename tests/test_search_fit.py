@@ -48,3 +48,17 @@ def test_the_candidate_stages_give_the_peak_of_every_stage_exactly(name: str, mo
     every = fit.PeakMemory(base)
     assert got == [every.peak_bytes(*parallelism_of(base, c), c.dp) for c in sample]
     assert {c.schedule for c in sample} >= {"1f1b", "interleaved-1f1b", "zb-v"}
+
+
+def test_the_peak_follows_the_norm_and_up_projection_recompute_switch() -> None:
+    """With ``recompute_norms_and_up_proj`` on, a selective-recompute layout's peak is
+    memory_per_stage's own: its re-materialised layer re-materialises the norms and
+    up-projections too (the fast path once kept a copy of the activation parts that
+    ignored the switch and missed on interleaved selene-gpt3 layouts)."""
+    from test_search_fast import _sample
+
+    scenario, sample = _sample("selene-gpt3", 80)
+    par = scenario.parallelism.model_copy(update={"recompute": "selective",
+                                                  "recompute_norms_and_up_proj": True})
+    scenario = scenario.model_copy(update={"parallelism": par})
+    assert check_peak_memory(scenario, sample) > 40
