@@ -44,9 +44,9 @@ def random_effects(coverage: float) -> Rule:
     carries s_w²/nᵢ of scatter besides its offset (E s_b² = τ² + s_w²·mean(1/nᵢ)), so
     that scatter is counted twice and the band is wider than theirs by at most
     s_w²·mean(1/nᵢ) under the root; with one row a source (s_w² = 0) the two agree.
-    The moment estimate τ̂² = max(0, s_b² − s_w²·mean(1/nᵢ)) in place of s_b² holds on
-    127 of the 142 held-out rows (129 with s_b²; docs/validation.md), so the rule is
-    kept as chosen."""
+    The moment estimate τ̂² = max(0, s_b² − s_w²·mean(1/nᵢ)) in place of s_b² held on
+    127 of the 142 held-out rows against 129 with s_b² when the rule was chosen (the
+    residuals of that commit; docs/validation.md), so the rule is kept as chosen."""
     z = NormalDist().inv_cdf(0.5 + coverage / 2)
 
     def rule(errors: ErrorsBySource) -> tuple[float, float]:
