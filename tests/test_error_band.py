@@ -190,11 +190,11 @@ def test_scenarios_get_a_band_or_the_no_match_sentence() -> None:
     assert error_band.scenario_band(make_scenario()) is not None  # A100 Selene, tp+pp
     frontier = make_scenario(system="frontier")
     assert likeness(frontier).family == "mi250x"
-    band = error_band.scenario_band(frontier)  # LUMI23, FRONTIER24/25, LUMIRF25: the family
-    assert band is not None and band.matched_on == ("family",) and band.runs == 12
-    # four sources that disagree (docs/validation.md §8): wider than LUMI23's own rows
+    band = error_band.scenario_band(frontier)  # LUMI23, FRONTIER24/25, LUMIRF25, XMOE25
+    assert band is not None and band.matched_on == ("family",) and band.runs == 13
+    # five sources that disagree (docs/validation.md §8): wider than LUMI23's own rows
     lumi23 = [r.time_error_pct for r in TABLE if r.group == "LUMI23"]
-    assert band.sources == 4 and band.low_pct < min(lumi23) and band.high_pct > max(lumi23)
+    assert band.sources == 5 and band.low_pct < min(lumi23) and band.high_pct > max(lumi23)
     aurora = make_scenario(system="aurora", parallelism__pp=2, training__global_batch=12)  # PVC
     assert likeness(aurora).family == "pvc"
     only = error_band.scenario_band(aurora)  # AURORA26 alone: its rows, no band
