@@ -56,13 +56,14 @@ def test_the_gradient_unit_is_one_layer_s_bf16_weights_over_its_nine_fsdp_units(
 
 def test_row_runs_and_is_far_too_fast_as_the_docs_report():
     """llmsim's step is about a third of the measured 61 s (−66 %, docs/validation.md §8):
-    compute-bound in llmsim (communication under 5 % of the step), where the run reached
-    537 tokens/s per GCD. A band, not the value."""
+    compute-bound in llmsim (communication under a tenth of the step, all of it exposed
+    under train.sh's blocking wait), where the run reached 537 tokens/s per GCD. A band, not
+    the value."""
     result = v.predict(ROW).result
     err = (result.step_time_s - ROW.measured) / ROW.measured * 100
     assert math.isfinite(err) and -75 < err < -55
     exposed = result.breakdown_s
-    assert exposed["dp_comm"] < 0.05 * result.step_time_s
+    assert exposed["dp_comm"] < 0.1 * result.step_time_s
     tokens_per_gcd_s = 4 * 8192 / ROW.measured
     assert tokens_per_gcd_s == pytest.approx(537, abs=1)
 

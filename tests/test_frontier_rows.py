@@ -48,27 +48,30 @@ def test_readme_s_mfu_follows_from_its_tokens_per_second_on_llmsim_s_peak():
 
 def test_layout_is_the_fork_s_fsdp2_without_resharding():
     """64 GCDs of 8 Frontier nodes, FSDP2 over all of them; reshard_after_forward=False
-    gathers each block once, in the forward: ZeRO-2 with the forward gathers."""
+    gathers each block once, in the forward: ZeRO-2 with the forward gathers. The launch
+    script's TORCH_NCCL_BLOCKING_WAIT=1 holds the autograd thread on each reduce-scatter, so
+    they are not overlapped (choices.yaml)."""
     scenario = v.scenario_for(ROW)
     par = scenario.parallelism
     assert scenario.devices == 64 and scenario.system.name == "frontier"
     assert (par.tp, par.pp, par.dp) == (1, 1, 64)
-    assert par.zero == 2 and par.overlap_param_gather and par.overlap_dp_comm
+    assert par.zero == 2 and par.overlap_param_gather and not par.overlap_dp_comm
     assert scenario.training.global_batch == 64 and par.micro_batch == 1
 
 
 def test_row_runs_and_is_too_fast_by_the_band_the_docs_give():
-    """Compute-bound (communication under 1 % of the step) and too fast, as the LUMI rows
-    are: −37.3 % when added (docs/validation.md §8, "Frontier"), −30.4 % with the MI250X
-    flash-attention curve measured against an A100 (tests/test_mi250x_attention.py), with the
-    MI250X GEMM rate fitted to MI210 timings on the kernels of 2026.
+    """Compute-bound and too fast, as the LUMI rows are: −37.3 % when added
+    (docs/validation.md §8, "Frontier"), −30.4 % with the MI250X flash-attention curve
+    measured against an A100 (tests/test_mi250x_attention.py), with the MI250X GEMM rate
+    fitted to MI210 timings on the kernels of 2026; −24.4 % with the blocking wait's exposed
+    reduce-scatters (about a tenth of the step).
     A band, not the value: a measured MI250X rate at the run's ROCm 6.3 would move it."""
     result = v.predict(ROW).result
     err = (result.step_time_s - ROW.measured) / ROW.measured * 100
-    assert math.isfinite(err) and -45 < err < -25
+    assert math.isfinite(err) and -45 < err < -20
     exposed = result.breakdown_s
-    assert exposed["dp_comm"] < 0.01 * result.step_time_s
-    assert exposed["compute"] > 0.95 * result.step_time_s
+    assert 0.05 * result.step_time_s < exposed["dp_comm"] < 0.15 * result.step_time_s
+    assert exposed["compute"] > 0.85 * result.step_time_s
 
 
 def test_full_recompute_brackets_the_op_policy_from_above():

@@ -44,10 +44,11 @@ def test_the_model_lies_between_the_two_mi250x_measurements() -> None:
 
 def test_the_gemm_rate_cannot_close_the_frontier_row() -> None:
     """FRONTIER25-01's measured step less what llmsim prices besides the GEMMs leaves the
-    GEMMs 4.72 s where llmsim gives them 2.80 (2.85 with the one 256 × 128 tile; with the
-    MI250X flash-attention curve, tests/test_mi250x_attention.py; 5.15 s with the old 0.49
-    fraction): they would have to run at 0.59 of the model's rate, about 77 TFLOP/s at the
-    row's largest GEMM, under 0.65 of the slower MI250X measurement."""
+    GEMMs 4.29 s where llmsim gives them 2.80 (with the MI250X flash-attention curve,
+    tests/test_mi250x_attention.py, and the blocking wait's exposed reduce-scatters; 4.72 s
+    before them, 5.15 s with the old 0.49 attention fraction): they would have to run at 0.65
+    of the model's rate, about 85 TFLOP/s at the row's largest GEMM, under 0.7 of the slower
+    MI250X measurement."""
     run = next(r for r in v.load_runs() if r.id == "FRONTIER25-01")
     result = v.predict(run).result
     frame = result.to_dataframe()
@@ -57,4 +58,4 @@ def test_the_gemm_rate_cannot_close_the_frontier_row() -> None:
     needed_s = run.measured - (result.step_time_s - gemm_s)
     assert 0.6 * result.step_time_s < gemm_s < result.step_time_s
     needed_tflops = _model_tflops(8192, 14336, 4096) * gemm_s / needed_s  # MLP up-projection
-    assert needed_tflops < 0.65 * SECOND_SWEEP_PEAK_TFLOPS
+    assert needed_tflops < 0.7 * SECOND_SWEEP_PEAK_TFLOPS
