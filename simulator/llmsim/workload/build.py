@@ -39,6 +39,7 @@ from llmsim.workload.fp8 import (
     weight_elements,
 )
 from llmsim.workload.layer import LayerBuilder, _as_phase
+from llmsim.workload.persistent import persistent_elements, post_step_gather
 from llmsim.workload.router_kernels import with_router_kernels
 from llmsim.workload.step import Chunk, Op, Workload
 
@@ -337,6 +338,14 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             FP8_LINEARS_PER_LAYER * sum(c.layers for c in stage_chunks))
         if casts is not None:
             work.optimizer[stage] = _with_weight_casts(work.optimizer[stage], casts)
+        if par.persistent_regather and par.zero == 3:
+            gather = post_step_gather(
+                tuple(e for c in stage_chunks
+                      for e in persistent_elements(model, par.tp, c.layers, c.last)),
+                work.gather_group[1], work.gather_group[0], work.param_bytes_per_param,
+                par.tensor_list_host_us_per_rank)
+            if gather is not None:
+                work.persistent_gathers[stage] = gather
     return work
 
 

@@ -147,6 +147,9 @@ class Workload(GradientBuckets):
     pair_comm_units: int = 0
     """Compute units the all-to-all kernels hold while an overlapped pair computes
     (``parallelism.moe_comm_units``)."""
+    persistent_gathers: dict[int, CommOp] = field(default_factory=dict)
+    """Stage → ZeRO-3's gather of its persistent parameters after the optimizer step
+    (``parallelism.persistent_regather``, :mod:`llmsim.workload.persistent`); empty: none."""
 
     @property
     def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
@@ -223,7 +226,11 @@ class Workload(GradientBuckets):
 
     def dp_param_gathers(self, stage: int) -> list[CommOp]:
         """ZeRO-1/2's weight all-gathers after the step: one over each group whose ranks
-        shard weights of this stage (:attr:`grad_groups`), the dense weights' first."""
+        shard weights of this stage (:attr:`grad_groups`), the dense weights' first; with
+        ZeRO-3, the gather of the persistent parameters where there is one
+        (:attr:`persistent_gathers`)."""
+        if self.zero == 3 and stage in self.persistent_gathers:
+            return [self.persistent_gathers[stage]]
         if self.zero not in (1, 2) or self.overlap_param_gather:
             return []
         expert = sum(c.expert_params for (s, _), c in self.chunks.items() if s == stage)
