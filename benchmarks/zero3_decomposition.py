@@ -174,18 +174,43 @@ def by_kind(run: Run) -> dict[str, float]:
     return parts
 
 
+UNVERIFIED = {
+    "launch_us": ("launches", 4.0),
+    "host_us_per_rank": ("host_loops", 2.4),
+    "host_us_per_call": ("host_per_call", 325.0),
+    "nccl_latency_x": ("nccl_latency", 1.0),
+    "nccl_time_per_byte_x": ("nccl_bandwidth", 1.0),
+}
+"""Each number the step rests on that no measurement at these scales fixes: the kind of
+:data:`KINDS` it scales, and the value llmsim uses (a factor of 1 for NCCL's tuner)."""
+
+
+def needed_alone(parts: dict[str, float], measured_s: float) -> dict[str, float]:
+    """The value each of :data:`UNVERIFIED` would need, all others kept, for llmsim's
+    step to equal ``measured_s``: the kind scales in proportion to its number, so the
+    value is ``used · (1 + shortfall / kind's seconds)``."""
+    short = measured_s - parts["step"]
+    return {name: used * (1 + short / parts[kind]) for name, (kind, used) in UNVERIFIED.items()}
+
+
 def by_kind_markdown(runs: list[Run]) -> str:
-    """The per-kind table of docs/validation.md: seconds per step by kind, and the
-    measured step's shortfall."""
+    """The per-kind tables of docs/validation.md: seconds per step by kind with the
+    measured step's shortfall, and what each unverified number would need to be, alone,
+    to close it."""
     head = ["row", "measured s", "llmsim s", *KINDS, "short s"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    needs = ["", "| row | " + " | ".join(UNVERIFIED) + " |",
+             "|---|" + "---:|" * len(UNVERIFIED)]
     for run in runs:
         parts = by_kind(run)
         measured = decompose(run).measured_s
         cells = [f"{parts[k]:.1f}" for k in KINDS]
         lines.append(f"| {run.id} | {measured:.1f} | {parts['step']:.1f} | "
                      + " | ".join(cells) + f" | {measured - parts['step']:.1f} |")
-    return "\n".join(lines)
+        need = needed_alone(parts, measured)
+        needs.append(f"| {run.id} | " + " | ".join(f"{need[k]:.3g}" for k in UNVERIFIED)
+                     + " |")
+    return "\n".join(lines + needs)
 
 
 def markdown(rows: list[Decomposition]) -> str:

@@ -80,6 +80,6 @@ def post_step_gather(elements: tuple[int, ...], ranks: int, axis: str, bytes_per
         return None
     shards = sum(math.ceil(e / ranks) for e in elements)
     copies = sum(slice_copies(e, ranks) for e in elements)
-    return CommOp("z3_ag_persistent", "all_gather", axis, "O",
+    return CommOp("z3_post_step_ag", "all_gather", axis, "O",
                   float(shards * ranks * bytes_per_param), copies=ranks + copies,
                   host_s=(ranks + copies) * host_us_per_slice * 1e-6)
