@@ -97,7 +97,8 @@ def decompose(run: Run) -> Decomposition:
     assert gather is not None  # a ZeRO-3 chunk gathers its weights
     bare_gather = costs.comm_s(replace(gather, copies=0, fill_passes=0, host_s=0.0))
     gathers = int(ops.name.str.startswith(gather.name.split("_c")[0] + "_c").sum())
-    post_step_s = sum(costs.comm_s(op) for op in workload.persistent_gathers.values())
+    post = [workload.persistent_gather(s) for s in range(scenario.parallelism.pp)]
+    post_step_s = sum(costs.comm_s(op) for op in post if op is not None)
     reduce_s = [costs.comm_s(replace(b, staging_passes=0)) for b in buckets]
     passes_s = [costs.comm_s(b) for b in buckets]
     share = (n - 1) / n
@@ -154,7 +155,7 @@ def by_kind(run: Run) -> dict[str, float]:
     gathers = int(ops.name.str.startswith(gather.name.split("_c")[0] + "_c").sum())
     counted = [(gather, gathers)] + [(b, 1) for c in work.chunks.values()
                                      for b in work.dp_grad_ops(c)]
-    counted += [(op, 1) for op in work.persistent_gathers.values()]
+    counted += [(op, 1) for s in range(par.pp) if (op := work.persistent_gather(s))]
     parts = dict.fromkeys(KINDS, 0.0)
     parts["compute"] = result.breakdown_s["compute"] + result.breakdown_s["optimizer"]
     launch_s, memory_bps = costs.compute.launch_s, costs.compute.memory_bytes_per_s

@@ -87,10 +87,10 @@ def test_the_gather_follows_the_optimizer_and_adds_its_price_to_the_step():
     plain, regather = _zero3(), _zero3(parallelism__persistent_regather=True)
     work = build_workload(regather.model, regather.parallelism, regather.training,
                           regather.dp)
-    op = work.persistent_gathers[0]
-    assert work.dp_param_gathers(0) == [op]
+    op = work.persistent_gather(0)
+    assert op is not None and work.dp_param_gathers(0) == [op]
     assert build_workload(plain.model, plain.parallelism, plain.training,
-                          plain.dp).persistent_gathers == {}
+                          plain.dp).dp_param_gathers(0) == []
     costs = HardwareCosts.from_scenario(regather, Plan.from_scenario(regather))
     slow, base = simulate(regather), simulate(plain)
     assert slow.step_time_s == pytest.approx(base.step_time_s + costs.comm_s(op), rel=1e-9)
@@ -103,7 +103,7 @@ def test_the_gather_follows_the_optimizer_and_adds_its_price_to_the_step():
 def test_only_zero3_gathers_its_persistent_parameters_back():
     zero1 = make_scenario(nodes=2, parallelism__zero=1, parallelism__persistent_regather=True)
     work = build_workload(zero1.model, zero1.parallelism, zero1.training, zero1.dp)
-    assert work.persistent_gathers == {}
+    assert work.persistent_gather(0) is None
 
 
 def test_nar21_1536_gpus_issue_a_million_copies_a_step():
@@ -114,5 +114,5 @@ def test_nar21_1536_gpus_issue_a_million_copies_a_step():
     assert scenario.parallelism.persistent_regather
     work = build_workload(scenario.model, scenario.parallelism, scenario.training,
                           scenario.dp)
-    (op,) = work.persistent_gathers.values()
+    op = work.persistent_gather(0)
     assert op.copies == 1536 + (96 * 8 + 2) * 1536 == 1_184_256

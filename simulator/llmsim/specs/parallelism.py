@@ -237,7 +237,8 @@ class Parallelism(Spec):
     tensor-list all-gather of their shards, then a Python loop over the parameters and,
     for each, over the ranks, one ``copy_`` per rank's slice (about dp copies per bias or
     norm, :mod:`llmsim.workload.persistent`). False: they stay resident (later DeepSpeed,
-    PyTorch FSDP)."""
+    PyTorch FSDP). The layout search's closed-form estimate leaves it out; the engine's
+    step has it."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
