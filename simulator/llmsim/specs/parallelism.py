@@ -236,9 +236,8 @@ class Parallelism(Spec):
     optimizer step gathers those back (``_post_step`` → ``_allgather_params``): one
     tensor-list all-gather of their shards, then a Python loop over the parameters and,
     for each, over the ranks, one ``copy_`` per rank's slice (about dp copies per bias or
-    norm, :mod:`llmsim.workload.persistent`). False: they stay resident (later DeepSpeed,
-    PyTorch FSDP). The layout search's closed-form estimate leaves it out; the engine's
-    step has it."""
+    norm, :mod:`llmsim.workload.persistent`; the same code is in DeepSpeed up to v0.7.0 at
+    least). False: they stay resident (PyTorch FSDP)."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``
