@@ -353,14 +353,18 @@ class Estimator(StageKinds):
         (placement, training), the ZeRO settings, the gradient groups and the stage's
         parameters (which they read as the sums over its chunks: one chunk of those sums
         stands for them)."""
+        # ZeRO-3's persistent-parameter gather reads the stage's layers: its chunks are
+        # taken as v like its first (exact with one chunk a stage)
+        layers = kind.chunk_0.layers * par.virtual_stages
         key = (id(costs), par.zero, par.grad_reduce_dtype, traffic.overlap_param_gather,
                traffic.param_bytes_per_param, traffic.grad_groups, sharded, kind.params,
-               kind.expert_params, kind.tensors)
+               kind.expert_params, kind.tensors, traffic.persistent_layer_elements, layers,
+               kind.chunk_0.last)
         hit = self._optimizers.get(key)
         if hit is None:
             s = kind.stage
             work = replace(traffic, chunks={(s, 0): Chunk(
-                s, 0, s, 0, False, False, kind.params, (), (), (),
+                s, 0, s, layers, False, kind.chunk_0.last, kind.params, (), (), (),
                 expert_params=kind.expert_params)})
             hit = costs.compute_s(optimizer_step(par, trn, kind.params, kind.tensors,
                                                  shard_ranks(work, s)))

@@ -230,6 +230,14 @@ class Parallelism(Spec):
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
     the weights after the recompute too; keeping them needed a valid module trace, which
     PR #1170 restored). False: one gather serves both (PyTorch FSDP, later DeepSpeed)."""
+    persistent_regather: bool = False
+    """ZeRO-3 as DeepSpeed v0.3.13–v0.4.0 ran it: the end of the backward partitions every
+    parameter (``_partition_all_parameters``), the resident biases and norms too, and the
+    optimizer step gathers those back (``_post_step`` → ``_allgather_params``): one
+    tensor-list all-gather of their shards, then a Python loop over the parameters and,
+    for each, over the ranks, one ``copy_`` per rank's slice (about dp copies per bias or
+    norm, :mod:`llmsim.workload.persistent`; the same code is in DeepSpeed up to v0.7.0 at
+    least). False: they stay resident (PyTorch FSDP)."""
     overlap_pp_comm: bool = False
     """Pipeline sends overlap compute. Megatron-LM's point-to-point calls block until the
     transfer is done (``p2p_communication``); only ``--overlap-p2p-communication``

@@ -39,6 +39,7 @@ from llmsim.workload.fp8 import (
     weight_elements,
 )
 from llmsim.workload.layer import LayerBuilder, _as_phase
+from llmsim.workload.persistent import persistent_elements
 from llmsim.workload.router_kernels import with_router_kernels
 from llmsim.workload.step import Chunk, Op, Workload
 
@@ -238,6 +239,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
     gathered = sliced and not par.sequence_parallel  # rebuilt from the slices on receipt
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
     tensor_list = par.tensor_list_gathers and par.zero == 3
+    regather = par.persistent_regather and par.zero == 3
     return Workload(
         chunks={},
         microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
@@ -268,6 +270,12 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         grad_bucket_prescale=par.grad_bucket_prescale,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
         and par.recompute == "full",
+        # DeepSpeed 2021's ZeRO-3 gathers its resident biases and norms back every step.
+        persistent_layer_elements=persistent_elements(model, par.tp, 1, False) if regather
+        else (),
+        persistent_final_elements=persistent_elements(model, par.tp, 0, True) if regather
+        else (),
+        persistent_host_us=par.tensor_list_host_us_per_rank if regather else 0.0,
         ep=par.ep,
         cp=par.cp,
     )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload.grad_buckets import GradientBuckets
+from llmsim.workload.persistent import post_step_gather
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -147,6 +148,14 @@ class Workload(GradientBuckets):
     pair_comm_units: int = 0
     """Compute units the all-to-all kernels hold while an overlapped pair computes
     (``parallelism.moe_comm_units``)."""
+    persistent_layer_elements: tuple[int, ...] = ()
+    """ZeRO-3 with ``parallelism.persistent_regather``: elements of each persistent parameter
+    of one layer on one device (:func:`~llmsim.workload.persistent.persistent_elements`),
+    gathered back after every optimizer step (:meth:`persistent_gather`); empty: none."""
+    persistent_final_elements: tuple[int, ...] = ()
+    """Of the last chunk's final norm, likewise."""
+    persistent_host_us: float = 0.0
+    """Host time of each rank's slice in that gather's loops, microseconds."""
 
     @property
     def grad_groups(self) -> tuple[tuple[str, int], tuple[str, int]]:
@@ -223,7 +232,12 @@ class Workload(GradientBuckets):
 
     def dp_param_gathers(self, stage: int) -> list[CommOp]:
         """ZeRO-1/2's weight all-gathers after the step: one over each group whose ranks
-        shard weights of this stage (:attr:`grad_groups`), the dense weights' first."""
+        shard weights of this stage (:attr:`grad_groups`), the dense weights' first; with
+        ZeRO-3, the gather of the persistent parameters where there is one
+        (:meth:`persistent_gather`)."""
+        if self.zero == 3:
+            gather = self.persistent_gather(stage)
+            return [gather] if gather is not None else []
         if self.zero not in (1, 2) or self.overlap_param_gather:
             return []
         expert = sum(c.expert_params for (s, _), c in self.chunks.items() if s == stage)
@@ -235,6 +249,19 @@ class Workload(GradientBuckets):
                   ("dp_ag_params_experts", expert_axis, expert_ranks, expert)])
         return [CommOp(name, "all_gather", axis, "O", params * self.param_bytes_per_param)
                 for name, axis, ranks, params in parts if ranks > 1 and params]
+
+    def persistent_gather(self, stage: int) -> CommOp | None:
+        """ZeRO-3's gather of ``stage``'s persistent parameters after the optimizer step
+        (:func:`~llmsim.workload.persistent.post_step_gather` over its chunks' layers and,
+        on the last chunk, the final norm), or None."""
+        if not self.persistent_layer_elements:
+            return None
+        chunks = [c for (s, _), c in self.chunks.items() if s == stage]
+        elements = self.persistent_layer_elements * sum(c.layers for c in chunks)
+        elements += self.persistent_final_elements if any(c.last for c in chunks) else ()
+        axis, ranks = self.gather_group
+        return post_step_gather(elements, ranks, axis, self.param_bytes_per_param,
+                                self.persistent_host_us)
 
     def gathers_before(self, kind: str, microbatch: int) -> bool:
         """Whether a pass of this kind and micro-batch waits, layer by layer, for
