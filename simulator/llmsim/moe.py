@@ -108,6 +108,22 @@ def routing_map_gather_bytes(tokens: float, experts: int, ranks: int) -> float:
     return ranks * tokens * experts * ROUTING_MAP_ENTRY_BYTES
 
 
+def split_quantize_kernels(local: int, scaling: str) -> tuple[int, int]:
+    """Kernels Transformer Engine launches to quantise a grouped GEMM's operand split into
+    ``local`` experts' row blocks, as (amax kernels, cast kernels): ``tex.split_quantize``
+    (``transformer_engine/pytorch/csrc/extensions/cast.cpp``, ``multi_tensor_quantize_impl``,
+    release_v2.16, the Transformer Engine of Megatron-Bridge 26.04) runs one fused
+    ``nvte_multi_cast_transpose`` over every block for delayed-scaling quantizers only,
+    (0, 1); for current scaling it calls each block's
+    ``Float8CurrentScalingQuantizer::quantize_impl`` (``csrc/quantizer.cpp``): a zero-fill of
+    the amax and the amax reduction (``launch_amax_kernel``,
+    ``common/recipe/current_scaling.cu``), then ``nvte_compute_scale_from_amax`` and the
+    cast-transpose ``nvte_quantize_v2`` — ``(2·local, 2·local)``, one C++ call for all."""
+    if scaling == "current":
+        return 2 * local, 2 * local
+    return 0, 1
+
+
 ROUTER_PASSES = 3
 """FP32 passes over the router logits: the score function (softmax or sigmoid) reads
 and writes them, top-k reads them (Megatron-Core ``TopKRouter.routing``)."""
@@ -220,11 +236,22 @@ class MoeBlock:
         return [b._mem(name, phase, elements * b.m.hidden, 1)]
 
     def _fp8(self, name: str, phase: str, width: int) -> list[ComputeOp]:
-        """FP8 cast-transpose of a grouped GEMM's input (2 + 1 + 1 bytes per element)."""
+        """FP8 quantisation of a grouped GEMM's operand, ``R × width`` (the input forward,
+        the output gradient backward), as Transformer Engine's ``GroupedLinear`` runs it:
+        ``tex.split_quantize`` of the operand into the local experts' row blocks, each with
+        its own quantizer (:func:`split_quantize_kernels`). The cast-transpose reads 2 and
+        writes 1 + 1 bytes per element; under current scaling each expert's amax kernel
+        reads its block once more (2 bytes per element)."""
         if not self.b.fp8:
             return []
-        return [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0,
-                          4.0 * self.rows * width)]
+        elements = self.rows * width
+        amax, cast = split_quantize_kernels(self.local, self.b.trn.fp8_scaling)
+        ops = [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0, 4.0 * elements,
+                         splits=cast, host_calls=1)]
+        if amax:
+            ops.insert(0, ComputeOp(f"fp8_amax_{name}", "memory", phase, 0.0,
+                                    2.0 * elements, splits=amax, host_calls=1))
+        return ops
 
     def _shared(self) -> tuple[list[list[Op]], list[Op], list[Op]]:
         """Shared experts: a dense MLP of ``shared_experts·ffn_hidden`` width on every
