@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from llmsim.costs.compute import ComputeModel
 from llmsim.costs.host_issue import pass_waits_s
-from llmsim.experts import routed_rows
+from llmsim.experts import expert_rows, routed_rows
 from llmsim.loader import load_spec
-from llmsim.moe import split_quantize_kernels
+from llmsim.moe import FP8_ALIGN_ROWS, split_quantize_kernels
 from llmsim.ops import ComputeOp
 from llmsim.workload import build_workload
 
@@ -116,3 +116,51 @@ def test_one_host_call_issues_a_split_quantisation() -> None:
             == pass_waits_s([single, gemm], durations, interval))
     assert sum(pass_waits_s([eager, gemm], durations, interval)) > sum(
         pass_waits_s([looped, gemm], durations, interval))
+
+
+PADDING = ("expert_pad", "expert_unpad", "expert_unpad_bwd", "expert_pad_bwd")
+
+
+def padding_ops(**overrides):
+    """A scenario (FP8, EP 2, the all-to-all dispatcher unless overridden) and its first
+    chunk's alignment copies by name."""
+    settings = {"system": "eos", "parallelism__pp": 1, "parallelism__tp": 1,
+                "parallelism__ep": 2, "model__moe": MOE, "training__precision": "fp8"}
+    s = make_scenario(**(settings | overrides))
+    work = build_workload(s.model, s.parallelism, s.training, s.dp)
+    chunk = work.chunks[(0, 0)]
+    ops = {op.name: op for op in (*chunk.forward, *chunk.backward)
+           if op.name.startswith(PADDING)}
+    return s, ops
+
+
+def test_fp8_alignment_copies_of_the_routed_rows_closed_form() -> None:
+    """Megatron-Core's Fp8Padding / Fp8Unpadding under the all-to-all dispatcher: four
+    copies a layer of the R routed rows of h (read and write, 2 bytes each), and the
+    FP32 probabilities padded forward and unpadded backward (4 bytes a row, twice)."""
+    s, ops = padding_ops()
+    rows = routed_rows(s.model, s.parallelism, s.training)
+    h = s.model.hidden
+    assert set(ops) == {*PADDING, "expert_pad_probs", "expert_pad_bwd_probs"}
+    for name in PADDING:
+        assert ops[name].bytes == pytest.approx(2 * 2.0 * rows * h)
+    for name in ("expert_pad_probs", "expert_pad_bwd_probs"):
+        assert ops[name].bytes == pytest.approx(2 * 4.0 * rows)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"parallelism__moe_dispatcher": "hybridep"},  # HybridEP pads in its dispatch
+    {"training__precision": "bf16"},
+    {"model__moe": MOE | {"capacity_factor": 1.0}},  # a multiple of 16 rows an expert
+])
+def test_no_alignment_copies_where_megatron_core_skips_them(overrides) -> None:
+    s, ops = padding_ops(**overrides)
+    if s.model.moe.capacity_factor is not None:
+        assert expert_rows(s.model, s.parallelism, s.training)[1] % FP8_ALIGN_ROWS == 0
+    assert not ops
+
+
+def test_a_capacity_off_the_alignment_is_padded() -> None:
+    s, ops = padding_ops(model__moe=MOE | {"capacity_factor": 1.01})
+    assert expert_rows(s.model, s.parallelism, s.training)[1] % FP8_ALIGN_ROWS != 0
+    assert set(ops) >= set(PADDING)

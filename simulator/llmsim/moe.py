@@ -124,6 +124,28 @@ def split_quantize_kernels(local: int, scaling: str) -> tuple[int, int]:
     return 0, 1
 
 
+FP8_ALIGN_ROWS = 16
+"""Rows an expert's block is padded to a multiple of before an FP8 grouped GEMM:
+``get_align_size_for_quantization`` (Transformer Engine ``pytorch/quantization.py``,
+release_v2.16) gives 16 for per-tensor FP8 (32 for MXFP8, 128 for NVFP4)."""
+
+
+def pads_expert_rows(moe: MoE, par: Parallelism, fp8: bool, rows_per_expert: float) -> bool:
+    """Whether Megatron-Core's ``TEGroupedMLP`` copies the routed rows into FP8-aligned
+    blocks before its grouped GEMMs and back after (``Fp8Padding`` / ``Fp8Unpadding``,
+    Megatron-LM ``moe/experts.py`` at 4415119414): under FP8, unless the dispatcher already
+    padded them — HybridEP does (``skip_routed_expert_padding``, ``moe_utils.py``), as does
+    the router with ``moe_router_padding_for_quantization``, which no validation recipe
+    sets — and unless every block is already a multiple of :data:`FP8_ALIGN_ROWS`
+    (``Fp8Padding.forward`` returns its input then). Dropless routing gives random block
+    sizes (llmsim takes them unaligned); a capacity gives every expert ``rows_per_expert``.
+    llmsim prices it for the ``alltoall`` dispatcher only: the one DeepEP row (DSV3-01)
+    runs DeepSeek's own framework, not Megatron-Core's expert module."""
+    if not fp8 or moe.experts == 1 or par.moe_dispatcher != "alltoall":
+        return False
+    return moe.capacity_factor is None or rows_per_expert % FP8_ALIGN_ROWS != 0
+
+
 ROUTER_PASSES = 3
 """FP32 passes over the router logits: the score function (softmax or sigmoid) reads
 and writes them, top-k reads them (Megatron-Core ``TopKRouter.routing``)."""
@@ -158,6 +180,7 @@ class MoeBlock:
         # under a schedule that pairs passes (DualPipe) the pair hides the all-to-alls
         self.overlap_a2a = par.moe_a2a_overlap and not pairs_overlap(par)
         self.syncs = dispatch_syncs_host(self.moe, par)
+        self.padded = pads_expert_rows(self.moe, par, b.fp8, rows)
 
     # -- pieces -------------------------------------------------------------------
     def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:
@@ -253,6 +276,22 @@ class MoeBlock:
                                     2.0 * elements, splits=amax, host_calls=1))
         return ops
 
+    def _padding(self, name: str, phase: str) -> list[ComputeOp]:
+        """One FP8 alignment copy of the routed rows (:func:`pads_expert_rows`): TE's
+        ``fused_multi_row_padding`` or ``fused_multi_row_unpadding`` reads the ``R × h``
+        rows and writes them into (or out of) the aligned blocks, one kernel; then the
+        same copy of the rows' FP32 routing probabilities (``permuted_probs``, one value a
+        row), which the forward pads beside the input and the backward unpads. The padding
+        rows, under 16 an expert, are not counted."""
+        if not self.padded:
+            return []
+        b = self.b
+        ops = [b._mem(name, phase, self.rows * b.m.hidden, 2)]
+        if name in ("expert_pad", "expert_pad_bwd"):
+            ops.append(ComputeOp(f"{name}_probs", "memory", phase, 0.0,
+                                 2.0 * FP32_BYTES * self.rows))
+        return ops
+
     def _shared(self) -> tuple[list[list[Op]], list[Op], list[Op]]:
         """Shared experts: a dense MLP of ``shared_experts·ffn_hidden`` width on every
         token, with its own TP collectives (Megatron-Core ``SharedExpertMLP``). The
@@ -311,9 +350,10 @@ class MoeBlock:
             *(shared_in if overlap else []),
             *self._router("F"), *self._permute("moe_permute", "F"),
             *self._routing_map_gather(), *dispatch, *beside_dispatch, *gather,
-            *self._fp8("expert_up", "F", h), up,
+            *self._padding("expert_pad", "F"), *self._fp8("expert_up", "F", h), up,
             b._mem("expert_act", "F", act_elements, act_passes),
             *self._fp8("expert_down", "F", self.down_k), down,
+            *self._padding("expert_unpad", "F"),
             *exit_f,
             *combine, *beside_combine, *self._permute("moe_unpermute", "F", True),
             *([] if overlap else shared_in), *after, *shared_out,
@@ -328,11 +368,13 @@ class MoeBlock:
         bwd: list[Op] = [
             *shared_b,
             *self._permute("moe_unpermute_bwd", "B", True), *combine_b,
-            *gather_b, *self._fp8("expert_down_grad", "B", h),
+            *gather_b, *self._padding("expert_unpad_bwd", "B"),
+            *self._fp8("expert_down_grad", "B", h),
             self._grouped("expert_down_dx", "B", mean, self.down_k, h),
             b._mem("expert_act_bwd", "B", act_elements, act_passes + 1),
             *self._fp8("expert_up_grad", "B", self.up_n),
             self._grouped("expert_up_dx", "B", mean, h, self.up_n),
+            *self._padding("expert_pad_bwd", "B"),
             *exit_b,
             *dispatch_b, *self._permute("moe_permute_bwd", "B"),
             *self._router("B"),
