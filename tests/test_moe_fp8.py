@@ -1,6 +1,7 @@
-"""The FP8 quantisation of the routed experts' GEMM operands as Transformer Engine's
-``GroupedLinear`` runs it (llmsim.moe.split_quantize_kernels, issue #41): kernel counts,
-bytes, a split quantisation priced as the sum of its per-expert parts, and one host call."""
+"""FP8 around the routed experts' grouped GEMMs (llmsim.moe_fp8, issue #41): the operands'
+quantisation as Transformer Engine's ``GroupedLinear`` runs it (kernel counts, bytes, a split
+quantisation priced as the sum of its per-expert parts, one host call) and Megatron-Core's
+FP8 alignment copies of the routed rows."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from llmsim.costs.compute import ComputeModel
 from llmsim.costs.host_issue import pass_waits_s
 from llmsim.experts import expert_rows, routed_rows
 from llmsim.loader import load_spec
-from llmsim.moe import FP8_ALIGN_ROWS, split_quantize_kernels
+from llmsim.moe_fp8 import FP8_ALIGN_ROWS, split_quantize_kernels
 from llmsim.ops import ComputeOp
 from llmsim.workload import build_workload
 
