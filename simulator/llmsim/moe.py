@@ -225,9 +225,9 @@ class MoeBlock:
         """FP8 quantisation of a grouped GEMM's operand, ``R × width`` (the input forward,
         the output gradient backward), as Transformer Engine's ``GroupedLinear`` runs it:
         ``tex.split_quantize`` of the operand into the local experts' row blocks, each with
-        its own quantizer (:func:`split_quantize_kernels`). The cast-transpose reads 2 and
-        writes 1 + 1 bytes per element; under current scaling each expert's amax kernel
-        reads its block once more (2 bytes per element)."""
+        its own quantizer (:func:`llmsim.moe_fp8.split_quantize_kernels`). The
+        cast-transpose reads 2 and writes 1 + 1 bytes per element; under current scaling
+        each expert's amax kernel reads its block once more (2 bytes per element)."""
         if not self.b.fp8:
             return []
         elements = self.rows * width
@@ -240,8 +240,8 @@ class MoeBlock:
         return ops
 
     def _padding(self, name: str, phase: str) -> list[ComputeOp]:
-        """One FP8 alignment copy of the routed rows (:func:`pads_expert_rows`): TE's
-        ``fused_multi_row_padding`` or ``fused_multi_row_unpadding`` reads the ``R × h``
+        """One FP8 alignment copy of the routed rows (:func:`llmsim.moe_fp8.pads_expert_rows`):
+        TE's ``fused_multi_row_padding`` or ``fused_multi_row_unpadding`` reads the ``R × h``
         rows and writes them into (or out of) the aligned blocks, one kernel; then the
         same copy of the rows' FP32 routing probabilities (``permuted_probs``, one value a
         row), which the forward pads beside the input and the backward unpads. The padding

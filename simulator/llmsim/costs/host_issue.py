@@ -145,12 +145,11 @@ def host_kernels(op: Op) -> int:
 def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
                  interval_s: float, ahead: bool = False) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
-    (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
-    many kernels of equal length (as many as the host dispatches, :func:`host_kernels`), a
-    collective one kernel; an op with a ``host_s`` is
-    issued by a host that waited for the device (a host sync); ``ahead``: the host enters the
-    pass ahead (:attr:`HostIssue.ahead`). No kernel shorter than the interval: none waits
-    (each keeps the host's issue ahead by its excess)."""
+    (:func:`queue_waits_s` over its kernels): a compute op is as many kernels of equal
+    length as the host dispatches that issue it (:func:`host_kernels`), a collective one; an
+    op with a ``host_s`` is issued by a host that waited for the device (a host sync);
+    ``ahead``: the host enters the pass ahead (:attr:`HostIssue.ahead`). No kernel shorter
+    than the interval: none waits (each keeps the host's issue ahead by its excess)."""
     if all(d >= interval_s * host_kernels(op)
            for op, d in zip(ops, durations_s, strict=True)):
         return [0.0] * len(ops)
