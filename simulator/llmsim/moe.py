@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from llmsim.experts import FP8_CACHED_BYTES, FP32_BYTES, expert_group_tokens, expert_rows
 from llmsim.host_syncs import HOST_SYNC_GAP_S
+from llmsim.moe_fp8 import pads_expert_rows, split_quantize_kernels
 from llmsim.ops import Axis, CommOp, ComputeOp
 from llmsim.schedules import SCHEDULES
 
@@ -142,6 +143,7 @@ class MoeBlock:
         # under a schedule that pairs passes (DualPipe) the pair hides the all-to-alls
         self.overlap_a2a = par.moe_a2a_overlap and not pairs_overlap(par)
         self.syncs = dispatch_syncs_host(self.moe, par)
+        self.padded = pads_expert_rows(self.moe, par, b.fp8, rows)
 
     # -- pieces -------------------------------------------------------------------
     def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:
@@ -220,11 +222,38 @@ class MoeBlock:
         return [b._mem(name, phase, elements * b.m.hidden, 1)]
 
     def _fp8(self, name: str, phase: str, width: int) -> list[ComputeOp]:
-        """FP8 cast-transpose of a grouped GEMM's input (2 + 1 + 1 bytes per element)."""
+        """FP8 quantisation of a grouped GEMM's operand, ``R × width`` (the input forward,
+        the output gradient backward), as Transformer Engine's ``GroupedLinear`` runs it:
+        ``tex.split_quantize`` of the operand into the local experts' row blocks, each with
+        its own quantizer (:func:`llmsim.moe_fp8.split_quantize_kernels`). The
+        cast-transpose reads 2 and writes 1 + 1 bytes per element; under current scaling
+        each expert's amax kernel reads its block once more (2 bytes per element)."""
         if not self.b.fp8:
             return []
-        return [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0,
-                          4.0 * self.rows * width)]
+        elements = self.rows * width
+        amax, cast = split_quantize_kernels(self.local, self.b.trn.fp8_scaling)
+        ops = [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0, 4.0 * elements,
+                         splits=cast, host_calls=1)]
+        if amax:
+            ops.insert(0, ComputeOp(f"fp8_amax_{name}", "memory", phase, 0.0,
+                                    2.0 * elements, splits=amax, host_calls=1))
+        return ops
+
+    def _padding(self, name: str, phase: str) -> list[ComputeOp]:
+        """One FP8 alignment copy of the routed rows (:func:`llmsim.moe_fp8.pads_expert_rows`):
+        TE's ``fused_multi_row_padding`` or ``fused_multi_row_unpadding`` reads the ``R × h``
+        rows and writes them into (or out of) the aligned blocks, one kernel; then the
+        same copy of the rows' FP32 routing probabilities (``permuted_probs``, one value a
+        row), which the forward pads beside the input and the backward unpads. The padding
+        rows, under 16 an expert, are not counted."""
+        if not self.padded:
+            return []
+        b = self.b
+        ops = [b._mem(name, phase, self.rows * b.m.hidden, 2)]
+        if name in ("expert_pad", "expert_pad_bwd"):
+            ops.append(ComputeOp(f"{name}_probs", "memory", phase, 0.0,
+                                 2.0 * FP32_BYTES * self.rows))
+        return ops
 
     def _shared(self) -> tuple[list[list[Op]], list[Op], list[Op]]:
         """Shared experts: a dense MLP of ``shared_experts·ffn_hidden`` width on every
@@ -284,9 +313,10 @@ class MoeBlock:
             *(shared_in if overlap else []),
             *self._router("F"), *self._permute("moe_permute", "F"),
             *self._routing_map_gather(), *dispatch, *beside_dispatch, *gather,
-            *self._fp8("expert_up", "F", h), up,
+            *self._padding("expert_pad", "F"), *self._fp8("expert_up", "F", h), up,
             b._mem("expert_act", "F", act_elements, act_passes),
             *self._fp8("expert_down", "F", self.down_k), down,
+            *self._padding("expert_unpad", "F"),
             *exit_f,
             *combine, *beside_combine, *self._permute("moe_unpermute", "F", True),
             *([] if overlap else shared_in), *after, *shared_out,
@@ -301,11 +331,13 @@ class MoeBlock:
         bwd: list[Op] = [
             *shared_b,
             *self._permute("moe_unpermute_bwd", "B", True), *combine_b,
-            *gather_b, *self._fp8("expert_down_grad", "B", h),
+            *gather_b, *self._padding("expert_unpad_bwd", "B"),
+            *self._fp8("expert_down_grad", "B", h),
             self._grouped("expert_down_dx", "B", mean, self.down_k, h),
             b._mem("expert_act_bwd", "B", act_elements, act_passes + 1),
             *self._fp8("expert_up_grad", "B", self.up_n),
             self._grouped("expert_up_dx", "B", mean, h, self.up_n),
+            *self._padding("expert_pad_bwd", "B"),
             *exit_b,
             *dispatch_b, *self._permute("moe_permute_bwd", "B"),
             *self._router("B"),

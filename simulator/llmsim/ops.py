@@ -85,6 +85,9 @@ class ComputeOp:
     """Device idle a host synchronisation next to the kernel adds, seconds: the host waits
     for the device to drain, then reads the result and issues the next kernel
     (:mod:`llmsim.host_syncs`); it adds to the op's duration."""
+    host_calls: int = 0
+    """Host dispatches that issue the op's ``splits`` kernels (a framework's C++ loop over
+    tensors is one call); 0: one per kernel."""
 
     @property
     def executed_flops(self) -> float:

@@ -136,22 +136,28 @@ def queue_waits_s(durations_s: Sequence[float], interval_s: float,
     return waits
 
 
+def host_kernels(op: Op) -> int:
+    """Host dispatches that issue ``op``: a collective one, a compute op one per kernel
+    (``splits``) unless one call issues them all (``host_calls``)."""
+    return (op.host_calls or op.splits) if isinstance(op, ComputeOp) else 1
+
+
 def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
                  interval_s: float, ahead: bool = False) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
-    (:func:`queue_waits_s` over its kernels): a compute op in ``splits`` chunks is that
-    many kernels of equal length, a collective one kernel; an op with a ``host_s`` is
-    issued by a host that waited for the device (a host sync); ``ahead``: the host enters the
-    pass ahead (:attr:`HostIssue.ahead`). No kernel shorter than the interval: none waits
-    (each keeps the host's issue ahead by its excess)."""
-    if all(d >= interval_s * (op.splits if isinstance(op, ComputeOp) else 1)
+    (:func:`queue_waits_s` over its kernels): a compute op is as many kernels of equal
+    length as the host dispatches that issue it (:func:`host_kernels`), a collective one; an
+    op with a ``host_s`` is issued by a host that waited for the device (a host sync);
+    ``ahead``: the host enters the pass ahead (:attr:`HostIssue.ahead`). No kernel shorter
+    than the interval: none waits (each keeps the host's issue ahead by its excess)."""
+    if all(d >= interval_s * host_kernels(op)
            for op, d in zip(ops, durations_s, strict=True)):
         return [0.0] * len(ops)
     kernels: list[float] = []
     syncs: list[bool] = []
     owner: list[int] = []
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
-        count = op.splits if isinstance(op, ComputeOp) else 1
+        count = host_kernels(op)
         kernels += [d / count] * count
         syncs += [op.host_s > 0] + [False] * (count - 1)
         owner += [i] * count
