@@ -145,9 +145,15 @@ FAST_IDS = [
 # Jean Zay's Omni-Path at the per-HFI rate BigScience's all-reduce benchmark measured with
 # the run's own environment (network.efficiency 0.408, was an unverified 0.9), to 5.6001 %:
 # BLOOM-01 -3.9 -> +2.0 %, BLOOM-02 -20.7 -> +9.8 %.
+# The A100's GEMMs on cuBLAS's 128x256 and 128x128 Tensor Core tiles beside 256x128 (NVIDIA's
+# Matrix Multiplication Background guide; gemm.extra_tiles), to 6.1085 %, over the 6 % goal:
+# the ZB24 14.6B rows' M = 1,024 projections, two waves at 74 % on 256x128, fill three at 99 %
+# and their middle stage now matches the paper's per-pass profile (30.9 against 30.7 ms,
+# was 34.4), which leaves those rows too fast (1F1B +5.9 -> -4.4 %, interleaved -3.1 ->
+# -12.3 %): the GEMMs had stood in for time missing elsewhere. Physics, not tuned.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 5.61
-ZB24_ORDERS_REPRODUCED = 8
+TARGET_MAPE_CEILING_PCT = 6.11
+ZB24_ORDERS_REPRODUCED = 9
 
 
 @pytest.fixture(scope="module")
@@ -483,9 +489,9 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 5.60 % (goal 6 %, met), median 3.3 %, 4 rows worse than 20 % with "
-    "no unstated value to bring them within it, worst +55 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
-    "Zero Bubble schedule orders; see docs/validation.md",
+    reason="target-set MAPE 6.11 % (goal 6 %, not met), median 3.9 %, 4 rows worse than 20 % "
+    "with no unstated value to bring them within it, worst +55 % (NAR21-T2-06, ZeRO-3), and 9 "
+    "of 12 Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
     from llmsim.validation.sensitivity import goal_ranges
