@@ -148,10 +148,17 @@ FAST_IDS = [
 # DeepSpeed 2021 ZeRO-3's persistent biases and norms gathered back after every optimizer
 # step by _allgather_params's Python loop, one copy_ per parameter and rank
 # (parallelism.persistent_regather), to 5.0192 %: NAR21-T2-01..06 from +7.0 ... +55.0 % to
-# +4.4 / +15.8 / +18.7 / +17.5 / +21.4 / +41.5 % (the ceiling is left for the merge).
+# +4.4 / +15.8 / +18.7 / +17.5 / +21.4 / +41.5 %.
+# The A100's GEMMs on cuBLAS's 128x256 and 128x128 Tensor Core tiles beside 256x128 (NVIDIA's
+# Matrix Multiplication Background guide; gemm.extra_tiles), to 6.1085 % on its own (over the 6 % goal):
+# the ZB24 14.6B rows' M = 1,024 projections, two waves at 74 % on 256x128, fill three at 99 %
+# and their middle stage now matches the paper's per-pass profile (30.9 against 30.7 ms,
+# was 34.4), which leaves those rows too fast (1F1B +5.9 -> -4.4 %, interleaved -3.1 ->
+# -12.3 %): the GEMMs had stood in for time missing elsewhere. Physics, not tuned.
+# Both on merged main (2026-11-27): 5.5226 %; NAR21-T2-05/-06 still worse than 20 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 5.61
-ZB24_ORDERS_REPRODUCED = 8
+TARGET_MAPE_CEILING_PCT = 5.53
+ZB24_ORDERS_REPRODUCED = 9
 
 
 @pytest.fixture(scope="module")
@@ -488,9 +495,9 @@ def test_zero_bubble_schedule_order(target):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="target-set MAPE 5.60 % (goal 6 %, met), median 3.3 %, 4 rows worse than 20 % with "
-    "no unstated value to bring them within it, worst +55 % (NAR21-T2-06, ZeRO-3), and 8 of 12 "
-    "Zero Bubble schedule orders; see docs/validation.md",
+    reason="target-set MAPE 6.11 % (goal 6 %, not met), median 3.9 %, 4 rows worse than 20 % "
+    "with no unstated value to bring them within it, worst +55 % (NAR21-T2-06, ZeRO-3), and 9 "
+    "of 12 Zero Bubble schedule orders; see docs/validation.md",
 )
 def test_target_set_meets_the_accuracy_goal(target):
     from llmsim.validation.sensitivity import goal_ranges
