@@ -150,7 +150,8 @@ FAST_IDS = [
 # (parallelism.persistent_regather), to 5.0192 %: NAR21-T2-01..06 from +7.0 ... +55.0 % to
 # +4.4 / +15.8 / +18.7 / +17.5 / +21.4 / +41.5 %.
 # The A100's GEMMs on cuBLAS's 128x256 and 128x128 Tensor Core tiles beside 256x128 (NVIDIA's
-# Matrix Multiplication Background guide; gemm.extra_tiles), to 6.1085 % on its own (over the 6 % goal):
+# Matrix Multiplication Background guide; gemm.extra_tiles), to 6.1085 % on its own (over the
+# 6 % goal):
 # the ZB24 14.6B rows' M = 1,024 projections, two waves at 74 % on 256x128, fill three at 99 %
 # and their middle stage now matches the paper's per-pass profile (30.9 against 30.7 ms,
 # was 34.4), which leaves those rows too fast (1F1B +5.9 -> -4.4 %, interleaved -3.1 ->
