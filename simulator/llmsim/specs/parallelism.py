@@ -214,7 +214,9 @@ class Parallelism(Spec):
     1.09 + 0.12 = 1.21 µs per rank, and runs the loop in 0.57 of the time today's software
     (Python 3.11, PyTorch 2.13) takes. Today's software ran the loop in 3.9 µs on a shared
     AMD EPYC Zen 3 host, the closer to Selene's Zen 2 EPYC 7742, 1.97 on the Intel host:
-    2.4 µs is the 2021 figure scaled to the AMD host, 1.21 × 3.9 / 1.97."""
+    2.4 µs is the 2021 figure scaled to the AMD host, 1.21 × 3.9 / 1.97. With
+    ``persistent_regather``, also per rank and per slice copy of the gather after the
+    optimizer step, with or without ``tensor_list_gathers``."""
     tensor_list_host_us_per_call: float = Field(default=325.0, ge=0)
     """With ``tensor_list_gathers``: host time of each all-gather call that does not grow
     with the rank count, microseconds, the device idle. A profile of DeepSpeed 0.3.16 with
