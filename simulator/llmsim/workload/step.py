@@ -223,13 +223,6 @@ class Workload(GradientBuckets):
         return CommOp("replica_grad_allreduce", "send_recv", "pp", "O",
                       self.stage_params(stage) * self.grad_bytes_per_param / shards)
 
-    def dp_param_gather(self, stage: int) -> CommOp | None:
-        """ZeRO-1/2 (distributed optimizer): all-gather the updated weights after the step
-        (None when that gather overlaps the next step's forward instead); with expert
-        parallelism the dense weights' (see :meth:`dp_param_gathers`)."""
-        gathers = self.dp_param_gathers(stage)
-        return gathers[0] if gathers else None
-
     def dp_param_gathers(self, stage: int) -> list[CommOp]:
         """ZeRO-1/2's weight all-gathers after the step: one over each group whose ranks
         shard weights of this stage (:attr:`grad_groups`), the dense weights' first; with
