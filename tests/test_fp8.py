@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import pytest
 from helpers import make_scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from llmsim.costs.compute import ComputeModel
 from llmsim.errors import UserError
+from llmsim.loader import load_spec
+from llmsim.moe_fp8 import split_quantize_kernels
+from llmsim.ops import ComputeOp
 from llmsim.workload import build_workload, pass_ops
+
+H100 = load_spec("accelerators", "h100-sxm5-80gb")
 
 LINEARS = ("qkv", "proj", "up", "down")
 
@@ -85,3 +93,59 @@ def test_fp8_weights_halve_the_weight_gathers(zero: int) -> None:
 def test_fp8_param_gather_needs_fp8() -> None:
     with pytest.raises(UserError, match="fp8_param_gather"):
         make_scenario(training__fp8_param_gather=True)
+
+
+@pytest.mark.parametrize("scaling", ["current", "delayed"])
+def test_each_quantised_tensor_runs_te_kernels_closed_form(scaling: str) -> None:
+    """Per quantised tensor of a dense layer: under current scaling a zero-fill and an amax
+    kernel reading the 16-bit tensor (2 bytes an element), then the scale and the
+    cast-transpose (read 2, write 1 + 1), four kernels from one C++ call each pair
+    (``Float8CurrentScalingQuantizer::quantize_impl``); delayed scaling: the cast alone."""
+    _, forward, backward = layer_ops(training__fp8_scaling=scaling)
+    assert {n.removesuffix("_b") for n in named(backward, "fp8_cast_")} == set(
+        named(forward, "fp8_cast_"))
+    gemms = {op.name: op for op in forward if op.kind == "gemm"}
+    for ops, width in ((forward, lambda n, k: k), (backward, lambda n, k: n)):
+        amax, casts = named(ops, "fp8_amax_"), named(ops, "fp8_cast_")
+        for name, cast in casts.items():
+            m, n, k = gemms[name.removesuffix("_b")].mnk
+            elements = m * width(n, k)
+            assert cast.bytes == 4.0 * elements and cast.host_calls == 1
+            if scaling == "current":
+                assert amax[name].bytes == 2.0 * elements and amax[name].host_calls == 1
+                assert amax[name].splits + cast.splits == 4
+            else:
+                assert name not in amax and cast.splits == 1
+
+
+def test_delayed_scaling_casts_are_one_plain_kernel() -> None:
+    """Delayed scaling prices as before: one cast-transpose kernel of 4 bytes an element,
+    the same time as a default (one kernel, one dispatch) op of those bytes."""
+    model = ComputeModel(H100, "fp8")
+    _, forward, backward = layer_ops()
+    for cast in (*named(forward, "fp8_cast_").values(), *named(backward, "fp8_cast_").values()):
+        plain = ComputeOp(cast.name, "memory", cast.phase, 0.0, cast.bytes)
+        assert model.compute_s(cast) == model.compute_s(plain)
+
+
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.integers(64, 1 << 16), width=st.sampled_from([512, 1024, 4096, 16384]),
+       more=st.integers(1, 8))
+def test_current_scaling_quantisation_time_grows_with_the_tensor(tokens: int, width: int,
+                                                                 more: int) -> None:
+    """Priced as TE runs it, a dense tensor's current-scaling quantisation takes the
+    four kernels' floor plus 6 bytes an element at the stream rate, and more elements
+    never take less time."""
+    model = ComputeModel(H100, "fp8")
+
+    def quantise_s(elements: int) -> float:
+        amax, cast = split_quantize_kernels(1, "current")
+        return (model.compute_s(ComputeOp("a", "memory", "F", 0.0, 2.0 * elements,
+                                          splits=amax))
+                + model.compute_s(ComputeOp("c", "memory", "F", 0.0, 4.0 * elements,
+                                            splits=cast)))
+
+    small = quantise_s(tokens * width)
+    assert quantise_s((tokens + more) * width) > small
+    assert small == pytest.approx(4 * H100.kernel_launch_us * 1e-6 + 6.0 * tokens * width
+                                  / model.memory_rates["stream"], rel=1e-12)

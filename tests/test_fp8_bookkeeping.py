@@ -130,3 +130,19 @@ def test_per_module_updates_launch_two_to_four_kernels_per_te_module(
         (b,) = named(getattr(chunk, pass_ops), "fp8_scale_update")
         assert b.bytes == a.bytes and a.splits == 2
         assert b.splits == 3 * chunk.layers * per_module
+
+
+@pytest.mark.parametrize(("scaling", "kernels"), [("delayed", 1), ("current", 4)])
+def test_each_weight_cast_runs_its_quantizer_kernels(scaling: str, kernels: int) -> None:
+    """Per weight matrix: the cast-transpose under delayed scaling; under current scaling
+    also the amax's zero-fill and reduction and the scale (four kernels), per step or
+    before every forward alike."""
+    _, step = workload(training__fp8_scaling=scaling)
+    _, per_mb = workload(training__fp8_scaling=scaling, training__fp8_weight_cast="per_microbatch")
+    layers = {stage: sum(c.layers for (st, _), c in step.chunks.items() if st == stage)
+              for stage in step.optimizer}
+    for stage, opt in step.optimizer.items():
+        assert (opt.splits - per_mb.optimizer[stage].splits
+                == kernels * LINEARS_PER_LAYER * layers[stage])
+    casts = named(per_mb.chunks[(0, 0)].forward, "fp8_weight_cast_")
+    assert casts and all(c.splits == kernels and c.host_calls == 1 for c in casts)

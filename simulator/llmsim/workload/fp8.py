@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from llmsim.moe_fp8 import split_quantize_kernels
 from llmsim.ops import ComputeOp
 from llmsim.specs import Training
 
@@ -64,13 +65,17 @@ def step_weight_casts(training: Training, elements: int, matrices: int) -> Compu
     (True on the first micro-batch of each step); TE then casts each weight once and keeps
     the FP8 copy and its transpose for the step's other micro-batches (``weight_fp8`` /
     ``weight_t_fp8``; NeMo's ``ParallelTransformer``: "Cache FP8 weight and transpose at
-    the first micro-batch in each global-batch"). One kernel per weight matrix.
+    the first micro-batch in each global-batch"). Per weight matrix, the kernels of one
+    quantised tensor (:func:`llmsim.moe_fp8.split_quantize_kernels` of one block): the
+    cast-transpose under delayed scaling; under current scaling also the amax's zero-fill
+    and reduction and the scale (``Float8CurrentScalingQuantizer::quantize_impl``).
     """
     if training.precision != "fp8" or training.fp8_weight_cast != "per_step" or not elements:
         return None
+    per_matrix = sum(split_quantize_kernels(1, training.fp8_scaling))
     return ComputeOp("fp8_weight_cast", "memory", "O", 0.0,
                      float(elements * weight_cast_bytes_per_element(training)),
-                     splits=max(1, matrices))
+                     splits=per_matrix * max(1, matrices))
 
 
 def amax_history_updates(training: Training, linears: int

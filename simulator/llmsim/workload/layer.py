@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Literal
 
 from llmsim.memory import DROPOUT_MASK_BYTES
+from llmsim.moe_fp8 import split_quantize_kernels
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
     DTYPE_BYTES,
@@ -121,25 +122,32 @@ class LayerBuilder:
         it reads the 16-bit tensor and writes the FP8 copy and its transpose (the
         transpose feeds the weight-gradient GEMM): 2 + 1 + 1 bytes per element. With
         ``training.fp8_scaling: current`` an amax kernel reads the tensor first (2 bytes per
-        element); with delayed scaling the cast records the amax as it goes. With
-        ``training.fp8_weight_cast: per_microbatch`` the forward also casts the weight
-        (:func:`llmsim.workload.fp8.weight_cast_bytes_per_element`); per step, the casts are
-        the stage's (:func:`llmsim.workload.fp8.step_weight_casts`).
+        element); with delayed scaling the cast records the amax as it goes. The kernels
+        per tensor are :func:`llmsim.moe_fp8.split_quantize_kernels` of one block: under
+        current scaling ``Float8CurrentScalingQuantizer::quantize_impl`` zeroes the amax,
+        reduces it, computes the scale and casts (4 kernels, one C++ call); delayed
+        scaling's cast-transpose is one. With ``training.fp8_weight_cast: per_microbatch``
+        the forward also casts the weight (:func:`llmsim.workload.fp8.
+        weight_cast_bytes_per_element`, as many kernels); per step, the casts are the
+        stage's (:func:`llmsim.workload.fp8.step_weight_casts`).
         """
         if not self.fp8 or gemm.mnk is None:
             return []
         m, n, k = gemm.mnk
         elements = m * (k if operand == "input" else n)
-        cast = ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements)
+        amax, cast_kernels = split_quantize_kernels(1, self.fp8_scaling)
+        cast = ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements,
+                         splits=cast_kernels, host_calls=1)
         casts = [cast]
-        if self.fp8_scaling == "current":  # the amax of this very tensor: one more read
+        if amax:  # the amax of this very tensor: one more read
             casts.insert(0, ComputeOp(f"fp8_amax_{gemm.name}", "memory", gemm.phase, 0.0,
-                                      2.0 * elements))
+                                      2.0 * elements, splits=amax, host_calls=1))
         if operand == "input" and self.trn.fp8_weight_cast == "per_microbatch":
             # The weight too, before every forward (no is_first_microbatch): llmsim.workload.fp8.
             casts.insert(0, ComputeOp(
                 f"fp8_weight_cast_{gemm.name}", "memory", gemm.phase, 0.0,
-                float(n * k * weight_cast_bytes_per_element(self.trn))))
+                float(n * k * weight_cast_bytes_per_element(self.trn)),
+                splits=amax + cast_kernels, host_calls=1))
         return casts
 
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
