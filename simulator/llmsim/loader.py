@@ -134,9 +134,12 @@ def apply_system_set(raw: dict[str, Any], label: str) -> dict[str, Any]:
         return raw
     given = raw.pop("system_set")
     example = "e.g. system_set: {node.accelerator: a64fx-boost}"
-    if not isinstance(given, dict) or not given:
+    if not isinstance(given, dict):
         raise UserError(f"{label}: system_set = {safe_yaml.echo(given)} is not a mapping of "
                         f"system fields to values; write it as {example}, or remove it")
+    if not given:
+        raise UserError(f"{label}: system_set = {{}} changes nothing; give a field to change, "
+                        f"{example}, or remove it")
     if not isinstance(raw.get("system"), dict):
         raise UserError(f"{label}: system_set needs a system to change; add system: (a "
                         "catalog name or a mapping)")
@@ -309,6 +312,10 @@ def load_scenario(
     else:
         pairs = [parse_override(item) for item in overrides]
     for keys, value in pairs:
+        if keys[0] == "system_set":  # applied already: an override changes the system itself
+            raise UserError(f"--set {'.'.join(keys)}: system_set is read before the overrides; "
+                            "set the system's field instead, e.g. --set "
+                            "system.node.accelerator=a64fx")
         apply_override(raw, keys, value)
         raw = _resolve(raw)  # an override's from_hf path is the working directory's
     scenario = validate(Scenario, raw, label)
