@@ -48,6 +48,9 @@ def test_fugaku_yaml_is_its_catalog_system_with_the_boost_device() -> None:
     assert scenario.system.node.accelerator == loader.load_spec("accelerators", "a64fx-boost")
     assert scenario.system.nodes == loader.load_spec("systems", "fugaku").nodes
     assert loader.load_spec("scenarios", "fugaku") == scenario  # the API's catalog read too
+    # its JSON dump (search.json's manifest, sweep --set's source) has the system in full
+    dumped = scenario.model_dump(mode="json")
+    assert "system_set" not in dumped and loader.load_scenario(dumped) == scenario
 
 
 @settings(max_examples=25, deadline=None)
