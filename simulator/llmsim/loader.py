@@ -102,8 +102,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.strip().split("."), parsed
 
 
-def apply_override(raw: dict[str, Any], keys: list[str], value: Any) -> None:
-    """Set ``raw[k0][k1]...`` to ``value``, creating mappings on the way."""
+def apply_override(raw: dict[str, Any], keys: list[str], value: Any,
+                   given_by: str = "--set") -> None:
+    """Set ``raw[k0][k1]...`` to ``value``, creating mappings on the way; an error names
+    the key after ``given_by``, where it was written."""
     node = raw
     for i, key in enumerate(keys[:-1]):
         child = node.get(key)
@@ -112,11 +114,44 @@ def apply_override(raw: dict[str, Any], keys: list[str], value: Any) -> None:
         if not isinstance(child, dict):
             where = ".".join(keys[: i + 1])
             raise UserError(
-                f"--set {'.'.join(keys)}: {where} is {child!r}, not a mapping; "
+                f"{given_by} {'.'.join(keys)}: {where} is {child!r}, not a mapping; "
                 f"set {where} itself instead"
             )
         node = child
     node[keys[-1]] = value
+
+
+def apply_system_set(raw: dict[str, Any], label: str) -> dict[str, Any]:
+    """Apply a scenario's ``system_set`` to its resolved system and drop the field.
+
+    ``system_set`` maps dotted fields of the system to values (``{node.accelerator:
+    a64fx-boost}``), each applied as ``--set system.<field>=<value>`` would be: a catalog
+    system run with a documented change, without a copy of its file. The loaded scenario
+    holds the changed system in full, so what writes it back out needs no ``system_set``.
+    The changed system is validated on its own, so that an error names the field as
+    ``system_set`` gives it."""
+    if "system_set" not in raw:
+        return raw
+    given = raw.pop("system_set")
+    example = "e.g. system_set: {node.accelerator: a64fx-boost}"
+    if not isinstance(given, dict):
+        raise UserError(f"{label}: system_set = {safe_yaml.echo(given)} is not a mapping of "
+                        f"system fields to values; write it as {example}, or remove it")
+    if not given:
+        raise UserError(f"{label}: system_set = {{}} changes nothing; give a field to change, "
+                        f"{example}, or remove it")
+    if not isinstance(raw.get("system"), dict):
+        raise UserError(f"{label}: system_set needs a system to change; add system: (a "
+                        "catalog name or a mapping)")
+    for key, value in given.items():
+        keys = key.split(".") if isinstance(key, str) else [""]
+        if not all(part.strip() for part in keys):
+            raise UserError(f"{label}: system_set key {safe_yaml.echo(key)} is not a dotted "
+                            f"field of the system; write it as {example}")
+        apply_override(raw["system"], keys, value, given_by=f"{label}: system_set")
+    raw = _resolve(raw)  # a catalog name set as a value (an accelerator) is read now
+    validate(System, raw["system"], f"{label}: system_set")
+    return raw
 
 
 def _field_names(model: type[BaseModel]) -> list[str]:
@@ -225,6 +260,8 @@ def validate(spec: type[BaseModel], data: dict[str, Any], label: str) -> Any:
 
 def load_spec(kind: catalog.Kind, name: str) -> Any:
     """Load one catalog entry by name, validated (names inside it resolved)."""
+    if kind == "scenarios":  # its system_set and calibration profile are read there
+        return load_scenario(name)
     path = catalog.path_of(kind, name)
     raw = _resolve(read_yaml(path))
     return validate(_SPEC_OF_KIND[kind], raw, path.name)
@@ -257,7 +294,8 @@ def load_scenario(
     """Load, resolve, override and validate a scenario.
 
     ``source`` is a path, a catalog scenario name (``frontier`` or ``frontier.yaml``) or a
-    mapping. ``overrides`` are ``"a.b.c=value"`` strings or a ``{"a.b.c": value}`` mapping.
+    mapping. ``overrides`` are ``"a.b.c=value"`` strings or a ``{"a.b.c": value}`` mapping,
+    applied after the scenario's own ``system_set`` (:func:`apply_system_set`), so they win.
     """
     base = None
     if isinstance(source, Mapping):
@@ -265,7 +303,7 @@ def load_scenario(
     else:
         path = scenario_path(source)
         raw, label, base = read_yaml(path), path.name, path.parent
-    raw = _resolve(raw, base)
+    raw = apply_system_set(_resolve(raw, base), label)  # before the overrides, which win
     pairs: list[tuple[list[str], Any]]
     if overrides is None:
         pairs = []
@@ -274,6 +312,10 @@ def load_scenario(
     else:
         pairs = [parse_override(item) for item in overrides]
     for keys, value in pairs:
+        if keys[0] == "system_set":  # applied already: an override changes the system itself
+            raise UserError(f"--set {'.'.join(keys)}: system_set is read before the overrides; "
+                            "set the system's field instead, e.g. --set "
+                            "system.node.accelerator=a64fx")
         apply_override(raw, keys, value)
         raw = _resolve(raw)  # an override's from_hf path is the working directory's
     scenario = validate(Scenario, raw, label)
