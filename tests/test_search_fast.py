@@ -353,3 +353,54 @@ def test_a_deferred_walk_s_layout_resumes_where_it_was_set_aside() -> None:
     assert deferred and len(est._pending) == len(deferred)
     assert _estimates(est, deferred) == [_estimates(Estimator(), [sc])[0] for sc in deferred]
     assert not est._pending
+
+
+_TAILS = Estimator()
+"""One estimator for every example below: its tail memo fills across them, so a key that
+missed something a tail reads would hand one example another's tail."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0.0, 0.25, 1.5, 3.0]),
+                                 st.sampled_from([0.5, 1.0, 2.0]),
+                                 st.sampled_from([0.0, 0.5, 1.0])), min_size=1, max_size=8),
+       p=st.integers(1, 4), overlap=st.booleans(), split=st.booleans(), zero3=st.booleans())
+def test_a_memoised_gradient_tail_equals_the_fifo(chunks: list, p: int, overlap: bool,
+                                                  split: bool, zero3: bool) -> None:
+    """Property: the estimator's gradient tail of a kind (memoised from
+    ``TAIL_MEMO_FROM_CHUNKS`` chunks on) is :func:`reduction_tail_s`'s, whatever tails
+    the memo already holds (few values drawn, so keys repeat and near-misses meet)."""
+    from llmsim.search.pipeline import StageTimes, reduction_tail_s
+
+    times = StageTimes(1.0, 1.0, 1.0, grad_buckets=[(n, s) for n, s, _, _ in chunks],
+                       chunk_backward=[(b, w) for _, _, b, w in chunks])
+    want = reduction_tail_s(times, p, overlap=overlap, split_backward=split, zero3=zero3)
+    assert _TAILS._tail_s(times, p, overlap, split, zero3) == want
+
+
+@pytest.mark.parametrize("name", ["selene-gpt3", "frontier-moe"])
+def test_a_memoised_layer_gather_equals_the_workload_s_gathers(name: str) -> None:
+    """A chunk's one-layer weight gather, memoised across layouts (``_layer_gather_s``),
+    is the sum of its :meth:`Workload.gather_parts` priced by the layout's costs, each
+    ``gather_messages`` times, on every chunk of layouts that gather (ZeRO-3, and ZeRO-1/2
+    with the overlapped gather; with expert parallelism on the MoE model), in the
+    search's order with one estimator."""
+    from llmsim.workload import build_workload, step_traffic
+
+    scenario, sample = _sample(name, 400)
+    gathering = [c for c in sample if c.zero == 3 or c.zero in (1, 2)][:40]
+    scenarios = [sc for sc in _valid_scenarios(scenario, gathering)
+                 if sc.parallelism.zero == 3 or sc.parallelism.overlap_param_gather]
+    assert len(scenarios) >= 5
+    est, checked = Estimator(), 0
+    for sc in scenarios:
+        par, trn = sc.parallelism, sc.training
+        _, costs = est.plan_costs(sc)
+        traffic = step_traffic(sc.model, par, trn, sc.dp)
+        for chunk in build_workload(sc.model, par, trn, sc.dp).chunks.values():
+            gather = traffic.weight_gather(chunk)
+            want = (sum(costs.comm_s(op) for op in traffic.gather_parts(chunk, gather))
+                    * traffic.gather_messages if gather is not None else 0.0)
+            assert est._layer_gather_s(costs, traffic, chunk) == want
+            checked += want > 0
+    assert checked

@@ -20,6 +20,7 @@ once, and :func:`replay` (a loop of O(passes) float operations) or :func:`replay
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
@@ -170,21 +171,25 @@ Levels = tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 def levels(p: int, rows: tuple[Row, ...]) -> Levels:
     """Group the passes by their depth in the wait graph (after the previous pass of
     their stage and the pass they wait for): the passes of one level are independent,
-    one per stage at most."""
-    depth = [0] * (len(rows) + 1)
-    stage_depth = [0] * p
-    for k, (s, _, j, _) in enumerate(rows, start=1):
-        d = max(stage_depth[s], depth[j]) + 1
-        depth[k] = stage_depth[s] = d
-    table = np.empty((len(rows), 5), dtype=np.int64)
-    table[:, 0] = np.arange(1, len(rows) + 1)
-    table[:, 1:] = np.array(rows, dtype=np.int64)
-    order = np.argsort(np.asarray(depth[1:]), kind="stable")
-    table = table[order]
-    bounds = np.flatnonzero(np.diff(np.asarray(depth[1:])[order])) + 1
-    return tuple((part[:, 0].copy(), part[:, 1].copy(), part[:, 2].copy(), part[:, 3].copy(),
-                  part[:, 4].copy())
-                 for part in np.split(table, bounds))
+    one per stage at most.
+
+    A pass's depth is its end in :func:`replay` with every duration 1 and every hop 0
+    (``max(stage's depth, depth of the pass it waits for) + 1``), so the loop is
+    :func:`replay`'s; each level's arrays are views of one sorted table (one array of
+    each field, not five small copies per level)."""
+    n = len(rows)
+    table = np.array(rows, dtype=np.int64).reshape(n, 4)
+    columns = 1 + int(table[:, 1].max()) if n else 1
+    hops = 1 + int(table[:, 3].max()) if n else 1
+    depth = np.asarray(replay(p, rows, [1] * columns, [0] * hops)[0][1:], dtype=np.int64)
+    order = np.argsort(depth, kind="stable")
+    fields = np.empty((5, n), dtype=np.int64)
+    fields[0] = order + 1
+    fields[1:] = table[order].T
+    edges = [0, *(np.flatnonzero(np.diff(depth[order])) + 1).tolist(), n]
+    return tuple((fields[0, lo:hi], fields[1, lo:hi], fields[2, lo:hi], fields[3, lo:hi],
+                  fields[4, lo:hi])
+                 for lo, hi in pairwise(edges))
 
 
 def replay_levels(p: int, passes: int, by_level: Levels, durations: list[float],

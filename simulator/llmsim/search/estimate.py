@@ -52,6 +52,10 @@ from llmsim.workload import (
     step_traffic,
 )
 
+TAIL_MEMO_FROM_CHUNKS = 4
+"""A kind's gradient tail is memoised from this many chunks a stage on (below it the
+FIFO's loop costs less than the memo's key)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Estimate:
@@ -124,13 +128,15 @@ class Estimator(StageKinds):
     def __init__(self) -> None:
         super().__init__()
         self._pending: dict[int, tuple[Scenario, Callable[[], Estimate]]] = {}
+        """Per scenario (by id, the scenario held) whose walk was set aside
+        (:class:`~llmsim.search.walk_batch.Deferred`), the rest of its estimate: its stages
+        are not priced twice."""
         self._pipelines = BoundedMemo(KIND_MEMO)
         """A family's pipeline phase (:func:`pipeline_runs_s`), by exactly what it reads:
         the kinds' passes (their memo entry, held in the value so that its id stays its
         own), the sends and, per kind, what differs between the family's layouts."""
-        """Per scenario (by id, the scenario held) whose walk was set aside
-        (:class:`~llmsim.search.walk_batch.Deferred`), the rest of its estimate: its stages
-        are not priced twice."""
+        self._tails = BoundedMemo(KIND_MEMO)
+        """A kind's gradient tail (:meth:`_tail_s`), by its buckets and backward passes."""
 
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
@@ -195,10 +201,7 @@ class Estimator(StageKinds):
                     if not gathering:
                         continue
                     units = chunk.units
-                    gather = traffic.weight_gather(chunk)
-                    layer_gather = (sum(costs.comm_s(part) for part in
-                                        traffic.gather_parts(chunk, gather))
-                                    * traffic.gather_messages if gather is not None else 0.0)
+                    layer_gather = self._layer_gather_s(costs, traffic, chunk)
                     gather_b = units * layer_gather * (1 + traffic.regather_for_recompute)
                     first_wait = layer_gather + (units - 1) * max(0.0,
                                                                   layer_gather - cf / units)
@@ -230,8 +233,7 @@ class Estimator(StageKinds):
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward,
                                  queue_wait=queue_wait, chunk_gathers=gathered)
-                tail = reduction_tail_s(own, p, overlap=par.overlap_dp_comm,
-                                        split_backward=split_backward, zero3=zero3)
+                tail = self._tail_s(own, p, par.overlap_dp_comm, split_backward, zero3)
                 kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
                                                 experts_s, chunk_0)
             flops_per_replica += kind.flops * count
@@ -343,6 +345,24 @@ class Estimator(StageKinds):
                                            traffic.pp_gather_bytes, copies=tp)) \
                 if traffic.pp_gather_bytes else 0.0
             hit = self._messages[key] = (send_s, gather_s)
+        return hit
+
+    def _tail_s(self, st: StageTimes, p: int, overlap: bool, split_backward: bool,
+                zero3: bool) -> float:
+        """:func:`reduction_tail_s` of a kind's stage, memoised on what it reads (its
+        chunks' buckets and backward passes) where its loop over the chunks is long
+        (:data:`TAIL_MEMO_FROM_CHUNKS`): layouts of a family that differ only in what the
+        buckets do not read (the parameter-gather overlap, a ZeRO stage whose buckets are
+        alike) share it."""
+        if not overlap or len(st.grad_buckets) < TAIL_MEMO_FROM_CHUNKS:
+            return reduction_tail_s(st, p, overlap=overlap, split_backward=split_backward,
+                                    zero3=zero3)
+        key = (tuple(st.grad_buckets), tuple(st.chunk_backward), p, split_backward, zero3)
+        hit = self._tails.get(key)
+        if hit is None:
+            hit = self._tails.put(key, reduction_tail_s(st, p, overlap=True,
+                                                        split_backward=split_backward,
+                                                        zero3=zero3))
         return hit
 
     def _optimizer_s(self, costs: HardwareCosts, par: Parallelism, trn: Training,

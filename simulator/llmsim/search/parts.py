@@ -88,6 +88,7 @@ class SharedParts:
         self._extras: dict[tuple, tuple[float, float, float]] = {}
         self._grads: dict[tuple, float] = {}
         self._chunk_buckets: dict[tuple, tuple[int, float]] = {}
+        self._layer_gathers: dict[tuple, float] = {}
         self._starts: dict[tuple, list[list[int]]] = {}
         self._blocks: dict[tuple, float] = {}
         self._params: dict[tuple, tuple[int, int]] = {}
@@ -294,6 +295,24 @@ class SharedParts:
                     costs.compute_s(k) for k in traffic.grad_sync_prep(op))
             count, total = count + n, total + n * seconds
         hit = self._chunk_buckets[memo] = (count, total / count if count else 0.0)
+        return hit
+
+    def _layer_gather_s(self, costs: HardwareCosts, traffic: Workload, chunk: Chunk) -> float:
+        """Seconds of one layer's weight gather of ``chunk`` (ZeRO-3, or ZeRO-1/2 with
+        ``overlap_param_gather``; 0: none): its :meth:`Workload.gather_parts`, each
+        :attr:`Workload.gather_messages` times, memoised on what :meth:`Workload.
+        weight_gather` and :meth:`Workload.gather_parts` read (the costs, held as long as
+        the estimator, so their id stays theirs)."""
+        memo = (id(costs), chunk.params, chunk.expert_params, chunk.units, traffic.zero,
+                traffic.overlap_param_gather, traffic.dp, traffic.ep, traffic.cp,
+                traffic.param_bytes_per_param, traffic.gather_messages,
+                traffic.gather_copies, traffic.gather_fill_passes, traffic.gather_host_s)
+        hit = self._layer_gathers.get(memo)
+        if hit is None:
+            gather = traffic.weight_gather(chunk)
+            hit = self._layer_gathers[memo] = (
+                sum(costs.comm_s(part) for part in traffic.gather_parts(chunk, gather))
+                * traffic.gather_messages if gather is not None else 0.0)
         return hit
 
 
