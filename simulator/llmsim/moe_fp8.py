@@ -84,7 +84,9 @@ def token_cast_op(name: str, phase: str, elements: float, element_bytes: float) 
     before MoE up-projections into FP8 and then apply dispatch components"), backward the
     down-projections' output gradient before the combine's gradient all-to-all ("a similar
     strategy is applied to the activation gradient before MoE down-projections"; DeepSeek-V3
-    report §3.3.3). Once a token, not once each of its ``top_k`` routed rows; one kernel,
+    report §3.3.3; DeepEP's ``Buffer.dispatch`` takes the tokens so cast, an ``x`` of the
+    ``float8_e4m3fn`` tensor and its ``hidden // 128`` FP32 scales a token,
+    ``deep_ep/buffer.py``). Once a token, not once each of its ``top_k`` routed rows; one kernel,
     :func:`tile_cast_bytes_per_element` bytes a value (op ``fp8_cast_<name>``)."""
     return ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0,
                      tile_cast_bytes_per_element(element_bytes) * elements, host_calls=1)
