@@ -1,7 +1,8 @@
 """FP8 around the routed experts' grouped GEMMs (llmsim.moe_fp8, issue #41): the operands'
 quantisation as Transformer Engine's ``GroupedLinear`` runs it (kernel counts, bytes, a split
 quantisation priced as the sum of its per-expert parts, one host call) and Megatron-Core's
-FP8 alignment copies of the routed rows."""
+FP8 alignment copies of the routed rows; and DeepSeek-V3's FP8 dispatch, each token cast once
+before its all-to-all (DSV3-01)."""
 
 from __future__ import annotations
 
@@ -165,3 +166,70 @@ def test_a_capacity_off_the_alignment_is_padded() -> None:
     s, ops = padding_ops(model__moe=MOE | {"capacity_factor": 1.01})
     assert expert_rows(s.model, s.parallelism, s.training)[1] % FP8_ALIGN_ROWS != 0
     assert set(ops) >= set(PADDING)
+
+
+def dsv3_ops(top_k: int, cache: bool = True):
+    """The first chunk's ops of the 8-expert model in FP8 with current scaling, EP 2, TP 1,
+    with or without DeepSeek-V3's FP8 dispatch (``training.fp8_activation_cache``)."""
+    s = make_scenario(system="eos", parallelism__pp=1, parallelism__tp=1, parallelism__ep=2,
+                      model__moe={**MOE, "top_k": top_k}, training__precision="fp8",
+                      training__fp8_scaling="current", training__fp8_activation_cache=cache)
+    chunk = build_workload(s.model, s.parallelism, s.training, s.dp).chunks[(0, 0)]
+    return s, {"forward": chunk.forward, "backward": chunk.backward, "weight": chunk.weight}
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 4])
+def test_dsv3_casts_each_token_once_before_its_fp8_all_to_all(top_k: int) -> None:
+    """DeepSeek-V3 §3.3.3: the up-projections' input is cast to FP8 before the dispatch and
+    the down-projections' output gradient before the combine's gradient all-to-all, once
+    a token (``T·h`` values, whatever ``top_k``), one kernel reading 2 and writing
+    ``1 + 4/128`` bytes a value; the weight gradients re-quantise the received ``R × h``
+    rows transposed (§3.5.2, ``2·(1 + 4/128)`` bytes a value). The casts of the expert-side
+    operands (the down projection's input, the up projection's output gradient) keep
+    Transformer Engine's per-expert split."""
+    s, ops = dsv3_ops(top_k)
+    h, local = s.model.hidden, MOE["experts"] // s.parallelism.ep
+    tokens = s.parallelism.micro_batch * s.training.seq_len  # T_s: TP 1, no CP
+    rows = routed_rows(s.model, s.parallelism, s.training)  # R
+    e8 = 1 + 4 / 128
+    for operand, pass_name, before in (("expert_up", "forward", "moe_dispatch"),
+                                       ("expert_down_grad", "backward", "moe_combine_bwd")):
+        names = [op.name for op in ops[pass_name]]
+        cast = ops[pass_name][names.index(f"fp8_cast_{operand}")]
+        assert cast.bytes == pytest.approx((2 + e8) * tokens * h)
+        assert (cast.splits, cast.host_calls) == (1, 1)
+        assert f"fp8_amax_{operand}" not in names
+        assert names.index(cast.name) < names.index(before)
+        assert names.count(cast.name) == s.model.layers  # one a layer, none after the a2a
+        requant = next(op for op in ops["weight"] if op.name == f"fp8_requant_{operand}")
+        assert requant.bytes == pytest.approx(2 * e8 * rows * h)
+        assert (requant.phase, requant.splits) == ("W", 1)
+    for operand, pass_name in (("expert_down", "forward"), ("expert_up_grad", "backward")):
+        named = {op.name: op for op in ops[pass_name]}
+        assert named[f"fp8_cast_{operand}"].splits == 2 * local
+        assert named[f"fp8_amax_{operand}"].splits == 2 * local
+
+
+def test_dsv3_cast_moves_fewer_bytes_than_the_per_expert_one_from_top_2() -> None:
+    """With ``top_k ≥ 2`` the dispatch's routed rows outnumber the tokens: the token-side
+    cast, even with its transposed re-quantisation, moves fewer bytes than Transformer
+    Engine's split quantisation of the routed rows (amax read 2, cast-transpose 4 bytes)."""
+    def fp8_bytes(ops: dict, operand: str) -> float:
+        return sum(op.bytes for pass_ops in ops.values() for op in pass_ops
+                   if op.name.endswith(f"_{operand}") and op.name.startswith("fp8_"))
+    for top_k in (2, 4):
+        _, new = dsv3_ops(top_k)
+        _, old = dsv3_ops(top_k, cache=False)
+        for operand in ("expert_up", "expert_down_grad"):
+            assert fp8_bytes(new, operand) < fp8_bytes(old, operand)
+
+
+def test_without_the_fp8_dispatch_nothing_is_cast_per_token() -> None:
+    """The Megatron-Core / Transformer Engine path (no ``fp8_activation_cache``, every
+    MBRIDGE row) keeps its per-expert casts after the dispatch and gets no re-quantisation."""
+    _, ops = dsv3_ops(2, cache=False)
+    names = [op.name for pass_ops in ops.values() for op in pass_ops]
+    assert not any(n.startswith("fp8_requant_") for n in names)
+    fwd = [op.name for op in ops["forward"]]
+    assert fwd.index("moe_dispatch") < fwd.index("fp8_amax_expert_up") < fwd.index(
+        "fp8_cast_expert_up")

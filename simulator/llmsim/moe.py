@@ -54,7 +54,12 @@ from typing import TYPE_CHECKING
 
 from llmsim.experts import FP8_CACHED_BYTES, FP32_BYTES, expert_group_tokens, expert_rows
 from llmsim.host_syncs import HOST_SYNC_GAP_S
-from llmsim.moe_fp8 import pads_expert_rows, split_quantize_kernels
+from llmsim.moe_fp8 import (
+    pads_expert_rows,
+    requant_op,
+    split_quantize_kernels,
+    token_cast_op,
+)
 from llmsim.ops import Axis, CommOp, ComputeOp
 from llmsim.schedules import SCHEDULES
 
@@ -144,6 +149,9 @@ class MoeBlock:
         self.overlap_a2a = par.moe_a2a_overlap and not pairs_overlap(par)
         self.syncs = dispatch_syncs_host(self.moe, par)
         self.padded = pads_expert_rows(self.moe, par, b.fp8, rows)
+        # DeepSeek-V3's FP8 path: the h-wide operands quantised once a token before the
+        # all-to-all that carries them in FP8 (:meth:`_fp8_tokens`), not per routed row.
+        self.tile_fp8 = b.fp8 and b.trn.fp8_activation_cache and self.routing
 
     # -- pieces -------------------------------------------------------------------
     def _grouped(self, name: str, phase: str, m: float, n: int, k: int) -> ComputeOp:
@@ -239,6 +247,19 @@ class MoeBlock:
                                     2.0 * elements, splits=amax, host_calls=1))
         return ops
 
+    def _fp8_tokens(self, name: str, phase: str) -> list[ComputeOp]:
+        """DeepSeek-V3's FP8 cast of the ``T_s × h`` token rows before the all-to-all that
+        carries them in FP8 (:func:`llmsim.moe_fp8.token_cast_op`), in place of the
+        per-expert split quantisation of the routed rows (:meth:`_fp8`)."""
+        if not self.tile_fp8:
+            return []
+        return [token_cast_op(name, phase, self.tokens_routed * self.b.m.hidden, self.b.e)]
+
+    def _fp8_requant(self, name: str) -> list[ComputeOp]:
+        """The expert side's transposed re-quantisation of a :meth:`_fp8_tokens` operand's
+        ``R × h`` rows for its weight gradient (:func:`llmsim.moe_fp8.requant_op`)."""
+        return [requant_op(name, self.rows * self.b.m.hidden)] if self.tile_fp8 else []
+
     def _padding(self, name: str, phase: str) -> list[ComputeOp]:
         """One FP8 alignment copy of the routed rows (:func:`llmsim.moe_fp8.pads_expert_rows`):
         TE's ``fused_multi_row_padding`` or ``fused_multi_row_unpadding`` reads the ``R × h``
@@ -309,11 +330,13 @@ class MoeBlock:
             dispatch = [*gather, *(replace(op, pairs_with="next") for op in dispatch)]
             combine = [*(replace(op, pairs_with="previous") for op in combine), *exit_f]
             gather, exit_f = [], []
+        up_cast = [] if self.tile_fp8 else self._fp8("expert_up", "F", h)
         fwd: list[Op] = [
             *(shared_in if overlap else []),
-            *self._router("F"), *self._permute("moe_permute", "F"),
+            *self._router("F"), *self._fp8_tokens("expert_up", "F"),
+            *self._permute("moe_permute", "F"),
             *self._routing_map_gather(), *dispatch, *beside_dispatch, *gather,
-            *self._padding("expert_pad", "F"), *self._fp8("expert_up", "F", h), up,
+            *self._padding("expert_pad", "F"), *up_cast, up,
             b._mem("expert_act", "F", act_elements, act_passes),
             *self._fp8("expert_down", "F", self.down_k), down,
             *self._padding("expert_unpad", "F"),
@@ -328,11 +351,12 @@ class MoeBlock:
             combine_b = [*gather_b, *(replace(op, pairs_with="next") for op in combine_b)]
             dispatch_b = [*(replace(op, pairs_with="previous") for op in dispatch_b), *exit_b]
             gather_b, exit_b = [], []
+        down_grad_cast = [] if self.tile_fp8 else self._fp8("expert_down_grad", "B", h)
         bwd: list[Op] = [
-            *shared_b,
+            *shared_b, *self._fp8_tokens("expert_down_grad", "B"),
             *self._permute("moe_unpermute_bwd", "B", True), *combine_b,
             *gather_b, *self._padding("expert_unpad_bwd", "B"),
-            *self._fp8("expert_down_grad", "B", h),
+            *down_grad_cast,
             self._grouped("expert_down_dx", "B", mean, self.down_k, h),
             b._mem("expert_act_bwd", "B", act_elements, act_passes + 1),
             *self._fp8("expert_up_grad", "B", self.up_n),
@@ -344,7 +368,9 @@ class MoeBlock:
         ]
         # dW = Xᵀ·dY per expert: (k × n), reducing over its rows.
         wgt: list[Op] = [
+            *self._fp8_requant("expert_down_grad"),
             self._grouped_wgrad("expert_down_dw", self.down_k, h),
+            *self._fp8_requant("expert_up"),
             self._grouped_wgrad("expert_up_dw", h, self.up_n),
             *([b._gemm_grads(b._gemm("router", "F", int(self.tokens_routed),
                                      self.moe.experts, h))[1]] if self.routing else []),

@@ -2,12 +2,17 @@
 run them (docs/moe.md, "FP8 around the grouped GEMMs"): the kernels that quantise a grouped
 GEMM's operand expert by expert, and whether the routed rows are copied into FP8-aligned
 blocks first. Read in Transformer Engine release_v2.16 and Megatron-LM 4415119414, the
-versions of Megatron-Bridge 26.04.
+versions of Megatron-Bridge 26.04. And, with ``training.fp8_activation_cache``, DeepSeek-V3's
+own FP8 path (the DeepEP row DSV3-01): its tokens quantised once, tile-wise, before the
+dispatch, and the stored tiles re-quantised transposed for the weight gradients.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
+
+from llmsim.experts import FP8_CACHED_BYTES
+from llmsim.ops import ComputeOp
 
 if TYPE_CHECKING:
     from llmsim.specs import Parallelism
@@ -50,3 +55,47 @@ def pads_expert_rows(moe: MoE, par: Parallelism, fp8: bool, rows_per_expert: flo
     if not fp8 or moe.experts == 1 or par.moe_dispatcher != "alltoall":
         return False
     return moe.capacity_factor is None or rows_per_expert % FP8_ALIGN_ROWS != 0
+
+
+def tile_cast_bytes_per_element(element_bytes: float) -> float:
+    """Bytes one element of DeepSeek-V3's tile-wise FP8 cast moves: the 16-bit (``element_bytes``)
+    read and the FP8 write with its FP32 scale per 1×128 tile (``1 + 4/128``). The amax of
+    each 1×128 tile is taken online inside the same kernel (DeepSeek-V3 report,
+    arXiv:2412.19437, §3.3.2 "Fine-Grained Quantization": "we calculate the maximum absolute
+    value online for each 1x128 activation tile ... and then quantize the activation ...
+    online"), so no separate amax pass; no transposed copy is written (§3.5.2, "Support for
+    Transposed GEMM Operations": the 1×128 tiles are stored and the backward re-quantises
+    them into 128×1 tiles, :func:`tile_requant_bytes_per_element`)."""
+    return element_bytes + FP8_CACHED_BYTES
+
+
+def tile_requant_bytes_per_element() -> float:
+    """Bytes one element of DeepSeek-V3's backward re-quantisation moves: the stored 1×128
+    FP8 tiles read, "dequantized, transposed, re-quantized into 128x1 tiles, and stored in
+    HBM" (DeepSeek-V3 report §3.5.2), ``2·(1 + 4/128)``; the weight gradient's GEMM needs its
+    operands tiled along the tokens it reduces over."""
+    return 2.0 * FP8_CACHED_BYTES
+
+
+def token_cast_op(name: str, phase: str, elements: float, element_bytes: float) -> ComputeOp:
+    """With ``training.fp8_activation_cache``, DeepSeek-V3's FP8 cast of a rank's
+    ``elements = T_s × h`` token values before the all-to-all that carries them in FP8:
+    forward the up-projections' input before the dispatch ("we quantize the activation
+    before MoE up-projections into FP8 and then apply dispatch components"), backward the
+    down-projections' output gradient before the combine's gradient all-to-all ("a similar
+    strategy is applied to the activation gradient before MoE down-projections"; DeepSeek-V3
+    report §3.3.3; DeepEP's ``Buffer.dispatch`` takes the tokens so cast, an ``x`` of the
+    ``float8_e4m3fn`` tensor and its ``hidden // 128`` FP32 scales a token,
+    ``deep_ep/buffer.py``). Once a token, not once each of its ``top_k`` routed rows; one kernel,
+    :func:`tile_cast_bytes_per_element` bytes a value (op ``fp8_cast_<name>``)."""
+    return ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0,
+                     tile_cast_bytes_per_element(element_bytes) * elements, host_calls=1)
+
+
+def requant_op(name: str, elements: float) -> ComputeOp:
+    """The weight gradient's re-quantisation of a :func:`token_cast_op` operand on the
+    expert side: the received ``elements = R × h`` FP8 values read, transposed and written
+    as 128×1 tiles (:func:`tile_requant_bytes_per_element`), one kernel in the W pass (op
+    ``fp8_requant_<name>``)."""
+    return ComputeOp(f"fp8_requant_{name}", "memory", "W", 0.0,
+                     tile_requant_bytes_per_element() * elements, host_calls=1)
