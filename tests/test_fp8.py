@@ -8,6 +8,7 @@ from helpers import make_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmsim.blocks import _paired_gemm
 from llmsim.costs.compute import ComputeModel
 from llmsim.errors import UserError
 from llmsim.loader import load_spec
@@ -162,7 +163,8 @@ def test_current_scaling_with_sp_all_reduces_four_amaxes_per_layer_closed_form(
     """TE release_v2.16 (``_customize_quantizers_float8_current_scaling``): with sequence
     parallelism the column-parallel inputs (QKV, MLP up) and the row-parallel output
     gradients (attention output, MLP down) share one scale over the TP group: one 4-byte
-    MAX all-reduce each, between the tensor's amax and its cast (which waits for it)."""
+    MAX all-reduce each, before the tensor's cast (which waits for it) and, as TE
+    quantises before gathering, before the SP all-gather, which still pairs with its GEMM."""
     s = make_scenario(system="eos", parallelism__tp=2, parallelism__pp=1,
                       parallelism__sequence_parallel=True, parallelism__recompute=recompute,
                       training__precision="fp8", training__fp8_scaling="current")
@@ -170,15 +172,18 @@ def test_current_scaling_with_sp_all_reduces_four_amaxes_per_layer_closed_form(
     fwd, bwd = tp_amax_ops(forward), tp_amax_ops(backward)
     assert (len(fwd), len(bwd)) == TP_AMAX_REDUCTIONS == (2, 2)
     assert [op.name for op in fwd] == ["tp_amax_qkv", "tp_amax_mlp_up"]
-    assert [op.name for op in bwd] == ["tp_amax_mlp_down_b", "tp_amax_attn_proj_b"]
-    for ops, reduced in ((forward, fwd), (backward, bwd)):
+    assert [op.name for op in bwd] == ["tp_amax_mlp_down", "tp_amax_attn_proj"]
+    for ops, reduced, gathers, suffix in ((forward, fwd, ("tp_ag_attn", "tp_ag_mlp"), ""),
+                                          (backward, bwd, ("tp_ag_mlp_bwd", "tp_ag_attn_bwd"),
+                                           "_b")):
         names = [op.name for op in ops]
-        for op in reduced:
+        for op, gather in zip(reduced, gathers, strict=True):
             assert isinstance(op, CommOp) and op.collective == "all_reduce"
             assert op.axis == "tp" and op.bytes == AMAX_BYTES == 4 and op.phase in "FB"
-            tensor = op.name.removeprefix("tp_amax_")
             i = names.index(op.name)
-            assert names[i - 1] == f"fp8_amax_{tensor}" and names[i + 1] == f"fp8_cast_{tensor}"
+            tensor = op.name.removeprefix("tp_amax_") + suffix
+            assert names[i + 1] == gather and names[i + 2] == f"fp8_amax_{tensor}"
+            assert _paired_gemm(tuple(ops), i + 1) is not None  # the gather still pairs
     # Full recompute runs the forward's quantisation again, reductions included.
     assert len(tp_amax_ops(again)) == (2 if recompute == "full" else 0)
 

@@ -115,8 +115,7 @@ class LayerBuilder:
                          float(elements * (passes * self.e + masks * DROPOUT_MASK_BYTES)),
                          memory_kind=kind, output_bytes=float(out * self.e))
 
-    def _fp8_cast(self, gemm: ComputeOp, operand: str,
-                  tp_amax: bool = False) -> list[Op]:
+    def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
         """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
 
         Transformer Engine quantises each GEMM operand it does not already hold in FP8:
@@ -131,12 +130,6 @@ class LayerBuilder:
         the forward also casts the weight (:func:`llmsim.workload.fp8.
         weight_cast_bytes_per_element`, as many kernels); per step, the casts are the
         stage's (:func:`llmsim.workload.fp8.step_weight_casts`).
-
-        ``tp_amax``: the operand is a column-parallel layer's input or a row-parallel
-        layer's output gradient, which TE quantises sequence-split, before its all-gather;
-        under current scaling with sequence parallelism the shards share one scale, so an
-        all-reduce (MAX) of the one FP32 amax over the TP group sits between the amax and
-        the cast, which wait for it (:data:`llmsim.workload.fp8.TP_AMAX_REDUCTIONS`).
         """
         if not self.fp8 or gemm.mnk is None:
             return []
@@ -145,10 +138,7 @@ class LayerBuilder:
         amax, cast_kernels = split_quantize_kernels(1, self.fp8_scaling)
         cast = ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements,
                          splits=cast_kernels, host_calls=1)
-        casts: list[Op] = [cast]
-        if tp_amax and self.sp and self.fp8_scaling == "current":
-            casts[:0] = self._tp_comm(f"tp_amax_{gemm.name}", "all_reduce", gemm.phase,
-                                      float(AMAX_BYTES))
+        casts = [cast]
         if amax:  # the amax of this very tensor: one more read
             casts.insert(0, ComputeOp(f"fp8_amax_{gemm.name}", "memory", gemm.phase, 0.0,
                                       2.0 * elements, splits=amax, host_calls=1))
@@ -163,6 +153,17 @@ class LayerBuilder:
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
                  pairs_with: Literal["next", "previous"] | None = None) -> list[CommOp]:
         return [CommOp(name, kind, "tp", phase, nbytes, pairs_with)] if self.t > 1 else []
+
+    def _tp_amax(self, gemm: ComputeOp, phase: str) -> list[CommOp]:
+        """Under ``training.fp8_scaling: current`` with sequence parallelism: the one-value
+        MAX all-reduce over the TP group of the amax of ``gemm``'s sequence-split operand
+        (a column-parallel input, a row-parallel output gradient), which Transformer Engine
+        quantises before the all-gather and whose scale and cast wait for it
+        (:data:`llmsim.workload.fp8.TP_AMAX_REDUCTIONS`). It comes before the all-gather,
+        as in TE, so the gather still pairs with its GEMM (:mod:`llmsim.blocks`)."""
+        if not (self.fp8 and self.sp and self.fp8_scaling == "current"):
+            return []
+        return self._tp_comm(f"tp_amax_{gemm.name}", "all_reduce", phase, float(AMAX_BYTES))
 
     def _entry(self, name: str, phase: str) -> list[CommOp]:
         """Before a column-parallel GEMM: SP all-gathers the sequence-split input (the
@@ -266,8 +267,9 @@ class LayerBuilder:
         separate_bias = m.bias and self.trn.bias_kernels == "separate"
         fwd: list[Op] = [
             self._mem("ln1", "F", n_sp, 2, kind=self.m.norm),
+            *self._tp_amax(qkv, "F"),
             *self._entry("tp_ag_attn", "F"),
-            *self._fp8_cast(qkv, "input", tp_amax=True),
+            *self._fp8_cast(qkv, "input"),
             qkv,
             *([self._mem("qkv_bias", "F", T * qkv_n, 2)] if separate_bias else []),
             *self._attention_forward("F"),
@@ -276,8 +278,9 @@ class LayerBuilder:
             *self._exit("tp_attn", "F"),
             self._mem("residual1", "F", n_sp, 3, masks=drop),
             self._mem("ln2", "F", n_sp, 2, kind=self.m.norm),
+            *self._tp_amax(up, "F"),
             *self._entry("tp_ag_mlp", "F"),
-            *self._fp8_cast(up, "input", tp_amax=True),
+            *self._fp8_cast(up, "input"),
             up,
             self._mem("act", "F", T * f / t, act_passes),
             *self._fp8_cast(down, "input"),
@@ -312,8 +315,9 @@ class LayerBuilder:
         # residual adds pass their gradient on untouched: no residual2_bwd.
         bwd: list[Op] = [
             *([self._mem("residual2_bwd", "B", n_sp, 2, masks=1)] if drop else []),
+            *self._tp_amax(down, "B"),
             *self._entry("tp_ag_mlp_bwd", "B"),
-            *_in_phase(self._fp8_cast(down, "grad", tp_amax=True), "B"),
+            *_in_phase(self._fp8_cast(down, "grad"), "B"),
             down_dx,
             self._mem("act_bwd", "B", T * f / t, act_passes + 1),
             *_in_phase(self._fp8_cast(up, "grad"), "B"),
@@ -321,8 +325,9 @@ class LayerBuilder:
             *self._exit("tp_mlp_bwd", "B"),
             self._mem("ln2_bwd", "B", n_sp, 4, kind="norm_backward"),
             self._mem("residual1_bwd", "B", n_sp, 3 + 2 * drop, masks=drop),
+            *self._tp_amax(proj, "B"),
             *self._entry("tp_ag_attn_bwd", "B"),
-            *_in_phase(self._fp8_cast(proj, "grad", tp_amax=True), "B"),
+            *_in_phase(self._fp8_cast(proj, "grad"), "B"),
             proj_dx,
             *self._attention_backward(),
             *_in_phase(self._fp8_cast(qkv, "grad"), "B"),
@@ -404,5 +409,5 @@ def _as_phase(op: Op, phase: str) -> Op:
     return replace(op, phase=phase)
 
 
-def _in_phase(ops: list[Op], phase: str) -> list[Op]:
+def _in_phase(ops: list[ComputeOp], phase: str) -> list[ComputeOp]:
     return [replace(op, phase=phase, name=f"{op.name}_{phase.lower()}") for op in ops]
