@@ -8,12 +8,14 @@ from helpers import make_scenario
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llmsim.blocks import _paired_gemm
 from llmsim.costs.compute import ComputeModel
 from llmsim.errors import UserError
 from llmsim.loader import load_spec
 from llmsim.moe_fp8 import split_quantize_kernels
-from llmsim.ops import ComputeOp
+from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import build_workload, pass_ops
+from llmsim.workload.fp8 import AMAX_BYTES, TP_AMAX_REDUCTIONS
 
 H100 = load_spec("accelerators", "h100-sxm5-80gb")
 
@@ -149,3 +151,53 @@ def test_current_scaling_quantisation_time_grows_with_the_tensor(tokens: int, wi
     assert quantise_s((tokens + more) * width) > small
     assert small == pytest.approx(4 * H100.kernel_launch_us * 1e-6 + 6.0 * tokens * width
                                   / model.memory_rates["stream"], rel=1e-12)
+
+
+def tp_amax_ops(ops):
+    return [op for op in ops if op.name.startswith("tp_amax_")]
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_current_scaling_with_sp_all_reduces_four_amaxes_per_layer_closed_form(
+        recompute: str) -> None:
+    """TE release_v2.16 (``_customize_quantizers_float8_current_scaling``): with sequence
+    parallelism the column-parallel inputs (QKV, MLP up) and the row-parallel output
+    gradients (attention output, MLP down) share one scale over the TP group: one 4-byte
+    MAX all-reduce each, before the tensor's cast (which waits for it) and, as TE
+    quantises before gathering, before the SP all-gather, which still pairs with its GEMM."""
+    s = make_scenario(system="eos", parallelism__tp=2, parallelism__pp=1,
+                      parallelism__sequence_parallel=True, parallelism__recompute=recompute,
+                      training__precision="fp8", training__fp8_scaling="current")
+    forward, again, backward, _ = pass_ops(s.model, s.parallelism, s.training).dense
+    fwd, bwd = tp_amax_ops(forward), tp_amax_ops(backward)
+    assert (len(fwd), len(bwd)) == TP_AMAX_REDUCTIONS == (2, 2)
+    assert [op.name for op in fwd] == ["tp_amax_qkv", "tp_amax_mlp_up"]
+    assert [op.name for op in bwd] == ["tp_amax_mlp_down", "tp_amax_attn_proj"]
+    for ops, reduced, gathers, suffix in ((forward, fwd, ("tp_ag_attn", "tp_ag_mlp"), ""),
+                                          (backward, bwd, ("tp_ag_mlp_bwd", "tp_ag_attn_bwd"),
+                                           "_b")):
+        names = [op.name for op in ops]
+        for op, gather in zip(reduced, gathers, strict=True):
+            assert isinstance(op, CommOp) and op.collective == "all_reduce"
+            assert op.axis == "tp" and op.bytes == AMAX_BYTES == 4 and op.phase in "FB"
+            i = names.index(op.name)
+            tensor = op.name.removeprefix("tp_amax_") + suffix
+            assert names[i + 1] == gather and names[i + 2] == f"fp8_amax_{tensor}"
+            assert _paired_gemm(tuple(ops), i + 1) is not None  # the gather still pairs
+    # Full recompute runs the forward's quantisation again, reductions included.
+    assert len(tp_amax_ops(again)) == (2 if recompute == "full" else 0)
+
+
+@pytest.mark.parametrize("change", [
+    {"training__fp8_scaling": "delayed"},
+    {"parallelism__tp": 1},
+    {"parallelism__sequence_parallel": False},
+    {"training__precision": "bf16"},
+])
+def test_no_tp_amax_reduction_without_current_scaling_sp_and_tp(change: dict) -> None:
+    settings_ = {"system": "eos", "parallelism__tp": 2, "parallelism__pp": 1,
+                 "parallelism__sequence_parallel": True, "training__precision": "fp8",
+                 "training__fp8_scaling": "current"} | change
+    s = make_scenario(**settings_)
+    forward, again, backward, _ = pass_ops(s.model, s.parallelism, s.training).dense
+    assert not tp_amax_ops([*forward, *again, *backward])

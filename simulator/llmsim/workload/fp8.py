@@ -28,6 +28,17 @@ FP8_MODULES_PER_LAYER = 3
 TE's ``TransformerLayer``)."""
 AMAX_BYTES = 4
 """An amax, a scale and an inverse scale are FP32 values."""
+TP_AMAX_REDUCTIONS = (2, 2)
+"""One-value (:data:`AMAX_BYTES`) TP all-reduces (MAX) of an amax per transformer layer and
+micro-batch, (forward, backward), under current scaling with sequence parallelism and
+``tp > 1``: Transformer Engine release_v2.16's ``_customize_quantizers_float8_current_
+scaling`` (``module/linear.py``, ``layernorm_linear.py``, ``layernorm_mlp.py``) sets
+``with_amax_reduction`` over ``tp_group`` on a column-parallel layer's input quantizer
+(QKV, MLP up: forward) and a row-parallel layer's output-gradient quantizer (attention
+output, MLP down: backward), the tensors it quantises sequence-split before their
+all-gather. ``Float8CurrentScalingQuantizer::quantize_impl`` (``csrc/quantizer.cpp``) runs
+the amax kernel, then ``allreduce(...)->wait()``, then the scale and the cast: on the
+critical path. ``GroupedLinear`` (MoE experts) sets none."""
 
 
 def weight_cast_bytes_per_element(training: Training) -> int:

@@ -23,7 +23,7 @@ from llmsim.params import (
 )
 from llmsim.specs import MemoryKind, Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
-from llmsim.workload.fp8 import weight_cast_bytes_per_element
+from llmsim.workload.fp8 import AMAX_BYTES, weight_cast_bytes_per_element
 from llmsim.workload.softmax import softmax_backward, softmax_forward
 from llmsim.workload.step import Op
 
@@ -154,6 +154,17 @@ class LayerBuilder:
                  pairs_with: Literal["next", "previous"] | None = None) -> list[CommOp]:
         return [CommOp(name, kind, "tp", phase, nbytes, pairs_with)] if self.t > 1 else []
 
+    def _tp_amax(self, gemm: ComputeOp, phase: str) -> list[CommOp]:
+        """Under ``training.fp8_scaling: current`` with sequence parallelism: the one-value
+        MAX all-reduce over the TP group of the amax of ``gemm``'s sequence-split operand
+        (a column-parallel input, a row-parallel output gradient), which Transformer Engine
+        quantises before the all-gather and whose scale and cast wait for it
+        (:data:`llmsim.workload.fp8.TP_AMAX_REDUCTIONS`). It comes before the all-gather,
+        as in TE, so the gather still pairs with its GEMM (:mod:`llmsim.blocks`)."""
+        if not (self.fp8 and self.sp and self.fp8_scaling == "current"):
+            return []
+        return self._tp_comm(f"tp_amax_{gemm.name}", "all_reduce", phase, float(AMAX_BYTES))
+
     def _entry(self, name: str, phase: str) -> list[CommOp]:
         """Before a column-parallel GEMM: SP all-gathers the sequence-split input (the
         GEMM it feeds is the next one)."""
@@ -256,6 +267,7 @@ class LayerBuilder:
         separate_bias = m.bias and self.trn.bias_kernels == "separate"
         fwd: list[Op] = [
             self._mem("ln1", "F", n_sp, 2, kind=self.m.norm),
+            *self._tp_amax(qkv, "F"),
             *self._entry("tp_ag_attn", "F"),
             *self._fp8_cast(qkv, "input"),
             qkv,
@@ -266,6 +278,7 @@ class LayerBuilder:
             *self._exit("tp_attn", "F"),
             self._mem("residual1", "F", n_sp, 3, masks=drop),
             self._mem("ln2", "F", n_sp, 2, kind=self.m.norm),
+            *self._tp_amax(up, "F"),
             *self._entry("tp_ag_mlp", "F"),
             *self._fp8_cast(up, "input"),
             up,
@@ -302,6 +315,7 @@ class LayerBuilder:
         # residual adds pass their gradient on untouched: no residual2_bwd.
         bwd: list[Op] = [
             *([self._mem("residual2_bwd", "B", n_sp, 2, masks=1)] if drop else []),
+            *self._tp_amax(down, "B"),
             *self._entry("tp_ag_mlp_bwd", "B"),
             *_in_phase(self._fp8_cast(down, "grad"), "B"),
             down_dx,
@@ -311,6 +325,7 @@ class LayerBuilder:
             *self._exit("tp_mlp_bwd", "B"),
             self._mem("ln2_bwd", "B", n_sp, 4, kind="norm_backward"),
             self._mem("residual1_bwd", "B", n_sp, 3 + 2 * drop, masks=drop),
+            *self._tp_amax(proj, "B"),
             *self._entry("tp_ag_attn_bwd", "B"),
             *_in_phase(self._fp8_cast(proj, "grad"), "B"),
             proj_dx,
