@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from llmsim.partition import chunk_layers
+from llmsim.partition import split_refused
 from llmsim.specs._base import Spec
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
@@ -80,17 +80,15 @@ class Scenario(Spec):
             )
         devices = self.devices
         fixed = par.tp * par.pp * par.cp * par.ep
-        degrees = f"tp({par.tp})·pp({par.pp})" + "".join(
-            f"·{a}({d})" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
         if par.dp == "auto":
             if devices % fixed:
                 raise ValueError(
-                    f"parallelism: {degrees} = {fixed} does not divide the "
+                    f"parallelism: {_degrees(par)} = {fixed} does not divide the "
                     f"{devices} devices used, so dp cannot be 'auto'; change tp/pp or nodes"
                 )
         elif fixed * par.dp != devices:
             raise ValueError(
-                f"parallelism: {degrees}·dp({par.dp}) = {fixed * par.dp} ≠ "
+                f"parallelism: {_degrees(par)}·dp({par.dp}) = {fixed * par.dp} ≠ "
                 f"{devices} devices used ({self.nodes_used} nodes × "
                 f"{sysm.node.devices_per_node}); change a degree, set dp: auto, or set nodes"
             )
@@ -117,7 +115,12 @@ class Scenario(Spec):
                     f"{mdl.layers} stages"
                 )
         else:
-            chunk_layers(mdl.layers, par)  # raises a ValueError naming the field
+            refused = split_refused(mdl.layers, par.pp, par.virtual_stages,
+                                    par.first_stage_layers, par.last_stage_layers,
+                                    None if par.layers_per_stage is None
+                                    else tuple(par.layers_per_stage))
+            if refused:
+                raise ValueError(refused)  # chunk_layers' sentence naming the field
         per_step = par.micro_batch * self.dp * par.ep
         if self.placement is not None and self.placement.by_replicas:
             check_replica_batch(self.placement, par, trn, self.dp)
@@ -366,6 +369,12 @@ class Scenario(Spec):
         (expert-parallel ranks hold different sequences)."""
         par = self.parallelism
         return self.training.global_batch // (par.micro_batch * self.dp * par.ep)
+
+
+def _degrees(par: Parallelism) -> str:
+    """``tp(8)·pp(4)``, with ``·cp(2)`` and ``·ep(8)`` where above 1."""
+    return f"tp({par.tp})·pp({par.pp})" + "".join(
+        f"·{a}({d})" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
 
 
 def _interleaved_hint(global_batch: int, micro_batch: int, dp: int, pp: int) -> str:
