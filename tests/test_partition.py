@@ -133,3 +133,25 @@ def test_zero3_gathers_a_chunk_that_holds_only_the_embedding():
     result = simulate(s)
     assert result.step_time_s > 0
     assert sum(result.stages[0].as_dict().values()) == pytest.approx(result.step_time_s)
+
+
+@given(st.integers(1, 130), st.integers(1, 16), st.integers(1, 6),
+       st.one_of(st.none(), st.integers(0, 12)), st.one_of(st.none(), st.integers(0, 12)),
+       st.one_of(st.none(), st.lists(st.integers(1, 20), min_size=1, max_size=16)))
+def test_the_memoised_refusal_is_chunk_layers_own(layers: int, pp: int, v: int,
+                                                  first: int | None, last: int | None,
+                                                  per_stage: list[int] | None) -> None:
+    """``split_refused`` (the scenario's validation's memoised check) says "" exactly where
+    :func:`chunk_layers` splits the layers, and its sentence otherwise."""
+    from llmsim.partition import split_refused
+    from llmsim.specs import Parallelism
+
+    par = Parallelism.model_construct(pp=pp, virtual_stages=v, first_stage_layers=first,
+                                      last_stage_layers=last, layers_per_stage=per_stage)
+    try:
+        chunk_layers(layers, par)
+        want = ""
+    except ValueError as exc:
+        want = str(exc)
+    assert split_refused(layers, pp, v, first, last,
+                         None if per_stage is None else tuple(per_stage)) == want

@@ -22,7 +22,8 @@ embedding or the head may be left without layers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from llmsim.specs.parallelism import Parallelism
@@ -122,3 +123,27 @@ def chunk_first_layer(split: list[list[int]], stage: int, chunk: int,
         return sum(split[v % p][v // p] for v in range(vs))
     vs = hops.index((stage, chunk))
     return sum(split[s][c] for s, c in hops[:vs])
+
+
+class _Split(NamedTuple):
+    """The parallelism's fields :func:`chunk_layers` reads."""
+
+    pp: int
+    virtual_stages: int
+    first_stage_layers: int | None
+    last_stage_layers: int | None
+    layers_per_stage: list[int] | None
+
+
+@functools.lru_cache(maxsize=4096)
+def split_refused(layers: int, pp: int, virtual_stages: int, first: int | None,
+                  last: int | None, per_stage: tuple[int, ...] | None) -> str:
+    """:func:`chunk_layers`' refusal of this split ("" where the layers split), memoised:
+    the scenario's validation checks it, and a layout search validates a few dozen splits
+    some 100,000 times."""
+    try:
+        chunk_layers(layers, _Split(pp, virtual_stages, first, last,  # type: ignore[arg-type]
+                                    None if per_stage is None else list(per_stage)))
+    except ValueError as exc:
+        return str(exc)
+    return ""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmsim.search.fast_rules import revalidated
 from llmsim.search.layout import Layout
 from llmsim.specs import Scenario
 from llmsim.specs.parallelism_rules import NOT_REPLAYED
@@ -62,7 +63,8 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     asynchronous = updates.get("schedule") in NOT_REPLAYED  # PipeDream (space.ASYNCHRONOUS)
     if asynchronous:  # checked as the 1F1B it runs, step by step (llmsim.steady_state)
         updates["schedule"] = "1f1b"
-    new_par = type(par).model_validate({**_dump(par), **updates})
+    new_par = revalidated(par, updates,
+                          lambda: type(par).model_validate({**_dump(par), **updates}))
     if asynchronous:
         new_par = new_par.model_copy(update={"schedule": layout.schedule})
     training = scenario.training
@@ -82,13 +84,15 @@ def apply(scenario: Scenario, layout: Layout) -> Scenario:
 def with_layout(scenario: Scenario, nodes: int, par: Any, training: Any) -> Scenario:
     """``scenario`` (every field kept) on ``nodes`` nodes with ``par`` and ``training``,
     in reduced fidelity, validated by the scenario's own rules (a PipeDream ``par`` as
-    the 1F1B it runs, :func:`parallelism_of`)."""
-    fields = {name: getattr(scenario, name) for name in type(scenario).model_fields}
+    the 1F1B it runs, :func:`parallelism_of`), without pydantic's pass over the fields it
+    keeps (:func:`.fast_rules.revalidated`)."""
     unreplayed = par.schedule in NOT_REPLAYED
     checked = par.model_copy(update={"schedule": "1f1b"}) if unreplayed else par
-    out = type(scenario).model_validate({
-        **fields, "nodes": nodes, "parallelism": checked, "training": training,
-        "fidelity": "reduced"})
+    updates = {"nodes": nodes, "parallelism": checked, "training": training,
+               "fidelity": "reduced"}
+    out = revalidated(scenario, updates, lambda: type(scenario).model_validate(
+        {**{name: getattr(scenario, name) for name in type(scenario).model_fields},
+         **updates}))
     return out.model_copy(update={"parallelism": par}) if unreplayed else out
 
 

@@ -246,7 +246,7 @@ def with_switches(core: Scenario, layout: Layout) -> Scenario:
     new_par = par.model_copy(update=updates)
     new_par._check()  # the parallelism's rules (field types are unchanged: booleans)
     scenario = core.model_copy(update={"parallelism": new_par})
-    scenario._check_layout()  # the scenario's rules: the TP overlap's compute units
+    scenario.check_switch_rules()  # the scenario's rules that read the switches
     return scenario
 
 

@@ -37,13 +37,29 @@ def run_serial(base: Scenario, batches: Batches, fixed: dict[str, Any],
         yield index, price_batch(base, cores, fixed, headroom)
 
 
+_BASE: list[Scenario] = []
+"""A pool worker's base scenario, given once when the worker starts (:func:`run_pool`)."""
+
+
+def _keep_base(base: Scenario) -> None:
+    _BASE[:] = [base]
+
+
+def _price_on_worker(cores: list[Layout], fixed: dict[str, Any],
+                     headroom: float) -> BatchResult:
+    """:func:`price_batch` of the worker's base scenario."""
+    return price_batch(_BASE[0], cores, fixed, headroom)
+
+
 def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: float,
              workers: int, keep: Keep | None = None) -> Iterator[tuple[int, BatchResult]]:
     """Price the batches on ``workers`` local processes, a few batches ahead of them
     (:data:`AHEAD` each): the batches not yet sent and the results already stored are
-    not held twice."""
+    not held twice. Each worker gets the base scenario once, when it starts (pickling
+    it with every batch cost more than a small batch's layouts)."""
     pending = iter(batches)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=_keep_base,
+                             initargs=(base,)) as pool:
         futures: dict[Future, int] = {}
 
         def submit(count: int) -> None:
@@ -52,7 +68,7 @@ def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: 
                 if keep is not None and not keep(index):
                     pending = iter(())
                     return
-                futures[pool.submit(price_batch, base, cores, fixed, headroom)] = index
+                futures[pool.submit(_price_on_worker, cores, fixed, headroom)] = index
 
         submit(AHEAD * workers)
         try:

@@ -267,8 +267,7 @@ def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
         for opp in pp_choices:
             for opg in gather_choices:
                 for a2a in a2a_choices:
-                    yield replace(core, overlap_tp_comm=otp, overlap_pp_comm=opp,
-                                  overlap_param_gather=opg, moe_a2a_overlap=a2a)
+                    yield core.variant(otp, opp, opg, a2a)
 
 
 def variant_count(core: Layout, fixed: Mapping[str, Any]) -> int:

@@ -6,13 +6,19 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from llmsim.partition import chunk_layers
+from llmsim.partition import split_refused
 from llmsim.specs._base import Spec
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
 from llmsim.specs.placement import Placement, check_replica_batch, check_replicas
+from llmsim.specs.switch_rules import (
+    check_a2a_overlap,
+    check_moe_fields,
+    check_shared_expert_overlap,
+    check_tp_overlap_units,
+)
 from llmsim.specs.system import System
 from llmsim.specs.training import Training
 
@@ -74,17 +80,15 @@ class Scenario(Spec):
             )
         devices = self.devices
         fixed = par.tp * par.pp * par.cp * par.ep
-        degrees = f"tp({par.tp})·pp({par.pp})" + "".join(
-            f"·{a}({d})" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
         if par.dp == "auto":
             if devices % fixed:
                 raise ValueError(
-                    f"parallelism: {degrees} = {fixed} does not divide the "
+                    f"parallelism: {_degrees(par)} = {fixed} does not divide the "
                     f"{devices} devices used, so dp cannot be 'auto'; change tp/pp or nodes"
                 )
         elif fixed * par.dp != devices:
             raise ValueError(
-                f"parallelism: {degrees}·dp({par.dp}) = {fixed * par.dp} ≠ "
+                f"parallelism: {_degrees(par)}·dp({par.dp}) = {fixed * par.dp} ≠ "
                 f"{devices} devices used ({self.nodes_used} nodes × "
                 f"{sysm.node.devices_per_node}); change a degree, set dp: auto, or set nodes"
             )
@@ -111,7 +115,12 @@ class Scenario(Spec):
                     f"{mdl.layers} stages"
                 )
         else:
-            chunk_layers(mdl.layers, par)  # raises a ValueError naming the field
+            refused = split_refused(mdl.layers, par.pp, par.virtual_stages,
+                                    par.first_stage_layers, par.last_stage_layers,
+                                    None if par.layers_per_stage is None
+                                    else tuple(par.layers_per_stage))
+            if refused:
+                raise ValueError(refused)  # chunk_layers' sentence naming the field
         per_step = par.micro_batch * self.dp * par.ep
         if self.placement is not None and self.placement.by_replicas:
             check_replica_batch(self.placement, par, trn, self.dp)
@@ -143,17 +152,22 @@ class Scenario(Spec):
                     f"training.precision: {trn.precision} is not supported by {accel.name}; "
                     f"use one of {', '.join(have)}"
                 )
-        accel = sysm.node.accelerator
-        units = accel.gemm.compute_units
-        held = sysm.node.collective_units  # beside a data-parallel collective as well
-        for field, sms in par.tp_overlap_units.items():
-            if sms + held >= units:
-                raise ValueError(
-                    f"parallelism.{field}: {sms} leaves none of {accel.name}'s {units} "
-                    f"compute units to the GEMMs (other kernels hold {held} more); "
-                    f"use fewer than {units - held}"
-                )
+        check_tp_overlap_units(sysm, par)
         return self
+
+    def check_switch_rules(self) -> None:
+        """The rules of the scenario's validation that read the fields the layout search
+        varies between the switch variants of one layout (``overlap_tp_comm``,
+        ``overlap_pp_comm``, ``overlap_param_gather``, ``moe_a2a_overlap`` and the
+        ``moe_comm_units`` and ``moe_shared_expert_overlap`` it drops), in the
+        validation's order: a scenario that differs only in those fields from one that
+        passed every rule breaks the first of these it breaks, if any
+        (:func:`llmsim.search.price.with_switches`; ``tests/test_search_fast_rules.py``
+        checks that no other rule reads those fields)."""
+        check_moe_fields(self.parallelism, self.model)
+        check_a2a_overlap(self.parallelism)
+        check_shared_expert_overlap(self.parallelism, self.model)
+        check_tp_overlap_units(self.system, self.parallelism)
 
     def _check_placement(self) -> None:
         """A heterogeneous placement names known groups, covers the stages and fits."""
@@ -251,12 +265,7 @@ class Scenario(Spec):
                 f"parallelism.ep: {par.ep} does not divide model.moe.experts="
                 f"{mdl.moe.experts}; choose ep among the divisors of the expert count"
             )
-        for field in ("expert_tp", "moe_a2a_overlap", "moe_max_nodes"):
-            if getattr(par, field) not in (None, False) and mdl.moe is None:
-                raise ValueError(
-                    f"parallelism.{field}: {getattr(par, field)} needs a mixture-of-experts "
-                    f"model ({mdl.name} is dense); remove it or give the model a moe section"
-                )
+        check_moe_fields(par, mdl)
         if par.moe_dispatcher != "alltoall" and mdl.moe is None:
             raise ValueError(
                 f"parallelism.moe_dispatcher: {par.moe_dispatcher} needs a mixture-of-experts "
@@ -280,11 +289,7 @@ class Scenario(Spec):
                 "Megatron-Core requires sequence parallelism when expert and tensor "
                 "parallelism are combined — set sequence_parallel: true"
             )
-        if par.moe_a2a_overlap and par.expert_ranks == 1:
-            raise ValueError(
-                "parallelism.moe_a2a_overlap: true without expert parallelism has no "
-                "all-to-all to hide; turn it off, or set ep > 1 (or expert_tp 1 with tp > 1)"
-            )
+        check_a2a_overlap(par)
         if mdl.moe is not None and mdl.moe.ffn_hidden % par.etp:
             raise ValueError(
                 f"parallelism.tp: {par.etp} does not divide model.moe.ffn_hidden="
@@ -295,13 +300,7 @@ class Scenario(Spec):
                 f"parallelism.tp: {par.tp} does not divide model.moe.ffn_hidden="
                 f"{mdl.moe.ffn_hidden} of the shared experts; choose a tp that divides it"
             )
-        if par.moe_shared_expert_overlap and (
-                par.ep == 1 or mdl.moe is None or not mdl.moe.shared_experts):
-            raise ValueError(
-                "parallelism.moe_shared_expert_overlap: true needs a MoE model with "
-                "shared experts and ep > 1 (it hides the shared experts behind the token "
-                "all-to-alls); turn it off, or set model.moe.shared_experts and ep"
-            )
+        check_shared_expert_overlap(par, mdl)
         if par.cp > 1 and not trn.fused_attention:
             raise ValueError(
                 f"parallelism.cp: {par.cp} needs a fused attention kernel (ring attention "
@@ -370,6 +369,12 @@ class Scenario(Spec):
         (expert-parallel ranks hold different sequences)."""
         par = self.parallelism
         return self.training.global_batch // (par.micro_batch * self.dp * par.ep)
+
+
+def _degrees(par: Parallelism) -> str:
+    """``tp(8)·pp(4)``, with ``·cp(2)`` and ``·ep(8)`` where above 1."""
+    return f"tp({par.tp})·pp({par.pp})" + "".join(
+        f"·{a}({d})" for a, d in (("cp", par.cp), ("ep", par.ep)) if d > 1)
 
 
 def _interleaved_hint(global_batch: int, micro_batch: int, dp: int, pp: int) -> str:
