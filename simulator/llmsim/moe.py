@@ -57,7 +57,7 @@ from llmsim.host_syncs import HOST_SYNC_GAP_S
 from llmsim.moe_fp8 import (
     pads_expert_rows,
     requant_op,
-    split_quantize_kernels,
+    split_quantize_ops,
     token_cast_op,
 )
 from llmsim.ops import Axis, CommOp, ComputeOp
@@ -238,14 +238,8 @@ class MoeBlock:
         each expert's amax kernel reads its block once more (2 bytes per element)."""
         if not self.b.fp8:
             return []
-        elements = self.rows * width
-        amax, cast = split_quantize_kernels(self.local, self.b.trn.fp8_scaling)
-        ops = [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0, 4.0 * elements,
-                         splits=cast, host_calls=1)]
-        if amax:
-            ops.insert(0, ComputeOp(f"fp8_amax_{name}", "memory", phase, 0.0,
-                                    2.0 * elements, splits=amax, host_calls=1))
-        return ops
+        return split_quantize_ops(name, phase, self.rows * width, self.local,
+                                  self.b.trn.fp8_scaling)
 
     def _fp8_tokens(self, name: str, phase: str) -> list[ComputeOp]:
         """DeepSeek-V3's FP8 cast of the ``T_s × h`` token rows before the all-to-all that

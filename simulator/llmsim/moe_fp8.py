@@ -35,6 +35,21 @@ def split_quantize_kernels(local: int, scaling: Literal["delayed", "current"]) -
     return 0, 1
 
 
+def split_quantize_ops(name: str, phase: str, elements: float, local: int,
+                       scaling: Literal["delayed", "current"]) -> list[ComputeOp]:
+    """The ops that quantise an operand of ``elements`` split into ``local`` row blocks
+    (:func:`split_quantize_kernels`): the cast-transpose reads 2 and writes 1 + 1 bytes per
+    element (``fp8_cast_<name>``); under current scaling the amax kernels read the operand
+    once more first, 2 bytes per element (``fp8_amax_<name>``); each one host call."""
+    amax, cast = split_quantize_kernels(local, scaling)
+    ops = [ComputeOp(f"fp8_cast_{name}", "memory", phase, 0.0, 4.0 * elements,
+                     splits=cast, host_calls=1)]
+    if amax:
+        ops.insert(0, ComputeOp(f"fp8_amax_{name}", "memory", phase, 0.0, 2.0 * elements,
+                                splits=amax, host_calls=1))
+    return ops
+
+
 FP8_ALIGN_ROWS = 16
 """Rows an expert's block is padded to a multiple of before an FP8 grouped GEMM:
 ``get_align_size_for_quantization`` (Transformer Engine ``pytorch/quantization.py``,

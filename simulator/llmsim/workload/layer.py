@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Literal
 
 from llmsim.memory import DROPOUT_MASK_BYTES
-from llmsim.moe_fp8 import split_quantize_kernels
+from llmsim.moe_fp8 import split_quantize_kernels, split_quantize_ops
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
     DTYPE_BYTES,
@@ -135,19 +135,13 @@ class LayerBuilder:
             return []
         m, n, k = gemm.mnk
         elements = m * (k if operand == "input" else n)
-        amax, cast_kernels = split_quantize_kernels(1, self.fp8_scaling)
-        cast = ComputeOp(f"fp8_cast_{gemm.name}", "memory", gemm.phase, 0.0, 4.0 * elements,
-                         splits=cast_kernels, host_calls=1)
-        casts = [cast]
-        if amax:  # the amax of this very tensor: one more read
-            casts.insert(0, ComputeOp(f"fp8_amax_{gemm.name}", "memory", gemm.phase, 0.0,
-                                      2.0 * elements, splits=amax, host_calls=1))
+        casts = split_quantize_ops(gemm.name, gemm.phase, elements, 1, self.fp8_scaling)
         if operand == "input" and self.trn.fp8_weight_cast == "per_microbatch":
             # The weight too, before every forward (no is_first_microbatch): llmsim.workload.fp8.
             casts.insert(0, ComputeOp(
                 f"fp8_weight_cast_{gemm.name}", "memory", gemm.phase, 0.0,
                 float(n * k * weight_cast_bytes_per_element(self.trn)),
-                splits=amax + cast_kernels, host_calls=1))
+                splits=sum(split_quantize_kernels(1, self.fp8_scaling)), host_calls=1))
         return casts
 
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
