@@ -1,5 +1,6 @@
 """Transformer Engine's FP8 bookkeeping around the GEMMs: the weights' FP8 copies and the
-delayed-scaling amax history (the activations' casts are in :mod:`llmsim.workload.layer`).
+delayed-scaling amax history, and the casts of each linear layer's operands
+(:func:`operand_casts`, which :mod:`llmsim.workload.layer` places).
 
 Sizes come from the tensors: a weight's cast reads its 16-bit copy and writes the FP8
 copy and its transpose; the amax history holds ``training.fp8_amax_history_len`` FP32
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmsim.moe_fp8 import split_quantize_kernels
+from llmsim.moe_fp8 import split_quantize_kernels, split_quantize_ops
 from llmsim.ops import ComputeOp
 from llmsim.specs import Training
 
@@ -133,3 +134,32 @@ def amax_history_updates(training: Training, linears: int
 
     return ([update("fp8_scale_update", "F", FP8_TENSORS_FORWARD * linears)],
             [update("fp8_scale_update_bwd", "B", FP8_TENSORS_BACKWARD * linears)])
+
+
+def operand_casts(gemm: ComputeOp, operand: str, trn: Training) -> list[ComputeOp]:
+    """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
+
+    Transformer Engine quantises each GEMM operand it does not already hold in FP8: it
+    reads the 16-bit tensor and writes the FP8 copy and its transpose (the transpose feeds
+    the weight-gradient GEMM): 2 + 1 + 1 bytes per element. With ``training.fp8_scaling:
+    current`` an amax kernel reads the tensor first (2 bytes per element); with delayed
+    scaling the cast records the amax as it goes. The kernels per tensor are
+    :func:`llmsim.moe_fp8.split_quantize_kernels` of one block: under current scaling
+    ``Float8CurrentScalingQuantizer::quantize_impl`` zeroes the amax, reduces it, computes
+    the scale and casts (4 kernels, one C++ call); delayed scaling's cast-transpose is one.
+    With ``training.fp8_weight_cast: per_microbatch`` the forward also casts the weight
+    (:func:`weight_cast_bytes_per_element`, as many kernels); per step, the casts are the
+    stage's (:func:`step_weight_casts`). None for a GEMM without a shape.
+    """
+    if gemm.mnk is None:
+        return []
+    m, n, k = gemm.mnk
+    elements = m * (k if operand == "input" else n)
+    casts = split_quantize_ops(gemm.name, gemm.phase, elements, 1, trn.fp8_scaling)
+    if operand == "input" and trn.fp8_weight_cast == "per_microbatch":
+        # The weight too, before every forward (no is_first_microbatch).
+        casts.insert(0, ComputeOp(
+            f"fp8_weight_cast_{gemm.name}", "memory", gemm.phase, 0.0,
+            float(n * k * weight_cast_bytes_per_element(trn)),
+            splits=sum(split_quantize_kernels(1, trn.fp8_scaling)), host_calls=1))
+    return casts

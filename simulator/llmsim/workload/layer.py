@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Literal
 
 from llmsim.memory import DROPOUT_MASK_BYTES
-from llmsim.moe_fp8 import split_quantize_kernels, split_quantize_ops
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.optimizer import (
     DTYPE_BYTES,
@@ -23,7 +22,7 @@ from llmsim.params import (
 )
 from llmsim.specs import MemoryKind, Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
-from llmsim.workload.fp8 import AMAX_BYTES, weight_cast_bytes_per_element
+from llmsim.workload.fp8 import AMAX_BYTES, operand_casts
 from llmsim.workload.softmax import softmax_backward, softmax_forward
 from llmsim.workload.step import Op
 
@@ -116,33 +115,9 @@ class LayerBuilder:
                          memory_kind=kind, output_bytes=float(out * self.e))
 
     def _fp8_cast(self, gemm: ComputeOp, operand: str) -> list[ComputeOp]:
-        """FP8 cast-transpose of a linear layer's input (forward) or output gradient.
-
-        Transformer Engine quantises each GEMM operand it does not already hold in FP8:
-        it reads the 16-bit tensor and writes the FP8 copy and its transpose (the
-        transpose feeds the weight-gradient GEMM): 2 + 1 + 1 bytes per element. With
-        ``training.fp8_scaling: current`` an amax kernel reads the tensor first (2 bytes per
-        element); with delayed scaling the cast records the amax as it goes. The kernels
-        per tensor are :func:`llmsim.moe_fp8.split_quantize_kernels` of one block: under
-        current scaling ``Float8CurrentScalingQuantizer::quantize_impl`` zeroes the amax,
-        reduces it, computes the scale and casts (4 kernels, one C++ call); delayed
-        scaling's cast-transpose is one. With ``training.fp8_weight_cast: per_microbatch``
-        the forward also casts the weight (:func:`llmsim.workload.fp8.
-        weight_cast_bytes_per_element`, as many kernels); per step, the casts are the
-        stage's (:func:`llmsim.workload.fp8.step_weight_casts`).
-        """
-        if not self.fp8 or gemm.mnk is None:
-            return []
-        m, n, k = gemm.mnk
-        elements = m * (k if operand == "input" else n)
-        casts = split_quantize_ops(gemm.name, gemm.phase, elements, 1, self.fp8_scaling)
-        if operand == "input" and self.trn.fp8_weight_cast == "per_microbatch":
-            # The weight too, before every forward (no is_first_microbatch): llmsim.workload.fp8.
-            casts.insert(0, ComputeOp(
-                f"fp8_weight_cast_{gemm.name}", "memory", gemm.phase, 0.0,
-                float(n * k * weight_cast_bytes_per_element(self.trn)),
-                splits=sum(split_quantize_kernels(1, self.fp8_scaling)), host_calls=1))
-        return casts
+        """FP8 casts of a linear layer's input (forward) or output gradient
+        (:func:`llmsim.workload.fp8.operand_casts`); none outside FP8."""
+        return operand_casts(gemm, operand, self.trn) if self.fp8 else []
 
     def _tp_comm(self, name: str, kind: str, phase: str, nbytes: float,
                  pairs_with: Literal["next", "previous"] | None = None) -> list[CommOp]:
