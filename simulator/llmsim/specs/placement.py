@@ -105,6 +105,77 @@ class Placement(Spec):
         return out
 
 
+def check_placement(placement: Placement, system: System, par: Parallelism,
+                    nodes: int | None) -> None:
+    """A heterogeneous placement names known groups, covers the stages and fits
+    (docs/heterogeneous.md); a ValueError naming the field and the fix otherwise."""
+    if nodes is not None:
+        raise ValueError(
+            f"nodes: {nodes} with a placement; the placement's stages say how many "
+            "nodes of each group the job uses — remove nodes"
+        )
+    if par.dp == "auto":
+        raise ValueError(
+            "parallelism.dp: auto with a placement; give the data-parallel degree "
+            "(every stage runs on tp·cp·ep·dp devices of its group)"
+        )
+    if placement.by_replicas:
+        check_replicas(placement, system, par)
+        return
+    staged = sum(run.stages for run in placement.stages)
+    if staged != par.pp:
+        raise ValueError(
+            f"placement.stages: the runs hold {staged} stages but parallelism.pp is "
+            f"{par.pp}; make the stages add up to pp"
+        )
+    if par.rank_order[-1] != "pp":
+        raise ValueError(
+            f"parallelism.rank_order: {par.rank_order} with a placement; pp must come "
+            "last (each stage on whole nodes of one group)"
+        )
+    if par.pp_scatter_gather != "none":
+        raise ValueError(
+            f"parallelism.pp_scatter_gather: {par.pp_scatter_gather} with a placement is "
+            "not modelled (the sliced messages' gather would run on two groups); set none"
+        )
+    if placement.balance == "given" and par.layers_per_stage is None:
+        raise ValueError(
+            "placement.balance: given needs parallelism.layers_per_stage; give the "
+            "layers of each stage, or use balance: throughput"
+        )
+    if placement.balance == "throughput" and (
+            par.layers_per_stage is not None or par.first_stage_layers is not None
+            or par.last_stage_layers is not None):
+        raise ValueError(
+            "placement.balance: throughput computes parallelism.layers_per_stage; "
+            "remove that field and first_stage_layers / last_stage_layers, or set "
+            "balance: given"
+        )
+    if placement.balance == "throughput" and par.virtual_stages > 1:
+        raise ValueError(
+            f"parallelism.virtual_stages: {par.virtual_stages} with placement.balance: "
+            "throughput, which splits layers per stage only; use 1, or balance: given"
+        )
+    per_stage = par.tp * par.cp * par.ep * par.dp
+    for i, (name, stages) in enumerate(placement.stage_counts().items()):
+        try:
+            group = system.group(name)
+        except ValueError as exc:
+            raise ValueError(f"placement.stages[{i}].group: {exc}") from None
+        dpn = group.node.devices_per_node
+        if per_stage % dpn:
+            raise ValueError(
+                f"placement.stages: a stage's tp·cp·ep·dp = {per_stage} devices do not "
+                f"fill whole nodes of group {name!r} ({dpn} devices each); change tp or dp"
+            )
+        if stages * per_stage > group.devices:
+            raise ValueError(
+                f"placement.stages: {stages} stages × {per_stage} devices = "
+                f"{stages * per_stage} on group {name!r}, which has {group.devices}; "
+                f"use at most {group.devices // per_stage} stages there"
+            )
+
+
 def check_replicas(placement: Placement, system: System, par: Parallelism) -> None:
     """Data-parallel replicas on node groups: known groups, replicas adding up to dp, each
     group's share on whole nodes it has (docs/heterogeneous.md); a ValueError naming the

@@ -12,7 +12,7 @@ from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
-from llmsim.specs.placement import Placement, check_replica_batch, check_replicas
+from llmsim.specs.placement import Placement, check_placement, check_replica_batch
 from llmsim.specs.switch_rules import (
     check_a2a_overlap,
     check_moe_fields,
@@ -71,7 +71,7 @@ class Scenario(Spec):
                 f"use at most {sysm.nodes}"
             )
         if self.placement is not None:
-            self._check_placement()
+            check_placement(self.placement, self.system, self.parallelism, self.nodes)
         if par.dp_mode == "parameter_server" and par.parameter_servers > self.nodes_used:
             raise ValueError(
                 f"parallelism.parameter_servers: {par.parameter_servers} servers on a job of "
@@ -168,76 +168,6 @@ class Scenario(Spec):
         check_a2a_overlap(self.parallelism)
         check_shared_expert_overlap(self.parallelism, self.model)
         check_tp_overlap_units(self.system, self.parallelism)
-
-    def _check_placement(self) -> None:
-        """A heterogeneous placement names known groups, covers the stages and fits."""
-        par, placement = self.parallelism, self.placement
-        assert placement is not None
-        if self.nodes is not None:
-            raise ValueError(
-                f"nodes: {self.nodes} with a placement; the placement's stages say how many "
-                "nodes of each group the job uses — remove nodes"
-            )
-        if par.dp == "auto":
-            raise ValueError(
-                "parallelism.dp: auto with a placement; give the data-parallel degree "
-                "(every stage runs on tp·cp·ep·dp devices of its group)"
-            )
-        if placement.by_replicas:
-            check_replicas(placement, self.system, par)
-            return
-        staged = sum(run.stages for run in placement.stages)
-        if staged != par.pp:
-            raise ValueError(
-                f"placement.stages: the runs hold {staged} stages but parallelism.pp is "
-                f"{par.pp}; make the stages add up to pp"
-            )
-        if par.rank_order[-1] != "pp":
-            raise ValueError(
-                f"parallelism.rank_order: {par.rank_order} with a placement; pp must come "
-                "last (each stage on whole nodes of one group)"
-            )
-        if par.pp_scatter_gather != "none":
-            raise ValueError(
-                f"parallelism.pp_scatter_gather: {par.pp_scatter_gather} with a placement is "
-                "not modelled (the sliced messages' gather would run on two groups); set none"
-            )
-        if placement.balance == "given" and par.layers_per_stage is None:
-            raise ValueError(
-                "placement.balance: given needs parallelism.layers_per_stage; give the "
-                "layers of each stage, or use balance: throughput"
-            )
-        if placement.balance == "throughput" and (
-                par.layers_per_stage is not None or par.first_stage_layers is not None
-                or par.last_stage_layers is not None):
-            raise ValueError(
-                "placement.balance: throughput computes parallelism.layers_per_stage; "
-                "remove that field and first_stage_layers / last_stage_layers, or set "
-                "balance: given"
-            )
-        if placement.balance == "throughput" and par.virtual_stages > 1:
-            raise ValueError(
-                f"parallelism.virtual_stages: {par.virtual_stages} with placement.balance: "
-                "throughput, which splits layers per stage only; use 1, or balance: given"
-            )
-        per_stage = par.tp * par.cp * par.ep * par.dp
-        for i, (name, stages) in enumerate(placement.stage_counts().items()):
-            try:
-                group = self.system.group(name)
-            except ValueError as exc:
-                raise ValueError(f"placement.stages[{i}].group: {exc}") from None
-            dpn = group.node.devices_per_node
-            if per_stage % dpn:
-                raise ValueError(
-                    f"placement.stages: a stage's tp·cp·ep·dp = {per_stage} devices do not "
-                    f"fill whole nodes of group {name!r} ({dpn} devices each); change tp or dp"
-                )
-            if stages * per_stage > group.devices:
-                raise ValueError(
-                    f"placement.stages: {stages} stages × {per_stage} devices = "
-                    f"{stages * per_stage} on group {name!r}, which has {group.devices}; "
-                    f"use at most {group.devices // per_stage} stages there"
-                )
 
     @property
     def _layers_wait_for_balance(self) -> bool:
