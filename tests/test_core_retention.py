@@ -106,7 +106,7 @@ def test_retention_off_prices_every_op_as_before():
 
 
 def test_at_the_block_time_of_libomp_no_wait_of_the_one_node_row_sleeps():
-    """No op of FUGAKU-DEV-10 keeps the workers waiting 200 ms (its largest munmap, the
+    """No op of FUGAKU-DEV-10 keeps the workers waiting 200 ms (its longest munmap, the
     196 MiB logits, takes 6 ms), so the row is not moved."""
     off, on = dev10_steps(OMP_BLOCKTIME_S)
     assert on == off
