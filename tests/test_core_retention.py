@@ -152,3 +152,19 @@ def test_retention_above_9216_nodes_is_a_user_error(capsys):
     code, out, err = run_cli(["run", "fugaku", "--set", "system.retention_state=true"], capsys)
     assert code == 2
     assert "9,216" in err and "Traceback" not in err + out
+
+
+def test_llmsim_run_takes_the_knob_end_to_end(tmp_path, capsys):
+    """`--set system.retention_state=true` on a one-node Fugaku scenario runs (exit 0) and,
+    with no wait of 200 ms in its step, reports the same step time."""
+    import re
+
+    from test_fugaku_power_knobs import _one_node_file
+
+    scenario = _one_node_file(tmp_path)
+    code, off, err = run_cli(["run", scenario], capsys)
+    assert code == 0, err
+    code, on, err = run_cli(["run", scenario, "--set", "system.retention_state=true"], capsys)
+    assert code == 0, err
+    step = re.compile(r"step time\s*│\s*([\d,.]+ m?s)")
+    assert step.search(on) and step.search(on).group(1) == step.search(off).group(1)
