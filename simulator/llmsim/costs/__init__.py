@@ -27,6 +27,7 @@ from llmsim.costs.collectives import (
 from llmsim.costs.compute import ComputeModel, GemmTable, gemm_efficiency, gemm_shape
 from llmsim.costs.host_issue import HostIssue, host_runs_ahead
 from llmsim.costs.parameter_server import ParameterServerModel
+from llmsim.costs.retention import CoreRetention
 from llmsim.errors import UserError
 from llmsim.loader import calibration_profile
 from llmsim.ops import CommOp, ComputeOp
@@ -112,10 +113,12 @@ class HardwareCosts:
                 f"{accelerator.name}; use flash, or give the accelerator "
                 f"flash1_vs_flash2_tflops"
             )
+        pages = PageRoundTrip(accelerator) if allocator == "glibc" else None
         self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
-                                    power_limit_w, cuda_graphs,
-                                    PageRoundTrip(accelerator) if allocator == "glibc" else None,
-                                    host_path, host_ahead)
+                                    power_limit_w, cuda_graphs, pages, host_path, host_ahead)
+        self.retention = CoreRetention.of(system, plan.nodes, pages)
+        """Wake-ups from the cores' retention state (``system.retention_state``,
+        :mod:`llmsim.costs.retention`); None: the knob is off."""
         self.collectives = CollectiveModel(
             system, plan, launch_s=accelerator.kernel_launch_us * 1e-6, table=table
         )
@@ -146,8 +149,11 @@ class HardwareCosts:
 
     def compute_s(self, op: ComputeOp) -> float:
         """Duration of a compute op, seconds, with the gap of a host sync beside it
-        (``op.host_s``)."""
-        return self.compute.compute_s(op) + op.host_s
+        (``op.host_s``) and, with ``system.retention_state``, a wake-up of the workers'
+        cores after a long serial wait (:mod:`llmsim.costs.retention`)."""
+        if self.retention is None:
+            return self.compute.compute_s(op) + op.host_s
+        return self.compute.compute_s(op) + op.host_s + self.retention.compute_s(op)
 
     def comm_s(self, op: CommOp) -> float:
         """Duration of a communication op, seconds.
@@ -156,16 +162,21 @@ class HardwareCosts:
         they read and write the whole message once at the memory-bound rate; each of its
         ``staging_passes`` is one kernel that reads and writes the whole message, each of
         its ``fill_passes`` one that writes it. Its ``host_s`` (host time before it can be
-        issued, the device idle) adds as it is.
+        issued, the device idle) adds as it is; with ``system.retention_state`` a collective
+        longer than the OpenMP block time adds one wake-up (:mod:`llmsim.costs.retention`).
         """
         launches = op.copies + op.staging_passes + op.fill_passes
         message_passes = 2 * (op.staging_passes + (1 if op.copies else 0)) + op.fill_passes
         staging_s = (launches * self.compute.launch_s
                      + message_passes * op.bytes / self.compute.memory_bytes_per_s)
         if op.collective == "all_to_all":  # costs/alltoall.py: not a ring or a tree
-            return self.all_to_all.comm_s(op.axis, op.bytes, op.name) + staging_s + op.host_s
-        if op.collective == "push_pull":  # costs/parameter_server.py: through the servers
+            seconds = self.all_to_all.comm_s(op.axis, op.bytes, op.name) + staging_s + op.host_s
+        elif op.collective == "push_pull":  # costs/parameter_server.py: through the servers
             if self.parameter_server is None:
                 raise ValueError("a push_pull op needs parallelism.dp_mode parameter_server")
-            return self.parameter_server.comm_s(op.bytes) + staging_s + op.host_s
-        return self.collectives.comm_s(op) + staging_s + op.host_s
+            seconds = self.parameter_server.comm_s(op.bytes) + staging_s + op.host_s
+        else:
+            seconds = self.collectives.comm_s(op) + staging_s + op.host_s
+        if self.retention is None:
+            return seconds
+        return seconds + self.retention.comm_s(seconds)

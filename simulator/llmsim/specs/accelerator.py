@@ -228,6 +228,10 @@ class Accelerator(Spec):
     host_pages: HostPageCosts | None = None
     """A CPU device's measured page round-trip rates (``training.allocator: glibc``);
     None: not measured, or a device whose framework caches its memory."""
+    retention_wake_ms: PositiveFloat | None = None
+    """Time an idle CPU core in its low-power retention state takes to run again,
+    milliseconds (Fugaku's ``retention_state`` power knob, ``System.retention_state``;
+    :mod:`llmsim.costs.retention`); None: the device has no such state."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
     notes: str = ""

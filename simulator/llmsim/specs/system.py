@@ -38,6 +38,11 @@ class System(Spec):
     its injection bandwidth, nothing else limits it)."""
     facility: Facility = Field(default_factory=Facility)
     """Node and network power beside the accelerators, and the PUE (default: none)."""
+    retention_state: bool = False
+    """Whether the job lets an idle core drop to its retention state (Fugaku's power knob
+    ``retention_state``, 1 by default for jobs of up to 9,216 nodes; each wake-up costs the
+    accelerator's ``retention_wake_ms``, :mod:`llmsim.costs.retention`); False: cores stay
+    ready (the knob at 0)."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Where each number comes from: field name → citation."""
     notes: str = ""

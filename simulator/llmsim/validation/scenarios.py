@@ -44,10 +44,13 @@ def _system(run: Run) -> tuple[str | dict[str, Any], int]:
     devices per node."""
     name = run.value("system")
     nodes = run.value("system.nodes")
+    retention = run.value("system.retention_state")
     raw = read_yaml(catalog.path_of("systems", name))
     dpn = int(raw["node"]["devices_per_node"])
-    if run.gpus >= dpn and nodes is None:
+    if run.gpus >= dpn and nodes is None and retention is None:
         return name, dpn
+    if retention is not None:
+        raw["retention_state"] = retention
     if nodes is not None:
         raw["nodes"] = nodes
     if run.gpus < dpn:
