@@ -169,8 +169,9 @@ def test_pvc_device_is_one_aurora_stack() -> None:
     stack = load_spec("accelerators", "pvc-max1550-stack")
     assert stack.device_unit == "stack"
     assert stack.gemm.compute_units == 56
-    # ALCF measured 273 TF BF16 per tile; the stored peak must sit above it.
-    assert stack.dense_tflops.bf16 * stack.gemm.peak_fraction == pytest.approx(273, rel=1e-2)
+    # ALCF measured 2,645 TF BF16 per node of 12 busy stacks at 1.6 GHz, 273 per stack alone:
+    # the stored peak × fraction lies between them (tests/test_pvc_gemm.py checks the fit).
+    assert 2645 / 12 < stack.dense_tflops.bf16 * stack.gemm.peak_fraction < 273
     assert load_spec("systems", "aurora").node.devices_per_node == 12
 
 
