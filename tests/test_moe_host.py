@@ -158,3 +158,21 @@ def test_the_row_prices_the_loop_and_stays_device_bound():
         update={"accelerator": slow})})
     assert simulate(s.model_copy(update={"system": system})).step_time_s > \
         1.1 * simulate(s).step_time_s
+
+
+def test_the_prepared_benchmark_counts_the_launches_an_expert_adds():
+    """benchmarks/time_grouped_linear_host.py divides its slope by the loop launches one
+    more expert adds: the closed form's increments."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    import time_grouped_linear_host as bench
+
+    for fp8, scaling in ((True, "current"), (False, None)):
+        per = [grouped_linear_launches(9, scaling, p)[1] - grouped_linear_launches(8, scaling, p)[1]
+               for p in ("F", "B")]
+        assert bench.launches_per_expert(fp8) == tuple(per)
+    assert bench.slope_us([1, 2, 4, 8], [10.0, 14.0, 22.0, 38.0]) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        bench.slope_us([8], [1.0])
