@@ -180,22 +180,34 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
     the host enters the pass ahead (:attr:`HostIssue.ahead`). No op shorter than its host
     time (:func:`op_host_s`): none waits (each keeps the host's issue ahead by its
     excess)."""
-    if all(d >= op_host_s(op, interval_s, loop_interval_s)
-           for op, d in zip(ops, durations_s, strict=True)):
+    for op, d in zip(ops, durations_s, strict=True):  # op_host_s, inlined: every pass asks
+        if isinstance(op, ComputeOp):
+            if d < ((op.host_calls or op.splits) * interval_s
+                    + op.host_loop_kernels * loop_interval_s):
+                break
+        elif d < interval_s:
+            break
+    else:
         return [0.0] * len(ops)
     kernels: list[float] = []
     syncs: list[bool] = []
     owner: list[int] = []
-    gaps: list[float] = []
+    looped = False
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
-        count, loop = host_kernels(op), loop_kernels(op)
-        kernels += [d / (count + loop)] * (count + loop)
-        syncs += [op.host_s > 0] + [False] * (count + loop - 1)
-        owner += [i] * (count + loop)
-        gaps += [interval_s] * count + [loop_interval_s] * loop
+        n = host_kernels(op)
+        if isinstance(op, ComputeOp) and op.host_loop_kernels:
+            n += op.host_loop_kernels
+            looped = True
+        kernels += [d / n] * n
+        syncs += [op.host_s > 0] + [False] * (n - 1)
+        owner += [i] * n
+    gaps = None
+    if looped:  # the dispatches at the interval, then the loop's kernels
+        gaps = []
+        for op in ops:
+            gaps += [interval_s] * host_kernels(op) + [loop_interval_s] * loop_kernels(op)
     waits = [0.0] * len(ops)
-    queued = queue_waits_s(kernels, interval_s, syncs, ahead,
-                           gaps if any(loop_kernels(op) for op in ops) else None)
+    queued = queue_waits_s(kernels, interval_s, syncs, ahead, gaps)
     for i, wait in zip(owner, queued, strict=True):
         waits[i] += wait
     return waits
