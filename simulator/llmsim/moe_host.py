@@ -31,8 +31,8 @@ own sync), the activation, and the layer's router, permutation and dispatch.
 So, with ``training.expert_host_loop``, each of those C++ loops' kernels beyond the call's
 first costs the host one launch (``ComputeOp.host_loop_kernels``, priced at
 :attr:`llmsim.costs.host_issue.HostIssue.loop_interval_s`). Left out: the Python loops above
-(no kernel, sub-microsecond statements each, not measured), the cuBLAS multi-stream events
-(``cudaEventRecord`` / ``cudaStreamWaitEvent``, five a call) and the first micro-batch's
+(no kernel; Python statements, not measured), the cuBLAS multi-stream events
+(``cudaEventRecord`` / ``cudaStreamWaitEvent``, 1 + 3·min(4, E) a call) and the first micro-batch's
 per-expert weight quantisation.
 """
 
