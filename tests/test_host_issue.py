@@ -95,7 +95,8 @@ def test_a_host_sync_issues_from_the_device_position():
 
 def test_queue_of_the_h100_eager_and_with_graphs():
     eager, graphs = HostIssue.of(H100, cuda_graphs=False), HostIssue.of(H100, cuda_graphs=True)
-    assert eager == HostIssue(H100.kernel_launch_us * 1e-6, H100.host_dispatch_us * 1e-6)
+    assert eager == HostIssue(H100.kernel_launch_us * 1e-6, H100.host_dispatch_us * 1e-6,
+                              loop_interval_s=H100.host_dispatch_us * 1e-6)
     assert graphs == HostIssue(H100.graph_kernel_us * 1e-6, 0.0)
     assert 0 < graphs.kernel_gap_s < eager.kernel_gap_s < eager.interval_s
     unmeasured = H100.model_copy(update={"host_dispatch_us": 0.0})

@@ -100,7 +100,8 @@ class Block:
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
         issue = costs.host_issue
         if issue.interval_s > 0:  # each op's wait for the host's issue, before it starts
-            waits = pass_waits_s(ops, durations, issue.interval_s, issue.ahead)
+            waits = pass_waits_s(ops, durations, issue.interval_s, issue.ahead,
+                                 issue.loop_interval_s)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):

@@ -60,6 +60,7 @@ from llmsim.moe_fp8 import (
     split_quantize_ops,
     token_cast_op,
 )
+from llmsim.moe_host import block_ops
 from llmsim.ops import Axis, CommOp, ComputeOp
 from llmsim.schedules import SCHEDULES
 
@@ -386,7 +387,7 @@ def replace_mlp(fwd: list[Op], bwd: list[Op], wgt: list[Op],
     """A dense block's forward, input-gradient and weight-gradient ops with its MLP (from
     after ``ln2`` to before ``residual2``; in the backward from after ``residual2_bwd``
     to before ``ln2_bwd``; the MLP's weight gradients) replaced by the MoE MLP's."""
-    moe_f, moe_b, moe_w = MoeBlock(builder).ops()
+    moe_f, moe_b, moe_w = block_ops(MoeBlock(builder))  # with the host's loops (moe_host)
     f0 = _index(fwd, "ln2") + 1
     f1 = _index(fwd, "residual2")
     b0 = _index(bwd, "residual2_bwd") + 1 if any(o.name == "residual2_bwd" for o in bwd) else 0

@@ -88,6 +88,10 @@ class ComputeOp:
     host_calls: int = 0
     """Host dispatches that issue the op's ``splits`` kernels (a framework's C++ loop over
     tensors is one call); 0: one per kernel."""
+    host_loop_kernels: int = 0
+    """Kernels a framework's C++ loop launches inside those calls, each costing the host a
+    launch of its own beyond the call (Transformer Engine's per-expert quantisations and
+    cuBLAS GEMMs, :mod:`llmsim.moe_host`); 0: the calls' dispatch covers every kernel."""
 
     @property
     def executed_flops(self) -> float:

@@ -32,8 +32,11 @@ device's own time decides the end); host syncs inside a pass other than the coll
 that declare one (``CommOp.host_s``), after which the host issues from the device's
 position again; and the heavier host work of ops that are more than one dispatch (a
 Transformer Engine module's Python, an optimizer's loop over tensors), which count one
-dispatch per kernel here. Kernels priced outside a pass (a gradient bucket's, the
-optimizer step) do not queue.
+dispatch per kernel here — except the kernels a framework's C++ loop launches inside one
+call, which an op declares (``ComputeOp.host_loop_kernels``: Transformer Engine's
+per-expert quantisations and cuBLAS GEMMs, :mod:`llmsim.moe_host`) and which cost the host
+:attr:`HostIssue.loop_interval_s` each after the call's own dispatch. Kernels priced
+outside a pass (a gradient bucket's, the optimizer step) do not queue.
 """
 
 from __future__ import annotations
@@ -66,6 +69,12 @@ class HostIssue:
     the host has issued a pass's kernels before the device reaches them, up to the pass's
     first host sync; False: each pass starts with an empty queue (an upper bound on the
     wait)."""
+    loop_interval_s: float = 0.0
+    """Host time of each kernel a framework's C++ loop launches inside one call
+    (``ComputeOp.host_loop_kernels``), s: the bare eager dispatch ``host_dispatch_us``, the
+    nearest measured figure (one PyTorch op issued from Python: argument parsing, the
+    dispatcher and the launch; a C++ launch with its allocations, descriptors and output
+    objects was not timed alone); 0 under CUDA graphs or where not measured."""
 
     @classmethod
     def of(cls, accelerator: Accelerator, cuda_graphs: bool,
@@ -87,13 +96,15 @@ class HostIssue:
                     f"training.host_path: modules has no measured host time per kernel on "
                     f"{accelerator.name}; use bare, or give the accelerator a "
                     f"host_module_dispatch_us")
-        return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6, ahead)
+        return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6, ahead,
+                   accelerator.host_dispatch_us * 1e-6)
 
     def slower(self, other: HostIssue) -> HostIssue:
         """The slower of two hosts' issue (a message between node groups of different
         devices): the longer gap and interval, ahead only where both run ahead."""
         return HostIssue(max(self.kernel_gap_s, other.kernel_gap_s),
-                         max(self.interval_s, other.interval_s), self.ahead and other.ahead)
+                         max(self.interval_s, other.interval_s), self.ahead and other.ahead,
+                         max(self.loop_interval_s, other.loop_interval_s))
 
 
 def host_runs_ahead(par: Parallelism) -> bool:
@@ -118,9 +129,11 @@ def queue_end_s(durations_s: Sequence[float], interval_s: float) -> float:
 
 
 def queue_waits_s(durations_s: Sequence[float], interval_s: float,
-                  syncs: Sequence[bool] | None = None, ahead: bool = False) -> list[float]:
+                  syncs: Sequence[bool] | None = None, ahead: bool = False,
+                  gaps_s: Sequence[float] | None = None) -> list[float]:
     """How long the device waits for the host before each kernel, s: kernel ``i`` starts at
-    ``max(issue_i, end_{i−1})``, ``issue_i = issue_{i−1} + h``. A kernel marked in
+    ``max(issue_i, end_{i−1})``, ``issue_i = issue_{i−1} + h`` (``h = gaps_s[i]`` where the
+    host's time differs kernel by kernel, else ``interval_s``). A kernel marked in
     ``syncs`` is issued by a host that waited for the device to drain (a host sync): it
     starts at the end of the kernel before it, and the host issues from there on.
     ``sum(waits) + sum(durations)`` is :func:`queue_end_s` where nothing syncs. ``ahead``:
@@ -129,7 +142,8 @@ def queue_waits_s(durations_s: Sequence[float], interval_s: float,
     issue, end = (-math.inf if ahead else 0.0), 0.0
     for i, d in enumerate(durations_s):
         if i:
-            issue = end if syncs is not None and syncs[i] else issue + interval_s
+            gap = interval_s if gaps_s is None else gaps_s[i]
+            issue = end if syncs is not None and syncs[i] else issue + gap
         wait = max(issue - end, 0.0)
         waits.append(wait)
         end += wait + d
@@ -142,26 +156,58 @@ def host_kernels(op: Op) -> int:
     return (op.host_calls or op.splits) if isinstance(op, ComputeOp) else 1
 
 
+def loop_kernels(op: Op) -> int:
+    """Kernels a framework's C++ loop launches inside ``op``'s host calls, each a host
+    launch of its own (``ComputeOp.host_loop_kernels``; none for a collective)."""
+    return op.host_loop_kernels if isinstance(op, ComputeOp) else 0
+
+
+def op_host_s(op: Op, interval_s: float, loop_interval_s: float = 0.0) -> float:
+    """Host time that issues ``op``, s: its dispatches (:func:`host_kernels`) at
+    ``interval_s`` and its loop's kernels (:func:`loop_kernels`) at ``loop_interval_s``."""
+    return host_kernels(op) * interval_s + loop_kernels(op) * loop_interval_s
+
+
 def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
-                 interval_s: float, ahead: bool = False) -> list[float]:
+                 interval_s: float, ahead: bool = False,
+                 loop_interval_s: float = 0.0) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
     (:func:`queue_waits_s` over its kernels): a compute op is as many kernels of equal
-    length as the host dispatches that issue it (:func:`host_kernels`), a collective one; an
-    op with a ``host_s`` is issued by a host that waited for the device (a host sync);
-    ``ahead``: the host enters the pass ahead (:attr:`HostIssue.ahead`). No kernel shorter
-    than the interval: none waits (each keeps the host's issue ahead by its excess)."""
-    if all(d >= interval_s * host_kernels(op)
-           for op, d in zip(ops, durations_s, strict=True)):
+    length as the host dispatches that issue it (:func:`host_kernels`), each issued
+    ``interval_s`` after the one before, then the kernels its C++ loop launches
+    (:func:`loop_kernels`), ``loop_interval_s`` apart; a collective one kernel; an op with
+    a ``host_s`` is issued by a host that waited for the device (a host sync); ``ahead``:
+    the host enters the pass ahead (:attr:`HostIssue.ahead`). No op shorter than its host
+    time (:func:`op_host_s`): none waits (each keeps the host's issue ahead by its
+    excess)."""
+    for op, d in zip(ops, durations_s, strict=True):  # op_host_s, inlined: every pass asks
+        if isinstance(op, ComputeOp):
+            if d < ((op.host_calls or op.splits) * interval_s
+                    + op.host_loop_kernels * loop_interval_s):
+                break
+        elif d < interval_s:
+            break
+    else:
         return [0.0] * len(ops)
     kernels: list[float] = []
     syncs: list[bool] = []
     owner: list[int] = []
+    looped = False
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
-        count = host_kernels(op)
-        kernels += [d / count] * count
-        syncs += [op.host_s > 0] + [False] * (count - 1)
-        owner += [i] * count
+        n = host_kernels(op)
+        if isinstance(op, ComputeOp) and op.host_loop_kernels:
+            n += op.host_loop_kernels
+            looped = True
+        kernels += [d / n] * n
+        syncs += [op.host_s > 0] + [False] * (n - 1)
+        owner += [i] * n
+    gaps = None
+    if looped:  # the dispatches at the interval, then the loop's kernels
+        gaps = []
+        for op in ops:
+            gaps += [interval_s] * host_kernels(op) + [loop_interval_s] * loop_kernels(op)
     waits = [0.0] * len(ops)
-    for i, wait in zip(owner, queue_waits_s(kernels, interval_s, syncs, ahead), strict=True):
+    queued = queue_waits_s(kernels, interval_s, syncs, ahead, gaps)
+    for i, wait in zip(owner, queued, strict=True):
         waits[i] += wait
     return waits

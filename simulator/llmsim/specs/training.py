@@ -153,6 +153,12 @@ class Training(Spec):
     the floor); ``modules``, a model's layers as Python modules under autograd (its
     ``host_module_dispatch_us``, measured where given; a UserError where not). No effect
     under ``cuda_graphs``."""
+    expert_host_loop: bool = False
+    """Whether the MoE experts' module launches its per-expert kernels from a host loop,
+    each a launch of its own (Transformer Engine's ``GroupedLinear``: one quantisation and
+    one cuBLAS GEMM per local expert, :mod:`llmsim.moe_host`); False: each grouped op costs
+    the host its dispatches alone (a fused grouped kernel). No effect under
+    ``cuda_graphs``."""
     host_syncs: HostSyncs = "none"
     """The host synchronisations of the framework's step, each a gap on the device
     (:mod:`llmsim.host_syncs`): ``none``; ``megatron``, Megatron-LM's ``get_batch``
