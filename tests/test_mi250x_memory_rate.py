@@ -21,8 +21,10 @@ from dataclasses import replace
 import pytest
 from helpers import load_script
 
+from llmsim.errors import UserError
 from llmsim.loader import load_spec
 from llmsim.validation import load_runs, scenario_for
+from llmsim.validation.runs import Choice
 
 # Bar ends of figures/kernels.png, read from its pixels: the 60 and 70 TFLOPs grid lines
 # at x = 1449.5 and 1593.5 (14.4 px a TFLOP, zero at 585.5), bars ending at 1518.5 (every
@@ -112,3 +114,13 @@ def test_without_the_choice_the_rows_run_at_the_catalog_s_fraction_and_faster() 
     assert slow.memory_s - fast.memory_s < growth
     kernels = slow.memory_s - fast.memory_s + slow.gemm_s - fast.gemm_s
     assert growth < 1.2 * kernels  # the bubble grows by (pp - 1) / m = 7 / 128 of it
+
+
+def test_a_misspelt_system_set_choice_is_one_sentence_naming_it() -> None:
+    """A choice under ``system_set.`` goes through the scenario's ``system_set``, so a
+    field the system does not have is refused there, naming it."""
+    run = next(r for r in load_runs("LUMI23-06") if r.id == "LUMI23-06")
+    choices = dict(run.choices)
+    choices["system_set.node.accelerator.memory_bound_fractoin"] = Choice(0.5, "a typo")
+    with pytest.raises(UserError, match="memory_bound_fractoin"):
+        scenario_for(replace(run, choices=choices))
