@@ -5,13 +5,19 @@ the gap").
     python benchmarks/mi250x_decomposition.py                 # LUMI23-05, -06, LUMIRF25-03
     python benchmarks/mi250x_decomposition.py LUMI FRONTIER   # rows whose id starts with them
     python benchmarks/mi250x_decomposition.py FRONTIER --calibration PROFILE  # a what-if
+    python benchmarks/mi250x_decomposition.py LUMI23-06 --ops  # the busiest stage, op by op
 
 With ``--calibration`` the rows' collectives are priced from a measured table where it
 covers them (``benchmarks/results/frontier_rccl_pccl.yaml``: the PCCL authors' RCCL sweep on
 Frontier), each group at the measured shape closest to its own.
 
-Prints one Markdown table: the busiest stage's compute split by how each kernel is priced
-(GEMMs, fused attention, memory-bound kernels: one micro-batch's ops times the
+With ``--ops`` it prints, for each row, the busiest stage's kernels by name instead: the
+seconds a step each takes (all layers of the stage, forward, recompute and backward
+together) and the bytes it moves, the largest first (docs/validation.md, section 8, "The
+LUMI23 rows' memory-bound kernels").
+
+Otherwise it prints one Markdown table: the busiest stage's compute split by how each
+kernel is priced (GEMMs, fused attention, memory-bound kernels: one micro-batch's ops times the
 micro-batches), the exposed TP, PP and DP communication, the bubble, the share of the step
 that is communication, and the time llmsim is short of the measurement. About 2-5 s per
 row on one core.
@@ -21,6 +27,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmsim.costs import HardwareCosts
 from llmsim.errors import UserError
@@ -72,21 +79,57 @@ class Decomposition:
         return self.measured_s - self.step_s
 
 
-def decompose(run: Run, calibration: Path | None = None) -> Decomposition:
-    """Price the busiest stage's ops of ``run`` by kind and take the engine's breakdown,
-    with the measured tables of the ``calibration`` profile if one is given."""
+@dataclass(frozen=True, slots=True)
+class OpLine:
+    """One kernel name of the busiest stage over a step: every layer's instance of it in
+    every phase (forward, recompute, backward) and micro-batch."""
+
+    name: str
+    kind: str
+    """How it is priced: ``gemm``, ``attention`` or ``memory``."""
+    phases: str
+    """The phases it runs in (F forward, R recompute, B and W backward, O optimizer)."""
+    seconds: float
+    """Its time over the step, s."""
+    bytes: float
+    """The bytes it moves over the step."""
+
+
+def _simulated(run: Run, calibration: Path | None) -> tuple[Any, list[tuple[ComputeOp, float]]]:
+    """The engine's result for ``run`` and the busiest stage's compute ops of one
+    micro-batch, each with its price in s."""
     scenario = scenario_for(run)
     if calibration is not None:
         scenario = scenario.model_copy(update={"calibration": str(calibration)})
     result = simulate(scenario)
     costs = HardwareCosts.from_scenario(scenario, Plan.from_scenario(scenario))
+    stage = result.critical_stage.stage
+    ops = [(op, costs.compute_s(op)) for chunk in result.workload.chunks.values()
+           if chunk.stage == stage for op in chunk.ops if isinstance(op, ComputeOp)]
+    return result, ops
+
+
+def by_op(run: Run) -> list[OpLine]:
+    """The busiest stage's kernels of ``run`` by name, the longest first (s per step)."""
+    result, ops = _simulated(run, None)
+    m = result.workload.microbatches
+    lines: dict[str, OpLine] = {}
+    for op, seconds in ops:
+        old = lines.get(op.name, OpLine(op.name, op.kind, "", 0.0, 0.0))
+        phases = old.phases if op.phase in old.phases else old.phases + op.phase
+        lines[op.name] = OpLine(op.name, op.kind, phases, old.seconds + seconds * m,
+                                old.bytes + op.bytes * m)
+    return sorted(lines.values(), key=lambda line: -line.seconds)
+
+
+def decompose(run: Run, calibration: Path | None = None) -> Decomposition:
+    """Price the busiest stage's ops of ``run`` by kind and take the engine's breakdown,
+    with the measured tables of the ``calibration`` profile if one is given."""
+    result, ops = _simulated(run, calibration)
     stage = result.critical_stage
     by_kind = {"gemm": 0.0, "attention": 0.0, "memory": 0.0}
-    for chunk in result.workload.chunks.values():
-        if chunk.stage == stage.stage:
-            for op in chunk.ops:
-                if isinstance(op, ComputeOp):
-                    by_kind[op.kind] += costs.compute_s(op)
+    for op, seconds in ops:
+        by_kind[op.kind] += seconds
     m = result.workload.microbatches
     return Decomposition(
         run.id, run.measured, result.step_time_s,
@@ -107,11 +150,25 @@ def table(rows: list[Decomposition]) -> str:
     return "\n".join(lines)
 
 
+def op_table(run: Run, lines: list[OpLine]) -> str:
+    """The busiest stage's kernels of ``run`` as one Markdown table, s and GB per step."""
+    total = sum(line.seconds for line in lines)
+    out = [f"{run.id}: the busiest stage's kernels, {total:,.2f} s of compute a step",
+           "", "| kernel | priced as | phases | s | % of compute | GB |", "|---|---|---|"
+           + "---:|" * 3]
+    for line in lines:
+        out.append(f"| {line.name} | {line.kind} | {line.phases} | {line.seconds:,.2f} | "
+                   f"{100 * line.seconds / total:.1f} | {line.bytes / 1e9:,.1f} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
     """Print the table for the rows whose ids start with the given prefixes; 2 on bad input."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="row ids or prefixes (MI250X rows only)")
     parser.add_argument("--calibration", type=Path, help="a calibration profile (what-if)")
+    parser.add_argument("--ops", action="store_true",
+                        help="the busiest stage's kernels by name, row by row")
     args = parser.parse_args(argv)
     prefixes = tuple(args.rows) or DEFAULT_ROWS
     try:
@@ -123,7 +180,13 @@ def main(argv: list[str]) -> int:
         if args.calibration is not None and not args.calibration.is_file():
             raise UserError(f"--calibration: no file {args.calibration}; give the path of a "
                             "calibration profile (llmsim calibrate writes one)")
-        print(table([decompose(r, args.calibration) for r in runs]))
+        if args.ops and args.calibration is not None:
+            raise UserError("--ops prices the kernels, which a calibration profile's "
+                            "collective tables do not change; drop --calibration or --ops")
+        if args.ops:
+            print("\n\n".join(op_table(r, by_op(r)) for r in runs))
+        else:
+            print(table([decompose(r, args.calibration) for r in runs]))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

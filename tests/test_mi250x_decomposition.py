@@ -53,3 +53,26 @@ def test_a_measured_collective_table_moves_only_the_communication() -> None:
 def test_a_missing_profile_is_refused(capsys) -> None:
     assert _script().main([ROW, "--calibration", "no-such-profile.yaml"]) == 2
     assert "--calibration" in capsys.readouterr().err
+
+
+def test_the_kernels_by_name_add_up_to_the_kinds() -> None:
+    """``--ops``: every kernel of the busiest stage once, by name, its seconds over the step;
+    they add up to the per-kind totals, each name priced as one kind, the longest first."""
+    script = _script()
+    run = next(r for r in load_runs(ROW) if r.id == ROW)
+    lines, d = script.by_op(run), script.decompose(run)
+    for kind, total in (("gemm", d.gemm_s), ("attention", d.attention_s),
+                        ("memory", d.memory_s)):
+        assert sum(line.seconds for line in lines if line.kind == kind) == pytest.approx(total)
+    assert len({line.name for line in lines}) == len(lines)
+    assert [line.seconds for line in lines] == sorted((line.seconds for line in lines),
+                                                      reverse=True)
+    assert all(set(line.phases) <= set("FBWRO") and line.phases for line in lines)
+
+
+def test_script_prints_the_kernels_and_refuses_ops_with_a_profile(capsys) -> None:
+    assert _script().main([ROW, "--ops"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{ROW}: the busiest stage's kernels") and "| qkv |" in printed
+    assert _script().main([ROW, "--ops", "--calibration", str(PROFILE)]) == 2
+    assert "--ops" in capsys.readouterr().err

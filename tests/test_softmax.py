@@ -14,6 +14,7 @@ from llmsim.activations import activation_bytes_per_layer
 from llmsim.costs import HardwareCosts
 from llmsim.costs.allocator import PageRoundTrip
 from llmsim.loader import load_spec
+from llmsim.ops import ComputeOp
 from llmsim.plan import Plan
 from llmsim.specs import Training
 from llmsim.workload import build_workload
@@ -114,3 +115,51 @@ def test_eager_dropout_keeps_float_noise_for_the_backward():
     fused_b = activation_bytes_per_layer(sc.model, sc.parallelism, sc.training)
     eager_b = activation_bytes_per_layer(eager.model, eager.parallelism, eager.training)
     assert eager_b - fused_b == pytest.approx(3 * _score_bytes(sc) / 4, rel=1e-12)
+
+
+def _alibi_layer(position: str, kernel: str = "unfused"):
+    """The first block's forward, backward and the step of a tiny BF16 GPT."""
+    sc = make_scenario(**{"training.attention_kernel": kernel, "training.seq_len": SEQ,
+                          "model.heads": HEADS, "parallelism.micro_batch": MICRO,
+                          "model.position_embedding": position})
+    chunk = build_workload(sc.model, sc.parallelism, sc.training, sc.dp).chunks[(0, 0)]
+    return sc, chunk.forward, chunk.backward
+
+
+def test_alibi_copies_its_bias_into_the_scores_which_the_gemm_reads_back():
+    """``torch.baddbmm(alibi, q, kᵀ, beta)``: one copy writing the s×s scores (BF16) before
+    the scores GEMM, which reads them as C and allocates nothing; everything else, the
+    backward included, is RoPE's (no bias), and the parameters are the same."""
+    sc, alibi_f, alibi_b = _alibi_layer("alibi")
+    _, rope_f, rope_b = _alibi_layer("rope")
+    scores_bytes = 2.0 * MICRO * (HEADS // sc.parallelism.tp) * SEQ * SEQ
+    names = [op.name for op in alibi_f]
+    copy = alibi_f[names.index("attn_alibi_copy")]
+    assert names[names.index("attn_alibi_copy") + 1] == "attn_scores"
+    assert (copy.kind, copy.bytes, copy.output_bytes) == ("memory", scores_bytes, scores_bytes)
+    gemm = next(op for op in alibi_f if op.name == "attn_scores")
+    plain = next(op for op in rope_f if op.name == "attn_scores")
+    assert gemm.bytes == plain.bytes + scores_bytes and gemm.output_bytes == 0.0
+    assert gemm.flops == plain.flops and gemm.mnk == plain.mnk
+    assert [op for op in alibi_f if op.name not in ("attn_alibi_copy", "attn_scores")] == \
+        [op for op in rope_f if op.name != "attn_scores"]
+    assert alibi_b == rope_b
+    assert sc.model.params == make_scenario(**{"model.position_embedding": "rope"}).model.params
+
+
+def test_alibi_costs_nothing_in_a_flash_kernel_and_time_with_unfused_attention():
+    """Flash kernels add the bias in registers: the same ops as RoPE. Unfused, the copy
+    and the read take time, priced at the memory-bound rate (the GEMM here is
+    compute-bound, so only the copy shows)."""
+    _, flash_alibi, _ = _alibi_layer("alibi", "flash")
+    _, flash_rope, _ = _alibi_layer("rope", "flash")
+    assert flash_alibi == flash_rope
+    sc, alibi_f, _ = _alibi_layer("alibi")
+    _, rope_f, _ = _alibi_layer("rope")
+    costs = HardwareCosts.from_scenario(sc, Plan.from_scenario(sc))
+    def priced(ops):
+        return sum(costs.compute_s(op) for op in ops if isinstance(op, ComputeOp))
+
+    extra = priced(alibi_f) - priced(rope_f)
+    copy = next(op for op in alibi_f if op.name == "attn_alibi_copy")
+    assert extra >= costs.compute_s(copy) > 0

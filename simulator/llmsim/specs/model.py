@@ -101,8 +101,11 @@ class Model(Spec):
     """MLP: GeLU (two matrices) or SwiGLU (three)."""
     tied_embeddings: bool = False
     """Whether the LM head shares the input embedding matrix."""
-    position_embedding: Literal["learned", "rope"] = "learned"
-    """Learned absolute positions (GPT) add max_seq_len·h parameters; RoPE adds none."""
+    position_embedding: Literal["learned", "rope", "alibi"] = "learned"
+    """Learned absolute positions (GPT) add max_seq_len·h parameters; RoPE and ALiBi (BLOOM)
+    add none. With unfused attention ALiBi's bias is copied into the scores before their
+    GEMM adds to them (:func:`llmsim.workload.softmax.alibi_scores`); a flash kernel adds
+    it in registers, at no priced cost."""
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     """Normalisation: LayerNorm (scale and bias) or RMSNorm (scale only)."""
     bias: bool = True

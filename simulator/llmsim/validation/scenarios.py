@@ -120,17 +120,21 @@ def scenario_mapping(run: Run) -> dict[str, Any]:
         par["ep"], par["dp"] = axis, dp // axis
     training: dict[str, Any] = {"global_batch": int(row["global_batch"]), "seq_len": seq}
     parts = {"model": model, "parallelism": par, "training": training}
+    system_set: dict[str, Any] = {}
     precision = run.value("training.precision")
     # Model fields first: the special values of the others are derived from the model.
     for key, choice in sorted(run.choices.items(), key=lambda kv: not kv[0].startswith("model")):
         section, _, field = key.partition(".")
         if section in parts and key not in ("model.layers", "model.vocab"):
             parts[section][field] = _resolve(run, key, choice.value, model, dp, precision)
+        elif section == "system_set":  # the catalog system with a documented change
+            system_set[field] = choice.value
     system, per_node = _system(run)
     return {
         "name": run.id,
         "description": f"{run.source}: {row['model_name']} on {run.gpus} devices",
         "system": system,
+        **({"system_set": system_set} if system_set else {}),
         "nodes": math.ceil(run.gpus / per_node),
         **parts,
     }

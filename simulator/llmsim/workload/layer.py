@@ -23,7 +23,7 @@ from llmsim.params import (
 from llmsim.specs import MemoryKind, Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 from llmsim.workload.fp8 import AMAX_BYTES, operand_casts
-from llmsim.workload.softmax import softmax_backward, softmax_forward
+from llmsim.workload.softmax import alibi_scores, softmax_backward, softmax_forward
 from llmsim.workload.step import Op
 
 _TE_DEFAULT_METHOD: dict[str, Literal["ring_exchange", "pipeline", "bulk"]] = {
@@ -173,8 +173,10 @@ class LayerBuilder:
                     *self._attention_layout_copies(phase)]
         # Unfused (Megatron 2020-21): scores GEMM, fused scale-mask-softmax, dropout, context.
         probs = float(b * heads * s * s)
+        scores = replace(self._gemm("attn_scores", phase, s, s, d, b * heads),
+                         dtype=self.attn_dtype)
         return [
-            replace(self._gemm("attn_scores", phase, s, s, d, b * heads), dtype=self.attn_dtype),
+            *alibi_scores(m.position_embedding, self._mem, scores, probs),
             *softmax_forward(self.trn.attention_softmax, self._mem, phase, probs,
                              self.trn.attention_dropout > 0),
             replace(self._gemm("attn_context", phase, s, d, s, b * heads), dtype=self.attn_dtype),

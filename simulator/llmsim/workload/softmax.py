@@ -37,6 +37,7 @@ under glibc's allocator each of 32 MiB or more is faulted in afresh
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from llmsim.ops import ComputeOp
 from llmsim.specs.training import AttentionSoftmax
@@ -77,6 +78,23 @@ def eager_softmax_backward(mem: MemOp, probs: float, dropout: bool) -> list[Comp
         mem("attn_mask_fill_bwd_fill", "B", probs, 2, out_elements=0),
         mem("attn_scale_bwd", "B", probs, 2),
     ]
+
+
+def alibi_scores(position_embedding: str, mem: MemOp, scores: ComputeOp,
+                 probs: float) -> list[ComputeOp]:
+    """The unfused attention's scores GEMM over ``probs`` score elements, with ALiBi as the
+    BigScience Megatron-DeepSpeed adds it: ``torch.baddbmm(alibi, q, kᵀ, beta=1/layer)`` on
+    the [b·heads, 1, s] bias (``megatron/model/transformer.py``, bigscience-workshop at
+    8387ae17 and the TurkuNLP fork at 6732bc9; beta 0 and no bias without ALiBi). PyTorch
+    expands the bias to the output's size and, for beta ≠ 0, copies it into the output
+    before the GEMM (the baddbmm meta function's ``result.copy_(self)``, ATen
+    ``LinearAlgebra.cpp``; ``copy_`` after ``expand_size`` in the CUDA baddbmm of 2020,
+    pytorch/pytorch PR 38421), and the GEMM reads it back as C: one write and one read of
+    the scores more than the plain GEMM, which then allocates no output of its own."""
+    if position_embedding != "alibi":
+        return [scores]
+    copy = mem("attn_alibi_copy", scores.phase, probs, 1)  # write; the bias row stays cached
+    return [copy, replace(scores, bytes=scores.bytes + copy.bytes, output_bytes=0.0)]
 
 
 def softmax_forward(kind: AttentionSoftmax, mem: MemOp, phase: str, probs: float,
