@@ -18,7 +18,7 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
-from llmsim.costs import HardwareCosts
+from llmsim.costs import HardwareCosts, algorithm_times_s
 from llmsim.errors import UserError
 from llmsim.ops import CommOp
 from llmsim.plan import Plan
@@ -131,11 +131,18 @@ KINDS = {
 def _nccl_parts(costs: HardwareCosts, op: CommOp) -> tuple[float, float]:
     """(latency, bandwidth) seconds of ``op``'s collective alone: the tuner's time is
     latency + bytes / bandwidth at the algorithm and protocol it picks, so doubling the
-    message adds the bandwidth term once more (the messages here are past the tree's
-    correction table and the ring plateau's threshold: both terms are linear)."""
+    message at that pick adds the bandwidth term once more (the messages here are past the
+    tree's correction table and the ring plateau's threshold: both terms are linear)."""
     bare = replace(op, copies=0, fill_passes=0, staging_passes=0, host_s=0.0)
-    t1 = costs.collectives.comm_s(bare) - costs.collectives.launch_s
-    t2 = costs.collectives.comm_s(replace(bare, bytes=2 * op.bytes)) - costs.collectives.launch_s
+    model = costs.collectives
+    t1 = model.comm_s(bare) - model.launch_s
+    path = model.path(op.axis)
+    if model.library is None or path is None:
+        t2 = model.comm_s(replace(bare, bytes=2 * op.bytes)) - model.launch_s
+        return 2 * t1 - t2, t2 - t1
+    tuned = algorithm_times_s(op.collective, op.bytes, path, model.tuner_library)
+    pick = min(tuned, key=tuned.__getitem__)  # the pick at 2S may differ: keep this one
+    t2 = algorithm_times_s(op.collective, 2 * op.bytes, path, model.library)[pick]
     return 2 * t1 - t2, t2 - t1
 
 

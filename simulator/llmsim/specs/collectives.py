@@ -113,6 +113,11 @@ class CollectiveLibrary(Spec):
     """Least a fabric step of a ring that spans nodes costs, per protocol: the host's
     cost of posting a network operation, which every step of such a ring pays
     (``getNetOverhead``); None: no floor."""
+    ring_network_step_floor_tuned: bool = True
+    """Whether the library's tuner counts that floor when it picks an algorithm and
+    protocol (NCCL 2.18 on). False: it picks without it, and the ring it picks pays the
+    floor all the same (NCCL 2.7–2.17, whose proxy posted every step of a ring across
+    nodes but whose tuner did not count it)."""
     all_reduce_network_steps: Literal["2(N-1)", "2N"] = "2(N-1)"
     """Network steps the tuner counts for a ring all-reduce over N > 1 nodes."""
     tree_bus_fraction: PositiveFloat

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PositiveFloat, PositiveInt
 
 from llmsim.specs._base import Spec
-from llmsim.specs.collectives import CollectiveLibrary
+from llmsim.specs.collectives import CollectiveLibrary, ProtocolValues
 from llmsim.specs.mpi import MpiCollectives
 
 AlgorithmName = Literal["ring", "hierarchical", "tree", "point_to_point", "torus"]
@@ -42,6 +42,12 @@ class _NetworkBase(Spec):
     spans nodes (``graph->nChannels``, before the runtime doubles them): the tuner's
     per-channel caps multiply it (``ring_ll128_max_bus_gbps_per_channel`` of
     ``collectives``). None: not known, no such cap."""
+    ring_step_floor_us: ProtocolValues | None = None
+    """Least a fabric step of a library ring that spans nodes costs on this system's
+    hosts, microseconds per protocol: the host's cost of posting a network operation,
+    which every step of such a ring pays (NCCL ``getNetOverhead``: 1 µs on Intel x86,
+    2 on AMD, ×3 for Simple). Replaces ``collectives``' ``ring_network_step_floor_us``;
+    None: the library's own."""
     collectives: CollectiveLibrary | None = None
     """The collective library's own cost model (a ``hardware/collectives`` entry, e.g.
     ``nccl-2021``): collectives are then priced per algorithm and protocol as that

@@ -56,6 +56,7 @@ class CollectiveModel:
         table: CollectiveTable | None = None,
     ) -> None:
         self.system, self.plan, self.launch_s, self.table = system, plan, launch_s, table
+        self.library, self.tuner_library = _libraries(system)
         self._paths: dict[str, GroupPath | None] = {}
         self._geometry: dict[str, GroupGeometry] = {}
         self._cache: dict[tuple[str, str, float], float] = {}
@@ -112,7 +113,30 @@ class CollectiveModel:
             mpi_s = mpi_all_reduce_s(mpi, collective, nbytes, path, lambda: self.geometry(axis))
             if mpi_s is not None:
                 return mpi_s + self.launch_s
-        network = self.system.network
-        times = algorithm_times_s(collective, nbytes, path, network.collectives,
-                                  network.collective_algorithms)
+        offered = self.system.network.collective_algorithms
+        times = algorithm_times_s(collective, nbytes, path, self.tuner_library, offered)
+        if self.tuner_library is not self.library:  # the tuner's pick pays what it left out
+            chosen = min(times, key=times.__getitem__)
+            return algorithm_times_s(collective, nbytes, path, self.library,
+                                     offered)[chosen] + self.launch_s
         return min(times.values()) + self.launch_s
+
+
+def _libraries(system: System) -> tuple[CollectiveLibrary | None, CollectiveLibrary | None]:
+    """The system's collective library as it prices a call, and as its tuner picks one.
+
+    The system's ``network.ring_step_floor_us`` (its hosts' cost of posting a network
+    operation) replaces the library's ring step floor; a library whose tuner does not
+    count the floor (``ring_network_step_floor_tuned: false``) picks the algorithm and
+    protocol without it, and the pick is priced with it.
+    """
+    network = system.network
+    library = network.collectives
+    if library is None:
+        return None, None
+    if network.ring_step_floor_us is not None:
+        library = library.model_copy(
+            update={"ring_network_step_floor_us": network.ring_step_floor_us})
+    if library.ring_network_step_floor_tuned or library.ring_network_step_floor_us is None:
+        return library, library
+    return library, library.model_copy(update={"ring_network_step_floor_us": None})
