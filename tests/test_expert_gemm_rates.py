@@ -22,6 +22,7 @@ from llmsim.loader import load_spec
 from llmsim.moe import replace_mlp
 from llmsim.moe_host import EXPERT_GEMMS
 from llmsim.ops import ComputeOp
+from llmsim.specs import Scenario
 from llmsim.validation.scenarios import scenario_for
 from llmsim.workload.layer import LayerBuilder
 
@@ -68,18 +69,38 @@ def test_the_model_is_not_faster_than_the_board_at_small_k_or_n(dtype: str) -> N
     assert 0.97 <= mean <= 1.10
 
 
-def test_the_experts_gemms_cannot_hold_moe02s_missing_time() -> None:
-    """MBRIDGE-2604-MOE-02 misses about 2.7 ms a MoE layer's forward and backward (29.26 s
-    measured over 48 layers × 64 micro-batches against llmsim's step, docs/validation.md
-    §10). Its six grouped expert GEMMs take under 1 ms in FP8; priced at BF16 instead
-    (the up and down projections at their measured grouped rates) they add under 0.7 ms:
-    even an FP8 GEMM with no lead over BF16 would leave three quarters of the gap."""
+def _moe02_expert_gemms() -> tuple[list[ComputeOp], Scenario]:
+    """MBRIDGE-2604-MOE-02's six grouped expert GEMM ops of one MoE layer, and its scenario."""
     run = next(r for r in v.load_runs() if r.id == "MBRIDGE-2604-MOE-02")
     s = scenario_for(run)
     builder = LayerBuilder(s.model, s.parallelism, s.training)
     fwd, _, bwd, wgt = builder.layer()
     ops = [op for op in itertools.chain(*replace_mlp(fwd, bwd, wgt, builder))
            if op.name in EXPERT_GEMMS]
+    return ops, s
+
+
+def test_the_prepared_shapes_are_moe02s_expert_gemms() -> None:
+    """``benchmarks/expert_shapes_qwen3_30b.csv`` (the FP8 and BF16 GEMMs to time on the
+    next H100) lists exactly the per-expert shapes of MOE-02's grouped GEMM ops (each of
+    the mean 4,096 rows an expert; the busiest rank's 1.3 % more is the ops' executed
+    fraction, not their shape)."""
+    ops, _ = _moe02_expert_gemms()
+    path = Path(__file__).parents[1] / "benchmarks" / "expert_shapes_qwen3_30b.csv"
+    with path.open() as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    listed = {(int(r["m"]), int(r["n"]), int(r["k"]), r["dtype"]) for r in rows}
+    built = {(*op.mnk, d) for op in ops if op.mnk for d in ("fp8", "bf16")}
+    assert listed == built and len(listed) == 12
+
+
+def test_the_experts_gemms_cannot_hold_moe02s_missing_time() -> None:
+    """MBRIDGE-2604-MOE-02 misses about 2.7 ms a MoE layer's forward and backward (29.26 s
+    measured over 48 layers × 64 micro-batches against llmsim's step, docs/validation.md
+    §10). Its six grouped expert GEMMs take under 1 ms in FP8; priced at BF16 instead
+    (the up and down projections at their measured grouped rates) they add under 0.7 ms:
+    even an FP8 GEMM with no lead over BF16 would leave three quarters of the gap."""
+    ops, s = _moe02_expert_gemms()
     assert len(ops) == 6 and s.training.precision == "fp8"
     acc = s.system.node.accelerator
     fp8, bf16 = (sum(ComputeModel(acc, d).compute_s(op) for op in ops) for d in ("fp8", "bf16"))
