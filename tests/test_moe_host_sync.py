@@ -1,4 +1,4 @@
-"""The dropless dispatchers' host synchronisation (llmsim.moe.dispatch_syncs_host): once
+"""The dropless dispatchers' host synchronisation (llmsim.moe_dispatcher.dispatch_syncs_host): once
 per MoE layer's forward, before the dispatch all-to-all, priced as the GPU idle measured
 on an H100 (HOST_SYNC_GAP_S)."""
 
