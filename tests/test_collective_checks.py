@@ -105,12 +105,14 @@ KNOWN_GAPS = {
     "LUMI23-C-DPAG16": "dp all-gather, 8 groups per node: llmsim 144 ms, measured 271",
     "LUMI23-C-DPAG32": "dp all-gather, 8 groups per node: llmsim 149 ms, measured 280",
     "FRONTIER-PCCL-C-AG0512": "1 GiB all-gather, 64 nodes x 8: llmsim 15.8 ms, RCCL 31.0",
-    "FRONTIER-PCCL-C-AG1024": "1 GiB all-gather, 128 nodes x 8: llmsim 31.6 ms (the step floor), RCCL 93.2",
+    "FRONTIER-PCCL-C-AG1024": "1 GiB all-gather, 128 nodes x 8: llmsim 31.6 ms (the step "
+                              "floor), RCCL 93.2",
     "FRONTIER-PCCL-C-AG0008-16M": "16 MiB all-gather on one node: llmsim 0.183 ms (the "
                                   "bandwidth term above the 0.158 ms step floor), RCCL 0.265: "
                                   "between the max and the sum of the two",
     "FRONTIER-PCCL-C-AG0128-256M": "256 MiB all-gather, 16 nodes x 8: llmsim 3.94 ms, RCCL 5.46",
-    "FRONTIER-PCCL-C-AG0512-512M": "512 MiB all-gather, 64 nodes x 8: llmsim 15.8 ms (the step floor), RCCL 25.2",
+    "FRONTIER-PCCL-C-AG0512-512M": "512 MiB all-gather, 64 nodes x 8: llmsim 15.8 ms (the "
+                                   "step floor), RCCL 25.2",
     "FUGAKU-JL-C-PP8B": "8-byte MPI ping-pong between two Fugaku nodes: llmsim 10.5 us (the "
                         "A64FX's 10 us per-op launch of a PyTorch call), MPI alone 1.26 us",
     "FUGAKU-BINE-C-AR16-64K": "64 KiB all-reduce over 16 Fugaku nodes, Fujitsu MPI's recursive "

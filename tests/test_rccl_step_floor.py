@@ -27,7 +27,8 @@ TOLERANCE = 0.25
 """The tolerance of the collective checks (``workloads/validation/collectives.csv``)."""
 
 PATH = GroupPath(ranks=64, nodes=8, per_node=8, intra_bytes_per_s=90e9, intra_latency_s=2e-6,
-                 inter_bytes_per_s=73e9, inter_latency_s=6e-6, ring_step_floor_s=30e-6)
+                 inter_bytes_per_s=73e9, inter_latency_s=6e-6, ring_step_floor_s=30e-6,
+                 ring_step_floor_from_bytes=2.0**20)
 
 
 def _alpha_beta_s(collective: str, nbytes: float, path: GroupPath) -> float:
@@ -35,10 +36,15 @@ def _alpha_beta_s(collective: str, nbytes: float, path: GroupPath) -> float:
 
 
 def test_floor_is_a_max_not_a_sum() -> None:
-    """Small messages take steps·φ; large ones the α–β time, with nothing added."""
-    small, large = 1024.0, 2.0**30
+    """Messages from ``from_bytes`` take at least steps·φ; large ones the α–β time, with
+    nothing added; smaller ones the α–β time (the low-latency protocol)."""
+    small, large = 2.0**20, 2.0**30
     assert ring_s("all_gather", small, PATH) == pytest.approx(63 * 30e-6)
     assert ring_s("all_reduce", small, PATH) == pytest.approx(126 * 30e-6)
+    tiny = small - 1
+    alpha_beta = _alpha_beta_s("all_reduce", tiny, PATH)
+    assert ring_s("all_reduce", tiny, PATH) == pytest.approx(alpha_beta)
+    assert ring_s("all_reduce", tiny, PATH) < 126 * 30e-6 / 10
     bandwidth_s = volume_factor("all_gather", 64) * large / 73e9
     assert ring_s("all_gather", large, PATH) == pytest.approx(bandwidth_s + 7 * 6e-6 + 56 * 2e-6)
     assert ring_s("send_recv", large, PATH) is None
@@ -49,7 +55,8 @@ def test_floor_is_a_max_not_a_sum() -> None:
        ranks=st.integers(2, 2048))
 def test_floored_ring_is_the_larger_of_both(collective: str, nbytes: float, floor_us: float,
                                             ranks: int) -> None:
-    path = replace(PATH, ranks=ranks, ring_step_floor_s=floor_us * 1e-6)
+    path = replace(PATH, ranks=ranks, ring_step_floor_s=floor_us * 1e-6,
+                   ring_step_floor_from_bytes=0.0)
     t = ring_s(collective, nbytes, path)  # type: ignore[arg-type]
     alpha_beta = _alpha_beta_s(collective, nbytes, path)
     floor = ring_steps(collective, ranks) * floor_us * 1e-6  # type: ignore[arg-type]
@@ -131,6 +138,7 @@ def test_floor_comes_from_the_sweep() -> None:
     fabric_us = _measured_s(points[("all_gather", 8, 1)]) / 7 * 1e6
     steps_us = sorted(_measured_s(points[("reduce_scatter", 512, m)]) / 511 * 1e6
                       for m in (32, 64, 128, 256, 512))
+    assert floor.from_bytes == min(p["bytes"] for p in points.values())
     assert floor.fabric_us == pytest.approx(fabric_us, abs=0.05)
     assert floor.network_us == pytest.approx(steps_us[2], abs=0.05)
     assert math.isfinite(floor.network_us)

@@ -29,6 +29,11 @@ class RingStepFloor(Spec):
     network_us: PositiveFloat
     """Floor of a step of a ring that spans nodes, microseconds (every step of it, the
     ring's steps going in lockstep at the pace of its slowest)."""
+    from_bytes: PositiveInt
+    """Smallest message the floor holds for, bytes: the smallest size it was measured at.
+    Below it the library's low-latency protocol runs (RCCL's 16-GCD all-reduces and
+    all-gathers of 8 B-8 KB take 25-35 us, ROCm/rccl pull requests 929 and 930) and the
+    ring is the α–β sum alone."""
 
 
 class _NetworkBase(Spec):
