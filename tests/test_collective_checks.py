@@ -31,9 +31,11 @@ all-gather and reduce-scatter at that rank count and on traffic falling into the
 software overflow path; llmsim's ring keeps its bandwidth; like RCCL's tuner, llmsim prices
 their all-gathers and reduce-scatters as the ring only, ``network.collective_algorithms``);
 below 1 GiB RCCL has a floor of 20-35 us a ring step (0.16 ms on 8 GCDs, 0.56 ms on 32,
-3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB to 1 GiB) where llmsim's unverified step
-latency is 2 us, so mid-size messages on 128 and more GCDs take 1.4-14x llmsim's time
-(docs/validation.md §8, "The MI250X rows taken apart"); and inside the 2023 LUMI runs
+3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB to 1 GiB), which llmsim prices from
+1 MiB up as ``max(α–β ring, steps × floor)`` (``network.ring_step_floor``, set from the
+8-GCD 1 MiB all-gather and the 512-GCD reduce-scatters of 32-512 MiB; docs/cost-models.md,
+"RCCL's step floor"), leaving the 16 MiB all-gather on one node (between the max and the
+sum) and the slower mid sizes at 128-512 GCDs off; and inside the 2023 LUMI runs
 the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives the 8
 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
 link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
