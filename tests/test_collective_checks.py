@@ -31,9 +31,11 @@ all-gather and reduce-scatter at that rank count and on traffic falling into the
 software overflow path; llmsim's ring keeps its bandwidth; like RCCL's tuner, llmsim prices
 their all-gathers and reduce-scatters as the ring only, ``network.collective_algorithms``);
 below 1 GiB RCCL has a floor of 20-35 us a ring step (0.16 ms on 8 GCDs, 0.56 ms on 32,
-3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB to 1 GiB) where llmsim's unverified step
-latency is 2 us, so mid-size messages on 128 and more GCDs take 1.4-14x llmsim's time
-(docs/validation.md §8, "The MI250X rows taken apart"); and inside the 2023 LUMI runs
+3.5-4.3 ms on 128, 10.6-17.3 ms on 512 from 16 MiB to 1 GiB), which llmsim prices from
+1 MiB up as ``max(α–β ring, steps × floor)`` (``network.ring_step_floor``, set from the
+8-GCD 1 MiB all-gather and the 512-GCD reduce-scatters of 32-512 MiB; docs/cost-models.md,
+"RCCL's step floor"), leaving the 16 MiB all-gather on one node (between the max and the
+sum) and the slower mid sizes at 128-512 GCDs off; and inside the 2023 LUMI runs
 the dp all-gathers of 8 groups per node at once ran 1.9x slower than llmsim gives the 8
 groups sharing the node's NICs. On Fugaku the ping-pong's bandwidth is the catalog's
 link (within 19 % from 64 KiB up), but its 8-byte latency is MPI's 1.3 us where llmsim
@@ -105,17 +107,14 @@ KNOWN_GAPS = {
     "LUMI23-C-DPAG16": "dp all-gather, 8 groups per node: llmsim 144 ms, measured 271",
     "LUMI23-C-DPAG32": "dp all-gather, 8 groups per node: llmsim 149 ms, measured 280",
     "FRONTIER-PCCL-C-AG0512": "1 GiB all-gather, 64 nodes x 8: llmsim 15.8 ms, RCCL 31.0",
-    "FRONTIER-PCCL-C-AG1024": "1 GiB all-gather, 128 nodes x 8: llmsim 17.0 ms, RCCL 93.2",
-    "FRONTIER-PCCL-C-RS1024": "1 GiB reduce-scatter, 128 nodes x 8: llmsim 17.0 ms, RCCL 31.6",
-    "FRONTIER-PCCL-C-AG0008-16M": "16 MiB all-gather on one node: llmsim 0.183 ms (2 us a "
-                                  "ring step), RCCL 0.265 (its floor, 0.158 ms at 1 MiB, is "
-                                  "22 us a step)",
-    "FRONTIER-PCCL-C-AG0128-64M": "64 MiB all-gather, 16 nodes x 8: llmsim 1.20 ms, RCCL 4.32",
+    "FRONTIER-PCCL-C-AG1024": "1 GiB all-gather, 128 nodes x 8: llmsim 31.6 ms (the step "
+                              "floor), RCCL 93.2",
+    "FRONTIER-PCCL-C-AG0008-16M": "16 MiB all-gather on one node: llmsim 0.183 ms (the "
+                                  "bandwidth term above the 0.158 ms step floor), RCCL 0.265: "
+                                  "between the max and the sum of the two",
     "FRONTIER-PCCL-C-AG0128-256M": "256 MiB all-gather, 16 nodes x 8: llmsim 3.94 ms, RCCL 5.46",
-    "FRONTIER-PCCL-C-RS0512-32M": "32 MiB reduce-scatter, 64 nodes x 8: llmsim 1.61 ms, RCCL 15.0 "
-                                  "(RCCL takes 10.6-17.3 ms from 16 MiB to 1 GiB: 21-34 us a step)",
-    "FRONTIER-PCCL-C-RS0512-64M": "64 MiB reduce-scatter, 64 nodes x 8: llmsim 2.07 ms, RCCL 17.3",
-    "FRONTIER-PCCL-C-AG0512-512M": "512 MiB all-gather, 64 nodes x 8: llmsim 8.49 ms, RCCL 25.2",
+    "FRONTIER-PCCL-C-AG0512-512M": "512 MiB all-gather, 64 nodes x 8: llmsim 15.8 ms (the "
+                                   "step floor), RCCL 25.2",
     "FUGAKU-JL-C-PP8B": "8-byte MPI ping-pong between two Fugaku nodes: llmsim 10.5 us (the "
                         "A64FX's 10 us per-op launch of a PyTorch call), MPI alone 1.26 us",
     "FUGAKU-BINE-C-AR16-64K": "64 KiB all-reduce over 16 Fugaku nodes, Fujitsu MPI's recursive "

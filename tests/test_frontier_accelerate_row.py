@@ -55,25 +55,31 @@ def test_the_gradient_unit_is_one_layer_s_bf16_weights_over_its_nine_fsdp_units(
 
 
 def test_row_runs_and_is_far_too_fast_as_the_docs_report():
-    """llmsim's step is about a third of the measured 61 s (−66 %, docs/validation.md §8):
-    compute-bound in llmsim (communication under a tenth of the step, all of it exposed
-    under train.sh's blocking wait), where the run reached 537 tokens/s per GCD. A band, not
-    the value."""
+    """llmsim's step is under half the measured 61 s (−57 %, docs/validation.md §8):
+    compute-bound in llmsim, with about a quarter of the step in exposed FSDP traffic (all
+    of it exposed under train.sh's blocking wait; RCCL's step floor puts each all-gather
+    and reduce-scatter of 1 MiB or more over 512 GCDs at 511 × 30.9 µs or more), where the
+    run reached 537 tokens/s per GCD. A band, not the value."""
     result = v.predict(ROW).result
     err = (result.step_time_s - ROW.measured) / ROW.measured * 100
-    assert math.isfinite(err) and -75 < err < -55
+    assert math.isfinite(err) and -62 < err < -50
     exposed = result.breakdown_s
-    assert exposed["dp_comm"] < 0.1 * result.step_time_s
+    assert 0.15 * result.step_time_s < exposed["dp_comm"] < 0.35 * result.step_time_s
     tokens_per_gcd_s = 4 * 8192 / ROW.measured
     assert tokens_per_gcd_s == pytest.approx(537, abs=1)
 
 
 def test_sensitivity_pairs_move_the_row_by_little():
-    """Neither unstated choice (forward prefetch, unit size) moves the row by 5 points: the
-    gap is not in them."""
+    """Neither unstated choice closes the gap. Forward prefetch moves the row by under 5
+    points; one FSDP unit a layer instead of nine makes it faster by 5-10 points, as it
+    makes a ninth of the calls that RCCL's step floor prices."""
     variations = sens.variations_for(ROW)
     base = v.predict(ROW).result.step_time_s
-    for key in ("parallelism.prefetch_weights", "parallelism.dp_bucket_mb"):
-        for value in variations[key].values:
-            step = v.predict(sens.with_values(ROW, {key: value})).result.step_time_s
-            assert abs(step - base) < 0.05 * ROW.measured, (key, value)
+    for value in variations["parallelism.prefetch_weights"].values:
+        step = v.predict(sens.with_values(ROW, {"parallelism.prefetch_weights": value}))
+        assert abs(step.result.step_time_s - base) < 0.05 * ROW.measured, value
+    units = variations["parallelism.dp_bucket_mb"].values
+    steps = {u: v.predict(sens.with_values(ROW, {"parallelism.dp_bucket_mb": u}))
+             .result.step_time_s for u in units}
+    one_per_layer = steps[max(units)]
+    assert 0.05 * ROW.measured < base - one_per_layer < 0.10 * ROW.measured

@@ -63,6 +63,12 @@ class GroupPath:
     multidim_bytes_per_s: float = INF
     """On a torus, the bandwidth of one ring per dimension run at once: the links of
     every dimension, at most the node's injection interfaces (:func:`multidim_ring_s`)."""
+    ring_step_floor_s: float = 0.0
+    """The least time one ring step takes, hidden behind its transfer
+    (``network.ring_step_floor``: the fabric's on one node, the network's across nodes;
+    0: none)."""
+    ring_step_floor_from_bytes: float = INF
+    """Smallest message ``ring_step_floor_s`` holds for, bytes (inf: none)."""
 
     @property
     def bottleneck_bytes_per_s(self) -> float:
@@ -221,9 +227,13 @@ def group_path(system: System, placement: GroupPlacement,
     else:
         inter_bw, inter_lat, link_bw, hop_lat = INF, 0.0, INF, 0.0
     ring_channels = (network.ring_graph_channels or 0) if n_nodes > 1 else 0
+    floor = network.ring_step_floor
+    floor_s = 0.0 if floor is None else (
+        floor.network_us if n_nodes > 1 else floor.fabric_us) * 1e-6
+    floor_from = INF if floor is None else float(floor.from_bytes)
     return GroupPath(placement.size, n_nodes, k, intra_bw, intra_lat, inter_bw, inter_lat,
                      link_bw, pair_bw, hop_lat, node.collective_units, ring_channels, dims,
-                     multidim_bw)
+                     multidim_bw, floor_s, floor_from)
 
 
 def _spec_route(system: System, placement: GroupPlacement) -> Route:

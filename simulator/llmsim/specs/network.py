@@ -18,6 +18,24 @@ LibraryCollective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_
 """A collective whose algorithms ``collective_algorithms`` can restrict."""
 
 
+class RingStepFloor(Spec):
+    """The least time one step of the library's ring takes, hidden behind the step's
+    transfer rather than added to it: a ring's time is ``max(f(n)·S/B + steps·α,
+    steps·floor)`` (:func:`llmsim.costs.collectives.ring_s`). RCCL's ring on MI250X
+    nodes shows one (docs/cost-models.md, "RCCL's step floor")."""
+
+    fabric_us: PositiveFloat
+    """Floor of a step of a ring on one node, microseconds."""
+    network_us: PositiveFloat
+    """Floor of a step of a ring that spans nodes, microseconds (every step of it, the
+    ring's steps going in lockstep at the pace of its slowest)."""
+    from_bytes: PositiveInt
+    """Smallest message the floor holds for, bytes: the smallest size it was measured at.
+    Below it the library's low-latency protocol runs (RCCL's 16-GCD all-reduces and
+    all-gathers of 8 B-8 KB take 25-35 us, ROCm/rccl pull requests 929 and 930) and the
+    ring is the α–β sum alone."""
+
+
 class _NetworkBase(Spec):
     name: str = ""
     """Product name (InfiniBand HDR, Slingshot-11, Tofu-D ...)."""
@@ -58,6 +76,10 @@ class _NetworkBase(Spec):
     where it offers fewer than llmsim's: RCCL runs an all-gather or reduce-scatter only
     as a ring, never two-level (``hardware/systems/frontier.yaml``). A collective not
     listed, or None, may take any applicable algorithm. Not used with ``collectives``."""
+    ring_step_floor: RingStepFloor | None = None
+    """The least time a step of the α–β ring takes where the library pipelines its slices so
+    that a step's latency overlaps its transfer (RCCL on ``frontier`` and ``lumi``); None:
+    no floor, the ring is the α–β sum alone. Not used with ``collectives``."""
     mpi: MpiCollectives | None = None
     """The MPI library's all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
     all-reduce its rules give to the ring, recursive doubling or Trinaryx3 is priced as

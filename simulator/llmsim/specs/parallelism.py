@@ -121,6 +121,13 @@ class Parallelism(Spec):
     (Megatron-LM ``--async-tensor-model-parallel-allreduce``: its default once the flag
     existed, ``--no-async-tensor-model-parallel-allreduce`` in ``arguments.py`` turns it
     off), instead of blocking before it."""
+    sync_tp_duplicated_parameters: bool = False
+    """Megatron-DeepSpeed's ``--sync-tp-duplicated-parameters`` (the BigScience fork and
+    TurkuNLP's, ``megatron/model/fused_layer_norm.py`` and ``megatron/mpu/layers.py``):
+    every forward of a layer norm all-reduces (AVG) its weight and bias, and every
+    row-parallel linear its bias, over the TP group, each its own blocking call before
+    the kernel that reads it: six all-reduces of a hidden vector a block a forward (and
+    again in a recomputed forward), two at the final norm."""
     recompute: Literal["none", "selective", "full"] = "none"
     """Activation recomputation: none, attention core only, or every layer."""
     recompute_norms_and_up_proj: bool = False

@@ -134,6 +134,18 @@ class LayerBuilder:
             return []
         return self._tp_comm(f"tp_amax_{gemm.name}", "all_reduce", phase, float(AMAX_BYTES))
 
+    def _tp_sync(self, name: str, phase: str, tensors: int) -> list[CommOp]:
+        """With ``parallelism.sync_tp_duplicated_parameters``: the AVG all-reduce over the
+        TP group of each of ``tensors`` duplicated hidden-size parameters (a norm's weight
+        and bias, a row-parallel bias), one blocking call each, before the kernel that
+        reads them (Megatron-DeepSpeed ``MixedFusedLayerNorm.forward``,
+        ``RowParallelLinear.forward``, TurkuNLP fork at 6732bc9)."""
+        if not self.par.sync_tp_duplicated_parameters:
+            return []
+        return [op for i in range(tensors)
+                for op in self._tp_comm(f"{name}_{i}", "all_reduce", phase,
+                                        float(self.m.hidden * self.e))]
+
     def _entry(self, name: str, phase: str) -> list[CommOp]:
         """Before a column-parallel GEMM: SP all-gathers the sequence-split input (the
         GEMM it feeds is the next one)."""
@@ -236,7 +248,10 @@ class LayerBuilder:
         # backward reads it with the gradient and writes the gradient (2 passes + mask).
         drop = int(self.trn.hidden_dropout > 0)
         separate_bias = m.bias and self.trn.bias_kernels == "separate"
+        norm_tensors = 2 if m.norm == "layernorm" else 1
+        bias_tensors = int(m.bias)
         fwd: list[Op] = [
+            *self._tp_sync("tp_sync_ln1", "F", norm_tensors),
             self._mem("ln1", "F", n_sp, 2, kind=self.m.norm),
             *self._tp_amax(qkv, "F"),
             *self._entry("tp_ag_attn", "F"),
@@ -247,7 +262,9 @@ class LayerBuilder:
             *self._fp8_cast(proj, "input"),
             proj,
             *self._exit("tp_attn", "F"),
+            *self._tp_sync("tp_sync_proj_bias", "F", bias_tensors),
             self._mem("residual1", "F", n_sp, 3, masks=drop),
+            *self._tp_sync("tp_sync_ln2", "F", norm_tensors),
             self._mem("ln2", "F", n_sp, 2, kind=self.m.norm),
             *self._tp_amax(up, "F"),
             *self._entry("tp_ag_mlp", "F"),
@@ -257,6 +274,7 @@ class LayerBuilder:
             *self._fp8_cast(down, "input"),
             down,
             *self._exit("tp_mlp", "F"),
+            *self._tp_sync("tp_sync_down_bias", "F", bias_tensors),
             self._mem("residual2", "F", n_sp, 3, masks=drop),
         ]
         recompute: list[Op]
@@ -347,7 +365,9 @@ class LayerBuilder:
         # Engine module: with SP its input all-gather blocks, TP overlap or not.
         head_ag = self._tp_comm("head_ag", "all_gather", "F", T * m.hidden * self.e) \
             if self.sp else []
-        fwd: list[Op] = [self._mem("final_norm", "F", n_sp, 2, kind=self.m.norm), *head_ag,
+        sync = self._tp_sync("tp_sync_final_norm", "F", 2 if m.norm == "layernorm" else 1)
+        fwd: list[Op] = [*sync, self._mem("final_norm", "F", n_sp, 2, kind=self.m.norm),
+                         *head_ag,
                          head,
                          ComputeOp("loss", "memory", "F", 0.0, float(T * v * fwd_bytes)),
                          *loss_tp]

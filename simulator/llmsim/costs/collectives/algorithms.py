@@ -40,6 +40,13 @@ def ring_s(collective: Collective, nbytes: float, path: GroupPath) -> float | No
     chunks are pipelined through both, so B = min(B_intra, B_inter) (NCCL's tuner: bus
     bandwidth = channels × graph speed, the speed the slowest hop sustains). Of the
     steps, 2(N−1) (all-reduce) or N−1 cross the network (tuning.cc ``nInterSteps``).
+
+    With a step floor φ (``network.ring_step_floor``, :attr:`GroupPath.ring_step_floor_s`)
+    a message of at least its ``from_bytes`` takes at least steps(n)·φ, and the floor
+    overlaps the transfer instead of adding to it: ``max(α–β time, steps(n)·φ)``. A ring
+    step's slices are pipelined through the library's ``NCCL_STEPS`` buffer slots, so a
+    step's fixed cost runs while other slices move; RCCL's measured rings on Frontier have
+    this shape (docs/cost-models.md, "RCCL's step floor").
     """
     if collective == "send_recv":
         return None
@@ -47,7 +54,10 @@ def ring_s(collective: Collective, nbytes: float, path: GroupPath) -> float | No
     inter_steps = ring_steps(collective, n_nodes)
     latency = (ring_steps(collective, n) - inter_steps) * path.intra_latency_s
     latency += inter_steps * path.inter_latency_s
-    return volume_factor(collective, n) * nbytes / path.bottleneck_bytes_per_s + latency
+    alpha_beta = volume_factor(collective, n) * nbytes / path.bottleneck_bytes_per_s + latency
+    if nbytes < path.ring_step_floor_from_bytes:
+        return alpha_beta
+    return max(alpha_beta, ring_steps(collective, n) * path.ring_step_floor_s)
 
 
 def hierarchical_s(collective: Collective, nbytes: float, path: GroupPath) -> float | None:
