@@ -20,8 +20,8 @@ BUS = min(300e9 * 0.8, 8 * 25e9 * 0.9)  # 180 GB/s: the node's NICs
 
 def floored(nodes: int = 8, floor: dict[str, float] | None = None, tuned: bool = False):
     """dp over ``nodes`` nodes, all 8 members on each: NCCL 2021 with the AMD hosts' floor."""
-    library = {**NCCL_2021, "ring_network_step_floor_tuned": tuned}
-    network = {**FAT_TREE, "collectives": library, "ring_step_floor_us": floor or AMD_FLOOR}
+    library = {**NCCL_2021, "ring_network_post_tuned": tuned}
+    network = {**FAT_TREE, "collectives": library, "ring_post_us": floor or AMD_FLOOR}
     return costs(system(network=network), nodes=nodes, tp=1)
 
 
@@ -86,11 +86,11 @@ def test_the_floor_only_slows_and_an_unaware_pick_is_never_faster(s: float, coll
 def test_selene_runs_nccl_2021_on_amd_hosts_with_the_floor_left_out_of_the_tuner() -> None:
     library = CollectiveLibrary.model_validate(read_yaml(catalog.path_of("collectives",
                                                                           "nccl-2021")))
-    assert not library.ring_network_step_floor_tuned
-    assert library.ring_network_step_floor_us is None  # the floor is the hosts', per system
+    assert not library.ring_network_post_tuned
+    assert library.ring_network_post_us is None  # the floor is the hosts', per system
     nccl_2024 = read_yaml(catalog.path_of("collectives", "nccl-2024"))
-    assert CollectiveLibrary.model_validate(nccl_2024).ring_network_step_floor_tuned
+    assert CollectiveLibrary.model_validate(nccl_2024).ring_network_post_tuned
     for name in ("selene", "selene-2020"):
         entry = read_yaml(catalog.path_of("systems", name))
-        assert entry["network"]["ring_step_floor_us"] == AMD_FLOOR
-        assert "getNetOverhead" in entry["sources"]["network.ring_step_floor_us"]
+        assert entry["network"]["ring_post_us"] == AMD_FLOOR
+        assert "getNetOverhead" in entry["sources"]["network.ring_post_us"]

@@ -109,11 +109,11 @@ class CollectiveLibrary(Spec):
     (``ll128MaxBwPerCh``): times the network's ``ring_graph_channels`` it caps the ring's
     LL128 bandwidth after its fraction; not applied where the channels are unknown or the
     collective is not listed."""
-    ring_network_step_floor_us: ProtocolValues | None = None
+    ring_network_post_us: ProtocolValues | None = None
     """Least a fabric step of a ring that spans nodes costs, per protocol: the host's
     cost of posting a network operation, which every step of such a ring pays
     (``getNetOverhead``); None: no floor."""
-    ring_network_step_floor_tuned: bool = True
+    ring_network_post_tuned: bool = True
     """Whether the library's tuner counts that floor when it picks an algorithm and
     protocol (NCCL 2.18 on). False: it picks without it, and the ring it picks pays the
     floor all the same (NCCL 2.7–2.17, whose proxy posted every step of a ring across

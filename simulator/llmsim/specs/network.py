@@ -60,11 +60,11 @@ class _NetworkBase(Spec):
     spans nodes (``graph->nChannels``, before the runtime doubles them): the tuner's
     per-channel caps multiply it (``ring_ll128_max_bus_gbps_per_channel`` of
     ``collectives``). None: not known, no such cap."""
-    ring_step_floor_us: ProtocolValues | None = None
+    ring_post_us: ProtocolValues | None = None
     """Least a fabric step of a library ring that spans nodes costs on this system's
     hosts, microseconds per protocol: the host's cost of posting a network operation,
     which every step of such a ring pays (NCCL ``getNetOverhead``: 1 µs on Intel x86,
-    2 on AMD, ×3 for Simple). Replaces ``collectives``' ``ring_network_step_floor_us``;
+    2 on AMD, ×3 for Simple). Replaces ``collectives``' ``ring_network_post_us``;
     None: the library's own."""
     collectives: CollectiveLibrary | None = None
     """The collective library's own cost model (a ``hardware/collectives`` entry, e.g.

@@ -36,8 +36,8 @@ def library_ring_s(collective: Collective, nbytes: float, path: GroupPath,
     fabric = library.step_latency_us.fabric.of("ring", protocol)
     if protocol == "ll" and n_nodes > 1:
         fabric *= library.ll_fabric_step_factor_across_nodes
-    if n_nodes > 1 and library.ring_network_step_floor_us is not None:
-        fabric = max(fabric, library.ring_network_step_floor_us.of(protocol))
+    if n_nodes > 1 and library.ring_network_post_us is not None:
+        fabric = max(fabric, library.ring_network_post_us.of(protocol))
     network = library.step_latency_us.network.of("ring", protocol) + path.hop_latency_s * 1e6
     inter_steps = ring_steps(collective, n_nodes)
     if (collective == "all_reduce" and n_nodes > 1

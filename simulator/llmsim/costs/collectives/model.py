@@ -125,18 +125,18 @@ class CollectiveModel:
 def _libraries(system: System) -> tuple[CollectiveLibrary | None, CollectiveLibrary | None]:
     """The system's collective library as it prices a call, and as its tuner picks one.
 
-    The system's ``network.ring_step_floor_us`` (its hosts' cost of posting a network
+    The system's ``network.ring_post_us`` (its hosts' cost of posting a network
     operation) replaces the library's ring step floor; a library whose tuner does not
-    count the floor (``ring_network_step_floor_tuned: false``) picks the algorithm and
+    count the floor (``ring_network_post_tuned: false``) picks the algorithm and
     protocol without it, and the pick is priced with it.
     """
     network = system.network
     library = network.collectives
     if library is None:
         return None, None
-    if network.ring_step_floor_us is not None:
+    if network.ring_post_us is not None:
         library = library.model_copy(
-            update={"ring_network_step_floor_us": network.ring_step_floor_us})
-    if library.ring_network_step_floor_tuned or library.ring_network_step_floor_us is None:
+            update={"ring_network_post_us": network.ring_post_us})
+    if library.ring_network_post_tuned or library.ring_network_post_us is None:
         return library, library
-    return library, library.model_copy(update={"ring_network_step_floor_us": None})
+    return library, library.model_copy(update={"ring_network_post_us": None})
