@@ -43,3 +43,14 @@ def test_the_estimator_prices_the_mechanism_as_the_engine_does(row, layout, off,
         assert Estimator().estimate(scenario).step_time_s == pytest.approx(engine, rel=0.01)
         steps[name] = engine
     assert abs(steps["on"] - steps["off"]) > least * steps["off"], steps
+
+
+@pytest.mark.xfail(strict=True, reason="the estimator prices one block per layer, each "
+                   "entering with the host ahead; the engine's whole-pass block carries the "
+                   "host's queue from layer to layer (docs/search.md, the estimator)")
+def test_a_host_bound_pass_is_priced_as_the_engine_does():
+    """MOE-02 at sequence 512 (``host_path: modules``): est/engine 0.78 on 2026-11-27."""
+    scenario = _scenario("MBRIDGE-2604-MOE-02", ["training.seq_len=512",
+                                                 "model.max_seq_len=512"])
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=0.05)
