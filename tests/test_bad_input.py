@@ -371,12 +371,12 @@ def test_fuzz_raw_bytes_give_a_scenario_or_one_user_error(tmp_path_factory, data
     ("system.node.accelerator.retention_wake_ms=0", ["retention_wake_ms", "greater than 0"]),
     ("training.expert_host_loop=maybe", ["training.expert_host_loop", "'maybe'", "boolean"]),
     ("model.position_embedding=sinusoidal", ["position_embedding", "'sinusoidal'", "'alibi'"]),
-    ("system.network.ring_step_floor_us={ll: -1, ll128: 2, simple: 6}",
-     ["ring_step_floor_us.ll", "-1", "greater than or equal to 0"]),
-    ("system.network.ring_step_floor_us={ll: 1}", ["ring_step_floor_us.ll128", "add it"]),
-    ("system.network.ring_step_floor_us=-1", ["ring_step_floor_us", "-1"]),
-    ("system.network.collectives.ring_network_step_floor_tuned=maybe",
-     ["ring_network_step_floor_tuned", "'maybe'", "boolean"]),
+    ("system.network.ring_post_us={ll: -1, ll128: 2, simple: 6}",
+     ["ring_post_us.ll", "-1", "greater than or equal to 0"]),
+    ("system.network.ring_post_us={ll: 1}", ["ring_post_us.ll128", "add it"]),
+    ("system.network.ring_post_us=-1", ["ring_post_us", "-1"]),
+    ("system.network.collectives.ring_network_post_tuned=maybe",
+     ["ring_network_post_tuned", "'maybe'", "boolean"]),
 ])
 def test_bad_values_of_the_new_fields_give_one_sentence(override, names, capsys):
     err = one_line_error(["run", "selene-gpt3", "--set", override], capsys)

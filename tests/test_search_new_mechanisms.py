@@ -3,7 +3,7 @@ does: Fugaku's core retention (``system.retention_state``, :mod:`llmsim.costs.re
 Transformer Engine's per-expert host launches (``training.expert_host_loop``,
 :mod:`llmsim.moe_host`), ALiBi's bias copy (``model.position_embedding: alibi``,
 :func:`llmsim.workload.softmax.alibi_scores`) and the hosts' ring step floor
-(``network.ring_step_floor_us``). Each case is a validation row's scenario at a layout
+(``network.ring_post_us``). Each case is a validation row's scenario at a layout
 where the mechanism moves the step; the test checks it does move it (so the agreement is
 not that of two paths that both ignore it) and that the estimate stays within 1 % of the
 engine, with the mechanism on and off."""
@@ -25,7 +25,7 @@ CASES = [  # row, layout overrides, the mechanism off, least relative move of th
      "training.expert_host_loop=false", 0.2),  # 64 local experts: host-bound
     ("BLOOM-01", [], "model.position_embedding=rope", 0.005),
     ("LUMI23-01", [], "model.position_embedding=rope", 0.005),
-    ("NAR21-T2-05", [], "system.network.ring_step_floor_us=null", 0.01),
+    ("NAR21-T2-05", [], "system.network.ring_post_us=null", 0.01),
 ]
 
 
