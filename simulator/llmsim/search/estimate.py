@@ -165,13 +165,14 @@ class Estimator(StageKinds):
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
+        runs = self._runs(plan_key, split, node_of, placed_sends)
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         placed: list[tuple] = []  # (first stage, neighbours within its node, count, kind)
         tails: list[float] = []
         flops_per_replica = 0.0
         cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
-        for s, kind_key, _, count in self._runs(plan_key, split, node_of) if zero3 else ():
+        for s, kind_key, _, count in runs if zero3 else ():
             cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
         waits_rs = zero3 and par.overlap_dp_comm and (not split_backward or walked)
         # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms subtract: a wait
@@ -181,11 +182,11 @@ class Estimator(StageKinds):
         follows: dict[tuple, set] = {}  # ZB-H1/H2: a kind's stages' (W→F, W→B) counts
         if deferred:
             per_stage = deferred_w_follows(par.schedule, p, m)
-            for s, kind_key, _, count in self._runs(plan_key, split, node_of):
+            for s, kind_key, _, count in runs:
                 follows.setdefault(kind_key, set()).update(per_stage[s:s + count])
         shared = self._kind_passes(sc, plan_key, costs, parts, split, starts, node_of, m, a)
         gathering = gathers_f_on or gathers_b_on or overlapped_gather or waits_rs or deferred
-        for s, kind_key, within, count in self._runs(plan_key, split, node_of):
+        for s, kind_key, within, count in runs:
             kind = kinds.get(kind_key)
             if kind is None:
                 (f, b, w, w_first, flops, tensors_s, params_s, experts_s, backward, forward,
@@ -266,8 +267,7 @@ class Estimator(StageKinds):
             if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
                 devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
                                   kinds[key].times.grad_buckets[0])
-                           for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
-                                                              stage_runs(), strict=True)
+                           for (_, key, _, n), (st, _) in zip(runs, stage_runs(), strict=True)
                            for _ in range(n)]
                 pipe, ready, opt_s = phase_s(devices, par.schedule, m,
                                              blocking=not par.overlap_pp_comm,
@@ -284,7 +284,7 @@ class Estimator(StageKinds):
             tied = traffic.embedding_grad_allreduce
             if par.schedule == "pipedream":  # a reduction and an update after every backward
                 updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
-                           for _, key, _, _ in self._runs(plan_key, split, node_of)]
+                           for _, key, _, _ in runs]
                 pipe, reduce_s, opt_s = update_shares_s(
                     stage_runs(), tails, updates, m,
                     tied_s=costs.comm_s(tied) if tied is not None else 0.0,
