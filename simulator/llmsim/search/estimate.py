@@ -264,6 +264,7 @@ class Estimator(StageKinds):
             return out
 
         def finish() -> Estimate:  # the pipeline phase, its walks memoised or not
+            tied = traffic.embedding_grad_allreduce
             if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
                 devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
                                   kinds[key].times.grad_buckets[0])
@@ -274,15 +275,7 @@ class Estimator(StageKinds):
                                              overlap_dp=par.overlap_dp_comm, traffic=traffic,
                                              costs=costs, par=par, training=trn, node_of=node_of,
                                              pairs=stage_pair_parts(sc, costs, split, starts))
-                return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
-                                dp_tail_s=ready - pipe, optimizer_s=opt_s,
-                                model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
-                                tokens_per_step=trn.tokens_per_step, devices=sc.devices,
-                                peak_flops_per_device=sc.system.node.accelerator.peak_flops(
-                                    trn.precision),
-                                run_flops=trn.flops, run_tokens=trn.tokens)
-            tied = traffic.embedding_grad_allreduce
-            if par.schedule == "pipedream":  # a reduction and an update after every backward
+            elif par.schedule == "pipedream":  # a reduction and an update after every backward
                 updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
                            for _, key, _, _ in runs]
                 pipe, reduce_s, opt_s = update_shares_s(

@@ -228,16 +228,14 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     ends, behind, s = [], 0.0, 0
     for (st, n), (_, b, w) in zip(runs, passes, strict=True):
         step = (b + w) / v + (0.0 if blocking else st.hop_b)
-
-        def end(stage: int, lag: float, w: float = w) -> float:
-            if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
-                lag = max(0.0, lag - stage * w)
-            elif schedule in ("zb-h2", "pipedream"):  # the tail filled; PipeDream: no drain
-                lag = 0.0
-            return total - lag
-
-        last = end(s + n - 1, behind + (n - 1) * step)
-        ends.append((max(end(s, behind), last), last))
+        first_lag, last_lag = behind, behind + (n - 1) * step  # the run's first and last
+        if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
+            first_lag = max(0.0, first_lag - s * w)
+            last_lag = max(0.0, last_lag - (s + n - 1) * w)
+        elif schedule in ("zb-h2", "pipedream"):  # the tail filled; PipeDream: no drain
+            first_lag = last_lag = 0.0
+        last = total - last_lag
+        ends.append((max(total - first_lag, last), last))
         behind += n * step
         s += n
     return total, ends
