@@ -1,7 +1,8 @@
 """Runs of equal stages: the estimator prices consecutive equal stages once, as a run
 (:meth:`llmsim.search.parts.SharedParts._runs`), and the pipeline's closed forms and
 walks over runs (:func:`llmsim.search.pipeline.pipeline_runs_s`) give what they give over
-the same stages one by one, but for the floating-point order of their sums."""
+the same stages one by one, but for the floating-point order of their sums; a stage's
+gradient tail is memoised on its runs of equal chunks (``Estimator._tail_s``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import llmsim
 from llmsim.errors import UserError
 from llmsim.search.estimate import Estimator
 from llmsim.search.parts import SharedParts
-from llmsim.search.pipeline import StageTimes, pipeline_runs_s
+from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.price import state_fits
 from llmsim.search.space import SpaceOptions, apply, cores, switch_variants
 from llmsim.simulation import check_posted_units
@@ -109,3 +110,25 @@ def test_stages_merged_into_runs_price_as_one_by_one(name: str) -> None:
     assert compared > 40
     assert len(merged._stage_runs) and any(n > 1 for runs in merged._stage_runs.values()
                                            for *_, n in runs)
+
+
+_TAILS = Estimator()
+"""One estimator across the examples below: its tail memo meets keys again."""
+
+
+@settings(max_examples=200, deadline=None)
+@given(groups=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 3),
+                                 st.sampled_from([0.0, 0.25, 1.5]),
+                                 st.sampled_from([0.5, 1.0]), st.sampled_from([0.0, 0.5])),
+                       min_size=1, max_size=4),
+       p=st.integers(1, 4), split=st.booleans(), zero3=st.booleans())
+def test_a_tail_memoised_on_runs_of_chunks_equals_the_fifo(groups: list, p: int, split: bool,
+                                                           zero3: bool) -> None:
+    """The tail memoised on a stage's runs of equal chunks ((chunks, bucket, backward,
+    weight-gradient) each) is :func:`reduction_tail_s` of the chunks one by one."""
+    times = StageTimes(1.0, 1.0, 1.0,
+                       grad_buckets=[(n, s) for k, n, s, _, _ in groups for _ in range(k)],
+                       chunk_backward=[(b, w) for k, _, _, b, w in groups for _ in range(k)])
+    drawn = tuple((k, (n, s), b, w) for k, n, s, b, w in groups)
+    want = reduction_tail_s(times, p, overlap=True, split_backward=split, zero3=zero3)
+    assert _TAILS._tail_s(times, p, True, split, zero3, drawn) == want

@@ -194,11 +194,13 @@ class Estimator(StageKinds):
                 waited = gathers_f = gathers_b = 0.0
                 queue_wait = 0.0  # ZB-H1/H2 at ZeRO-3: the slowest of the kind's stages
                 grads: list[tuple[int, float]] = []
+                drawn: list[tuple] = []  # per run of equal chunks: what the tail reads
                 rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 gathered: list[tuple[float, int]] = []  # first forwards' (.posted_sends)
                 for chunk, repeat, cf, cb, cw, acc in groups:
                     bucket = self._buckets(plan_key, costs, traffic, chunk)
                     grads += [bucket] * repeat
+                    drawn.append((repeat, bucket, cb, cw + acc))
                     if not gathering:
                         continue
                     units = chunk.units
@@ -234,7 +236,8 @@ class Estimator(StageKinds):
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward,
                                  queue_wait=queue_wait, chunk_gathers=gathered)
-                tail = self._tail_s(own, p, par.overlap_dp_comm, split_backward, zero3)
+                tail = self._tail_s(own, p, par.overlap_dp_comm, split_backward, zero3,
+                                    tuple(drawn))
                 kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
                                                 experts_s, chunk_0)
             flops_per_replica += kind.flops * count
@@ -341,16 +344,17 @@ class Estimator(StageKinds):
         return hit
 
     def _tail_s(self, st: StageTimes, p: int, overlap: bool, split_backward: bool,
-                zero3: bool) -> float:
+                zero3: bool, drawn: tuple | None = None) -> float:
         """:func:`reduction_tail_s` of a kind's stage, memoised on what it reads (its
-        chunks' buckets and backward passes) where its loop over the chunks is long
-        (:data:`TAIL_MEMO_FROM_CHUNKS`): layouts of a family that differ only in what the
-        buckets do not read (the parameter-gather overlap, a ZeRO stage whose buckets are
-        alike) share it."""
+        chunks' buckets and backward passes, or ``drawn``: the same as runs of equal
+        chunks) where its loop over the chunks is long (:data:`TAIL_MEMO_FROM_CHUNKS`):
+        layouts of a family that differ only in what the buckets do not read (the
+        parameter-gather overlap, a ZeRO stage whose buckets are alike) share it."""
         if not overlap or len(st.grad_buckets) < TAIL_MEMO_FROM_CHUNKS:
             return reduction_tail_s(st, p, overlap=overlap, split_backward=split_backward,
                                     zero3=zero3)
-        key = (tuple(st.grad_buckets), tuple(st.chunk_backward), p, split_backward, zero3)
+        key = (drawn or (tuple(st.grad_buckets), tuple(st.chunk_backward)), p,
+               split_backward, zero3)
         hit = self._tails.get(key)
         if hit is None:
             hit = self._tails.put(key, reduction_tail_s(st, p, overlap=True,
