@@ -95,3 +95,18 @@ def test_a_walked_batch_equals_each_layout_priced_alone(schedule: str,
                 == pytest.approx((e.step_time_s, e.pipeline_s, e.dp_tail_s), rel=1e-9)
             checked += 1
     assert checked == len(result)
+
+
+def test_a_zb_h2_walk_is_not_a_zb_h1_walk_of_the_same_passes() -> None:
+    """ZB-H1's and ZB-H2's orders of one p and m have as many passes and stages, so the
+    same pass times and hops; the walk memo holds one order's walks only, so a ZB-H2
+    walk after a ZB-H1 one with the same inputs is ZB-H2's own (it was ZB-H1's: a worker
+    that priced ZB-H1's batch first priced some ZB-H2 layouts 4–7 % slow)."""
+    p, m = 4, 8
+    durations = [x for _ in range(p) for x in (1.0, 1.0, 0.5)]
+    hops = [0.0] * (1 + 2 * p)
+    h1, h2 = zb_v_walk.compiled(p, m, "zb-h1", 1), zb_v_walk.compiled(p, m, "zb-h2", 1)
+    assert h1.passes == h2.passes
+    want = zb_v_walk._replay(h2, durations, hops)
+    assert zb_v_walk.walk_s(h1, durations, hops)[0] != want[0]
+    assert zb_v_walk.walk_s(h2, durations, hops) == (want[0], want[1])

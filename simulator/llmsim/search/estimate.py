@@ -165,13 +165,14 @@ class Estimator(StageKinds):
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
         hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
+        runs = self._runs(plan_key, split, node_of, placed_sends)
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         placed: list[tuple] = []  # (first stage, neighbours within its node, count, kind)
         tails: list[float] = []
         flops_per_replica = 0.0
         cooled: dict[tuple, float] = {}  # ZeRO-3: a kind's least cool-down share (.zero3_queue)
-        for s, kind_key, _, count in self._runs(plan_key, split, node_of) if zero3 else ():
+        for s, kind_key, _, count in runs if zero3 else ():
             cooled[kind_key] = min(cooled.get(kind_key, 1.0), *shares[s:s + count])
         waits_rs = zero3 and par.overlap_dp_comm and (not split_backward or walked)
         # (ZB-H1 and ZB-H2 defer W into the bubbles their closed forms subtract: a wait
@@ -181,11 +182,11 @@ class Estimator(StageKinds):
         follows: dict[tuple, set] = {}  # ZB-H1/H2: a kind's stages' (W→F, W→B) counts
         if deferred:
             per_stage = deferred_w_follows(par.schedule, p, m)
-            for s, kind_key, _, count in self._runs(plan_key, split, node_of):
+            for s, kind_key, _, count in runs:
                 follows.setdefault(kind_key, set()).update(per_stage[s:s + count])
         shared = self._kind_passes(sc, plan_key, costs, parts, split, starts, node_of, m, a)
         gathering = gathers_f_on or gathers_b_on or overlapped_gather or waits_rs or deferred
-        for s, kind_key, within, count in self._runs(plan_key, split, node_of):
+        for s, kind_key, within, count in runs:
             kind = kinds.get(kind_key)
             if kind is None:
                 (f, b, w, w_first, flops, tensors_s, params_s, experts_s, backward, forward,
@@ -193,11 +194,13 @@ class Estimator(StageKinds):
                 waited = gathers_f = gathers_b = 0.0
                 queue_wait = 0.0  # ZB-H1/H2 at ZeRO-3: the slowest of the kind's stages
                 grads: list[tuple[int, float]] = []
+                drawn: list[tuple] = []  # per run of equal chunks: what the tail reads
                 rs_waits: list[float] = []  # ZeRO-3's reduce-scatters before gathers
                 gathered: list[tuple[float, int]] = []  # first forwards' (.posted_sends)
                 for chunk, repeat, cf, cb, cw, acc in groups:
                     bucket = self._buckets(plan_key, costs, traffic, chunk)
                     grads += [bucket] * repeat
+                    drawn.append((repeat, bucket, cb, cw + acc))
                     if not gathering:
                         continue
                     units = chunk.units
@@ -233,7 +236,8 @@ class Estimator(StageKinds):
                                  grad_buckets=grads, chunk_backward=backward,
                                  first_forward_gather=waited, chunk_forward=forward,
                                  queue_wait=queue_wait, chunk_gathers=gathered)
-                tail = self._tail_s(own, p, par.overlap_dp_comm, split_backward, zero3)
+                tail = self._tail_s(own, p, par.overlap_dp_comm, split_backward, zero3,
+                                    tuple(drawn))
                 kind = kinds[kind_key] = _Stage(own, s, tensors_s, flops, tail, params_s,
                                                 experts_s, chunk_0)
             flops_per_replica += kind.flops * count
@@ -263,28 +267,20 @@ class Estimator(StageKinds):
             return out
 
         def finish() -> Estimate:  # the pipeline phase, its walks memoised or not
+            tied = traffic.embedding_grad_allreduce
             if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
                 devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
                                   kinds[key].times.grad_buckets[0])
-                           for (_, key, _, n), (st, _) in zip(self._runs(plan_key, split, node_of),
-                                                              stage_runs(), strict=True)
+                           for (_, key, _, n), (st, _) in zip(runs, stage_runs(), strict=True)
                            for _ in range(n)]
                 pipe, ready, opt_s = phase_s(devices, par.schedule, m,
                                              blocking=not par.overlap_pp_comm,
                                              overlap_dp=par.overlap_dp_comm, traffic=traffic,
                                              costs=costs, par=par, training=trn, node_of=node_of,
                                              pairs=stage_pair_parts(sc, costs, split, starts))
-                return Estimate(step_time_s=ready + opt_s + trn.step_overhead_s, pipeline_s=pipe,
-                                dp_tail_s=ready - pipe, optimizer_s=opt_s,
-                                model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
-                                tokens_per_step=trn.tokens_per_step, devices=sc.devices,
-                                peak_flops_per_device=sc.system.node.accelerator.peak_flops(
-                                    trn.precision),
-                                run_flops=trn.flops, run_tokens=trn.tokens)
-            tied = traffic.embedding_grad_allreduce
-            if par.schedule == "pipedream":  # a reduction and an update after every backward
+            elif par.schedule == "pipedream":  # a reduction and an update after every backward
                 updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
-                           for _, key, _, _ in self._runs(plan_key, split, node_of)]
+                           for _, key, _, _ in runs]
                 pipe, reduce_s, opt_s = update_shares_s(
                     stage_runs(), tails, updates, m,
                     tied_s=costs.comm_s(tied) if tied is not None else 0.0,
@@ -348,16 +344,17 @@ class Estimator(StageKinds):
         return hit
 
     def _tail_s(self, st: StageTimes, p: int, overlap: bool, split_backward: bool,
-                zero3: bool) -> float:
+                zero3: bool, drawn: tuple | None = None) -> float:
         """:func:`reduction_tail_s` of a kind's stage, memoised on what it reads (its
-        chunks' buckets and backward passes) where its loop over the chunks is long
-        (:data:`TAIL_MEMO_FROM_CHUNKS`): layouts of a family that differ only in what the
-        buckets do not read (the parameter-gather overlap, a ZeRO stage whose buckets are
-        alike) share it."""
+        chunks' buckets and backward passes, or ``drawn``: the same as runs of equal
+        chunks) where its loop over the chunks is long (:data:`TAIL_MEMO_FROM_CHUNKS`):
+        layouts of a family that differ only in what the buckets do not read (the
+        parameter-gather overlap, a ZeRO stage whose buckets are alike) share it."""
         if not overlap or len(st.grad_buckets) < TAIL_MEMO_FROM_CHUNKS:
             return reduction_tail_s(st, p, overlap=overlap, split_backward=split_backward,
                                     zero3=zero3)
-        key = (tuple(st.grad_buckets), tuple(st.chunk_backward), p, split_backward, zero3)
+        key = (drawn or (tuple(st.grad_buckets), tuple(st.chunk_backward)), p,
+               split_backward, zero3)
         hit = self._tails.get(key)
         if hit is None:
             hit = self._tails.put(key, reduction_tail_s(st, p, overlap=True,

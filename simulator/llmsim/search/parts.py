@@ -255,22 +255,28 @@ class SharedParts:
                 param_tensors(model, n, first, last, head_p), moe_blocks)
         return hit
 
-    def _runs(self, plan_key: tuple, split: list[list[int]],
-              node_of: list[int]) -> list[tuple[int, tuple, tuple[bool, bool], int]]:
+    def _runs(self, plan_key: tuple, split: list[list[int]], node_of: list[int],
+              sends: list[tuple[int, int]] | None = None,
+              ) -> list[tuple[int, tuple, tuple[bool, bool], int]]:
         """The stages as runs of consecutive equal ones, memoised: (first stage, its kind —
         its chunks' layers and whether it is the first or the last stage —, whether its
-        neighbours are on its node, stages in the run)."""
-        memo = (plan_key, id(split))
+        neighbours are on its node, stages in the run). Stages of one run also send the
+        same along a placed route (``sends``: per stage its (forward, backward) sends,
+        :meth:`_placement`; None: the looping placement, the same for every stage but
+        the first and the last, which are kinds of their own)."""
+        memo = (plan_key, id(split), id(sends))
         hit = self._stage_runs.get(memo)
         if hit is None:
-            p, out = len(split), []
+            p, out, last = len(split), [], None
             for s in range(p):
                 kind = (tuple(split[s]), s == 0, s == p - 1)
                 within = (node_of[s] == node_of[(s + 1) % p], node_of[s] == node_of[(s - 1) % p])
-                if out and out[-1][1:3] == (kind, within):
+                alike = (kind, within, sends[s] if sends else None)
+                if alike == last:
                     out[-1][3] += 1
                 else:
                     out.append([s, kind, within, 1])
+                last = alike
             hit = self._stage_runs[memo] = [tuple(run) for run in out]
         return hit
 

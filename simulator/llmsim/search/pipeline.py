@@ -146,10 +146,13 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
                     posted_singly: bool, zero3: bool,
                     prefetch: bool) -> tuple[float, list[tuple[float, float]]]:
     """:func:`pipeline_s` over runs of equal stages, at a cost independent of their
-    length: (the phase's length, per run when its first and its last stage end).
+    length: (the phase's length, per run the latest end of its stages and when its last
+    stage ends).
 
-    Within a run the stages end one after another (the drain), so its first stage ends
-    last: the latest end plus a stage's gradient tail is at a run's first stage.
+    Within a run of a closed form the stages end one after another (the drain; ZB-H1's
+    deferred weight passes can reverse it), so the latest end is its first or its last
+    stage's; a walk's is the latest of the run's own. The run's stages share a gradient
+    tail: the latest end plus the tail is the run's latest.
     """
     p = sum(count for _, count in runs)
     passes = [_passes(st, blocking, posted_singly, zero3, prefetch) for st, _ in runs]
@@ -211,7 +214,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         total = max(walk, m * top) + extra
         ends, s = [], 0
         for _, n in runs:
-            ends.append((stage_ends[s] + extra, stage_ends[s + n - 1] + extra))
+            ends.append((max(stage_ends[s:s + n]) + extra, stage_ends[s + n - 1] + extra))
             s += n
         return total, ends
     else:  # 1f1b, and one stage of anything
@@ -225,15 +228,14 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
     ends, behind, s = [], 0.0, 0
     for (st, n), (_, b, w) in zip(runs, passes, strict=True):
         step = (b + w) / v + (0.0 if blocking else st.hop_b)
-
-        def end(stage: int, lag: float, w: float = w) -> float:
-            if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
-                lag = max(0.0, lag - stage * w)
-            elif schedule in ("zb-h2", "pipedream"):  # the tail filled; PipeDream: no drain
-                lag = 0.0
-            return total - lag
-
-        ends.append((end(s, behind), end(s + n - 1, behind + (n - 1) * step)))
+        first_lag, last_lag = behind, behind + (n - 1) * step  # the run's first and last
+        if schedule == "zb-h1":  # the deferred weight passes fill the cool-down
+            first_lag = max(0.0, first_lag - s * w)
+            last_lag = max(0.0, last_lag - (s + n - 1) * w)
+        elif schedule in ("zb-h2", "pipedream"):  # the tail filled; PipeDream: no drain
+            first_lag = last_lag = 0.0
+        last = total - last_lag
+        ends.append((max(total - first_lag, last), last))
         behind += n * step
         s += n
     return total, ends

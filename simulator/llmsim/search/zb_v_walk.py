@@ -81,7 +81,8 @@ def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
 WALK_MEMO = 4096
 """Walks whose results one process keeps, by their exact inputs: layouts that differ only
 in what the walk does not read (the ZeRO stage below 3, the parameter-gather overlap, the
-nodes) replay the same walk."""
+nodes) replay the same walk. Only for the order walked last: ZB-H1's and ZB-H2's orders
+of the same p and m have as many passes and stages, so their walks' inputs alike."""
 
 _WALKS = BoundedMemo(WALK_MEMO)
 
@@ -90,7 +91,8 @@ def walk_s(walk: CompiledWalk, durations: list[float],
            hops: list[float]) -> tuple[float, list[float]]:
     """(the walk's length, when each stage's last pass ends), seconds, with
     ``durations[6·s + 3·chunk + kind]`` and ``hops`` as :class:`CompiledWalk` says;
-    memoised on these exact inputs (:data:`WALK_MEMO`)."""
+    memoised on these exact inputs and the order (:data:`WALK_MEMO`)."""
+    _WALKS.keep_for(walk)
     key = (walk.p, walk.passes, *durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
