@@ -180,7 +180,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 192
+    assert len(RUNS) == len(BY_ID) == 176
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",
