@@ -152,3 +152,29 @@ def test_a_dask_cluster_of_two_workers_gives_the_local_rows() -> None:
     columns = ["key", "memory_gb", "est_step_time_s"]
     assert remote.sort_values("key")[columns].values.tolist() == \
         local.sort_values("key")[columns].values.tolist()
+
+
+def test_a_worker_s_rows_do_not_depend_on_the_batches_it_priced_before(monkeypatch) -> None:
+    """Affinity groups put a depth's ZB-H1 and ZB-H2 batches on one worker: ZB-H2's rows
+    are the same whether the worker priced ZB-H1's of the same (p, m) first or not (their
+    walks have as many passes and the same durations; the walks' memo once returned
+    ZB-H1's for ZB-H2, 26.71 → 28.50 s a step on this one)."""
+    from llmsim.search import price, zb_v_walk
+    from llmsim.search.price import price_batch
+
+    base = llmsim.load_scenario("selene-gpt3").model_copy(update={"fidelity": "reduced"})
+    fixed = {"pp": 32, "tp": 1, "micro_batch": 1, "dp": 32}
+    space = list(cores(base, SpaceOptions(fixed=fixed), state_fits(base, 0.1)))
+    by = {s: [c for c in space if c.schedule == s] for s in ("zb-h1", "zb-h2")}
+    assert by["zb-h1"] and by["zb-h2"]
+
+    def rows(first: list, then: list) -> dict:
+        monkeypatch.setattr(price, "_ESTIMATOR", None)  # a fresh worker
+        zb_v_walk._WALKS.clear()
+        if first:
+            price_batch(base, first, {}, 0.1)
+        out = price_batch(base, then, {}, 0.1).columns
+        return dict(zip(out["key"], out["est_step_time_s"].tolist(), strict=True))
+
+    for one, other in (("zb-h1", "zb-h2"), ("zb-h2", "zb-h1")):
+        assert rows(by[one], by[other]) == rows([], by[other])
