@@ -81,6 +81,7 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
         raise ValueError(f"greedy_order: pass times {times} must be at least 1 each")
     hops = [route(mb) for mb in range(microbatches)]
     chunks = 1 + max(c for path in hops for _, c in path)
+    span = max(len(path) for path in hops)
     f_time, b_time, w_time = times
     rows: list[list[Action]] = [[] for _ in range(stages)]
     held = [[0] * chunks for _ in range(stages)]
@@ -90,12 +91,15 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                                                    for _ in range(stages)]
     ready_b: list[list[tuple[int, int, int, int]]] = [[] for _ in range(stages)]
     weights: list[deque[Action]] = [deque() for _ in range(stages)]
-    order_of: dict[tuple[int, int], int] = {}  # (mb, k) → its stage's forward count
+    order_of = [0] * (microbatches * span)  # mb·span + k → its stage's forward count
     forwards_run = [0] * stages
-    # By time: the passes ending then (kind, mb, k) and the stages free again then; the
-    # order within a time does not matter (each fills a queue; the queues are heaps).
-    due: dict[int, tuple[list[tuple[str, int, int]], list[int]]] = {}
-    times_ahead: list[int] = []  # the times of ``due``, a heap
+    # By time, modulo ``ring`` (no pass ends further ahead): the passes ending then
+    # (kind, mb, k) and the stages free again then; the order within a time does not
+    # matter (each fills a queue; the queues are heaps).
+    ring = 2 * max(times) + 1
+    ending: list[list[tuple[str, int, int]]] = [[] for _ in range(ring)]
+    freeing: list[list[int]] = [[] for _ in range(ring)]
+    pending = 0  # entries in ``ending`` and ``freeing``
     free_at = [0] * stages
     push, pop = heapq.heappush, heapq.heappop
     for mb, path in enumerate(hops):
@@ -113,35 +117,40 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
             elif kind == "F" or k > 0:
                 j = k if kind == "F" else k - 1
                 s, c = path[j]
-                push(ready_b[s], (order_of[(mb, j)], mb, c, j))
+                push(ready_b[s], (order_of[mb * span + j], mb, c, j))
             else:
                 continue
             awake.add(s)
         for s in awake:
             if free_at[s] > now:
                 continue
+            row = rows[s]
             if ready_b[s]:
                 _, mb, c, k = pop(ready_b[s])
                 kind, end = "B", now + b_time
-                rows[s].append(Action(s, "B", mb, c))
+                row.append(Action(s, "B", mb, c))
                 weight = Action(s, "W", mb, c)
                 if fused:
-                    rows[s].append(weight)
+                    row.append(weight)
                     left -= 1
                     held[s][c] -= 1
                 else:
                     weights[s].append(weight)
             else:
                 kind = ""
-                heads = [(queue[0], c) for c, queue in enumerate(ready_f[s]) if queue]
-                if len(heads) > 1:
-                    heads.sort()
+                queues = ready_f[s]
+                if chunks == 1:
+                    heads = [(queues[0][0], 0)] if queues[0] else []
+                else:
+                    heads = [(queue[0], c) for c, queue in enumerate(queues) if queue]
+                    if len(heads) > 1:
+                        heads.sort()
                 for (mb, k), c in heads:
                     if may_forward(s, c, held[s]):
-                        pop(ready_f[s][c])
-                        rows[s].append(Action(s, "F", mb, c))
+                        pop(queues[c])
+                        row.append(Action(s, "F", mb, c))
                         held[s][c] += 1
-                        order_of[(mb, k)] = forwards_run[s]
+                        order_of[mb * span + k] = forwards_run[s]
                         forwards_run[s] += 1
                         kind, end = "F", now + f_time
                         break
@@ -149,25 +158,24 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                     if not weights[s]:
                         continue  # idle until a pass fills its queues
                     weight = weights[s].popleft()
-                    rows[s].append(weight)
+                    row.append(weight)
                     held[s][weight.chunk] -= 1
                     kind, end = "W", now + w_time
             left -= 1
             free_at[s] = free = end + w_time if kind == "B" and fused else end
             if kind != "W":
-                at = due.get(end)
-                if at is None:
-                    at = due[end] = ([], [])
-                    push(times_ahead, end)
-                at[0].append((kind, mb, k))
-            at = due.get(free)
-            if at is None:
-                at = due[free] = ([], [])
-                push(times_ahead, free)
-            at[1].append(s)
-        if not times_ahead:
+                ending[end % ring].append((kind, mb, k))
+                pending += 1
+            freeing[free % ring].append(s)
+            pending += 1
+        if not pending:
             raise ValueError("greedy_order: no stage can move (the memory limit is too low)")
-        now = pop(times_ahead)
-        ended, freed = due.pop(now)
+        now += 1
+        while not (freeing[now % ring] or ending[now % ring]):
+            now += 1
+        slot = now % ring
+        ended, freed = ending[slot], freeing[slot]
+        ending[slot], freeing[slot] = [], []
+        pending -= len(ended) + len(freed)
         awake = set(freed)
     return rows

@@ -8,11 +8,12 @@ sweeps beyond one machine (``llmsim search --scheduler tcp://host:8786``).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import ExitStack
 from typing import Any
 
+from llmsim.search.affinity import Affinity, affinity_groups, static_owners
 from llmsim.search.price import BatchResult, price_batch
 from llmsim.search.space import Layout
 from llmsim.specs import Scenario
@@ -53,31 +54,37 @@ def _price_on_worker(cores: list[Layout], fixed: dict[str, Any],
 
 def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: float,
              workers: int, keep: Keep | None = None) -> Iterator[tuple[int, BatchResult]]:
-    """Price the batches on ``workers`` local processes, a few batches ahead of them
-    (:data:`AHEAD` each): the batches not yet sent and the results already stored are
-    not held twice. Each worker gets the base scenario once, when it starts (pickling
-    it with every batch cost more than a small batch's layouts)."""
-    pending = iter(batches)
-    with ProcessPoolExecutor(max_workers=workers, initializer=_keep_base,
-                             initargs=(base,)) as pool:
-        futures: dict[Future, int] = {}
+    """Price the batches on ``workers`` local processes, each fed by affinity group
+    (:mod:`.affinity`: the batches of one pipeline depth to one worker, so that their
+    placements are priced once in the search) and a few batches ahead of it
+    (:data:`AHEAD`): the batches not yet sent and the results already stored are not held
+    twice. Each worker gets the base scenario once, when it starts (pickling it with
+    every batch cost more than a small batch's layouts). With ``keep`` (the days bound)
+    the groups go most devices first and a batch ``keep`` refuses is not priced."""
+    feed = Affinity(affinity_groups(batches, bounded=keep is not None), workers)
+    with ExitStack() as stack:
+        pools = [stack.enter_context(ProcessPoolExecutor(
+            max_workers=1, initializer=_keep_base, initargs=(base,))) for _ in range(workers)]
+        futures: dict[Future, tuple[int, int]] = {}  # → (batch index, worker)
 
-        def submit(count: int) -> None:
-            nonlocal pending
-            for index, cores in itertools.islice(pending, count):
-                if keep is not None and not keep(index):
-                    pending = iter(())
+        def submit(worker: int) -> None:
+            while (batch := feed.next(worker)) is not None:
+                index, cores = batch
+                if keep is None or keep(index):
+                    future = pools[worker].submit(_price_on_worker, cores, fixed, headroom)
+                    futures[future] = (index, worker)
                     return
-                futures[pool.submit(_price_on_worker, cores, fixed, headroom)] = index
 
-        submit(AHEAD * workers)
+        for worker in range(workers):
+            for _ in range(AHEAD + 1):
+                submit(worker)
         try:
             while futures:
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
                 for future in done:
-                    index = futures.pop(future)
+                    index, worker = futures.pop(future)
                     yield index, future.result()
-                submit(len(done))
+                    submit(worker)
         finally:
             for future in futures:
                 future.cancel()
@@ -85,13 +92,23 @@ def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: 
 
 def run_dask(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: float,
              client: Any) -> Iterator[tuple[int, BatchResult]]:
-    """Price the batches on a ``dask.distributed`` cluster through ``client``."""
+    """Price the batches on a ``dask.distributed`` cluster through ``client``, each
+    affinity group (:mod:`.affinity`) asked of one worker (the groups split by their
+    layouts); Dask's work stealing may still move a batch to an idle worker."""
     from distributed import as_completed as dask_completed
 
     base_future = client.scatter(base, broadcast=True)
-    futures = {client.submit(price_batch, base_future, cores, fixed, headroom,
-                             key=f"llmsim-price-{index}-{id(batches)}", pure=False): index
-               for index, cores in batches}
+    groups = affinity_groups(batches)
+    addresses = sorted(client.scheduler_info()["workers"])
+    owners = static_owners(groups, len(addresses)) if addresses else [None] * len(groups)
+    futures = {}
+    for group, owner in zip(groups, owners, strict=True):
+        where = {"workers": [addresses[owner]], "allow_other_workers": True} \
+            if owner is not None else {}
+        for index, cores in group:
+            futures[client.submit(price_batch, base_future, cores, fixed, headroom,
+                                  key=f"llmsim-price-{index}-{id(batches)}", pure=False,
+                                  **where)] = index
     try:
         for future in dask_completed(list(futures)):
             yield futures[future], future.result()

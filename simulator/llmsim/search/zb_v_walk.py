@@ -54,6 +54,9 @@ class CompiledWalk:
     """(stage, column, need, hop) of each pass, for the loop (shallow pipelines)."""
     levels: Levels | None
     """Per level (pass indices, stages, columns, needs, hops), for numpy (deep ones)."""
+    schedule: str = "zb-v"
+    """Whose order it is: ZB-H1's and ZB-H2's of one (p, m) have as many passes and
+    read the same durations, so the walks' memo keys on it too."""
 
 
 _CACHE: PassBoundedCache[CompiledWalk] = PassBoundedCache(CACHE_PASSES, lambda w: w.passes)
@@ -74,8 +77,8 @@ def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
     rows = wait_graph(schedule_order(schedule, p, m, v),
                       SCHEDULES[schedule].route_of(p, m, v)).rows()
     if p < NUMPY_FROM_STAGES:
-        return CompiledWalk(p, len(rows), rows, None)
-    return CompiledWalk(p, len(rows), None, levels(p, rows))
+        return CompiledWalk(p, len(rows), rows, None, schedule)
+    return CompiledWalk(p, len(rows), None, levels(p, rows), schedule)
 
 
 WALK_MEMO = 4096
@@ -91,9 +94,10 @@ def walk_s(walk: CompiledWalk, durations: list[float],
            hops: list[float]) -> tuple[float, list[float]]:
     """(the walk's length, when each stage's last pass ends), seconds, with
     ``durations[6·s + 3·chunk + kind]`` and ``hops`` as :class:`CompiledWalk` says;
-    memoised on these exact inputs and the order (:data:`WALK_MEMO`)."""
+    memoised on these exact inputs and the order (:data:`WALK_MEMO`): the memo holds one
+    order's walks at a time, and its key names the schedule too."""
     _WALKS.keep_for(walk)
-    key = (walk.p, walk.passes, *durations, *hops)
+    key = (walk.schedule, walk.p, walk.passes, *durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
         defer(walk, walk.p, walk.passes, lambda: _levels(walk), lambda d, h: _value(walk, d, h),

@@ -1,0 +1,85 @@
+"""Which worker prices which batch: batches that share their placements go to one worker.
+
+A worker's estimator prices a placement (the plan and hardware costs of one
+(nodes, tp, pp, dp, …): :meth:`~llmsim.search.parts.SharedParts.plan_costs`, its
+collectives' paths, the gradient buckets and chunk extras that key on it) the first time
+one of its batches meets it, and keeps it. The batches are cut by walk key
+(:mod:`.batching`), and every placement of a pipeline depth recurs in the batches of
+every schedule, virtual stage count and micro-batch count of that depth, so a pool that
+hands out batches in order makes each worker price nearly every placement once (selene's
+913 placements: 1,818 first pricings over two workers). Here the unit of work is an
+*affinity group*, the batches of one pipeline depth (what a placement's key and a walk's
+key both hold): a worker prices the batches of its group one after another, takes the
+largest group nobody has started when its own is done, and once none is left takes
+batches from the end of the group with the most left (the load stays balanced; only
+those last batches' placements are priced twice).
+
+With the days bound (:mod:`.bound`) the batches go most devices first: then a group is
+the batches of one device count and depth, and the groups keep the devices' order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from llmsim.search.layout import Layout
+
+Batch = tuple[int, list[Layout]]
+"""A batch's index (its number in the store) and its core layouts."""
+
+
+def affinity_key(core: Layout) -> int:
+    """The pipeline depth: every key a placement is memoised on holds it, and so does
+    the walk key of a batch (all of a batch's layouts share it)."""
+    return core.pp
+
+
+def affinity_groups(batches: list[Batch], bounded: bool = False) -> list[list[Batch]]:
+    """``batches`` (each of one walk key) grouped by :func:`affinity_key`, the groups
+    largest first (in core layouts; the first batch's index breaks ties), batches in
+    index order within a group. With ``bounded`` a group also holds one device count,
+    and the groups go most devices first (largest first within one count)."""
+    groups: dict[tuple[int, int], list[Batch]] = {}
+    for index, cores in batches:
+        if not cores:
+            continue
+        devices = max(c.devices for c in cores) if bounded else 0
+        groups.setdefault((devices, affinity_key(cores[0])), []).append((index, cores))
+    ordered = sorted(groups.items(), key=lambda item: (
+        -item[0][0], -sum(len(cores) for _, cores in item[1]), item[1][0][0]))
+    return [group for _, group in ordered]
+
+
+class Affinity:
+    """Hands out batches to ``workers`` workers by affinity group (the module's rule):
+    :meth:`next` gives worker ``w`` the next batch of its own group, else the first group
+    not yet started, else the last batch of the group with the most batches left.
+    Every batch is handed out exactly once."""
+
+    def __init__(self, groups: list[list[Batch]], workers: int) -> None:
+        self._unstarted = deque(groups)
+        self._own: list[deque[Batch]] = [deque() for _ in range(workers)]
+
+    def next(self, worker: int) -> Batch | None:
+        """The next batch for ``worker``, or None when every batch is handed out."""
+        own = self._own[worker]
+        if not own:
+            if self._unstarted:
+                own.extend(self._unstarted.popleft())
+            else:
+                fullest = max(self._own, key=len)
+                return fullest.pop() if fullest else None
+        return own.popleft()
+
+
+def static_owners(groups: list[list[Batch]], workers: int) -> list[int]:
+    """Per group in order, the worker a static split gives it: each group to the worker
+    with the fewest core layouts so far (for a scheduler that places work up front, as
+    Dask's does; it then moves work between its workers itself)."""
+    loads = [0] * workers
+    out = []
+    for group in groups:
+        worker = loads.index(min(loads))
+        loads[worker] += sum(len(cores) for _, cores in group)
+        out.append(worker)
+    return out
