@@ -160,8 +160,12 @@ FAST_IDS = [
 # ALiBi as the BigScience Megatron-DeepSpeed adds it (torch.baddbmm copies the bias into
 # the scores, which the GEMM reads back; model.position_embedding: alibi), to 5.5360 %:
 # BLOOM-01/-02/-03 +1.2 / +9.3 / -6.2 -> +1.9 / +9.7 / -6.6 %. Physics, not tuned.
+# NCCL 2.7-2.17's proxy posting every step of a ring across nodes, which their tuner did not
+# count (network.ring_post_us on Selene, NCCL 2.18's getNetOverhead figure), and the
+# rest of 2026-11-27 on merged main: 5.4494 %; NAR21-T2-05 +21.4 -> +18.8 %, -06 +41.1 %,
+# the one row still worse than 20 %.
 # See docs/validation.md for the per-source discussion.
-TARGET_MAPE_CEILING_PCT = 5.54
+TARGET_MAPE_CEILING_PCT = 5.45
 ZB24_ORDERS_REPRODUCED = 9
 
 
