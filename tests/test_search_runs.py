@@ -11,15 +11,14 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_search_fast import _valid_layouts
 
 import llmsim
-from llmsim.errors import UserError
 from llmsim.search.estimate import Estimator
 from llmsim.search.parts import SharedParts
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.price import state_fits
-from llmsim.search.space import SpaceOptions, apply, cores, switch_variants
-from llmsim.simulation import check_posted_units
+from llmsim.search.space import SpaceOptions, cores
 
 REL = 1e-12
 """Sums over a run (a stage's time by its count) against stage by stage."""
@@ -94,19 +93,13 @@ def test_stages_merged_into_runs_price_as_one_by_one(name: str) -> None:
     space = list(cores(scenario, SpaceOptions(fixed=fixed), state_fits(scenario, 0.1)))
     sample = sorted(random.Random(11).sample(space, 40))
     merged, single, compared = Estimator(), _OneStageARun(), 0
-    for core in sample:
-        for layout in switch_variants(core, {}):
-            try:
-                sc = apply(scenario, layout)
-                check_posted_units(sc)
-            except (ValueError, UserError):
-                continue
-            got, want = merged.estimate(sc), single.estimate(sc)
-            for field in ("step_time_s", "pipeline_s", "dp_tail_s", "optimizer_s",
-                          "model_flops_per_step"):
-                assert getattr(got, field) == pytest.approx(getattr(want, field), rel=REL), \
-                    (layout.key, field)
-            compared += 1
+    for layout, sc in _valid_layouts(scenario, sample):
+        got, want = merged.estimate(sc), single.estimate(sc)
+        for field in ("step_time_s", "pipeline_s", "dp_tail_s", "optimizer_s",
+                      "model_flops_per_step"):
+            assert getattr(got, field) == pytest.approx(getattr(want, field), rel=REL), \
+                (layout.key, field)
+        compared += 1
     assert compared > 40
     assert len(merged._stage_runs) and any(n > 1 for runs in merged._stage_runs.values()
                                            for *_, n in runs)
