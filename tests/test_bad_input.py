@@ -374,7 +374,7 @@ def test_fuzz_raw_bytes_give_a_scenario_or_one_user_error(tmp_path_factory, data
     ("system.network.ring_post_us={ll: -1, ll128: 2, simple: 6}",
      ["ring_post_us.ll", "-1", "greater than or equal to 0"]),
     ("system.network.ring_post_us={ll: 1}", ["ring_post_us.ll128", "add it"]),
-    ("system.network.ring_post_us=-1", ["ring_post_us", "-1"]),
+    ("system.network.ring_post_us=-1", ["ring_post_us", "-1", "a mapping of ll, ll128, simple"]),
     ("system.network.collectives.ring_network_post_tuned=maybe",
      ["ring_network_post_tuned", "'maybe'", "boolean"]),
 ])

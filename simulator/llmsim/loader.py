@@ -243,6 +243,11 @@ def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) 
         return UserError(f"{label}: {msg}")
     if kind == "value_error":
         return UserError(f"{label}: {field} = {_describe(value)}: {msg}")
+    if kind == "model_type":  # a nested entry given as a bare value
+        fields = _allowed_fields(spec, (*loc, None), data)
+        form = f"a mapping of {', '.join(fields)}" if fields else "a mapping"
+        return UserError(f"{label}: {field} = {_describe(value)} is not {form}; give it "
+                         "as one (see docs/catalog.md)")
     if kind in ("literal_error", "union_tag_invalid"):
         return UserError(f"{label}: {field} = {_describe(value)} is not allowed; {msg.lower()}")
     return UserError(
