@@ -9,32 +9,34 @@ the whole pass). A sum of per-layer blocks restarts that queue at every layer, e
 the host were at the pass's start, and comes out short (MOE-02 at sequence 512, one
 forward of 8 layers: 7.10 ms against 9.93 ms). So the estimator prices such a chunk's
 passes here, through the same :meth:`Block.of` over the same ops in the engine's order
-(:func:`llmsim.workload.build_workload`), and keeps the per-layer sums where no op is
-shorter than the host's time to issue it (then no op waits in either, and both agree).
+(:func:`llmsim.workload.build_workload`), and keeps the per-layer sums where no layer's
+pass would wait for the host even from an empty queue (:func:`host_binds`; then no op
+waits in either, and both agree).
 """
 
 from __future__ import annotations
 
 from llmsim.blocks import Block
 from llmsim.costs import HardwareCosts
-from llmsim.costs.host_issue import op_host_s
+from llmsim.costs.host_issue import pass_waits_s
 from llmsim.host_syncs import batch_ops, loss_ops
 from llmsim.specs import Model, Training
 from llmsim.workload import Op, PassOps
 
 
 def host_binds(ops: tuple[Op, ...], block: Block, costs: HardwareCosts) -> bool:
-    """Whether the host's issue may bind in a pass of ``ops`` laid out as ``block``: some
-    op's span (its time with any wait for the host) is shorter than the host's time to
-    issue it (:func:`op_host_s`). Where none is, no op of a queue of such passes waits
-    (:func:`llmsim.costs.host_issue.pass_waits_s`), the layers' blocks add up exactly; the
-    first op that waits in a pass follows one that lost the host's lead, whose span is
-    shorter than its host time, so a pass with a wait is always flagged."""
+    """Whether a chunk of passes like ``block`` (``ops`` laid out) may wait for the host's
+    issue: whether ``ops``, queued from an empty queue (the host no further ahead than the
+    device, :func:`pass_waits_s` without ``ahead``) over the block's spans (each op's time
+    with any wait), wait anywhere. Where they do not, neither did the block (its first
+    wait would be one here too: the spans before it are the ops' own times), nor does a
+    chunk of such passes, whose host enters each pass at least as far ahead: the layers'
+    blocks add up exactly."""
     issue = costs.host_issue
     if issue.interval_s <= 0:
         return False
-    return any(span.duration_s < op_host_s(op, issue.interval_s, issue.loop_interval_s)
-               for op, span in zip(ops, block.spans, strict=True))
+    spans = [span.duration_s for span in block.spans]
+    return any(pass_waits_s(ops, spans, issue.interval_s, False, issue.loop_interval_s))
 
 
 def chunk_queue_s(model: Model, training: Training, ops: PassOps,
