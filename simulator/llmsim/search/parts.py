@@ -204,9 +204,12 @@ class SharedParts:
                      start: int) -> tuple[float, float, float]:
         """Forward, backward and weight-gradient seconds of a chunk whose layer shape the
         host's issue binds (``parts.queued``), each pass one queue as the engine lays it
-        out (:func:`~llmsim.search.chunk_queue.chunk_queue_s`), memoised."""
+        out (:func:`~llmsim.search.chunk_queue.chunk_queue_s`), memoised on which of its
+        layers are MoE blocks (what its first layer decides), not on that layer."""
         assert parts.queued is not None
-        key = (id(parts), plan_key, n, first, last, start if sc.model.moe is not None else 0)
+        moe = sc.model.moe
+        kinds = tuple(moe.is_moe_layer(i) for i in range(start, start + n)) if moe else ()
+        key = (id(parts), plan_key, n, first, last, kinds)
         hit = self._queues.get(key)
         if hit is None:
             amax_f, amax_b, _ = chunk_extras(sc.model, sc.parallelism, sc.training, n, first,
