@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import llmsim
+from llmsim.search.chunk_queue import chunk_queue_s
 from llmsim.search.estimate import Estimator
 from llmsim.simulation import simulate
 from llmsim.validation import load_runs
@@ -75,3 +76,26 @@ def test_a_chunk_is_one_queue_only_where_the_host_binds():
     for scenario, queued in ((host_bound, True), (graphs, False), (long, False)):
         plan, costs = est.plan_costs(scenario)
         assert (est._layer_parts(scenario, plan, costs).queued is not None) is queued
+
+
+def test_a_queued_chunk_of_one_layer_is_its_block_and_longer_chunks_carry_the_backlog():
+    """:func:`chunk_queue_s` of one middle layer with no extras is that layer's blocks
+    (the same :meth:`Block.of` over the same ops); eight layers as one queue take at
+    least eight layers' blocks (the host enters each later layer no further ahead than
+    a block assumes), and more where the host binds (MOE-02 at sequence 512)."""
+    scenario = _scenario("MBRIDGE-2604-MOE-02", ["training.seq_len=512",
+                                                 "model.max_seq_len=512"])
+    est = Estimator()
+    plan, costs = est.plan_costs(scenario)
+    parts = est._layer_parts(scenario, plan, costs)
+    assert parts.queued is not None
+    moe = scenario.model.moe
+    assert all(moe.is_moe_layer(i) for i in range(1, 9))
+    otp = scenario.parallelism.overlap_tp_comm
+    f1, b1, w1 = chunk_queue_s(scenario.model, scenario.training, parts.queued, ((), ()),
+                               costs, otp, 1, False, False, 1)
+    mf, mr, mb, mw = parts.moe
+    assert (f1, b1, w1) == pytest.approx((mf, mr + mb, mw), rel=1e-12)
+    f8, b8, w8 = chunk_queue_s(scenario.model, scenario.training, parts.queued, ((), ()),
+                               costs, otp, 8, False, False, 1)
+    assert f8 > 8 * mf * 1.05 and b8 >= 8 * (mr + mb) * (1 - 1e-12) and w8 >= 8 * mw * (1 - 1e-12)
