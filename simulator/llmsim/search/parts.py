@@ -21,9 +21,10 @@ from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.plan import Plan
 from llmsim.schedules import placement
+from llmsim.search.chunk_queue import chunk_queue_s, host_binds
 from llmsim.search.memo import BoundedMemo
 from llmsim.specs import Parallelism, Scenario
-from llmsim.workload import Chunk, Workload, chunk_extras, chunk_params, pass_ops
+from llmsim.workload import Chunk, PassOps, Workload, chunk_extras, chunk_params, pass_ops
 
 KIND_MEMO = 4096
 """Layouts' kinds of stages whose passes one estimator keeps (emptied when full): the
@@ -45,6 +46,10 @@ class Parts:
     model_flops: tuple[float, float, float, float]
     """Per-device model FLOPs (F + B + W) of a dense block, an MoE block, the embedding
     and the head."""
+    queued: PassOps | None = None
+    """The layer shape's op lists where the host's issue binds in one of its blocks
+    (:func:`~llmsim.search.chunk_queue.host_binds`): its chunks' passes are then priced as
+    one queue each (:meth:`SharedParts._chunk_queue`); None: the blocks' sums."""
 
 
 def contention_key(par: Parallelism) -> tuple[bool, bool]:
@@ -90,7 +95,8 @@ class SharedParts:
         self._chunk_buckets: dict[tuple, tuple[int, float]] = {}
         self._layer_gathers: dict[tuple, float] = {}
         self._starts: dict[tuple, list[list[int]]] = {}
-        self._blocks: dict[tuple, float] = {}
+        self._blocks: dict[tuple, tuple[float, bool]] = {}
+        self._queues: dict[tuple, tuple[float, float, float]] = {}
         self._params: dict[tuple, tuple[int, int]] = {}
         self._nodes: dict[tuple, list[int]] = {}
         self._splits: dict[tuple, list[list[int]]] = {}
@@ -153,22 +159,30 @@ class SharedParts:
         if hit is None:
             ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm
 
+            binds = False
+
             def priced(o: tuple) -> float:  # recompute variants share F, B and W
+                nonlocal binds
                 block_key = (self._family(sc), tp_path, plan.placements.get("ep"),
                              plan.placements.get("cp"), *contention_key(par), otp, o)
-                block_s = self._blocks.get(block_key)
-                if block_s is None:
-                    block_s = self._blocks[block_key] = seconds(o, costs, otp)
-                return block_s
+                entry = self._blocks.get(block_key)
+                if entry is None:
+                    block = Block.of(o, costs, otp) if o else None
+                    entry = self._blocks[block_key] = (
+                        (block.duration_s, host_binds(o, block, costs)) if block else (0.0, False))
+                binds = binds or entry[1]
+                return entry[0]
 
             moe = ops.moe or ops.dense
+            dense_s = tuple(priced(o) for o in ops.dense)
+            moe_s = tuple(priced(o) for o in moe)
+            embedding_s = tuple(priced(o) for o in ops.embedding)
+            head_s = tuple(priced(o) for o in ops.head)
             hit = self._parts[key] = Parts(
-                dense=tuple(priced(o) for o in ops.dense),
-                moe=tuple(priced(o) for o in moe),
-                embedding=tuple(priced(o) for o in ops.embedding),
-                head=tuple(priced(o) for o in ops.head),
+                dense=dense_s, moe=moe_s, embedding=embedding_s, head=head_s,
                 model_flops=(_model_flops(*ops.dense), _model_flops(*moe),
-                             _model_flops(*ops.embedding), _model_flops(*ops.head)))
+                             _model_flops(*ops.embedding), _model_flops(*ops.head)),
+                queued=ops if binds else None)
         return hit
 
     def _chunk_extras(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, n: int,
@@ -183,6 +197,26 @@ class SharedParts:
             hit = self._extras[key] = (seconds(amax_f, costs, False),
                                        seconds(amax_b, costs, False),
                                        seconds(accumulate, costs, False))
+        return hit
+
+    def _chunk_queue(self, sc: Scenario, plan_key: tuple, costs: HardwareCosts, parts: Parts,
+                     n: int, first: bool, last: bool,
+                     start: int) -> tuple[float, float, float]:
+        """Forward, backward and weight-gradient seconds of a chunk whose layer shape the
+        host's issue binds (``parts.queued``), each pass one queue as the engine lays it
+        out (:func:`~llmsim.search.chunk_queue.chunk_queue_s`), memoised on which of its
+        layers are MoE blocks (what its first layer decides), not on that layer."""
+        assert parts.queued is not None
+        moe = sc.model.moe
+        kinds = tuple(moe.is_moe_layer(i) for i in range(start, start + n)) if moe else ()
+        key = (id(parts), plan_key, n, first, last, kinds)
+        hit = self._queues.get(key)
+        if hit is None:
+            amax_f, amax_b, _ = chunk_extras(sc.model, sc.parallelism, sc.training, n, first,
+                                             last, start)
+            hit = self._queues[key] = chunk_queue_s(
+                sc.model, sc.training, parts.queued, (amax_f, amax_b), costs,
+                sc.parallelism.overlap_tp_comm, n, first, last, start)
         return hit
 
     def _nodes_of_stages(self, plan_key: tuple, plan: Plan) -> list[int]:

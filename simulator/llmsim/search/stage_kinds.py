@@ -62,6 +62,9 @@ class StageKinds(SharedParts):
                     cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
                     cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b + first * eb
                     cw = last * hw + (n - k) * dw + k * mw + first * ew
+                    if parts.queued is not None:  # the host binds: each pass one queue
+                        cf, cb, cw = self._chunk_queue(sc, plan_key, costs, parts, n, first,
+                                                       last, start)
                     chunk_flops = ((n - k) * fl_dense + k * fl_moe + first * fl_emb
                                    + last * fl_head) * par.tp
                     chunk = Chunk(s, c, vs, n, first, last, params, (), (), (),

@@ -1,0 +1,68 @@
+"""A chunk's passes as one host-issue queue, where the host's issue binds.
+
+The engine lays out a chunk's whole pass (its layers, the embedding, the head and the
+chunk's extras) as one :class:`~llmsim.blocks.Block`, so where the host issues the
+kernels slower than the device runs them (``training.host_path: modules`` on short
+passes) the host's backlog carries from layer to layer
+(:func:`llmsim.costs.host_issue.queue_end_s`: ``max over k of (k·h + Σ_{i≥k} d_i)`` over
+the whole pass). A sum of per-layer blocks restarts that queue at every layer, each as if
+the host were at the pass's start, and comes out short (MOE-02 at sequence 512, one
+forward of 8 layers: 7.10 ms against 9.93 ms). So the estimator prices such a chunk's
+passes here, through the same :meth:`Block.of` over the same ops in the engine's order
+(:func:`llmsim.workload.build_workload`), and keeps the per-layer sums where no layer's
+pass would wait for the host even from an empty queue (:func:`host_binds`; then no op
+waits in either, and both agree).
+"""
+
+from __future__ import annotations
+
+from llmsim.blocks import Block
+from llmsim.costs import HardwareCosts
+from llmsim.costs.host_issue import pass_waits_s
+from llmsim.host_syncs import batch_ops, loss_ops
+from llmsim.specs import Model, Training
+from llmsim.workload import Op, PassOps
+
+
+def host_binds(ops: tuple[Op, ...], block: Block, costs: HardwareCosts) -> bool:
+    """Whether a chunk of passes like ``block`` (``ops`` laid out) may wait for the host's
+    issue: whether ``ops``, queued from an empty queue (the host no further ahead than the
+    device, :func:`pass_waits_s` without ``ahead``) over the block's spans (each op's time
+    with any wait), wait anywhere. Where they do not, neither did the block (its first
+    wait would be one here too: the spans before it are the ops' own times), nor does a
+    chunk of such passes, whose host enters each pass at least as far ahead: the layers'
+    blocks add up exactly."""
+    issue = costs.host_issue
+    if issue.interval_s <= 0:
+        return False
+    spans = [span.duration_s for span in block.spans]
+    return any(pass_waits_s(ops, spans, issue.interval_s, False, issue.loop_interval_s))
+
+
+def chunk_queue_s(model: Model, training: Training, ops: PassOps,
+                  extras: tuple[tuple[Op, ...], tuple[Op, ...]], costs: HardwareCosts,
+                  overlap_tp: bool, n: int, first: bool, last: bool,
+                  start: int) -> tuple[float, float, float]:
+    """Forward, backward (recompute and input gradient) and weight-gradient seconds of a
+    chunk of ``n`` layers from layer ``start`` (``first`` / ``last``: it holds the
+    embedding / the head), each pass one block: its ops in the engine's order, the
+    chunk's FP8 amax reductions ``extras`` (forward, backward) included, its gradient
+    accumulation not (the estimator adds it apart)."""
+    amax_f, amax_b = extras
+    emb_f, emb_b, emb_w = ops.embedding
+    head_f, head_b, head_w = ops.head
+    fwd: tuple[Op, ...] = batch_ops(training) if first or last else ()
+    fwd += emb_f if first else ()
+    bwd: tuple[Op, ...] = head_b if last else ()
+    wgt: tuple[Op, ...] = head_w if last else ()
+    for i in range(start, start + n):
+        fwd += ops.block(model, i)[0]
+    for i in reversed(range(start, start + n)):
+        block = ops.block(model, i)
+        bwd += block[1] + block[2]
+        wgt += block[3]
+    fwd += amax_f + (head_f + loss_ops(training) if last else ())
+    bwd += amax_b + (emb_b if first else ())
+    wgt += emb_w if first else ()
+    return tuple(Block.of(o, costs, overlap_tp).duration_s if o else 0.0
+                 for o in (fwd, bwd, wgt))
