@@ -19,9 +19,9 @@ from __future__ import annotations
 from llmsim.blocks import Block
 from llmsim.costs import HardwareCosts
 from llmsim.costs.host_issue import pass_waits_s
-from llmsim.host_syncs import batch_ops, loss_ops
 from llmsim.specs import Model, Training
 from llmsim.workload import Op, PassOps
+from llmsim.workload.build import chunk_pass_ops
 
 
 def host_binds(ops: tuple[Op, ...], block: Block, costs: HardwareCosts) -> bool:
@@ -48,21 +48,6 @@ def chunk_queue_s(model: Model, training: Training, ops: PassOps,
     embedding / the head), each pass one block: its ops in the engine's order, the
     chunk's FP8 amax reductions ``extras`` (forward, backward) included, its gradient
     accumulation not (the estimator adds it apart)."""
-    amax_f, amax_b = extras
-    emb_f, emb_b, emb_w = ops.embedding
-    head_f, head_b, head_w = ops.head
-    fwd: tuple[Op, ...] = batch_ops(training) if first or last else ()
-    fwd += emb_f if first else ()
-    bwd: tuple[Op, ...] = head_b if last else ()
-    wgt: tuple[Op, ...] = head_w if last else ()
-    for i in range(start, start + n):
-        fwd += ops.block(model, i)[0]
-    for i in reversed(range(start, start + n)):
-        block = ops.block(model, i)
-        bwd += block[1] + block[2]
-        wgt += block[3]
-    fwd += amax_f + (head_f + loss_ops(training) if last else ())
-    bwd += amax_b + (emb_b if first else ())
-    wgt += emb_w if first else ()
+    passes = chunk_pass_ops(model, training, ops, n, first, last, start, extras)
     return tuple(Block.of(o, costs, overlap_tp).duration_s if o else 0.0
-                 for o in (fwd, bwd, wgt))
+                 for o in passes)

@@ -281,11 +281,35 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
     )
 
 
+def chunk_pass_ops(model: Model, training: Training, ops: PassOps, n: int, first: bool,
+                   last: bool, start: int, amax: tuple[tuple[Op, ...], tuple[Op, ...]]
+                   ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
+    """The forward, backward (recompute and input gradient) and weight-gradient ops of a
+    chunk of ``n`` layers from layer ``start``, in the order a device runs them
+    (``first`` / ``last``: it holds the embedding / the head; ``amax``: the chunk's FP8
+    amax reductions, forward and backward)."""
+    (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
+    # get_batch's sync and masks before the embedding's and the head's chunk
+    fwd: tuple[Op, ...] = batch_ops(training) if first or last else ()
+    fwd += emb_f if first else ()
+    bwd: tuple[Op, ...] = head_b if last else ()
+    wgt: tuple[Op, ...] = head_w if last else ()
+    for i in range(start, start + n):
+        fwd += ops.block(model, i)[0]
+    for i in reversed(range(start, start + n)):
+        block = ops.block(model, i)
+        bwd += block[1] + block[2]
+        wgt += block[3]
+    fwd += amax[0] + (head_f + loss_ops(training) if last else ())
+    bwd += amax[1] + (emb_b if first else ())
+    wgt += emb_w if first else ()
+    return fwd, bwd, wgt
+
+
 def build_workload(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
     """The workload graph of one step for a validated layout."""
     p, v = par.pp, par.virtual_stages
     ops = pass_ops(model, par, training)
-    (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
     split = chunk_layers(model.layers, par)
     hops = placement(par.schedule, p, v)
     virtual = {hop: k for k, hop in enumerate(hops)} if hops else {}
@@ -302,20 +326,8 @@ def build_workload(model: Model, par: Parallelism, training: Training, dp: int) 
             start = chunk_first_layer(split, stage, c, hops or None)
             amax_f, amax_b, accumulate = chunk_extras(model, par, training, n, first, last,
                                                       start)
-            # get_batch's sync and masks before the embedding's and the head's chunk
-            fwd: tuple[Op, ...] = batch_ops(training) if first or last else ()
-            fwd += emb_f if first else ()
-            bwd: tuple[Op, ...] = head_b if last else ()
-            wgt: tuple[Op, ...] = head_w if last else ()
-            for i in range(start, start + n):
-                fwd += ops.block(model, i)[0]
-            for i in reversed(range(start, start + n)):
-                block = ops.block(model, i)
-                bwd += block[1] + block[2]
-                wgt += block[3]
-            fwd += amax_f + (head_f + loss_ops(training) if last else ())
-            bwd += amax_b + (emb_b if first else ())
-            wgt += emb_w if first else ()
+            fwd, bwd, wgt = chunk_pass_ops(model, training, ops, n, first, last, start,
+                                           (amax_f, amax_b))
             _, experts = layers_params_per_device(model, par.tp, par.expert_ranks, start, n,
                                                   par.etp)
             _, mtp_experts = mtp_params_per_device(model, par.tp, par.expert_ranks, par.etp,
