@@ -25,7 +25,8 @@ from llmsim.workload.build import (
     shard_ranks,
     step_traffic,
 )
-from llmsim.workload.layer import LayerBuilder, cross_entropy_bytes_per_logit
+from llmsim.workload.layer import LayerBuilder
+from llmsim.workload.loss import cross_entropy_bytes_per_logit
 from llmsim.workload.step import EXTRA_OP_PREFIXES, Chunk, Op, Workload
 
 __all__ = [
