@@ -382,3 +382,19 @@ def test_bad_values_of_the_new_fields_give_one_sentence(override, names, capsys)
     err = one_line_error(["run", "selene-gpt3", "--set", override], capsys)
     for name in names:
         assert name in err, err
+
+
+@pytest.mark.parametrize("scenario, override, names", [
+    ("frontier.yaml", "system.network.ring_post_us={ll: 1, ll128: 2, simple: 6}",
+     ["network.ring_post_us", "network.collectives", "remove ring_post_us"]),
+    ("selene-gpt3", "system.network.ring_step_floor={fabric_us: 20, network_us: 30, "
+     "from_bytes: 1048576}", ["network.ring_step_floor", "network.collectives"]),
+    ("selene-gpt3", "system.network.collective_algorithms={all_gather: [ring]}",
+     ["network.collective_algorithms", "network.collectives"]),
+])
+def test_network_fields_that_would_be_ignored_are_refused(scenario, override, names, capsys):
+    """A field that only acts with (or only without) a collective library's cost model is
+    an error where it would silently do nothing."""
+    err = one_line_error(["run", scenario, "--set", override], capsys)
+    for name in names:
+        assert name in err, err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt
+from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
 from llmsim.specs._base import Spec
 from llmsim.specs.collectives import CollectiveLibrary, ProtocolValues
@@ -64,8 +64,8 @@ class _NetworkBase(Spec):
     """Least a fabric step of a library ring that spans nodes costs on this system's
     hosts, microseconds per protocol: the host's cost of posting a network operation,
     which every step of such a ring pays (NCCL ``getNetOverhead``: 1 µs on Intel x86,
-    2 on AMD, ×3 for Simple). Replaces ``collectives``' ``ring_network_post_us``;
-    None: the library's own."""
+    2 on AMD, ×3 for Simple). Replaces ``collectives``' ``ring_network_post_us`` (so it
+    needs ``collectives``: an error without it); None: the library's own."""
     collectives: CollectiveLibrary | None = None
     """The collective library's own cost model (a ``hardware/collectives`` entry, e.g.
     ``nccl-2021``): collectives are then priced per algorithm and protocol as that
@@ -75,15 +75,34 @@ class _NetworkBase(Spec):
     """The α–β algorithms the collective library's tuner considers, per collective,
     where it offers fewer than llmsim's: RCCL runs an all-gather or reduce-scatter only
     as a ring, never two-level (``hardware/systems/frontier.yaml``). A collective not
-    listed, or None, may take any applicable algorithm. Not used with ``collectives``."""
+    listed, or None, may take any applicable algorithm. An error with ``collectives``."""
     ring_step_floor: RingStepFloor | None = None
     """The least time a step of the α–β ring takes where the library pipelines its slices so
     that a step's latency overlaps its transfer (RCCL on ``frontier`` and ``lumi``); None:
-    no floor, the ring is the α–β sum alone. Not used with ``collectives``."""
+    no floor, the ring is the α–β sum alone. An error with ``collectives``."""
     mpi: MpiCollectives | None = None
     """The MPI library's all-reduce on a CPU machine (Fujitsu MPI on Fugaku): an
     all-reduce its rules give to the ring, recursive doubling or Trinaryx3 is priced as
     that algorithm (:mod:`llmsim.costs.collectives.mpi_rules`), the rest as without it."""
+
+    @model_validator(mode="after")
+    def _check_library_fields(self) -> _NetworkBase:
+        """Fields that only mean something with, or only without, a collective library's
+        own cost model: refuse them where they would be silently ignored."""
+        if self.collectives is None and self.ring_post_us is not None:
+            raise ValueError(
+                "network.ring_post_us is set without network.collectives: it replaces the "
+                "collective library's ring step floor, so name the library (e.g. "
+                "collectives: nccl-2021) or remove ring_post_us")
+        if self.collectives is not None:
+            for field in ("collective_algorithms", "ring_step_floor"):
+                if getattr(self, field) is not None:
+                    raise ValueError(
+                        f"network.{field} is set together with network.collectives: it "
+                        "shapes the α–β algorithms used without a library cost model, and "
+                        f"the library's own model prices every call — remove {field} or "
+                        "collectives")
+        return self
 
 
 class FatTree(_NetworkBase):
