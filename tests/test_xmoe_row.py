@@ -61,12 +61,13 @@ def test_layout_is_the_script_s():
 
 
 def test_row_is_too_fast_by_the_mi250x_shortfall_the_docs_report():
-    """llmsim's step is about two thirds of the measured one (−34.8 %, docs/validation.md
-    §10): compute first, the all-to-all inside the node second, the ZeRO-1 reduction
-    negligible. A band, not the value."""
+    """llmsim's step is about seven tenths of the measured one (−29.1 % with X-MoE's expert
+    loop, −34.8 % with grouped experts; docs/validation.md §10): compute first, the
+    all-to-all inside the node second, the ZeRO-1 reduction negligible. A band, not the
+    value."""
     result = v.predict(ROW).result
     err = (result.step_time_s - ROW.measured) / ROW.measured * 100
-    assert math.isfinite(err) and -40 < err < -30
+    assert math.isfinite(err) and -35 < err < -25
     parts = result.breakdown_s
     assert parts["compute"] > 0.6 * result.step_time_s
     assert 0.1 * result.step_time_s < parts["ep_all_to_all"] < 0.3 * result.step_time_s

@@ -24,6 +24,11 @@ HostPath = Literal["bare", "modules"]
 (layers as Python modules with autograd, :attr:`Training.host_path`)."""
 
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
+
+ExpertLoop = Literal["grouped", "deepspeed_uneven"]
+"""How a MoE layer's local experts run (:mod:`llmsim.expert_loop`): ``grouped``, each
+expert GEMM of all local experts as one grouped kernel; ``deepspeed_uneven``, DeepSpeed's
+``Experts`` loop over uneven token batches as X-MoE runs it, one expert MLP after another."""
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
@@ -159,6 +164,12 @@ class Training(Spec):
     one cuBLAS GEMM per local expert, :mod:`llmsim.moe_host`); False: each grouped op costs
     the host its dispatches alone (a fused grouped kernel). No effect under
     ``cuda_graphs``."""
+    expert_loop: ExpertLoop = "grouped"
+    """How the MoE layer's local experts run on the device (:mod:`llmsim.expert_loop`):
+    ``grouped``, one grouped kernel per expert GEMM for all local experts;
+    ``deepspeed_uneven``, DeepSpeed's ``Experts`` module over uneven token batches (X-MoE's
+    ``--use-uneven-all-to-all``): one GEMM per local expert, each its own tile and wave
+    quantisation and launch, with the copies its loop and the layer's interleave make."""
     host_syncs: HostSyncs = "none"
     """The host synchronisations of the framework's step, each a gap on the device
     (:mod:`llmsim.host_syncs`): ``none``; ``megatron``, Megatron-LM's ``get_batch``
