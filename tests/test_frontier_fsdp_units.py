@@ -63,3 +63,17 @@ def test_the_poll_adds_the_rounding_of_each_call_and_nothing_else():
     added = base.step_time_s - no_poll.result.step_time_s
     assert added == pytest.approx(calls * (2 * POLL_S - unpolled_s), rel=1e-6)
     assert no_poll.result.breakdown_s["compute"] == pytest.approx(base.breakdown_s["compute"])
+
+
+def test_the_poll_makes_the_row_a_step_function_of_rccls_step_time():
+    """Every call is seen at 20 ms while 511 steps (and the launch) fit in 20 ms, up to
+    about 39.1 µs a step; past it at 30 ms, 896 × 10 ms more (docs/validation.md §8)."""
+    def step_s(network_us):
+        run = sens.with_values(ROW, {"system_set.network.ring_step_floor.network_us":
+                                     network_us})
+        return v.predict(run).result.step_time_s
+
+    base = v.predict(ROW).result.step_time_s
+    assert step_s(25.0) == pytest.approx(base) and step_s(39.0) == pytest.approx(base)
+    calls = (GATHERS_PER_UNIT + 1) * UNITS_PER_LAYER * LAYERS
+    assert step_s(39.2) - base == pytest.approx(calls * POLL_S, rel=1e-6)
