@@ -77,3 +77,12 @@ def test_the_poll_makes_the_row_a_step_function_of_rccls_step_time():
     assert step_s(25.0) == pytest.approx(base) and step_s(39.0) == pytest.approx(base)
     calls = (GATHERS_PER_UNIT + 1) * UNITS_PER_LAYER * LAYERS
     assert step_s(39.2) - base == pytest.approx(calls * POLL_S, rel=1e-6)
+
+
+def test_the_search_estimator_prices_the_units_and_the_poll_as_the_engine_does():
+    from llmsim.search.estimate import Estimator
+    from llmsim.simulation import simulate
+
+    scenario = v.scenario_for(ROW)
+    assert Estimator().estimate(scenario).step_time_s == pytest.approx(
+        simulate(scenario).step_time_s, rel=1e-3)
