@@ -202,6 +202,19 @@ class Parallelism(Spec):
     attention output, the MLP's two or three), back to back, as DeepSpeed's per-module
     fetch does (biases and norms stay resident under its persistence threshold). False:
     one all-gather per layer (PyTorch FSDP wrapping a block)."""
+    modules_per_layer: PositiveInt | None = None
+    """With ``gather_per_module`` or ``grad_buckets_whole_matrices``: the weight matrices of
+    a layer that are gathered, or reduced, one by one, as equal shares of its weights.
+    None: QKV as one matrix, the attention output and the MLP's two or three (Megatron's
+    fused QKV). Hugging Face's Llama keeps ``q_proj``, ``k_proj`` and ``v_proj`` apart, so
+    FSDP wrapping each ``nn.Linear`` (a size-based policy) makes 7 units of a Llama layer."""
+    collective_wait_poll_ms: float = Field(default=0.0, ge=0)
+    """Period at which the host polls a collective it waits on, milliseconds; each
+    collective then takes, as the host sees it, the next whole number of periods. PyTorch's
+    ``ProcessGroupNCCL`` under ``NCCL_BLOCKING_WAIT=1`` / ``TORCH_NCCL_BLOCKING_WAIT=1``:
+    ``wait()`` loops on ``isCompleted()`` with ``sleep_for(kSynchronizeBusyWaitMillis)``,
+    10 ms (``WorkNCCL::synchronizeInternal``). 0: the wait is an event the stream waits
+    on, no poll."""
     tensor_list_gathers: bool = False
     """ZeRO-3 all-gathers as DeepSpeed ZeRO-3 of 2021 ran them (``_allgather_param``, before
     it used ``_all_gather_base``): the output buffer allocated with ``torch.zeros`` (one

@@ -240,6 +240,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
     tensor_list = par.tensor_list_gathers and par.zero == 3
     regather = par.persistent_regather and par.zero == 3
+    modules = par.modules_per_layer or model.mlp_matrices + 2
     return Workload(
         chunks={},
         microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
@@ -256,10 +257,9 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         overlap_param_gather=par.overlap_param_gather,
         accumulate_from_microbatch=1 if training.grad_accumulation == "autograd" else 0,
         embedding_grad_allreduce=_embedding_grad_allreduce(model, par, training),
-        # DeepSpeed fetches per module: QKV, attention output and the MLP's matrices.
-        bucket_matrices=model.mlp_matrices + 2 if par.grad_buckets_whole_matrices else 0,
-        gather_messages=model.mlp_matrices + 2 if par.gather_per_module and par.zero == 3
-        else 1,
+        # Per-module fetches (DeepSpeed, FSDP per nn.Linear): the attention and MLP matrices.
+        bucket_matrices=modules if par.grad_buckets_whole_matrices else 0,
+        gather_messages=modules if par.gather_per_module and par.zero == 3 else 1,
         gather_copies=dp if tensor_list else 0,
         gather_fill_passes=1 if tensor_list else 0,
         gather_host_s=(dp * par.tensor_list_host_us_per_rank

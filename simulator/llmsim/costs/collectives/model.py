@@ -11,6 +11,7 @@ from llmsim.costs.collectives.algorithms import ALGORITHMS
 from llmsim.costs.collectives.library import library_times_s
 from llmsim.costs.collectives.mpi_rules import GroupGeometry, group_geometry, mpi_all_reduce_s
 from llmsim.costs.collectives.table import CollectiveTable
+from llmsim.costs.collectives.wait_poll import polled_s
 from llmsim.costs.paths import (
     INF,
     GroupPath,
@@ -60,6 +61,8 @@ class CollectiveModel:
         self._paths: dict[str, GroupPath | None] = {}
         self._geometry: dict[str, GroupGeometry] = {}
         self._cache: dict[tuple[str, str, float], float] = {}
+        self.wait_poll_s = plan.parallelism.collective_wait_poll_ms * 1e-3
+        """The host's poll period of a collective it waits on (:func:`polled_s`), s."""
 
     def path(self, axis: str) -> GroupPath | None:
         """The path of ``axis``'s groups, or None when the axis has one rank."""
@@ -78,12 +81,14 @@ class CollectiveModel:
         return self._geometry[axis]
 
     def comm_s(self, op: CommOp) -> float:
-        """Duration of ``op`` in seconds (0 for a one-rank group or an empty message)."""
+        """Duration of ``op`` in seconds (0 for a one-rank group or an empty message), as
+        the host sees it when it polls the wait (``collective_wait_poll_ms``)."""
         key = (op.collective, op.axis, op.bytes, op.within_node, op.two_rank)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = self._price(op.collective, op.axis, op.bytes,
-                                                    op.within_node, op.two_rank)
+            cached = self._cache[key] = polled_s(
+                self._price(op.collective, op.axis, op.bytes, op.within_node, op.two_rank),
+                self.wait_poll_s)
         return cached
 
     def _pair_bytes_per_s(self, nbytes: float) -> float:
