@@ -65,26 +65,44 @@ def test_dfa_rows_err_as_the_docs_say():
 
 def test_dsmoe_layouts_are_the_scripts():
     """MoE: 128 experts on the 12 odd 0-based layers, top-1, capacity factor 1.0, EP 128 on
-    128 GPUs (llmsim's ep axis takes all data-parallel ranks), one micro-batch of 4; dense:
-    TP 8, DP 16, 16 micro-batches of 4. Both FP16, ZeRO 0, full recompute."""
+    128 GPUs (llmsim's ep axis takes all data-parallel ranks), one micro-batch of 4,
+    DeepSpeed's einsum dispatch; dense: TP 8, DP 16, 32 micro-batches of 2 (the largest
+    micro-batch the script's batch ramp-up from 32 sequences admits at DP 16). Both FP16,
+    ZeRO 0, full recompute, on the chosen 80 GB node."""
     moe_sc, dense_sc = (v.scenario_for(RUNS[f"DSMOE22-0{i}"]) for i in (1, 2))
     moe = moe_sc.model.moe
     assert (moe.experts, moe.top_k, moe.ffn_hidden, moe.capacity_factor) == (128, 1, 8192, 1.0)
     assert moe.moe_layers(24) == 12 and moe.is_moe_layer(1) and not moe.is_moe_layer(0)
     par = moe_sc.parallelism
     assert (par.tp, par.ep, par.dp, par.micro_batch, moe_sc.micro_batches) == (1, 128, 1, 4, 1)
+    assert par.moe_dispatcher == "deepspeed"
     par = dense_sc.parallelism
-    assert (par.tp, par.dp, par.micro_batch, dense_sc.micro_batches) == (8, 16, 4, 16)
+    assert (par.tp, par.dp, par.micro_batch, dense_sc.micro_batches) == (8, 16, 2, 32)
+    assert 32 % (par.micro_batch * par.dp) == 0  # the ramp-up's first global batch
     assert dense_sc.model.moe is None
     for sc in (moe_sc, dense_sc):
         assert sc.parallelism.zero == 0 and sc.parallelism.recompute == "full"
         assert sc.training.precision == "fp16" and sc.system.name == "openai-a100"
 
 
-def test_the_moe_row_is_off_as_its_dense_peer():
-    """Both about 40 % too fast; the MoE step's all-to-all is a small part of it, so the
-    gap is not the mixture of experts' (docs/validation.md §10)."""
+def test_the_moe_row_is_nearer_than_its_dense_peer():
+    """With DeepSpeed's einsum dispatch priced the MoE row is about 31 % too fast, its
+    dense peer about 38 % (docs/validation.md §10); the all-to-all is a small part of the
+    MoE step and the einsums' GEMMs a sizeable one."""
     moe, dense = (v.predict(RUNS[f"DSMOE22-0{i}"]) for i in (1, 2))
-    assert -45 < moe.error_pct < -35 and -45 < dense.error_pct < -35
+    assert -35 < moe.error_pct < -26 and -42 < dense.error_pct < -34
     parts = moe.result.breakdown_s
     assert 0.05 * moe.result.step_time_s < parts["ep_all_to_all"] < 0.2 * moe.result.step_time_s
+
+
+@pytest.mark.parametrize("row", ["DSMOE22-01", "DSMOE22-02"])
+def test_the_40gb_node_fits_and_is_slower(row):
+    """Azure's ND A100 v4 (40 GB, HBM2 at 1.555 TB/s), the other end of the rows' machine
+    range: the stated layouts fit, and the memory-bound kernels make the step longer."""
+    from llmsim.validation.sensitivity import with_values
+
+    chosen = v.predict(RUNS[row])
+    nd = v.predict(with_values(RUNS[row], {"system": "azure-nd-a100-v4"}))
+    assert v.scenario_for(with_values(RUNS[row], {"system": "azure-nd-a100-v4"})
+                          ).system.node.accelerator.hbm_gb == 40
+    assert nd.result.fits and nd.predicted > chosen.predicted

@@ -56,6 +56,7 @@ from llmsim.expert_loop import with_expert_loop
 from llmsim.experts import FP8_CACHED_BYTES, FP32_BYTES, expert_group_tokens, expert_rows
 from llmsim.host_syncs import HOST_SYNC_GAP_S
 from llmsim.moe_dispatcher import dispatch_syncs_host, routing_map_gather_bytes
+from llmsim.moe_einsum import with_einsums
 from llmsim.moe_fp8 import (
     pads_expert_rows,
     requant_op,
@@ -348,8 +349,10 @@ def replace_mlp(fwd: list[Op], bwd: list[Op], wgt: list[Op],
     """A dense block's forward, input-gradient and weight-gradient ops with its MLP (from
     after ``ln2`` to before ``residual2``; in the backward from after ``residual2_bwd``
     to before ``ln2_bwd``; the MLP's weight gradients) replaced by the MoE MLP's."""
-    block = MoeBlock(builder)  # with the host's loops (moe_host) and the experts' (expert_loop)
-    moe_f, moe_b, moe_w = with_expert_loop(block, *block_ops(block))
+    block = MoeBlock(builder)
+    # with the host's loops (moe_host), the experts' (expert_loop) and DeepSpeed's einsums
+    # (moe_einsum)
+    moe_f, moe_b, moe_w = with_einsums(block, *with_expert_loop(block, *block_ops(block)))
     f0 = _index(fwd, "ln2") + 1
     f1 = _index(fwd, "residual2")
     b0 = _index(bwd, "residual2_bwd") + 1 if any(o.name == "residual2_bwd" for o in bwd) else 0

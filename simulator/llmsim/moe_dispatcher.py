@@ -30,13 +30,16 @@ def dispatch_syncs_host(moe: MoE, par: Parallelism) -> bool:
       notify kernel writes to mapped memory (``moe_recv_counter``, DeepEP
       ``csrc/deep_ep.cpp``), with or without a capacity: across nodes "Internode dispatch
       does not support ``num_worst_tokens > 0``" (``deep_ep/buffer.py``);
-    * ``deepep_low_latency``: fixed-size receive buffers, no wait.
+    * ``deepep_low_latency``: fixed-size receive buffers, no wait;
+    * ``deepspeed``: DeepSpeed's ``top1gating`` reads the expert counts back in every
+      forward (``exp_counts = torch.sum(mask1, dim=0).detach().to('cpu')``,
+      ``deepspeed/moe/sharded_moe.py`` at 07887f66), capacity or not.
 
     The backward reuses the forward's counts (the combine's handle), so it does not
     wait; a recomputed forward does again (it repeats the ops)."""
     if par.moe_dispatcher == "deepep_low_latency":
         return False
-    return par.moe_dispatcher == "deepep" or moe.capacity_factor is None
+    return par.moe_dispatcher in ("deepep", "deepspeed") or moe.capacity_factor is None
 
 
 ROUTING_MAP_ENTRY_BYTES = 1

@@ -70,8 +70,9 @@ class TokenDispatch:
 
     @classmethod
     def of(cls, model: Model, par: Parallelism) -> TokenDispatch | None:
-        """The dispatch of a layout, None for a dense model or the plain all-to-all."""
-        if model.moe is None or par.moe_dispatcher == "alltoall":
+        """The dispatch of a layout, None for a dense model or the plain all-to-all
+        (Megatron-Core's or DeepSpeed's)."""
+        if model.moe is None or par.moe_dispatcher in ("alltoall", "deepspeed"):
             return None
         kernels: DeepEPKernels = {"deepep_low_latency": "low_latency",
                                   "hybridep": "hybridep"}.get(par.moe_dispatcher, "normal")

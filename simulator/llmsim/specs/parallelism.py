@@ -67,7 +67,8 @@ class Parallelism(Spec):
     micro-batch's forward with another's backward): each dispatch and combine costs only
     what exceeds the expert GEMM it is paired with (:mod:`llmsim.moe`). Needs ep > 1 or
     ``expert_tp`` 1 with tp > 1."""
-    moe_dispatcher: Literal["alltoall", "deepep", "deepep_low_latency", "hybridep"] = "alltoall"
+    moe_dispatcher: Literal["alltoall", "deepep", "deepep_low_latency", "hybridep",
+                            "deepspeed"] = "alltoall"
     """How the MoE tokens cross nodes. ``alltoall``: one NCCL all-to-all of the routed
     rows, a token sent once per expert it is routed to (Megatron-Core's ``alltoall``
     dispatcher). ``deepep``: DeepSeek's dispatch and combine kernels (DeepSeek-V3 report
@@ -78,7 +79,11 @@ class Parallelism(Spec):
     (:mod:`llmsim.costs.deepep`). ``deepep_low_latency``: DeepEP's low-latency kernels,
     every row straight to its expert's GPU over RDMA, at their measured rates.
     ``hybridep``: NVIDIA's HybridEP (Megatron-Core's flex dispatcher ``hybridep``
-    backend), DeepEP's path at HybridEP's measured H100 rates."""
+    backend), DeepEP's path at HybridEP's measured H100 rates. ``deepspeed``: DeepSpeed's
+    ``MOELayer`` of 2021-22 (GShard's einsums): the all-to-all of ``alltoall``, with dense
+    GEMMs over one-hot ``[tokens, experts, capacity]`` masks in place of the row
+    permutations and a host read of the expert counts in every forward
+    (:mod:`llmsim.moe_einsum`); needs a capacity factor."""
     moe_max_nodes: PositiveInt | None = None
     """Node-limited routing: each token's experts on at most this many nodes (DeepSeek-V3
     §2.1.2, M = 4; Megatron-Core ``--moe-router-group-topk`` with one group a node). It

@@ -201,6 +201,11 @@ class Scenario(Spec):
                 f"parallelism.moe_dispatcher: {par.moe_dispatcher} needs a mixture-of-experts "
                 f"model ({mdl.name} is dense); remove it or give the model a moe section"
             )
+        if par.moe_dispatcher == "deepspeed" and mdl.moe and mdl.moe.capacity_factor is None:
+            raise ValueError(
+                "parallelism.moe_dispatcher: deepspeed needs model.moe.capacity_factor (its "
+                "einsums are sized by the capacity; it is None); set it, e.g. 1.0"
+            )
         if trn.fp8_activation_cache and mdl.moe is None:
             raise ValueError(
                 f"training.fp8_activation_cache: true needs a mixture-of-experts model "
