@@ -27,7 +27,8 @@ from llmsim.validation.scenarios import scenario_mapping
 FLOP_FACTOR_1_3B_CKPT = 1.16251e16
 """DeepSpeedFugaku's FLOPs of one 1.3B iteration with activation checkpointing (its
 ``megatron/utils.py`` at 8e0eabb: 96·B·s·l·h²·(1 + s/6h + V/16lh), B = 1,024, s = 1,024,
-l = 24, h = 2,048, V = 50,304), which turns a printed TFLOP/s into seconds."""
+l = 24, h = 2,048, V = 50,304; at TP 4 Megatron pads V to 50,688, 0.04 % more), which
+turns a printed TFLOP/s into seconds."""
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,29 @@ from llmsim.validation.scenarios import scenario_for
 PRINTED_TFLOPS = {"FUGAKU-DEV-13": 1.36, "FUGAKU-DEV-14": 0.68}
 """The TFLOPs column of fugaku_sweep.md's PyTorch 1.10 table for the two rows."""
 
-PADDED_VOCAB = 50304
-"""GPT-2's 50,257 tokens padded to a multiple of 128 (Megatron's default
-``--make-vocab-size-divisible-by 128``), the V of the source's formula."""
+GPT2_VOCAB = 50257
+"""GPT-2's tokens, before Megatron pads them."""
+
+
+def padded_vocab(tp: int) -> int:
+    """The V of the source's formula (``args.padded_vocab_size``): GPT-2's vocabulary padded
+    to a multiple of 128 × TP (``_vocab_size_with_padding`` in DeepSpeedFugaku's
+    ``megatron/tokenizer/tokenizer.py``, default ``--make-vocab-size-divisible-by 128``)."""
+    multiple = 128 * tp
+    return -(-GPT2_VOCAB // multiple) * multiple
 
 
 def source_tflops(run: v.Run, factor: int) -> float:
     """The source's printed throughput of ``run`` with the checkpointing factor given."""
     b, s, layers = int(run.row["global_batch"]), int(run.row["seq_len"]), int(run.row["layers"])
-    h = int(run.row["hidden"])
+    h, vocab = int(run.row["hidden"]), padded_vocab(int(run.row["tp"]))
     flops = (24 * factor * b * s * layers * h * h
-             * (1 + s / (6 * h) + PADDED_VOCAB / (16 * layers * h)))
+             * (1 + s / (6 * h) + vocab / (16 * layers * h)))
     return flops / run.measured / 1e12
+
+
+def test_the_vocabulary_is_padded_as_megatron_pads_it() -> None:
+    assert (padded_vocab(1), padded_vocab(4)) == (50304, 50688)
 
 
 @pytest.mark.parametrize("row", sorted(PRINTED_TFLOPS))
