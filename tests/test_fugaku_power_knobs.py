@@ -143,10 +143,10 @@ def test_the_tuned_runs_of_pytorch_1_7_are_within_20_percent(row):
 
 @pytest.mark.xfail(strict=True, reason=(
     "PyTorch 1.10 with one process per CMG, tcmalloc, 2.2 GHz and retention_state=0 took "
-    "363.6 s (fugaku_sweep.md; 2.28 TFLOP/s a node, 34 % of the 2.2 GHz peak over the whole "
-    "step), llmsim 551.1 s (+51.6 %): its GEMMs at the catalog's third of peak are slower than "
-    "that run's, so the third is no ceiling for PyTorch 1.10 there; the same layout on 1.7 "
-    "(522.7 s) is +5.4 %"))
+    "363.6 s (fugaku_sweep.md), llmsim 438.8 s (+20.7 %) without activation checkpointing, "
+    "which the table's TFLOPs column shows the sweep ran (docs/validation.md, 'The 124M "
+    "sweep ran without activation checkpointing'); 551.1 s (+51.6 %) when it was taken to "
+    "recompute. Just outside 20 %: the third of peak is about the ceiling of that run"))
 def test_the_tuned_run_of_pytorch_1_10_per_cmg_is_within_20_percent():
     assert step_s("FUGAKU-DEV-13", boost=True, allocator="caching",
                   retention=False) == pytest.approx(
