@@ -8,9 +8,9 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from llmsim.specs._base import Spec
 
-AttentionKernel = Literal["flash", "flash1", "cudnn", "unfused"]
-"""How attention runs: FlashAttention-2, FlashAttention 1.x, cuDNN's fused flash
-attention, or unfused."""
+AttentionKernel = Literal["flash", "flash1", "triton_fwd", "cudnn", "unfused"]
+"""How attention runs: FlashAttention-2, FlashAttention 1.x, a Triton forward with
+FlashAttention-2's backward (DistFlashAttn), cuDNN's fused flash attention, or unfused."""
 
 AttentionSoftmax = Literal["fused", "eager"]
 """How the unfused attention's scale, mask, softmax and dropout run: fused kernels, or
@@ -54,7 +54,10 @@ class Training(Spec):
     attention_kernel: AttentionKernel = "flash"
     """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2),
     ``flash1`` (flash-attn 1.x, which Transformer Engine of spring 2023 called; priced
-    from FlashAttention-2's rate, :mod:`llmsim.costs.flash1`) or ``cudnn`` (cuDNN's fused
+    from FlashAttention-2's rate, :mod:`llmsim.costs.flash1`), ``triton_fwd`` (DistFlashAttn's
+    forward written in Triton from Triton's fused-attention tutorial, with FlashAttention-2's
+    CUDA backward; the forward priced from FlashAttention-2's by their measured ratio,
+    :mod:`llmsim.costs.attention_relative`) or ``cudnn`` (cuDNN's fused
     flash attention, Transformer Engine's ``FusedAttention``, which Transformer Engine
     prefers on Hopper) — or the unfused softmax path."""
     attention_softmax: AttentionSoftmax = "fused"
