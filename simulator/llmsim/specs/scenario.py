@@ -185,6 +185,13 @@ class Scenario(Spec):
     def _check_experts_and_context(self) -> None:
         """Expert and context parallelism as Megatron-Core accepts them."""
         par, mdl, trn = self.parallelism, self.model, self.training
+        llama = (mdl.norm, mdl.position_embedding, mdl.activation) == ("rmsnorm", "rope", "swiglu")
+        if trn.pointwise_ops == "hf_eager" and not llama:
+            raise ValueError(
+                f"training.pointwise_ops: hf_eager is Hugging Face LLaMA's RMSNorm, RoPE and "
+                f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
+                f"{mdl.activation}; set pointwise_ops to fused"
+            )
         if par.ep > 1 and mdl.moe is None:
             raise ValueError(
                 f"parallelism.ep: {par.ep} needs a mixture-of-experts model ({mdl.name} is "

@@ -23,6 +23,11 @@ HostPath = Literal["bare", "modules"]
 """How a framework's host issues eager kernels: ``bare`` PyTorch ops, or ``modules``
 (layers as Python modules with autograd, :attr:`Training.host_path`)."""
 
+PointwiseOps = Literal["fused", "hf_eager"]
+"""How a block's norms, rotary embedding and gated activation run: one fused kernel each
+(no rotary traffic), or Hugging Face LLaMA's eager PyTorch operators
+(:mod:`llmsim.workload.hf_eager`)."""
+
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
@@ -66,6 +71,14 @@ class Training(Spec):
     ``forward_torch_softmax`` as PyTorch runs it on a CPU in FP32, kernel by kernel: the
     scores scaled into a new tensor, masked in place, and a dropout that draws a float
     noise tensor of the probabilities' size (:mod:`llmsim.workload.softmax`)."""
+    pointwise_ops: PointwiseOps = "fused"
+    """How the block's RMSNorms, rotary embedding and SwiGLU run: ``fused``, one kernel each
+    (Megatron-LM's and Transformer Engine's fused norms and activation; the rotary embedding
+    not priced); ``hf_eager``, Hugging Face ``LlamaForCausalLM`` of 2023 (transformers
+    4.31–4.35) as PyTorch runs it: ``LlamaRMSNorm`` upcast to FP32 in 8 kernels, ``rotate_half``
+    and ``apply_rotary_pos_emb`` on q and k, SiLU and the gate product as two kernels, and
+    autograd's backward of each (:mod:`llmsim.workload.hf_eager`). Needs an RMSNorm, RoPE,
+    SwiGLU model."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]

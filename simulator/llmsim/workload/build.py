@@ -28,6 +28,7 @@ from llmsim.params import (
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
+from llmsim.workload.hf_eager import apply_hf_eager
 
 if TYPE_CHECKING:
     pass
@@ -163,6 +164,10 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     if model.mla is not None:
         layer_f, layer_r, layer_b, layer_w = apply_mla(
             (layer_f, layer_r, layer_b, layer_w), builder)
+    if training.pointwise_ops == "hf_eager":
+        layer_f, layer_r, layer_b, layer_w = apply_hf_eager(
+            (layer_f, layer_r, layer_b, layer_w), builder.e,
+            builder.T * (model.q_dim + model.kv_dim) / par.tp)
     layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
         (layer_f, layer_r, layer_b, layer_w), builder)
     if par.recompute_norms_and_up_proj:
