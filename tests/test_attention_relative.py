@@ -24,14 +24,12 @@ from llmsim.simulation import simulate
 from llmsim.specs import Accelerator
 from llmsim.workload import LayerBuilder
 
-
-@pytest.fixture(scope="module")
-def a100() -> Accelerator:
-    return load_spec("accelerators", "a100-sxm4-80gb")
+A100: Accelerator = load_spec("accelerators", "a100-sxm4-80gb")
+"""The board whose catalog entry holds the side-by-side forward timing."""
 
 
-def test_the_ratio_is_the_benchmarks_at_its_shapes(a100):
-    pairs = a100.triton_fwd_vs_flash2_ms
+def test_the_ratio_is_the_benchmarks_at_its_shapes():
+    pairs = A100.triton_fwd_vs_flash2_ms
     # triton-lang/triton #1934 (2024-09-27), causal forward, batch 4, 32 heads, d 128, 8k:
     # Triton 12.040288 ms, FlashAttention-2 10.662884 ms
     assert triton_forward_slowdown(pairs, 8192, 128) == pytest.approx(12.040288 / 10.662884)
@@ -44,7 +42,7 @@ def test_the_ratio_is_the_benchmarks_at_its_shapes(a100):
 @given(seq=st.integers(min_value=128, max_value=1 << 20),
        head_dim=st.integers(min_value=16, max_value=256))
 def test_the_ratio_stays_within_the_measured_ones(seq, head_dim):
-    pairs = load_spec("accelerators", "a100-sxm4-80gb").triton_fwd_vs_flash2_ms
+    pairs = A100.triton_fwd_vs_flash2_ms
     ratios = [t / f for by_seq in pairs.values() for t, f in by_seq.values()]
     assert min(ratios) - 1e-12 <= triton_forward_slowdown(pairs, seq, head_dim) \
         <= max(ratios) + 1e-12
@@ -60,12 +58,12 @@ def _layer(heads: int, seq: int, recompute: str = "full"):
 
 
 @pytest.mark.parametrize(("heads", "seq"), [(32, 2048), (16, 8192), (8, 32768)])
-def test_the_forward_is_slowed_and_the_backward_is_flash2s(a100, heads, seq):
+def test_the_forward_is_slowed_and_the_backward_is_flash2s(heads, seq):
     """Forward and recompute ops: FlashAttention-2's time times the ratio; the backward:
     FlashAttention-2's time exactly (DistFlashAttn calls flash-attn 2's backward)."""
-    flash2 = ComputeModel(a100, "fp16", attention_kernel="flash")
-    triton = ComputeModel(a100, "fp16", attention_kernel="triton_fwd")
-    factor = triton_forward_slowdown(a100.triton_fwd_vs_flash2_ms, seq, 128)
+    flash2 = ComputeModel(A100, "fp16", attention_kernel="flash")
+    triton = ComputeModel(A100, "fp16", attention_kernel="triton_fwd")
+    factor = triton_forward_slowdown(A100.triton_fwd_vs_flash2_ms, seq, 128)
     assert factor > 1
     fwd, rec, bwd, _ = _layer(heads, seq)
     for op in (o for o in [*fwd, *rec] if o.kind == "attention"):
@@ -76,10 +74,10 @@ def test_the_forward_is_slowed_and_the_backward_is_flash2s(a100, heads, seq):
         assert triton.compute_s(op) == flash2.compute_s(op)  # only attention changes
 
 
-def test_a_kernel_priced_by_its_own_rates_has_no_relative_pricing(a100):
+def test_a_kernel_priced_by_its_own_rates_has_no_relative_pricing():
     for kernel in ("flash", "cudnn", "unfused"):
-        assert RelativePricing.of(a100, kernel) is None
-        assert missing_measurement(a100, kernel) is None
+        assert RelativePricing.of(A100, kernel) is None
+        assert missing_measurement(A100, kernel) is None
     assert set(RELATIVE_KERNELS) == {"flash1", "triton_fwd"}
 
 

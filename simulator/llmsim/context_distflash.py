@@ -38,9 +38,9 @@ the ranks below ``P/2`` are idle. Every kernel after step 0 is a whole non-causa
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from llmsim.context import each_attention, rank_attention
 from llmsim.host_syncs import HOST_SYNC_GAP_S
 from llmsim.ops import CommOp, ComputeOp
 
@@ -121,18 +121,13 @@ def apply_distflash(lists: tuple[list[Op], ...], builder: LayerBuilder) -> tuple
         return lists
     n = steps(cp)
 
-    def convert(op: Op) -> list[Op]:
-        if not (isinstance(op, ComputeOp) and op.kind == "attention"):
-            return [op]
-        seq = builder.trn.seq_len // cp
-        shape = (seq, op.attention_shape[1]) if op.attention_shape else None
-        attention = replace(op, flops=op.flops / cp * balance_factor(cp),
-                            attention_shape=shape, attention_ring_steps=cp,
-                            host_s=op.host_s + n * HOST_SYNC_GAP_S)
+    def convert(op: ComputeOp) -> list[Op]:
+        attention = rank_attention(op, builder, balance_factor(cp),
+                                   host_s=op.host_s + n * HOST_SYNC_GAP_S)
         backward = op.phase == "B"
         fetch = CommOp("cp_distflash_bwd" if backward else "cp_distflash", "send_recv", "cp",
                        op.phase, step_bytes(builder, backward), ring_steps=n,
                        ring_schedule="distflash")
         return [fetch, attention, *bookkeeping_ops(builder, op.phase, cp)]
 
-    return tuple([new for op in ops for new in convert(op)] for ops in lists)
+    return each_attention(lists, convert)
