@@ -184,7 +184,7 @@ def _frame(predictions: dict[str, v.Prediction]) -> pd.DataFrame:
 
 
 def test_rows_are_the_published_ones_with_a_full_layout():
-    assert len(RUNS) == len(BY_ID) == 176
+    assert len(RUNS) == len(BY_ID) == 186
     assert {r.source for r in RUNS} == {
         "NAR21-T1",
         "NAR21-T2",

@@ -52,15 +52,21 @@ def activation_bytes_per_layer(model: Model, parallelism: Parallelism, training:
     QKV-GEMM and MLP-up inputs, are recomputed in the backward: 2·e·sbh less outside the
     TP region (MLA's own tensors: :func:`llmsim.mla.mla_activation_bytes_delta`).
     Selective recompute drops the core; full recompute keeps only the block input,
-    e·sbh (÷t with sequence parallelism). For a GPT shape this is exactly sbh·(34 +
-    5as/h) without parallelism, sbh·(10 + 24/t + 5as/(ht)) with TP and sbh/t·(34 +
-    5as/h) with TP + sequence parallelism.
+    e·sbh (÷t with sequence parallelism); ``full_keep_attention`` keeps the block input,
+    the attention output e·sb·q_dim/t and the log-sum-exp 4·a·s·b/t. For a GPT shape this
+    is exactly sbh·(34 + 5as/h) without parallelism, sbh·(10 + 24/t + 5as/(ht)) with TP
+    and sbh/t·(34 + 5as/h) with TP + sequence parallelism.
     """
     t, sp = parallelism.tp, parallelism.sequence_parallel
     s, b, h, f = training.seq_len, parallelism.micro_batch, model.hidden, model.ffn_hidden
     e, sb = activation_element_bytes(training), training.seq_len * parallelism.micro_batch
     if parallelism.recompute == "full":
         return e * sb * h / (t if sp else 1)
+    if parallelism.recompute == "full_keep_attention":
+        # DistFlashAttn's checkpoints end at the attention kernel and keep its output (the
+        # out-projection's input) and the fp32 log-sum-exp beside the block input.
+        kept = e * sb * model.q_dim / t + FP32_BYTES * model.heads / t * s * b
+        return e * sb * h / (t if sp else 1) + kept
     masks = DROPOUT_MASK_BYTES if training.hidden_dropout > 0 else 0
     norm_outputs = 0 if parallelism.recompute_norms_and_up_proj else 2
     outside_tp = ((2 + norm_outputs) * e + 2 * masks) * sb * h / (t if sp else 1)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
-from llmsim.context import ring_exposed_s
 from llmsim.costs.host_issue import HostIssue, pass_waits_s
+from llmsim.cp_schedules import EXPOSED
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
 
@@ -70,7 +70,7 @@ class Block:
         keeps only its exposed part (:func:`exposed_overlap_s`), pipelined in the GEMM's
         ``splits`` chunks; an all-to-all that pairs with one (the MoE shared expert's
         overlap) does so without it. A context-parallel ring keeps what the attention
-        kernel after it does not hide (:func:`llmsim.context.ring_exposed_s`).
+        kernel after it does not hide (its schedule's rule, :data:`llmsim.cp_schedules.EXPOSED`).
         ``reserved_units`` more compute units are held by other kernels (a data-parallel
         collective's) while every compute op runs.
 
@@ -86,7 +86,8 @@ class Block:
         durations = _prices(ops, costs)
         for i, op in enumerate(ops):  # a context-parallel ring beside the next op
             if isinstance(op, CommOp) and op.ring_steps > 1 and i + 1 < len(ops):
-                durations[i] = ring_exposed_s(durations[i], durations[i + 1], op.ring_steps)
+                durations[i] = EXPOSED[op.ring_schedule](durations[i], durations[i + 1],
+                                                         op.ring_steps)
         for i, op in enumerate(ops):
             # TP collectives pair with their GEMM under TP overlap; an all-to-all that
             # pairs with a GEMM (the MoE shared expert's overlap) always does.

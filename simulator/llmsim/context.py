@@ -19,6 +19,7 @@ transfer of ``c`` per step: the first step computes on the local block, each of 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -84,6 +85,25 @@ def kv_block_bytes(builder: LayerBuilder) -> float:
     return float(b.e * b.T * per_token)
 
 
+def rank_attention(op: ComputeOp, builder: LayerBuilder, flops_factor: float = 1.0,
+                   **changes: object) -> ComputeOp:
+    """Attention op ``op`` as one rank of a ``cp`` group computes it: ``1/cp`` of the
+    sequence's FLOPs (times ``flops_factor``) at the efficiency of ``s/cp``-token blocks,
+    as ``cp`` ring steps; ``changes`` set further fields."""
+    cp = builder.par.cp
+    shape = (builder.trn.seq_len // cp, op.attention_shape[1]) if op.attention_shape else None
+    return replace(op, flops=op.flops / cp * flops_factor, attention_shape=shape,
+                   attention_ring_steps=cp, **changes)
+
+
+def each_attention(lists: tuple[list[Op], ...],
+                   convert: Callable[[ComputeOp], list[Op]]) -> tuple[list[Op], ...]:
+    """``lists`` with every fused attention op replaced by ``convert(op)``."""
+    return tuple([new for op in ops for new in (
+        convert(op) if isinstance(op, ComputeOp) and op.kind == "attention" else [op])]
+        for ops in lists)
+
+
 def apply_context_parallel(lists: tuple[list[Op], ...],
                            builder: LayerBuilder) -> tuple[list[Op], ...]:
     """A block's op lists with each fused attention kernel doing ``1/cp`` of the
@@ -96,16 +116,10 @@ def apply_context_parallel(lists: tuple[list[Op], ...],
         return lists
     kv = kv_block_bytes(builder)
 
-    def convert(op: Op) -> list[Op]:
-        if not (isinstance(op, ComputeOp) and op.kind == "attention"):
-            return [op]
-        seq = builder.trn.seq_len // cp
-        shape = (seq, op.attention_shape[1]) if op.attention_shape else None
-        attention = replace(op, flops=op.flops / cp, attention_shape=shape,
-                            attention_ring_steps=cp)
+    def convert(op: ComputeOp) -> list[Op]:
         backward = op.phase == "B"
         ring = CommOp("cp_kv_ring_bwd" if backward else "cp_kv_ring", "send_recv", "cp",
                       op.phase, 2 * kv if backward else kv, ring_steps=cp)
-        return [ring, attention]
+        return [ring, rank_attention(op, builder)]
 
-    return tuple([new for op in ops for new in convert(op)] for ops in lists)
+    return each_attention(lists, convert)

@@ -153,3 +153,6 @@ class CommOp:
     """A context-parallel ring exchange (:mod:`llmsim.context`): ``bytes`` is one step's
     block, sent beside the attention kernel that follows, in this many steps; the block
     keeps only the part the kernel does not hide."""
+    ring_schedule: Literal["te_ring", "distflash"] = "te_ring"
+    """Whose context-parallel schedule the exchange belongs to: it says how much of it the
+    attention kernel hides (:data:`llmsim.cp_schedules.EXPOSED`)."""

@@ -16,6 +16,7 @@ from typing import Protocol
 from llmsim.calibration import Calibration
 from llmsim.costs.allocator import PageRoundTrip
 from llmsim.costs.alltoall import AllToAllModel, TokenDispatch
+from llmsim.costs.attention_relative import missing_measurement
 from llmsim.costs.collectives import (
     ALGORITHMS,
     CollectiveModel,
@@ -107,12 +108,9 @@ class HardwareCosts:
                 f"{accelerator.name}; use flash, or give the accelerator a "
                 f"cudnn_attention_fraction"
             )
-        if attention_kernel == "flash1" and not accelerator.flash1_vs_flash2_tflops:
-            raise UserError(
-                f"training.attention_kernel: flash1 has no measured FlashAttention 1.x rate on "
-                f"{accelerator.name}; use flash, or give the accelerator "
-                f"flash1_vs_flash2_tflops"
-            )
+        missing = missing_measurement(accelerator, attention_kernel)
+        if missing:
+            raise UserError(missing)
         pages = PageRoundTrip(accelerator) if allocator == "glibc" else None
         self.compute = ComputeModel(accelerator, dtype, gemm_table, attention_kernel,
                                     power_limit_w, cuda_graphs, pages, host_path, host_ahead)

@@ -42,11 +42,11 @@ from dataclasses import dataclass
 from typing import get_args
 
 from llmsim.costs.allocator import PageRoundTrip
+from llmsim.costs.attention_relative import RelativePricing
 from llmsim.costs.attention_tables import attention_table
 from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.cpu_gemm import cpu_gemm_s
-from llmsim.costs.flash1 import flash1_slowdown
 from llmsim.costs.flash_curve import flash_attention_flops as flash_attention_flops
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
@@ -216,13 +216,12 @@ class ComputeModel:
             else accelerator.attention_fraction
         )
         self.flash_curve = (
-            accelerator.flash_attention_tflops if attention_kernel in ("flash", "flash1")
-            else None
+            accelerator.flash_attention_tflops
+            if attention_kernel in ("flash", "flash1", "triton_fwd") else None
         )
-        self.flash1_pairs = (accelerator.flash1_vs_flash2_tflops
-                             if attention_kernel == "flash1" else None)
-        """FlashAttention 1.x beside FlashAttention-2 (:mod:`llmsim.costs.flash1`); None
-        unless the kernel is ``flash1``."""
+        self.relative = RelativePricing.of(accelerator, attention_kernel)
+        """A kernel priced from FlashAttention-2's time by a side-by-side ratio (``flash1``,
+        ``triton_fwd``: :mod:`llmsim.costs.attention_relative`); None for the others."""
         self.attention_table = attention_table(accelerator, attention_kernel)
         """The attention kernel's rates timed by shape on the board
         (``flash_attention_measured``, ``cudnn_attention_measured`` and their blocks)."""
@@ -254,8 +253,8 @@ class ComputeModel:
         self._cache: dict[tuple[object, ...], float] = {}
         self._math_by_kind: dict[str, Callable[[ComputeOp], float]] = {
             "gemm": self.gemm_math_s,
-            "attention": self.attention_math_s if self.flash1_pairs is None
-            else self.flash1_math_s,
+            "attention": self.attention_math_s if self.relative is None
+            else self.relative_math_s,
             "memory": self.memory_math_s,
         }
 
@@ -350,14 +349,12 @@ class ComputeModel:
             m, n, k, op.batch, gemm, peak, dtype, op.reserved_units, op.splits,
             op.concurrent_splits, memory_bytes_per_s=self.memory_bytes_per_s)
 
-    def flash1_math_s(self, op: ComputeOp) -> float:
-        """FlashAttention 1.x: FlashAttention-2's time (:meth:`attention_math_s`) times
-        its throughput over 1.x's at the op's shape (:func:`flash1_slowdown`)."""
-        seq_len, head_dim = op.attention_shape or (0, 0)
-        if not seq_len or self.flash1_pairs is None:
-            raise ValueError("a flash1 attention op needs its (sequence, head dim) shape")
-        return self.attention_math_s(op) * flash1_slowdown(self.flash1_pairs, seq_len,
-                                                            head_dim)
+    def relative_math_s(self, op: ComputeOp) -> float:
+        """A kernel priced from FlashAttention-2 (``flash1``, ``triton_fwd``): its time
+        (:meth:`attention_math_s`) times the measured ratio at the op's shape and phase
+        (:class:`llmsim.costs.attention_relative.RelativePricing`)."""
+        factor = self.relative.factor(op) if self.relative is not None else 1.0
+        return self.attention_math_s(op) * factor
 
     def attention_math_s(self, op: ComputeOp) -> float:
         """Fused attention: executed FLOPs at the kernel's fraction of peak

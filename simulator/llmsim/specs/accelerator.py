@@ -185,6 +185,14 @@ class Accelerator(Spec):
     dimension, then sequence length: ``(flash1, flash2)``. Their ratio prices
     ``training.attention_kernel: flash1`` from FlashAttention-2's rate
     (:mod:`llmsim.costs.flash1`); None where not measured (``flash1`` is then refused)."""
+    triton_fwd_vs_flash2_ms: dict[
+        PositiveInt, dict[PositiveInt, tuple[PositiveFloat, PositiveFloat]]] | None = None
+    """The forward times, ms, of Triton's fused-attention tutorial kernel and of
+    FlashAttention-2 at one causal shape, timed side by side in one benchmark on this
+    accelerator, by head dimension, then sequence length: ``(triton, flash2)``. Their ratio
+    prices the forward of ``training.attention_kernel: triton_fwd`` from FlashAttention-2's
+    rate (:mod:`llmsim.costs.attention_relative`); None where not measured (``triton_fwd`` is
+    then refused)."""
     flash_attention_measured: list[MeasuredAttention] = Field(default_factory=list)
     """Flash attention kernels timed on the board by shape (heads, KV heads, sequence,
     head dimension, forward and backward TFLOP/s; see :data:`MeasuredAttention`). An attention

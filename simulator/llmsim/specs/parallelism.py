@@ -34,6 +34,10 @@ class TpOverlapGemm(Spec):
     """``ring_exchange``: two arriving chunks per GEMM, ``tp/2`` GEMMs of twice the rows."""
 
 
+CpSchedule = Literal["te_ring", "distflash"]
+"""How context-parallel attention is scheduled (:attr:`Parallelism.cp_schedule`)."""
+
+
 class Parallelism(Spec):
     """How the model and the batch are split over devices."""
 
@@ -46,6 +50,10 @@ class Parallelism(Spec):
     cp: PositiveInt = 1
     """Context-parallel degree: each sequence split over ``cp`` ranks, attention by ring
     exchange of the key/value blocks (Megatron-Core ``--context-parallel-size``)."""
+    cp_schedule: CpSchedule = "te_ring"
+    """Whose context-parallel attention runs: ``te_ring``, Transformer Engine's ring
+    (Megatron-Core, :mod:`llmsim.context`), or ``distflash``, DistFlashAttn's load-balanced
+    schedule of ⌊cp/2⌋ + 1 steps (Li et al. 2024, Algorithm 2; :mod:`llmsim.context_distflash`)."""
     ep: PositiveInt = 1
     """Expert-parallel degree: the routed experts of a MoE layer split over ``ep`` ranks,
     which hold different sequences (and so add to data parallelism for the dense weights);
@@ -133,8 +141,11 @@ class Parallelism(Spec):
     row-parallel linear its bias, over the TP group, each its own blocking call before
     the kernel that reads it: six all-reduces of a hidden vector a block a forward (and
     again in a recomputed forward), two at the final norm."""
-    recompute: Literal["none", "selective", "full"] = "none"
-    """Activation recomputation: none, attention core only, or every layer."""
+    recompute: Literal["none", "selective", "full", "full_keep_attention"] = "none"
+    """Activation recomputation: none, attention core only, every layer, or every op of the
+    layer but the fused attention kernel (``full_keep_attention``: DistFlashAttn's
+    rematerialization-aware checkpointing, Li et al. 2024 §3.3, which keeps the attention
+    output and its log-sum-exp and ends each checkpoint at the attention kernel)."""
     recompute_norms_and_up_proj: bool = False
     """Recompute every RMSNorm, and MLA's up-projections, in the backward instead of
     storing their outputs (DeepSeek-V3 report §3.2.3, "Recomputation of RMSNorm and MLA

@@ -185,6 +185,31 @@ class Scenario(Spec):
     def _check_experts_and_context(self) -> None:
         """Expert and context parallelism as Megatron-Core accepts them."""
         par, mdl, trn = self.parallelism, self.model, self.training
+        llama = (mdl.norm, mdl.position_embedding, mdl.activation) == ("rmsnorm", "rope", "swiglu")
+        if par.recompute == "full_keep_attention" and (
+                not trn.fused_attention or mdl.moe is not None or mdl.mla is not None):
+            raise ValueError(
+                "parallelism.recompute: full_keep_attention keeps a fused attention kernel's "
+                f"output in a dense block without MLA ({mdl.name}, attention_kernel "
+                f"{trn.attention_kernel}); use full, or a fused kernel on a dense model"
+            )
+        if par.cp > 1 and par.cp_schedule == "distflash" and par.cp % 2:
+            raise ValueError(
+                f"parallelism.cp: {par.cp} is odd, and DistFlashAttn's schedule covers the "
+                "causal attention only over an even number of ranks; choose an even cp or "
+                "cp_schedule te_ring"
+            )
+        if par.cp > 1 and par.cp_schedule == "distflash" and mdl.mla is not None:
+            raise ValueError(
+                f"parallelism.cp_schedule: distflash exchanges key/value blocks, not {mdl.name}'s "
+                "MLA latents; use te_ring"
+            )
+        if trn.pointwise_ops == "hf_eager" and not llama:
+            raise ValueError(
+                f"training.pointwise_ops: hf_eager is Hugging Face LLaMA's RMSNorm, RoPE and "
+                f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
+                f"{mdl.activation}; set pointwise_ops to fused"
+            )
         if par.ep > 1 and mdl.moe is None:
             raise ValueError(
                 f"parallelism.ep: {par.ep} needs a mixture-of-experts model ({mdl.name} is "

@@ -8,9 +8,9 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from llmsim.specs._base import Spec
 
-AttentionKernel = Literal["flash", "flash1", "cudnn", "unfused"]
-"""How attention runs: FlashAttention-2, FlashAttention 1.x, cuDNN's fused flash
-attention, or unfused."""
+AttentionKernel = Literal["flash", "flash1", "triton_fwd", "cudnn", "unfused"]
+"""How attention runs: FlashAttention-2, FlashAttention 1.x, a Triton forward with
+FlashAttention-2's backward (DistFlashAttn), cuDNN's fused flash attention, or unfused."""
 
 AttentionSoftmax = Literal["fused", "eager"]
 """How the unfused attention's scale, mask, softmax and dropout run: fused kernels, or
@@ -22,6 +22,11 @@ Allocator = Literal["caching", "glibc"]
 HostPath = Literal["bare", "modules"]
 """How a framework's host issues eager kernels: ``bare`` PyTorch ops, or ``modules``
 (layers as Python modules with autograd, :attr:`Training.host_path`)."""
+
+PointwiseOps = Literal["fused", "hf_eager"]
+"""How a block's norms, rotary embedding and gated activation run: one fused kernel each
+(no rotary traffic), or Hugging Face LLaMA's eager PyTorch operators
+(:mod:`llmsim.workload.hf_eager`)."""
 
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
 
@@ -59,7 +64,10 @@ class Training(Spec):
     attention_kernel: AttentionKernel = "flash"
     """Fused attention without the s×s matrix in memory — ``flash`` (FlashAttention-2),
     ``flash1`` (flash-attn 1.x, which Transformer Engine of spring 2023 called; priced
-    from FlashAttention-2's rate, :mod:`llmsim.costs.flash1`) or ``cudnn`` (cuDNN's fused
+    from FlashAttention-2's rate, :mod:`llmsim.costs.flash1`), ``triton_fwd`` (DistFlashAttn's
+    forward written in Triton from Triton's fused-attention tutorial, with FlashAttention-2's
+    CUDA backward; the forward priced from FlashAttention-2's by their measured ratio,
+    :mod:`llmsim.costs.attention_relative`) or ``cudnn`` (cuDNN's fused
     flash attention, Transformer Engine's ``FusedAttention``, which Transformer Engine
     prefers on Hopper) — or the unfused softmax path."""
     attention_softmax: AttentionSoftmax = "fused"
@@ -68,6 +76,14 @@ class Training(Spec):
     ``forward_torch_softmax`` as PyTorch runs it on a CPU in FP32, kernel by kernel: the
     scores scaled into a new tensor, masked in place, and a dropout that draws a float
     noise tensor of the probabilities' size (:mod:`llmsim.workload.softmax`)."""
+    pointwise_ops: PointwiseOps = "fused"
+    """How the block's RMSNorms, rotary embedding and SwiGLU run: ``fused``, one kernel each
+    (Megatron-LM's and Transformer Engine's fused norms and activation; the rotary embedding
+    not priced); ``hf_eager``, Hugging Face ``LlamaForCausalLM`` of 2023 (transformers
+    4.31–4.35) as PyTorch runs it: ``LlamaRMSNorm`` upcast to FP32 in 8 kernels, ``rotate_half``
+    and ``apply_rotary_pos_emb`` on q and k, SiLU and the gate product as two kernels, and
+    autograd's backward of each (:mod:`llmsim.workload.hf_eager`). Needs an RMSNorm, RoPE,
+    SwiGLU model."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from llmsim.context import apply_context_parallel
+from llmsim.cp_schedules import APPLY as CP_APPLY
 from llmsim.host_syncs import batch_ops, exchange_sync_s, loss_ops
 from llmsim.mla import apply_mla
 from llmsim.moe import pairs_overlap, replace_mlp
@@ -28,6 +28,7 @@ from llmsim.params import (
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
+from llmsim.workload.hf_eager import apply_hf_eager
 
 if TYPE_CHECKING:
     pass
@@ -163,7 +164,11 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     if model.mla is not None:
         layer_f, layer_r, layer_b, layer_w = apply_mla(
             (layer_f, layer_r, layer_b, layer_w), builder)
-    layer_f, layer_r, layer_b, layer_w = apply_context_parallel(
+    if training.pointwise_ops == "hf_eager":
+        layer_f, layer_r, layer_b, layer_w = apply_hf_eager(
+            (layer_f, layer_r, layer_b, layer_w), builder.e,
+            builder.T * (model.q_dim + model.kv_dim) / par.tp)
+    layer_f, layer_r, layer_b, layer_w = CP_APPLY[par.cp_schedule](
         (layer_f, layer_r, layer_b, layer_w), builder)
     if par.recompute_norms_and_up_proj:
         layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]

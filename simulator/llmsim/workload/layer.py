@@ -281,6 +281,9 @@ class LayerBuilder:
         recompute: list[Op]
         if self.par.recompute == "full":
             recompute = [_as_phase(op, "R") for op in fwd]
+        elif self.par.recompute == "full_keep_attention":  # all but the attention kernel
+            recompute = [_as_phase(op, "R") for op in fwd
+                         if not (isinstance(op, ComputeOp) and op.kind == "attention")]
         elif self.par.recompute == "selective":
             recompute = [_as_phase(op, "R") for op in self._attention_forward("R")]
         else:
