@@ -228,9 +228,10 @@ class Parallelism(Spec):
     """Period at which the host polls a collective it waits on, milliseconds; each
     collective then takes, as the host sees it, the next whole number of periods. PyTorch's
     ``ProcessGroupNCCL`` under ``NCCL_BLOCKING_WAIT=1`` / ``TORCH_NCCL_BLOCKING_WAIT=1``:
-    ``wait()`` loops on ``isCompleted()`` with ``sleep_for(kSynchronizeBusyWaitMillis)``,
-    10 ms (``WorkNCCL::synchronizeInternal``). 0: the wait is an event the stream waits
-    on, no poll."""
+    ``wait()`` loops on ``isCompleted()`` with ``sleep_for(kSynchronizeBusyWaitMillis)``:
+    10 ms in the sources up to October 2024 (``WorkNCCL::synchronizeInternal``), 1 ms in
+    those after it (docs/cost-models.md). 0: the wait is an event the stream waits on, no
+    poll."""
     tensor_list_gathers: bool = False
     """ZeRO-3 all-gathers as DeepSpeed ZeRO-3 of 2021 ran them (``_allgather_param``, before
     it used ``_all_gather_base``): the output buffer allocated with ``torch.zeros`` (one

@@ -11,8 +11,9 @@ def polled_s(duration_s: float, period_s: float) -> float:
 
     PyTorch's ``ProcessGroupNCCL::WorkNCCL::synchronizeInternal`` under
     ``NCCL_BLOCKING_WAIT=1`` checks ``isCompleted()`` when the wait begins and then after
-    every ``sleep_for(kSynchronizeBusyWaitMillis)`` (10 ms), so a call issued and waited
-    on at once holds its thread for ⌈t / p⌉·p. The wait is taken to begin when the
+    every ``sleep_for(kSynchronizeBusyWaitMillis)`` (10 ms up to October 2024; 1 ms in
+    ``WorkNCCL::wait`` of the sources after it), so a call issued and waited on at once
+    holds its thread for ⌈t / p⌉·p. The wait is taken to begin when the
     collective does (the host issues it and waits at once; device work queued before it
     is not counted). A zero duration (a one-rank group) stays zero; ``period_s`` 0: no
     poll.
