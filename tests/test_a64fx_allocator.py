@@ -176,3 +176,29 @@ def test_no_glibc_row_overshoots_its_measurement_by_20_percent():
     assert len(glibc) == 12  # all but the two tcmalloc rows (-8, -12)
     for run in glibc:
         assert stored[run.id] < 1.2 * run.measured, run.id
+
+
+def test_the_version_pairs_share_one_prediction_and_their_ratios_disagree_on_the_allocator():
+    """llmsim has no PyTorch version, so each configuration the source ran on both 1.7 and
+    1.10 gets one prediction (step times as stored in tests/data/validation_steps.csv);
+    and the source's 1.7/1.10 ratios do not single out the allocator: per node 1.7 is
+    slower with glibc but faster with tcmalloc, per CMG slower with glibc too
+    (docs/validation.md §8, "PyTorch 1.7 against 1.10")."""
+    import csv
+    from pathlib import Path
+
+    from llmsim import validation as v
+
+    table = Path(__file__).parent / "data" / "validation_steps.csv"
+    with table.open(encoding="utf-8") as f:
+        stored = {row["id"]: float(row["step_time_s"]) for row in csv.DictReader(f)}
+    measured = {run.id: run.measured for run in v.load_runs("FUGAKU-DEV")}
+    pairs = {"glibc, 48 threads": ("FUGAKU-DEV-10", "FUGAKU-DEV-9"),
+             "tcmalloc, 48 threads": ("FUGAKU-DEV-12", "FUGAKU-DEV-8"),
+             "glibc, one per CMG": ("FUGAKU-DEV-11", "FUGAKU-DEV-13")}
+    ratio = {}
+    for layout, (v17, v110) in pairs.items():
+        assert stored[v17] == pytest.approx(stored[v110], rel=1e-12), layout
+        ratio[layout] = measured[v17] / measured[v110]
+    assert ratio["tcmalloc, 48 threads"] < 1 < ratio["glibc, 48 threads"], ratio
+    assert ratio["glibc, one per CMG"] > 1, ratio

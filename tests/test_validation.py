@@ -526,11 +526,12 @@ def test_target_set_accuracy_does_not_regress(target):
 
 def test_fugaku_rows_run_in_the_suite():
     """The fast Fugaku development rows (1-3; -4 and -5 take ~40 s and run in ``llmsim
-    validate``): finite, and still too fast by less than 60 %, as docs/validation.md §8
-    states (the missing time is on the A64FX node, not in the network)."""
+    validate``): finite, and within 20 % (+11.5, +8.9, +8.5 % since the GEMMs run at
+    PyTorch's share of SSL2's rate; too fast by 12-20 % before), as docs/validation.md §8
+    states."""
     df = v.validate([BY_ID[f"FUGAKU-DEV-{i}"] for i in (1, 2, 3)], progress=False)
     assert df["error_pct"].map(math.isfinite).all()
-    assert ((df["error_pct"] < 0) & (df["error_pct"] > -60)).all()
+    assert (df["error_pct"].abs() < 20).all()
 
 
 def test_lumi_rows_run_in_the_suite():
@@ -561,11 +562,12 @@ def test_fugaku_gap_is_in_the_compute_not_the_network():
     −34.4 % since the batched attention matmuls run one matrix per core, which costs the
     TP-4 row more: 8 heads per rank on 48 cores; −36.3 and −27.8 % since glibc's page round
     trip is priced; −29.8 and −22.7 % since the eager FP32 softmax path is; −29.8 and
-    −17.3 % since the TP all-reduces are Fujitsu MPI's ring), so the missing time of the
-    Fugaku rows is on the node (docs/validation.md §8), not in the TP all-reduces."""
+    −17.3 % since the TP all-reduces are Fujitsu MPI's ring; −23.2 and +11.5 % since the
+    GEMMs run at PyTorch's share of SSL2's rate), so the missing time of the Fugaku rows
+    is on the node (docs/validation.md §8), not in the TP all-reduces."""
     df = v.validate([BY_ID["FUGAKU-DEV-1"], BY_ID["FUGAKU-DEV-6"]], progress=False)
     one_node, tp4 = df.set_index("id").loc[["FUGAKU-DEV-6", "FUGAKU-DEV-1"], "error_pct"]
-    assert one_node < -25 and tp4 < -10
+    assert one_node < -20
     assert one_node < tp4
 
 
