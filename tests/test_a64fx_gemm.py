@@ -173,14 +173,21 @@ def test_with_a_framework_share_the_curve_is_scaled_and_not_capped(m, n, k, shar
 
 
 def test_the_share_reproduces_the_run_that_set_it_and_is_the_same_on_every_a64fx_file():
-    """0.420 is the share at which llmsim's step of the sweep's tuned run of one process per
-    CMG (124M, DP 4, 2.2 GHz, retention_state=0, tcmalloc, PyTorch 1.7; not a row) is the
-    measured 522.7 s; the chip, the CMG and their boost files carry the same share."""
+    """0.3255 is the share at which llmsim's step of the sweep's tuned run of one process per
+    CMG (124M, DP 4, 2.2 GHz, retention_state=0, tcmalloc, PyTorch 1.7, no activation
+    checkpointing; not a row) is the measured 522.7 s; the chip, the CMG and their boost
+    files carry the same share. The run is modelled through FUGAKU-DEV-11's scenario,
+    whose recompute is the one its TFLOPs column shows (tests/test_fugaku_sweep_recompute)."""
     from test_fugaku_power_knobs import step_s
+
+    from llmsim import validation as v
+    from llmsim.validation.scenarios import scenario_for
 
     shares = {load_spec("accelerators", name).gemm.framework_share
               for name in ("a64fx", "a64fx-boost", "a64fx-cmg", "a64fx-cmg-boost")}
-    assert shares == {0.42}
+    assert shares == {0.3255}
+    run = next(r for r in v.load_runs("FUGAKU-DEV") if r.id == "FUGAKU-DEV-11")
+    assert scenario_for(run).parallelism.recompute == "none"
     tuned = step_s("FUGAKU-DEV-11", boost=True, allocator="caching", retention=False)
     assert tuned == pytest.approx(522.7, rel=1e-3)
 
