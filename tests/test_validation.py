@@ -526,11 +526,14 @@ def test_target_set_accuracy_does_not_regress(target):
 
 def test_fugaku_rows_run_in_the_suite():
     """The fast Fugaku development rows (1-3; -4 and -5 take ~40 s and run in ``llmsim
-    validate``): finite, and still too fast by less than 60 %, as docs/validation.md §8
-    states (the missing time is on the A64FX node, not in the network)."""
+    validate``): finite, and too slow by the band docs/validation.md §8 reports for them
+    (+37.3, +34.0, +32.5 % since the GEMMs' share of SSL2's rate was set on PyTorch 1.7's
+    tuned run without recompute; these rows ran PyTorch 1.10, whose own tuned run was 1.44x
+    as fast; +11.5, +8.9, +8.5 % at the share set with recompute, -12 to -20 % with the
+    third of peak as a ceiling)."""
     df = v.validate([BY_ID[f"FUGAKU-DEV-{i}"] for i in (1, 2, 3)], progress=False)
     assert df["error_pct"].map(math.isfinite).all()
-    assert ((df["error_pct"] < 0) & (df["error_pct"] > -60)).all()
+    assert ((df["error_pct"] > 20) & (df["error_pct"] < 45)).all()
 
 
 def test_lumi_rows_run_in_the_suite():
@@ -557,15 +560,14 @@ def test_aurora_rows_run_in_the_suite():
 
 def test_fugaku_gap_is_in_the_compute_not_the_network():
     """FUGAKU-DEV-6 is one node (no network at all) and FUGAKU-DEV-1 four nodes with TP 4
-    over Tofu-D: llmsim is too fast on both (−49.4 and −50.0 % when added; −47.4 and
-    −34.4 % since the batched attention matmuls run one matrix per core, which costs the
-    TP-4 row more: 8 heads per rank on 48 cores; −36.3 and −27.8 % since glibc's page round
-    trip is priced; −29.8 and −22.7 % since the eager FP32 softmax path is; −29.8 and
-    −17.3 % since the TP all-reduces are Fujitsu MPI's ring), so the missing time of the
-    Fugaku rows is on the node (docs/validation.md §8), not in the TP all-reduces."""
+    over Tofu-D: llmsim was too fast on both (−49.4 and −50.0 % when added; −29.8 and
+    −17.3 % once the batched attention matmuls, glibc's page round trip, the eager softmax
+    and Fujitsu MPI's ring were priced); since the GEMMs run at PyTorch 1.7's share of
+    SSL2's rate the one-node row is within 20 % (−6.4 %) and the TP-4 row, on PyTorch 1.10,
+    too slow (+37.3 %): what either misses is on the node, not in the TP all-reduces."""
     df = v.validate([BY_ID["FUGAKU-DEV-1"], BY_ID["FUGAKU-DEV-6"]], progress=False)
     one_node, tp4 = df.set_index("id").loc[["FUGAKU-DEV-6", "FUGAKU-DEV-1"], "error_pct"]
-    assert one_node < -25 and tp4 < -10
+    assert abs(one_node) < 20
     assert one_node < tp4
 
 

@@ -12,10 +12,13 @@ threads' peak]``) and this module reads a GEMM of any shape from them:
   read at its own measured size);
 * between two measured sizes the fraction is interpolated linearly in ``log s``; outside
   the measured range the nearest end value holds (clamped, never extrapolated);
-* the rate is at most ``gemm.peak_fraction``: the benchmark times the library alone, and
-  where the catalog's fraction is lower (a framework calling it, as A64FX's third of peak
-  inside PyTorch) that holds; the curve slows only the shapes the library itself runs
-  slower than that;
+* the benchmark times the library alone. Where the catalog gives the share of that rate
+  a framework reaches when it calls the library (``gemm.framework_share``), the GEMM runs
+  at the curve times that share, at every shape and thread count: what the framework
+  adds around each call (dispatch, fork and join of its threads, operands placed by
+  first touch rather than interleaved) scales with the library's own time. Without it
+  the rate is the curve at most ``gemm.peak_fraction``: the curve slows only the shapes
+  the library itself runs slower than that;
 * a GEMM runs on the curve of its thread count: all the device's cores
   (``gemm.compute_units``) for a multi-threaded call, one core for each matrix of a batch
   dealt one matrix per core (:mod:`llmsim.costs.batched_gemm`). A thread count or dtype
@@ -57,13 +60,15 @@ def cpu_gemm_fraction(
     m: int, n: int, k: int, threads: int, gemm: GemmModel, dtype: Dtype
 ) -> float | None:
     """Fraction of the ``threads`` cores' peak a GEMM of M×N×K reaches: the library's rate
-    read from the catalog's measured squares at that thread count (see the module), at
-    most ``gemm.fraction(dtype)``; None where the catalog has no curve for this dtype and
-    thread count."""
+    read from the catalog's measured squares at that thread count (see the module), times
+    ``gemm.framework_share`` where given, else at most ``gemm.fraction(dtype)``; None
+    where the catalog has no curve for this dtype and thread count."""
     points = gemm.square_fraction.get(dtype, {}).get(threads)
     if not points:
         return None
     library = square_fraction(points, equal_volume_size(m, n, k))
+    if gemm.framework_share is not None:
+        return library * gemm.framework_share
     return min(library, gemm.fraction(dtype))
 
 

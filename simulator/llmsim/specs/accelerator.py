@@ -125,6 +125,10 @@ class GemmModel(Spec):
     count (``compute_units`` for a multi-threaded call, 1 for a matrix of a batch run one
     per core) it replaces ``peak_fraction`` and the tiles: the GEMM is read at the square of
     its volume (:mod:`llmsim.costs.cpu_gemm`)."""
+    framework_share: float | None = Field(default=None, gt=0, le=1)
+    """Share of the library's measured square rate (``square_fraction``) that a GEMM
+    reaches when a framework calls the library, the same at every shape and thread count;
+    None: the library's own rate, at most ``peak_fraction`` (:mod:`llmsim.costs.cpu_gemm`)."""
     alignment_bytes: PositiveInt = 16
     """Leading-dimension alignment, bytes, that the library's fast GEMM kernels need
     (cuBLAS: 16 bytes, NVIDIA's Matrix Multiplication Background guide, "Tensor Core
