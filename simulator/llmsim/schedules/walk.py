@@ -199,13 +199,11 @@ def levels(p: int, rows: tuple[Row, ...]) -> Levels:
     table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=4 * n).reshape(n, 4)
     free = [0] * p
     depth = [0] * (n + 1)
-    k = 0
-    for s, _, j, _ in rows:
+    for k, (s, _, j, _) in enumerate(rows, start=1):
         d = depth[j]
         f = free[s]
         if f > d:
             d = f
-        k += 1
         depth[k] = free[s] = d + 1
     by_depth = np.asarray(depth[1:], dtype=np.int64)
     order = np.argsort(by_depth, kind="stable")
