@@ -47,55 +47,37 @@ def reference_chimera(p: int, m: int) -> list[list[Action]]:
 
 
 def reference_dualpipe_rank(p: int, m: int, rank: int) -> list[Action]:
-    """DualPipe's rank order as it was built, an Action made per pass."""
-    half_ranks, half = p // 2, m // 2
-    h = min(rank, p - 1 - rank)
-    second = int(rank >= half_ranks)
+    """DualPipe's rank order as it was built, an Action made per pass, from its steps
+    written as a program: ``F0``/``F1`` a forward of phase 0/1, ``B0``/``B1`` a backward
+    with its W at once, ``b0``/``b1`` one whose W is deferred, ``W`` the oldest deferred W
+    (:func:`llmsim.schedules.dualpipe.dualpipe`'s steps 1 to 8)."""
+    half, h = m // 2, min(rank, p - 1 - rank)
+    n = p // 2 - h - 1
+    second = int(rank >= p // 2)
+    turn = (h + 1) // 2  # step 6 defers from here: both W's if h is odd, else B0's
+    step6 = [op for i in range(h + 1) for op in
+             (("b1" if i > turn or (i == turn and h % 2) else "B1"),
+              ("b0" if i >= turn else "B0"))]
+    program = (["F0"] * 2 * n + ["F0", "F1"] * (h + 1) + ["b1", "W", "F1"] * n
+               + ["F0", "B1", "F1", "B0"] * (half - p + h + 1) + ["B1", "F1", "B0"] * n
+               + step6 + ["W", "b0"] * n)
     out: list[Action] = []
-    f_next, b_next = [0, 0], [0, 0]
+    next_of = {"F": [0, 0], "B": [0, 0]}
     deferred: deque[Action] = deque()
-
-    def forward(phase: int) -> None:
-        out.append(Action(rank, "F", f_next[phase] + half * (phase ^ second), phase ^ second))
-        f_next[phase] += 1
-
-    def backward(phase: int, defer: bool = False) -> None:
-        b = Action(rank, "B", b_next[phase] + half * (phase ^ second), phase ^ second)
-        b_next[phase] += 1
-        out.append(b)
-        (deferred if defer else out).append(Action(rank, "W", b.microbatch, b.chunk))
-
-    for _ in range((half_ranks - h - 1) * 2):
-        forward(0)
-    for _ in range(h + 1):
-        forward(0)
-        forward(1)
-    for _ in range(half_ranks - h - 1):
-        backward(1, defer=True)
-        out.append(deferred.popleft())
-        forward(1)
-    for _ in range(half - p + h + 1):
-        forward(0)
-        backward(1)
-        forward(1)
-        backward(0)
-    for _ in range(half_ranks - h - 1):
-        backward(1)
-        forward(1)
-        backward(0)
-    defer = False
-    for i in range(h + 1):
-        if i == (h + 1) // 2 and h % 2 == 1:
-            defer = True
-        backward(1, defer)
-        if i == (h + 1) // 2 and h % 2 == 0:
-            defer = True
-        backward(0, defer)
-    for _ in range(half_ranks - h - 1):
-        out.append(deferred.popleft())
-        backward(0, defer=True)
-    out.extend(deferred)
-    return out
+    for op in program:
+        if op == "W":
+            out.append(deferred.popleft())
+            continue
+        phase = int(op[1])
+        chunk = phase ^ second
+        kind = op[0].upper()
+        k = next_of[kind][phase]
+        next_of[kind][phase] += 1
+        action = Action(rank, kind, k + half * chunk, chunk)
+        out.append(action)
+        if kind == "B":
+            (deferred if op[0] == "b" else out).append(Action(rank, "W", action.microbatch, chunk))
+    return out + list(deferred)
 
 
 def reference_wait_graph(order, route, gradient_after_weights=False):

@@ -110,33 +110,25 @@ def one_f_one_b_starts(stages: int, microbatches: int) -> list[list[tuple[int, i
     out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
     position, free = [0] * p, [0] * p
     left = 2 * m * p
+    zeros = [0] * m  # stage 0's forwards wait for nothing
     while left:
         moved = left
         for s in range(p):
             row, at, t, record = orders[s], position[s], free[s], out[s].append
-            own_f, own_b = f_end[s], b_end[s]
-            before = f_end[s - 1] if s else None
-            after = b_end[s + 1] if s + 1 < p else own_f
+            # the ends a forward and a backward wait for, and this stage's own
+            inputs = (f_end[s - 1] if s else zeros, b_end[s + 1] if s + 1 < p else f_end[s])
+            ends = (f_end[s], b_end[s])
             while at < len(row):
                 kind, k = row[at]
-                if kind == "F":
-                    ready = before[k] if before is not None else 0
-                    if ready < 0:
-                        break
-                    if ready > t:
-                        t = ready
-                    record((t * m + k, 0))
-                    t += 1
-                    own_f[k] = t
-                else:
-                    ready = after[k]
-                    if ready < 0:
-                        break
-                    if ready > t:
-                        t = ready
-                    record((t * m + k, 1))
-                    t += 1
-                    own_b[k] = t
+                backward = int(kind == "B")
+                ready = inputs[backward][k]
+                if ready < 0:
+                    break
+                if ready > t:
+                    t = ready
+                record((t * m + k, backward))
+                t += 1
+                ends[backward][k] = t
                 at += 1
             left -= at - position[s]
             position[s], free[s] = at, t
