@@ -247,8 +247,9 @@ def test_actions_are_shared_and_equal(monkeypatch: pytest.MonkeyPatch) -> None:
     first = action_table.actions(3, "B", 1, 4)
     assert first[:4] == [Action(3, "B", mb, 1) for mb in range(4)]
     assert action_table.actions(3, "B", 1, 2) is first
-    longer = action_table.actions(3, "B", 1, 6)  # grows in place
-    assert longer is first and longer == [Action(3, "B", mb, 1) for mb in range(6)]
+    longer = action_table.actions(3, "B", 1, 6)  # a longer list, the same first actions
+    assert longer == [Action(3, "B", mb, 1) for mb in range(6)] and len(first) == 4
+    assert all(a is b for a, b in zip(first, longer, strict=False))
     fresh = action_table.actions(0, "F", 0, 8)  # past the bound: starts again
     assert fresh == [Action(0, "F", mb, 0) for mb in range(8)]
     assert action_table._HELD[0] == 8

@@ -10,32 +10,37 @@ each number of micro-batches of a pipeline depth. The orders that the search bui
 
 from __future__ import annotations
 
+import threading
+
 from llmsim.schedules.action import Action, Kind
 
 MAX_ACTIONS = 1_000_000
-"""Most actions the table keeps (some 80 MB: an action and its micro-batch's integer);
+"""Most actions the table keeps (at most some 80 MB: an action and its micro-batch's integer);
 past it, it starts again empty. The deepest order of selene-gpt3's space (96 stages,
 1,536 micro-batches, two chunks, three kinds: 885 k actions) fits."""
 
 _TABLE: dict[tuple[int, str, int], list[Action]] = {}
 _HELD = [0]
+_LOCK = threading.Lock()
 
 
 def actions(stage: int, kind: Kind, chunk: int, microbatches: int) -> list[Action]:
     """``Action(stage, kind, mb, chunk)`` for every ``mb < microbatches``, at index mb
-    (the list may be longer); the same objects on every call."""
-    key = (stage, kind, chunk)
-    row = _TABLE.get(key)
-    if row is None or len(row) < microbatches:
-        if row is None:
-            row = []
-        missing = microbatches - len(row)
-        if _HELD[0] + missing > MAX_ACTIONS:
+    (the list may be longer; do not change it); the same objects on every call. A list
+    handed out is never changed: a longer one replaces it (so threads that price at once,
+    as a Dask worker's may, read whole lists)."""
+    row = _TABLE.get((stage, kind, chunk))
+    if row is not None and len(row) >= microbatches:
+        return row
+    with _LOCK:
+        row = _TABLE.get((stage, kind, chunk), [])
+        if len(row) >= microbatches:
+            return row
+        if _HELD[0] + microbatches - len(row) > MAX_ACTIONS:
             _TABLE.clear()
             _HELD[0] = 0
             row = []
-            missing = microbatches
-        row.extend(Action(stage, kind, mb, chunk) for mb in range(len(row), microbatches))
-        _TABLE[key] = row
-        _HELD[0] += missing
-    return row
+        _HELD[0] += microbatches - len(row)
+        row = row + [Action(stage, kind, mb, chunk) for mb in range(len(row), microbatches)]
+        _TABLE[stage, kind, chunk] = row
+        return row
