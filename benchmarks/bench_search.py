@@ -55,12 +55,13 @@ def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float
     return (time.perf_counter() - start) / repeats * 1e6
 
 
-def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = None) -> None:
+def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = None,
+                    rows: str | None = None) -> None:
     """Price every ``every``-th batch of the scenario's whole space in this process and
     print the CPU seconds: a measure of the pricing alone that other jobs on the machine
     disturb little (no pool, no confirmation). ``first`` and ``count`` narrow it to
     ``count`` batches from batch ``first`` (``--every 1``: a contiguous stretch, as a
-    worker meets them)."""
+    worker meets them). ``rows``: write the priced rows there (:func:`_write_rows`)."""
     from llmsim.search.batching import batches as walk_batches
     from llmsim.search.price import price_batch, state_fits
     from llmsim.search.space import SpaceOptions, cores
@@ -73,8 +74,10 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
     batches = batches[first:][::every][:count]
     start = time.process_time()
     priced = over = invalid = 0
+    results = []
     for batch in batches:
         result = price_batch(base, batch, {}, 0.1)
+        results.append(result.columns if rows else None)
         priced, over, invalid = (priced + len(result), over + result.out_of_memory,
                                  invalid + result.invalid)
     cpu = time.process_time() - start
@@ -82,6 +85,10 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
           f"CPU); every {every}th batch: {len(batches):,} batches, priced {priced:,}, over "
           f"memory {over:,}, invalid {invalid:,}; {cpu:.1f} s CPU, "
           f"{priced / cpu:,.0f} layouts priced per CPU-second")
+    if rows:
+        import pandas as pd
+
+        print(f"  rows: {_write_rows(pd.concat([pd.DataFrame(c) for c in results]), rows)}")
 
 
 def _write_rows(table: object, path: str) -> str:
@@ -115,7 +122,7 @@ def main() -> None:
                              "this CSV and print its SHA-256 (rows identical before/after)")
     args = parser.parse_args()
     if args.every:
-        every_nth_batch(args.scenario, args.every, args.first_batch, args.batches)
+        every_nth_batch(args.scenario, args.every, args.first_batch, args.batches, args.rows)
         return
     scenario = llmsim.load_scenario(args.scenario)
 

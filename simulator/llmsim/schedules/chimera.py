@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action
-from llmsim.schedules.orders import one_f_one_b_order, require_one_chunk, with_weight_passes
+from llmsim.schedules.action_table import actions
+from llmsim.schedules.orders import one_f_one_b_order, require_one_chunk
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import bidirectional
-from llmsim.schedules.timing import unit_timeline
 
 
 def chimera_peak(p: int, i: int, m: int, v: int) -> int:
@@ -69,21 +69,69 @@ def chimera(stages: int, microbatches: int, chunks: int) -> list:
     half, each = stages // 2, microbatches // 2
     down = [mb for mb in range(microbatches) if mb % stages < half]
     up = [mb for mb in range(microbatches) if mb % stages >= half]
-    one = [with_weight_passes(s, one_f_one_b_order(stages, each, s), lag=0)
-           for s in range(stages)]
-    merged: list[list[tuple[float, int, Action]]] = [[] for _ in range(stages)]
-    for s, row in enumerate(unit_timeline(one, f=1, b=1, w=0)):
-        for start, _, a in row:
-            if a.kind == "W":  # fused: placed right after its B below
-                continue
-            merged[s].append((start, a.microbatch, Action(s, a.kind, down[a.microbatch], 0)))
-            mirror = stages - 1 - s
-            merged[mirror].append((start, a.microbatch,
-                                   Action(mirror, a.kind, up[a.microbatch], 1)))
-    rows: list[list[Action]] = [[] for _ in range(stages)]
+    starts = one_f_one_b_starts(stages, each)
+    rows: list[list[Action]] = []
     for s in range(stages):
-        for *_, a in sorted(merged[s], key=lambda t: (t[0], t[1], t[2].chunk)):
-            rows[s].append(a)
-            if a.kind == "B":  # the fused backward's weight gradients
-                rows[s].append(Action(s, "W", a.microbatch, a.chunk))
+        # Both pipelines' passes on this worker by (start, micro-batch, chunk), as one
+        # integer each: ((start·each + k)·2 + chunk)·2 + is-backward.
+        merged = sorted([*((key << 2) | flag for key, flag in starts[s]),
+                         *((key << 2) | 2 | flag for key, flag in starts[stages - 1 - s])])
+        # Per chunk, its micro-batches' F, B and W of this worker, by index k.
+        table = [[[t[mb] for mb in route] for t in (actions(s, "F", c, microbatches),
+                                                    actions(s, "B", c, microbatches),
+                                                    actions(s, "W", c, microbatches))]
+                 for c, route in enumerate((down, up))]
+        row: list[Action] = []
+        append = row.append
+        for item in merged:
+            f, b, w = table[(item >> 1) & 1]
+            k = (item >> 2) % each
+            if item & 1:  # the fused backward: B, then its weight gradients
+                append(b[k])
+                append(w[k])
+            else:
+                append(f[k])
+        rows.append(row)
     return rows
+
+
+def one_f_one_b_starts(stages: int, microbatches: int) -> list[list[tuple[int, int]]]:
+    """Per stage, its F and B passes of 1F1B (:func:`one_f_one_b_order`) in order, each as
+    ``(start·microbatches + micro-batch, 1 for B else 0)``, the start in the reference
+    timing (:func:`~llmsim.schedules.unit_timeline`) with t_F = t_B = 1, t_W = 0 and free
+    communication: a pass starts when its stage is free and its input is in (F after the
+    previous stage's F, B after the next stage's B, the last stage's B after its own F;
+    the W of a fused backward takes no time). Integer arithmetic over the stages'
+    orders, swept until every pass has run."""
+    p, m = stages, microbatches
+    orders = [one_f_one_b_order(p, m, s) for s in range(p)]
+    f_end = [[-1] * m for _ in range(p)]
+    b_end = [[-1] * m for _ in range(p)]
+    out: list[list[tuple[int, int]]] = [[] for _ in range(p)]
+    position, free = [0] * p, [0] * p
+    left = 2 * m * p
+    zeros = [0] * m  # stage 0's forwards wait for nothing
+    while left:
+        moved = left
+        for s in range(p):
+            row, at, t, record = orders[s], position[s], free[s], out[s].append
+            # the ends a forward and a backward wait for, and this stage's own
+            inputs = (f_end[s - 1] if s else zeros, b_end[s + 1] if s + 1 < p else f_end[s])
+            ends = (f_end[s], b_end[s])
+            while at < len(row):
+                kind, k = row[at]
+                backward = int(kind == "B")
+                ready = inputs[backward][k]
+                if ready < 0:
+                    break
+                if ready > t:
+                    t = ready
+                record((t * m + k, backward))
+                t += 1
+                ends[backward][k] = t
+                at += 1
+            left -= at - position[s]
+            position[s], free[s] = at, t
+        if left == moved:
+            raise ValueError("one_f_one_b_starts: 1F1B cannot finish")  # not reached
+    return out

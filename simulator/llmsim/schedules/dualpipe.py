@@ -6,6 +6,7 @@ from collections import deque
 
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action
+from llmsim.schedules.action_table import actions
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import Route
 
@@ -96,23 +97,24 @@ def _rank_order(p: int, m: int, rank: int) -> list[Action]:
     out: list[Action] = []
     f_next, b_next = [0, 0], [0, 0]  # per phase: the next forward, backward (FIFO)
     deferred: deque[Action] = deque()
-
-    def mb(phase: int, k: int) -> int:
-        return k + half * (phase ^ second)  # chunk 0 runs the first half, chunk 1 the rest
+    # Per phase, its chunk's F, B and W of this rank by micro-batch: chunk 0 runs the
+    # first half of the micro-batches, chunk 1 the rest.
+    table = [[actions(rank, kind, phase ^ second, m)[half * (phase ^ second):]
+              for kind in ("F", "B", "W")] for phase in (0, 1)]
 
     def forward(phase: int) -> None:
-        out.append(Action(rank, "F", mb(phase, f_next[phase]), phase ^ second))
+        out.append(table[phase][0][f_next[phase]])
         f_next[phase] += 1
 
     def backward(phase: int, defer: bool = False) -> None:
-        b = Action(rank, "B", mb(phase, b_next[phase]), phase ^ second)
+        _, b, w = table[phase]
+        k = b_next[phase]
         b_next[phase] += 1
-        out.append(b)
-        w = Action(rank, "W", b.microbatch, b.chunk)
+        out.append(b[k])
         if defer:
-            deferred.append(w)
+            deferred.append(w[k])
         else:
-            out.append(w)
+            out.append(w[k])
 
     def weight() -> None:
         out.append(deferred.popleft())

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action, Kind
+from llmsim.schedules.action_table import actions
 from llmsim.schedules.route import Route
 
 
@@ -57,7 +58,7 @@ Limit = Callable[[int, int, list[int]], bool]
 that chunk (its activation memory)."""
 
 
-def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limit, *,
+def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limit | int, *,
                  fused: bool = False,
                  times: tuple[int, int, int] = (1, 1, 1)) -> list[list[Action]]:
     """The per-stage orders a list scheduler makes with fixed pass times ``times``
@@ -65,7 +66,8 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
 
     Whenever a stage is free it starts, first, the B whose input gradient is in (the
     earliest forward first); else the F whose input is in (lowest micro-batch, then
-    earliest virtual stage) if ``may_forward`` allows it; else its oldest pending W.
+    earliest virtual stage) if ``may_forward`` allows it (an integer: while the stage
+    holds fewer forwards than that, over all its chunks); else its oldest pending W.
     With ``fused`` the W runs right after its B (one backward). This is the greedy rule
     of Qi et al. 2024 §3.2 (B before F before W, F bounded by the memory limit) with
     equal pass times, the setting in which their handcrafted schedules are drawn.
@@ -83,8 +85,14 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     chunks = 1 + max(c for path in hops for _, c in path)
     span = max(len(path) for path in hops)
     f_time, b_time, w_time = times
+    cap = may_forward if isinstance(may_forward, int) else None
     rows: list[list[Action]] = [[] for _ in range(stages)]
     held = [[0] * chunks for _ in range(stages)]
+    total = [0] * stages  # forwards held over all chunks
+    # Per stage and chunk, its actions by micro-batch (F, B, W).
+    table = [[(actions(s, "F", c, microbatches), actions(s, "B", c, microbatches),
+               actions(s, "W", c, microbatches)) for c in range(chunks)]
+             for s in range(stages)]
     # Per stage: ready forwards per chunk (heap of (mb, k)), ready backwards (heap of
     # (the stage's forward count when its F ran, mb, chunk, k)), pending weight passes.
     ready_f: list[list[list[tuple[int, int]]]] = [[[] for _ in range(chunks)]
@@ -128,38 +136,45 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
             if ready_b[s]:
                 _, mb, c, k = pop(ready_b[s])
                 kind, end = "B", now + b_time
-                row.append(Action(s, "B", mb, c))
-                weight = Action(s, "W", mb, c)
+                _, backward, weight = table[s][c]
+                row.append(backward[mb])
                 if fused:
-                    row.append(weight)
+                    row.append(weight[mb])
                     left -= 1
                     held[s][c] -= 1
+                    total[s] -= 1
                 else:
-                    weights[s].append(weight)
+                    weights[s].append(weight[mb])
             else:
                 kind = ""
                 queues = ready_f[s]
-                if chunks == 1:
-                    heads = [(queues[0][0], 0)] if queues[0] else []
+                if cap is None:
+                    head = next((h for h in sorted((queue[0], c) for c, queue in
+                                                   enumerate(queues) if queue)
+                                 if may_forward(s, h[1], held[s])), None)
+                elif total[s] >= cap:
+                    head = None
+                elif chunks == 1:
+                    head = (queues[0][0], 0) if queues[0] else None
                 else:
-                    heads = [(queue[0], c) for c, queue in enumerate(queues) if queue]
-                    if len(heads) > 1:
-                        heads.sort()
-                for (mb, k), c in heads:
-                    if may_forward(s, c, held[s]):
-                        pop(queues[c])
-                        row.append(Action(s, "F", mb, c))
-                        held[s][c] += 1
-                        order_of[mb * span + k] = forwards_run[s]
-                        forwards_run[s] += 1
-                        kind, end = "F", now + f_time
-                        break
-                if not kind:
+                    head = min(((queue[0], c) for c, queue in enumerate(queues) if queue),
+                               default=None)
+                if head is not None:
+                    (mb, k), c = head
+                    pop(queues[c])
+                    row.append(table[s][c][0][mb])
+                    held[s][c] += 1
+                    total[s] += 1
+                    order_of[mb * span + k] = forwards_run[s]
+                    forwards_run[s] += 1
+                    kind, end = "F", now + f_time
+                else:
                     if not weights[s]:
                         continue  # idle until a pass fills its queues
                     weight = weights[s].popleft()
                     row.append(weight)
                     held[s][weight.chunk] -= 1
+                    total[s] -= 1
                     kind, end = "W", now + w_time
             left -= 1
             free_at[s] = free = end + w_time if kind == "B" and fused else end

@@ -20,7 +20,7 @@ once, and :func:`replay` (a loop of O(passes) float operations) or :func:`replay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import chain, pairwise
 
 import numpy as np
 
@@ -49,20 +49,15 @@ class WaitGraph:
     """Per pass, the 1-based index of the pass whose end releases it, 0 for none."""
     senders: tuple[int, ...]
     """Per pass, the stage of the pass it waits for (its own stage when none)."""
+    table: tuple[Row, ...]
+    """The passes as :data:`Row`, as :meth:`rows` gives them (made in the same walk)."""
 
     def rows(self) -> tuple[Row, ...]:
         """The passes as :data:`Row` with the standard columns and hops: duration column
         ``3·(chunks·s + chunk) + kind``; hop 0 for an input from the same stage (and for
         a W, which follows its own B), ``1 + s`` for stage s's send to s + 1, else
         ``1 + p + s`` (its send to s − 1)."""
-        p, chunks = self.p, self.chunks
-        out = []
-        for a, j, sender in zip(self.actions, self.needs, self.senders, strict=True):
-            s = a.stage
-            hop = 0 if sender == s or a.kind == "W" else (
-                1 + sender if s == sender + 1 else 1 + p + sender)
-            out.append((s, 3 * (chunks * s + a.chunk) + KINDS[a.kind], j, hop))
-        return tuple(out)
+        return self.table
 
 
 def wait_graph(order: list[list[Action]], route: Route, *,
@@ -70,79 +65,102 @@ def wait_graph(order: list[list[Action]], route: Route, *,
     """Walk ``order`` (per stage, its actions) once along the micro-batches' ``route``,
     recording for each pass what it waits for instead of when it runs.
 
+    The stages are swept in turn, each running its actions as far as their inputs are
+    in. A produced output (kind F 0, B 1, input gradient 2; micro-batch; virtual stage)
+    is the slot ``(kind·m + mb)·width + k`` of flat tables of integers; a route's virtual
+    stage of (stage, chunk) is a list by ``chunks·stage + chunk``.
+
     Raises ValueError if an action is listed on another stage than its own, or if the
     order cannot finish (a missing action or a deadlock)."""
     p = len(order)
-    chunks = 1 + max((a.chunk for row in order for a in row), default=0)
-    m = 1 + max((a.microbatch for row in order for a in row), default=0)
-    positions: dict[tuple[Hop, ...], dict[Hop, int]] = {}  # a route → (stage, chunk) → k
+    chunks = 1 + max((max(a.chunk for a in row) for row in order if row), default=0)
+    m = 1 + max((max(a.microbatch for a in row) for row in order if row), default=0)
+    positions: dict[tuple[Hop, ...], list[int]] = {}  # a route → its k by chunks·s + c
     index_of, lasts = [], []
     for mb in range(m):
         hops = route(mb)
-        if hops not in positions:
-            positions[hops] = {hop: k for k, hop in enumerate(hops)}
-        index_of.append(positions[hops])
+        at = positions.get(hops)
+        if at is None:
+            at = positions[hops] = [-1] * (p * chunks)
+            for k, (s, c) in enumerate(hops):
+                at[chunks * s + c] = k
+        index_of.append(at)
         lasts.append(len(hops) - 1)
     width = 1 + max(lasts, default=0)
-    # A produced output (kind F 0, B 1, input gradient 2; micro-batch; virtual stage) is
-    # the slot (kind·m + mb)·width + k of these flat tables.
+    grads = 2 * m * width  # the input gradients' first slot
     produced = [0] * (3 * m * width)  # the pass's number (1-based), 0 while not run
     sender_of = [0] * (3 * m * width)
     actions: list[Action] = []
     needs: list[int] = []
     senders: list[int] = []
+    rows: list[Row] = []
     position = [0] * p
     progress = True
     while progress:
         progress = False
         for s, row in enumerate(order):
-            at = position[s]
-            while at < len(row):
+            at = start = position[s]
+            end = len(row)
+            first = chunks * s
+            while at < end:
                 a = row[at]
                 if a.stage != s:
                     raise ValueError(f"action {a} is listed on stage {s}")
-                mb = a.microbatch
-                k = index_of[mb][(s, a.chunk)]
+                mb, c, kind = a.microbatch, a.chunk, a.kind
+                k = index_of[mb][first + c]
+                if k < 0:
+                    raise KeyError((s, c))
                 own_f = mb * width + k
-                if a.kind == "F":  # after the F of the previous virtual stage
-                    need = own_f - 1 if k > 0 else -1
-                elif a.kind == "B":  # after the next one's input gradient, and its own F
+                column = 3 * (first + c)
+                if kind == "F":  # after the F of the previous virtual stage
+                    if k:
+                        j = produced[own_f - 1]
+                        if not j:
+                            break
+                        sender = sender_of[own_f - 1]
+                        hop = 0 if sender == s else (s if sender == s - 1 else 1 + p + sender)
+                    else:
+                        j, sender, hop = 0, s, 0
+                    produced[own_f], sender_of[own_f] = len(actions) + 1, s
+                elif kind == "B":  # after the next one's input gradient, and its own F
+                    column += 1
                     if k < lasts[mb]:
-                        need = (2 * m + mb) * width + k + 1
                         if not produced[own_f]:
                             break
+                        j = produced[grads + own_f + 1]
+                        if not j:
+                            break
+                        sender = sender_of[grads + own_f + 1]
+                        hop = 0 if sender == s else (s if sender == s - 1 else 1 + p + sender)
                     else:
-                        need = own_f
+                        j, sender, hop = produced[own_f], sender_of[own_f], 0
+                        if not j:
+                            break
+                    number = len(actions) + 1
+                    slot = m * width + own_f  # its W waits for it
+                    produced[slot], sender_of[slot] = number, s
+                    if not gradient_after_weights:  # the input gradient may leave
+                        produced[grads + own_f], sender_of[grads + own_f] = number, s
                 else:  # W after its own B
-                    need = (m + mb) * width + k
-                if need < 0:
-                    j, sender = 0, s
-                else:
-                    j = produced[need]
+                    column += 2
+                    j = produced[m * width + own_f]
                     if not j:
                         break
-                    sender = sender_of[need]
+                    sender, hop = sender_of[m * width + own_f], 0
+                    if gradient_after_weights:
+                        produced[grads + own_f], sender_of[grads + own_f] = len(actions) + 1, s
                 actions.append(a)
                 needs.append(j)
                 senders.append(sender)
-                number = len(actions)
-                if a.kind == "F":
-                    done = (own_f,)
-                elif a.kind == "B":  # its W waits for it; the input gradient may leave
-                    gradient = (2 * m + mb) * width + k
-                    done = ((m + mb) * width + k,) if gradient_after_weights else \
-                        ((m + mb) * width + k, gradient)
-                else:
-                    done = ((2 * m + mb) * width + k,) if gradient_after_weights else ()
-                for slot in done:
-                    produced[slot], sender_of[slot] = number, s
+                rows.append((s, column, j, hop))
                 at += 1
+            if at != start:
+                position[s] = at
                 progress = True
-            position[s] = at
     stuck = [str(row[position[s]]) for s, row in enumerate(order) if position[s] < len(row)]
     if stuck:
         raise ValueError(f"schedule cannot finish: stages wait forever at {', '.join(stuck)}")
-    return WaitGraph(p, chunks, tuple(actions), tuple(needs), tuple(senders))
+    return WaitGraph(p, chunks, tuple(actions), tuple(needs), tuple(senders), tuple(rows))
 
 
 def replay(p: int, rows: tuple[Row, ...], durations: list, hops: list) -> tuple[list, list]:
@@ -174,19 +192,25 @@ def levels(p: int, rows: tuple[Row, ...]) -> Levels:
     one per stage at most.
 
     A pass's depth is its end in :func:`replay` with every duration 1 and every hop 0
-    (``max(stage's depth, depth of the pass it waits for) + 1``), so the loop is
-    :func:`replay`'s; each level's arrays are views of one sorted table (one array of
-    each field, not five small copies per level)."""
+    (``max(stage's depth, depth of the pass it waits for) + 1``), in integers; each
+    level's arrays are views of one sorted table (one array of each field, not five
+    small copies per level)."""
     n = len(rows)
-    table = np.array(rows, dtype=np.int64).reshape(n, 4)
-    columns = 1 + int(table[:, 1].max()) if n else 1
-    hops = 1 + int(table[:, 3].max()) if n else 1
-    depth = np.asarray(replay(p, rows, [1] * columns, [0] * hops)[0][1:], dtype=np.int64)
-    order = np.argsort(depth, kind="stable")
+    table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=4 * n).reshape(n, 4)
+    free = [0] * p
+    depth = [0] * (n + 1)
+    for k, (s, _, j, _) in enumerate(rows, start=1):
+        d = depth[j]
+        f = free[s]
+        if f > d:
+            d = f
+        depth[k] = free[s] = d + 1
+    by_depth = np.asarray(depth[1:], dtype=np.int64)
+    order = np.argsort(by_depth, kind="stable")
     fields = np.empty((5, n), dtype=np.int64)
     fields[0] = order + 1
     fields[1:] = table[order].T
-    edges = [0, *(np.flatnonzero(np.diff(depth[order])) + 1).tolist(), n]
+    edges = [0, *(np.flatnonzero(np.diff(by_depth[order])) + 1).tolist(), n]
     return tuple((fields[0, lo:hi], fields[1, lo:hi], fields[2, lo:hi], fields[3, lo:hi],
                   fields[4, lo:hi])
                  for lo, hi in pairwise(edges))

@@ -34,4 +34,4 @@ def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     require_one_chunk("zb-h2", chunks)
     limit = 2 * stages - 1
     return greedy_order(stages, microbatches, looping(stages, 1),
-                        lambda s, c, held: sum(held) < limit)
+                        limit)

@@ -36,4 +36,4 @@ def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     _require_two_chunks(chunks)
     limit = 2 * stages
     return greedy_order(stages, microbatches, v_shape(stages),
-                        lambda s, c, held: sum(held) < limit)
+                        limit)

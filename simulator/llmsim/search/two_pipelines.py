@@ -104,7 +104,7 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
         for i, j in find_pairs(actions):
             for a in (actions[i], actions[j]):
                 paired[a] = 6 * p + 4 * a.stage + 2 * a.chunk + (a.kind == "B")
-    rows = tuple((s, paired.get(a, column), j, hop)
+    rows = graph.rows() if not paired else tuple((s, paired.get(a, column), j, hop)
                  for (s, column, j, hop), a in zip(graph.rows(), graph.actions, strict=True))
     last_w = {(a.stage, a.chunk): k for k, a in enumerate(graph.actions, start=1)
               if a.kind == "W"}
