@@ -118,12 +118,17 @@ def test_eager_dropout_keeps_float_noise_for_the_backward():
 
 
 def _alibi_layer(position: str, kernel: str = "unfused"):
-    """The first block's forward, backward and the step of a tiny BF16 GPT."""
+    """The first block's forward, backward and the step of a tiny BF16 GPT; for RoPE
+    without its rotary kernels on q and k (llmsim.workload.rope), which ALiBi does not run."""
     sc = make_scenario(**{"training.attention_kernel": kernel, "training.seq_len": SEQ,
                           "model.heads": HEADS, "parallelism.micro_batch": MICRO,
                           "model.position_embedding": position})
     chunk = build_workload(sc.model, sc.parallelism, sc.training, sc.dp).chunks[(0, 0)]
-    return sc, chunk.forward, chunk.backward
+    def kept(ops):
+        return tuple(op for op in ops if getattr(op, "name", "") not in ("rope", "rope_bwd"))
+    if position == "rope":
+        assert len(kept(chunk.forward)) < len(chunk.forward)  # the rotary kernels were there
+    return sc, kept(chunk.forward), kept(chunk.backward)
 
 
 def test_alibi_copies_its_bias_into_the_scores_which_the_gemm_reads_back():

@@ -48,6 +48,7 @@ from llmsim.costs.batched_gemm import one_matrix_per_unit_s
 from llmsim.costs.clocks import slowdown, slowdowns
 from llmsim.costs.cpu_gemm import cpu_gemm_s
 from llmsim.costs.flash_curve import flash_attention_flops as flash_attention_flops
+from llmsim.costs.flash_curve import flash_pass_flops
 from llmsim.costs.gemm_tables import GemmTable as GemmTable
 from llmsim.costs.gemm_tables import is_aligned, measured_shape_rates, unaligned_rates
 from llmsim.costs.grouped_gemms import GroupedGemmRates
@@ -219,6 +220,14 @@ class ComputeModel:
             accelerator.flash_attention_tflops
             if attention_kernel in ("flash", "flash1", "triton_fwd") else None
         )
+        self.flash_passes = (
+            {"F": accelerator.flash_attention_fwd_tflops,
+             "R": accelerator.flash_attention_fwd_tflops,
+             "B": accelerator.flash_attention_bwd_tflops}
+            if attention_kernel in ("flash", "triton_fwd") else {})
+        """FlashAttention-2's own forward and backward curves by phase, where the catalog
+        has them (``flash1`` keeps the combined curve: its ratio to FlashAttention-2 was
+        timed forward + backward)."""
         self.relative = RelativePricing.of(accelerator, attention_kernel)
         """A kernel priced from FlashAttention-2's time by a side-by-side ratio (``flash1``,
         ``triton_fwd``: :mod:`llmsim.costs.attention_relative`); None for the others."""
@@ -363,7 +372,9 @@ class ComputeModel:
         Where the accelerator has a measured FlashAttention-2 curve
         (``flash_attention_tflops``) the FlashAttention-2 kernel runs at the curve's
         throughput for its sequence length and head dimension
-        (:func:`flash_attention_flops`) instead, and a kernel timed on the board
+        (:func:`flash_attention_flops`) instead, the forward and the backward each at its
+        own curve where the catalog has them (``flash_attention_fwd_tflops``,
+        ``_bwd_tflops``: :func:`flash_pass_flops`), and a kernel timed on the board
         (``flash_attention_measured`` or ``cudnn_attention_measured``: heads and KV heads on
         the device, sequence, head dimension; with context parallelism the ring's
         non-causal steps at the blocks' rates) at the measured forward or backward rate,
@@ -386,8 +397,8 @@ class ComputeModel:
                 return slowed * seconds
         if self.flash_curve and op.attention_shape is not None:
             seq_len, head_dim = op.attention_shape
-            return slowed * op.executed_flops / flash_attention_flops(
-                self.flash_curve, seq_len, head_dim)
+            return slowed * op.executed_flops / flash_pass_flops(
+                self.flash_curve, self.flash_passes.get(op.phase), seq_len, head_dim)
         dtype = self._dtype(op)
         fraction = self.attention_fraction or self.accelerator.gemm.fraction(dtype)
         return slowed * op.executed_flops / (self.accelerator.peak_flops(dtype) * fraction)

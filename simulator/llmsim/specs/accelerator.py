@@ -182,6 +182,15 @@ class Accelerator(Spec):
     counts them: the causal half, the backward 2.5× the forward). Where given, it prices
     ``training.attention_kernel: flash`` shape by shape in place of ``attention_fraction``
     (:func:`llmsim.costs.flash_curve.flash_attention_flops`)."""
+    flash_attention_fwd_tflops: dict[PositiveInt, dict[PositiveInt, PositiveFloat]] | None = None
+    """Measured FlashAttention-2 forward-only throughput with a causal mask, TFLOP/s, by head
+    dimension, then sequence length (the forward's FLOPs, the causal half). With
+    ``flash_attention_bwd_tflops`` it prices the forward and recompute attention ops in place
+    of ``flash_attention_tflops``, which stays the fallback beyond the shapes it timed
+    (:func:`llmsim.costs.flash_curve.flash_pass_flops`); None: both passes at the combined
+    curve."""
+    flash_attention_bwd_tflops: dict[PositiveInt, dict[PositiveInt, PositiveFloat]] | None = None
+    """The same for FlashAttention-2's backward alone (its FLOPs 2.5× the forward's)."""
     flash1_vs_flash2_tflops: dict[
         PositiveInt, dict[PositiveInt, tuple[PositiveFloat, PositiveFloat]]] | None = None
     """FlashAttention 1.x's and FlashAttention-2's forward + backward throughput with a
@@ -265,12 +274,23 @@ class Accelerator(Spec):
                 f"accelerator {self.name!r}: flash_attention_tflops is empty; give TFLOP/s by "
                 "head dimension and sequence length, e.g. {128: {2048: 155}}, or leave it out"
             )
-        for head_dim, by_seq in (self.flash_attention_tflops or {}).items():
-            if not by_seq:
-                raise ValueError(
-                    f"accelerator {self.name!r}: flash_attention_tflops[{head_dim}] has no "
-                    "sequence lengths; give at least one, e.g. 2048: 155"
-                )
+        for field in ("flash_attention_tflops", "flash_attention_fwd_tflops",
+                      "flash_attention_bwd_tflops"):
+            for head_dim, by_seq in (getattr(self, field) or {}).items():
+                if not by_seq:
+                    raise ValueError(
+                        f"accelerator {self.name!r}: {field}[{head_dim}] has no "
+                        "sequence lengths; give at least one, e.g. 2048: 155"
+                    )
+        passes = (self.flash_attention_fwd_tflops, self.flash_attention_bwd_tflops)
+        if any(p is not None for p in passes) and (
+                not all(passes) or not self.flash_attention_tflops):
+            raise ValueError(
+                f"accelerator {self.name!r}: flash_attention_fwd_tflops and "
+                "flash_attention_bwd_tflops go together and need flash_attention_tflops "
+                "(the combined curve beyond the shapes they timed); give all three, or "
+                "leave both per-pass curves out"
+            )
         return self
 
     def peak_flops(self, dtype: Dtype) -> float:

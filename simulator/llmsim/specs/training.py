@@ -28,6 +28,10 @@ PointwiseOps = Literal["fused", "hf_eager"]
 (no rotary traffic), or Hugging Face LLaMA's eager PyTorch operators
 (:mod:`llmsim.workload.hf_eager`)."""
 
+RopeKernel = Literal["fused", "unfused"]
+"""How a RoPE model's rotary embedding runs on q and k: one fused kernel each per pass, or
+PyTorch's eager operators (:mod:`llmsim.workload.rope`)."""
+
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
 
 ExpertLoop = Literal["grouped", "deepspeed_uneven"]
@@ -84,6 +88,15 @@ class Training(Spec):
     and ``apply_rotary_pos_emb`` on q and k, SiLU and the gate product as two kernels, and
     autograd's backward of each (:mod:`llmsim.workload.hf_eager`). Needs an RMSNorm, RoPE,
     SwiGLU model."""
+    rope: RopeKernel = "fused"
+    """How the rotary embedding of a ``position_embedding: rope`` model runs
+    (:mod:`llmsim.workload.rope`): ``fused``, one memory-bound kernel on q and one on k each
+    pass (Transformer Engine's fused RoPE; Megatron-LM ``--apply-rope-fusion``, later the
+    default, turned off by ``--no-rope-fusion``: the version that changed it not pinned
+    here; NeMo's LLaMA recipes); ``unfused``, the
+    eager ``t * cos + rotate_half(t) * sin`` operators (Megatron-LM without the flag, before
+    2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused whatever this says.
+    Ignored for other position embeddings and MLA."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]

@@ -29,6 +29,7 @@ from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.workload.hf_eager import apply_hf_eager
+from llmsim.workload.rope import apply_rope
 
 if TYPE_CHECKING:
     pass
@@ -166,8 +167,12 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
             (layer_f, layer_r, layer_b, layer_w), builder)
     if training.pointwise_ops == "hf_eager":
         layer_f, layer_r, layer_b, layer_w = apply_hf_eager(
-            (layer_f, layer_r, layer_b, layer_w), builder.e,
-            builder.T * (model.q_dim + model.kv_dim) / par.tp)
+            (layer_f, layer_r, layer_b, layer_w), builder.e)
+    if model.position_embedding == "rope" and model.mla is None:
+        layer_f, layer_r, layer_b, layer_w = apply_rope(
+            (layer_f, layer_r, layer_b, layer_w),
+            "unfused" if training.pointwise_ops == "hf_eager" else training.rope,
+            builder.T * (model.q_dim + model.kv_dim) / par.tp, builder.e)
     layer_f, layer_r, layer_b, layer_w = CP_APPLY[par.cp_schedule](
         (layer_f, layer_r, layer_b, layer_w), builder)
     if par.recompute_norms_and_up_proj:

@@ -18,7 +18,8 @@ Each chain is one op here: the bytes its kernels move per element (16-bit tensor
 ``e`` bytes, FP32 intermediates of 4: :data:`CHAINS`), one launch per kernel (``splits``),
 at the accelerator's streaming bandwidth (its element-wise rate, not its measured norm
 kernels). They replace the fused ops llmsim otherwise prices (``ln1``, ``ln2``, ``act`` and
-their backward: one kernel each; no rotary op) in every pass; the output projection GEMMs
+their backward: one kernel each) in every pass, and the rotary embedding runs as its eager
+chain (:mod:`llmsim.workload.rope`, whatever ``training.rope`` says); the output projection GEMMs
 and the residual adds are unchanged. The final norm before the LM head (once a step) keeps
 its price.
 """
@@ -89,33 +90,25 @@ FUSED_PASSES = {"ln1": 2, "ln2": 2, "act": 3, "ln1_bwd": 4, "ln2_bwd": 4, "act_b
 SwiGLU's gated activation and its backward)."""
 
 
-def hf_eager_pass(ops: Sequence[Op], e: int, rope_elements: float) -> list[Op]:
+def hf_eager_pass(ops: Sequence[Op], e: int) -> list[Op]:
     """One pass's ops with the fused norms and activation replaced by Hugging Face's eager
-    chains, and the rotary embedding after the QKV projection (forward, recompute) or
-    before its input gradient (backward), over ``rope_elements`` values of q and k."""
+    chains (the rotary embedding's chain is added by :mod:`llmsim.workload.rope`, as
+    ``training.rope: unfused``)."""
     out: list[Op] = []
     for op in ops:
-        if not isinstance(op, ComputeOp):
-            out.append(op)
-            continue
-        if op.name == "qkv_dx":
-            out.append(eager_op("rope_bwd", op.phase, "rope_bwd", rope_elements, e))
-        chain = REPLACED.get(op.name)
+        chain = REPLACED.get(op.name) if isinstance(op, ComputeOp) else None
         if chain is None:
             out.append(op)
         else:
             elements = _elements(op, e, FUSED_PASSES[op.name])
             out.append(eager_op(op.name, op.phase, chain, elements, e))
-        if op.name == "qkv":
-            out.append(eager_op("rope", op.phase, "rope", rope_elements, e))
     return out
 
 
-def apply_hf_eager(passes: tuple[list[Op], list[Op], list[Op], list[Op]], e: int,
-                   rope_elements: float) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
+def apply_hf_eager(passes: tuple[list[Op], list[Op], list[Op], list[Op]], e: int
+                   ) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
     """A block's (F, R, B, W) ops under ``training.pointwise_ops: hf_eager``
     (:func:`hf_eager_pass` on each)."""
     f, r, b, w = passes
-    return (hf_eager_pass(f, e, rope_elements), hf_eager_pass(r, e, rope_elements),
-            hf_eager_pass(b, e, rope_elements), list(w))
+    return hf_eager_pass(f, e), hf_eager_pass(r, e), hf_eager_pass(b, e), list(w)
 
