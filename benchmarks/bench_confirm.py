@@ -101,8 +101,8 @@ def main() -> None:
           f"engine CPU s per layout (least total of {args.repeats}; S: SimPy ran)")
     print("  ".join(f"{n:>12}" for n in names) + "  layout")
     for i, layout in enumerate(best["this"]["layouts"]):
-        cells = [f"{best[n]['layouts'][i]['cpu_s']:10.3f} {'S' if best[n]['layouts'][i]['simpy'] else ' '}"
-                 for n in names]
+        runs = [best[n]["layouts"][i] for n in names]
+        cells = [f"{r['cpu_s']:10.3f} {'S' if r['simpy'] else ' '}" for r in runs]
         print("  ".join(cells) + "  " + layout["key"])
     print("  ".join(f"{best[n]['total_cpu_s']:12.3f}" for n in names) + "  total")
     if "baseline" in best:
