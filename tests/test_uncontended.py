@@ -222,7 +222,7 @@ def test_a_gather_ending_as_its_layer_is_reached_sends_the_step_to_simpy(monkeyp
     slow = _engine(overrides, tight=False).run()
     calls = []
 
-    def same_instant(self, i, now_s, label):
+    def same_instant(self, i, now_s, label, woken=False):
         calls.append(label)
         raise uncontended_gathers.SameInstant(label)
 
@@ -365,3 +365,60 @@ def test_the_contended_grid_slows_passes_by_both_holders():
     assert with_units.collective_units and contended.applies(with_units)
     assert uncontended.applies(without)
     assert with_units.run().step_end_s > without.run().step_end_s
+
+
+# GPT-3 175B on Selene as the layout search's best (tp 4, pp 4, 24 virtual stages, ZeRO-2,
+# weight gathers overlapped): a first forward's gather ends at the very instant the
+# message that lets the pass start comes in (the stages' equal times line up).
+SELENE_TIE = ["parallelism.tp=4", "parallelism.pp=4", "parallelism.dp=auto",
+              "parallelism.schedule=interleaved-1f1b", "parallelism.virtual_stages=24",
+              "parallelism.micro_batch=2", "parallelism.zero=2", "parallelism.recompute=none",
+              "parallelism.overlap_dp_comm=true", "parallelism.overlap_tp_comm=false",
+              "parallelism.overlap_param_gather=true"]
+
+
+@pytest.mark.parametrize("overlap_pp, loop", [(True, contended), (False, uncontended)],
+                         ids=["contended", "tight"])
+def test_a_gather_ending_as_a_message_wakes_its_pass_stays_on_the_loop(monkeypatch,
+                                                                        overlap_pp, loop):
+    """A pass woken by a message that comes in at the instant its first part's gather
+    ends: in SimPy the message's event is scheduled at that instant, after the gather's
+    last timeout (scheduled when that all-gather started), so the gather has ended and
+    the pass does not wait. Both loops replay it so (no SimPy event runs), and the trace
+    is SimPy's, every record and wait exactly."""
+    from llmsim import load_scenario
+    from llmsim.engine import contended_gathers, uncontended_gathers
+
+    scenario = load_scenario("selene-gpt3", [*SELENE_TIE,
+                                             f"parallelism.overlap_pp_comm={overlap_pp}"])
+    ties = []
+    if loop is contended:
+        ended_first = contended_gathers.GatheredPasses.ended_first
+
+        def spy(self, ds, chain):
+            ties.append(ended_first(self, ds, chain))
+            return ties[-1]
+
+        monkeypatch.setattr(contended_gathers.GatheredPasses, "ended_first", spy)
+    else:
+        gathered_pass = uncontended_gathers.DeviceGathers.gathered_pass
+
+        def spy(self, i, now_s, label, woken=False):
+            ends = self.end_s[i]
+            tie = woken and bool(ends) and ends[0] == now_s
+            ties.append(tie)
+            return gathered_pass(self, i, now_s, label, woken)
+
+        monkeypatch.setattr(uncontended_gathers.DeviceGathers, "gathered_pass", spy)
+    engine = build_engine(scenario)
+    assert loop.applies(engine)
+    fast = engine.run()
+    assert engine.env.now == 0 and any(ties)  # the loop met the tie and kept the step
+    slow_engine = build_engine(scenario)
+    slow_engine.tight_loop = False
+    slow = slow_engine.run()
+    assert slow_engine.env.now > 0
+    assert sorted(fast.records) == sorted(slow.records)
+    assert sorted(fast.dp_waits) == sorted(slow.dp_waits)
+    assert fast.step_end_s == slow.step_end_s
+    assert_same_trace(fast, slow, slowed=True)

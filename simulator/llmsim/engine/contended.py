@@ -136,6 +136,9 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
         for key, peer in posts.get(-1, ()):
             self.receive(ds, key, peer)
         posted_sends: dict[str, MessageKey | None] = {"F": None, "B": None}
+        # Whether the walk's last wait ended now, on a message in or a send ended: in SimPy
+        # an event scheduled at this instant, after a gather ending now (GatheredPasses).
+        woken = False
         for i, act in enumerate(actions):
             engine.passes_started += 1
             kind, mb, chunk = act.kind, act.microbatch, act.chunk
@@ -144,6 +147,7 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
             if earlier is not None and earlier not in self.sent:
                 wait_start = self.now
                 yield _SENT, earlier
+                woken = self.now > wait_start
                 pp_waits.append((device, wait_start, self.now, wait_start))
             need: MessageKey | None = None
             if kind == "F" and vs > 0:
@@ -153,6 +157,7 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
             if need is not None and need not in self.arrived:
                 wait_start = self.now
                 yield _MESSAGE, need
+                woken = self.now > wait_start
                 pp_waits.append((device, wait_start, self.now,
                                  self.message_start.get(need, wait_start)))
             if gather_s:  # sliced messages: the received one, DeepSpeed's own output
@@ -161,12 +166,14 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                 if count:
                     start = self.now
                     yield _AT, start + count * gather_s
+                    woken = False
                     records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
                                           start, self.now))
                     pp_waits.append((device, start, self.now, start))
             label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
             if gathering and self.gather_parts[device][i] is not None:
-                yield from self.gathered_pass(ds, i, act, label, engine.prefetch_weights)
+                yield from self.gathered_pass(ds, i, act, label, engine.prefetch_weights,
+                                              woken)
             else:
                 if prefetching:
                     self.issue(ds, i + 1, 0)
@@ -186,6 +193,7 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                     records.append(new_record(Record, (device, stage, "compute", label, kind,
                                                        mb, chunk, start, self.now, 0.0,
                                                        math.inf)))
+            woken = False  # the pass's end, or a bucket's kernels' below: SimPy's order
             for c in syncs.get(i, ()) if syncs else ():
                 if engine._has_prep(work.chunks[(stage, c)]):
                     yield from self.prepared(ds, c, wait=False)
@@ -214,6 +222,7 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                 blocked = self.now
                 if send not in self.sent:
                     yield _SENT, send
+                    woken = self.now > blocked
                 pp_waits.append((device, blocked, self.now, blocked))
             if kind == "W":
                 w_seen[chunk] += 1

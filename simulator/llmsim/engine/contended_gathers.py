@@ -181,10 +181,27 @@ class GatheredPasses:
                                                act.microbatch, act.chunk, seg_start, self.now,
                                                seg_from, math.inf)))
 
+    def ended_first(self, ds: DeviceState, chain: Chain) -> bool:
+        """Whether SimPy ends ``chain`` before a pass reaching its part now, woken by an
+        event of this instant (a message in, a send ended): the gather's last all-gather
+        started earlier, so its timeout was scheduled earlier and runs first among the
+        events of this instant (SimPy orders them by time, then priority, then when they
+        were scheduled), and it succeeds the gather's event in the same step
+        (:meth:`WeightGathers._gather`)."""
+        if chain.end_s is not None:  # already ended in the loop, at this instant
+            return chain.messages[-1][2] > 0
+        op = ds.dp_queue[0] if ds.dp_queue else None
+        return (op is not None and op.chain is chain and chain.next == len(chain.messages)
+                and op.start_s < self.now and op.start_s + op.duration_s == self.now)
+
     def gathered_pass(self, ds: DeviceState, i: int, act: Action, label: str,
-                      prefetching: bool) -> Iterator[tuple[int, object]]:
+                      prefetching: bool, woken: bool = False
+                      ) -> Iterator[tuple[int, object]]:
         """Run action ``i``'s pass layer by layer, each part waiting for its gather, as
-        :meth:`WeightGathers._gathered_pass` does; yields each part and wait to the loop."""
+        :meth:`WeightGathers._gathered_pass` does; yields each part and wait to the loop.
+
+        ``woken``: the walk reached the pass on an event of this instant (:meth:`ended_first`
+        decides a first part's gather ending now); else such a tie goes to SimPy."""
         engine, dev = self.engine, ds.dev
         key = (dev.id, act.chunk, engine._kind(act))
         prices = self.part_prices.get(key)
@@ -200,7 +217,8 @@ class GatheredPasses:
         for j, price in enumerate(prices):
             self.issue(ds, i, j)
             chain = chains[(i, j)]
-            if chain.end_s is None or chain.end_s >= self.now:
+            if (chain.end_s is None or chain.end_s >= self.now) and not (
+                    woken and j == 0 and self.ended_first(ds, chain)):
                 if chain.end_s is not None:
                     raise SameInstant(f"{label} on device {device} reaches part {j} as "
                                       "its gather ends")

@@ -171,24 +171,26 @@ class _Replay(BucketTraffic):
                 need = (pipe, "F", vs, mb)
             elif kind == "B" and vs < last_vs:
                 need = (pipe, "B", vs, mb)
+            woken = False  # whether a message that came in now woke the device (SimPy:
+            # an event of this instant, after a gather ending now; DeviceGathers)
             if need is not None:
                 if need not in arrival_s:
                     yield need
                 arrival = arrival_s[need]
                 if arrival > now:
                     pp_waits.append((device, now, arrival, sent_s[need]))
-                    now = arrival
+                    now, woken = arrival, True
             if gather_s:  # sliced messages: the received one, DeepSpeed's own output
                 regather = work.pp_regather_output and kind == "B" and vs < last_vs
                 count = int(need is not None) + int(regather)
                 if count:
-                    start, now = now, now + count * gather_s
+                    start, now, woken = now, now + count * gather_s, False
                     records.append(Record(device, stage, "pp", "pp_gather", "recv", mb, chunk,
                                           start, now))
                     pp_waits.append((device, start, now, start))
             label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
             if gathers is not None and gathers.gathered(i):
-                now = gathers.gathered_pass(i, now, label)
+                now = gathers.gathered_pass(i, now, label, woken)
             else:
                 if prefetching:
                     gathers.prefetch(i + 1, now)

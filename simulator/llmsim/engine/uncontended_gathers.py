@@ -162,7 +162,7 @@ class DeviceGathers:
         """Whether action ``i``'s pass waits for weight gathers (:meth:`Engine._gather_ops`)."""
         return self.parts[i] is not None
 
-    def gathered_pass(self, i: int, now_s: float, label: str) -> float:
+    def gathered_pass(self, i: int, now_s: float, label: str, woken: bool = False) -> float:
         """Run pass ``i`` (recorded as ``label``) from ``now_s`` layer by layer, each part
         waiting for its gather; returns when it ends.
 
@@ -171,7 +171,13 @@ class DeviceGathers:
         gather is issued when part j−1 starts (with ``prefetch_weights``; else when part
         j is reached), the next pass's first when the last part starts. A gather still in
         flight when its part is reached is queued whole: the device queues nothing else
-        until it has ended."""
+        until it has ended.
+
+        ``woken``: the device reached the pass on a message that came in at ``now_s`` (in
+        SimPy an event scheduled at that instant): a first part's gather ending then has
+        ended first, its last all-gather's timeout scheduled earlier
+        (:meth:`~llmsim.engine.contended_gathers.GatheredPasses.ended_first`); any other
+        such tie goes to SimPy."""
         engine, dev, act = self.engine, self.dev, self.actions[i]
         kind = engine._kind(act)
         units = self.units.get((act.chunk, kind))
@@ -192,7 +198,8 @@ class DeviceGathers:
                 if self.pending is not None:
                     self.advance(math.inf)
             ready_s = ends[j]
-            if ready_s >= now_s:
+            if ready_s >= now_s and not (woken and j == 0 and ready_s == now_s
+                                         and parts[0][-1][2] > 0):
                 if ready_s == now_s:
                     raise SameInstant(f"{label} on device {device} reaches layer part {j} "
                                       "as its gather ends")
