@@ -55,9 +55,10 @@ TAIL_MEMO_FROM_CHUNKS = 4
 FIFO's loop costs less than the memo's key)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Estimate:
-    """The estimator's prediction for one layout."""
+    """The estimator's prediction for one layout (read only; not ``frozen``, for its
+    ``__init__``'s time, as :class:`~llmsim.search.pipeline.StageTimes`)."""
 
     step_time_s: float
     pipeline_s: float
