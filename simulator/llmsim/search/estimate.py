@@ -24,15 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmsim.costs import HardwareCosts
+from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
-from llmsim.search.core_parts import CoreParts
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import stage_pair_parts
-from llmsim.search.parts import KIND_MEMO
+from llmsim.search.parts import KIND_MEMO, contention_key, servers
 from llmsim.search.pipedream_updates import update_shares_s
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
+from llmsim.search.stage_kinds import StageKinds
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.search.walk_batch import Deferred
 from llmsim.search.zero3_queue import (
@@ -48,6 +49,7 @@ from llmsim.workload import (
     Chunk,
     Workload,
     shard_ranks,
+    step_traffic,
 )
 
 TAIL_MEMO_FROM_CHUNKS = 4
@@ -57,8 +59,7 @@ FIFO's loop costs less than the memo's key)."""
 
 @dataclass(slots=True)
 class Estimate:
-    """The estimator's prediction for one layout (read only; not ``frozen``, for its
-    ``__init__``'s time, as :class:`~llmsim.search.pipeline.StageTimes`)."""
+    """The estimator's prediction for one layout (read only, not frozen: see StageTimes)."""
 
     step_time_s: float
     pipeline_s: float
@@ -101,8 +102,7 @@ class Estimate:
 
 @dataclass(slots=True)
 class _Stage:
-    """What a stage costs apart from its pipeline sends (shared by equal stages). Read
-    only; not ``frozen``, for its ``__init__``'s time (as :class:`StageTimes`)."""
+    """What a stage costs apart from its pipeline sends (equal stages share it; not frozen)."""
 
     times: StageTimes
     stage: int
@@ -121,7 +121,7 @@ class _Stage:
     """Its first chunk (two pipelines: the stage's parameters, :class:`Device`)."""
 
 
-class Estimator(CoreParts):
+class Estimator(StageKinds):
     """Prices layouts of one base scenario (its system, model and training fixed),
     memoising every part that layouts share (:class:`~llmsim.search.parts.SharedParts`)."""
 
@@ -139,29 +139,33 @@ class Estimator(CoreParts):
         """A kind's gradient tail (:meth:`_tail_s`), by its buckets and backward passes."""
 
     # -- one layout ---------------------------------------------------------------------
-    def estimate(self, sc: Scenario, core: dict | None = None) -> Estimate:
-        """The estimated step of a validated scenario (any fidelity: it is the reduced one).
-        ``core``: a dict the caller keeps for the switch variants of one core layout, in
-        which they share what reads none of their switches or the same ones
-        (:class:`~llmsim.search.core_parts.CoreParts`); None: nothing shared."""
+    def estimate(self, sc: Scenario) -> Estimate:
+        """The estimated step of a validated scenario (any fidelity: it is the reduced one)."""
         pending = self._pending.pop(id(sc), None)
         if pending is not None and pending[0] is sc:  # its walk set aside, now replayed
             return pending[1]()
-        par, trn = sc.parallelism, sc.training
+        par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
-        placed_parts = self._placed(sc, core)
-        _, costs, plan_key, split, starts, node_of, hops, placed_sends, runs = placed_parts
-        traffic = self._traffic(sc, core)
+        plan, costs = self.plan_costs(sc)
+        plan_key = (self._family(sc), sc.nodes_used, par.tp, p, dp, par.ep, par.cp, par.etp,
+                    *contention_key(par), servers(sc))
+        parts = self._layer_parts(sc, plan, costs)
+        traffic = step_traffic(model, par, trn, dp)
         m = traffic.microbatches
+        split = self._split(sc)
+        starts = self._first_layers(sc, split)
         split_backward = par.schedule in SPLIT_BACKWARD
         walked = par.schedule == "zb-v"  # its order walked (.pipeline.zb_v_walk_s)
         posted_singly = par.overlap_pp_comm and v > 1 and p > 1
         send_s, gather_s = self._pipeline_messages(costs, traffic, posted_singly, par.tp)
+        node_of = self._nodes_of_stages(plan_key, plan)
         sharded = traffic.grad_ranks > 1
         zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
         overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
+        hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
+        runs = self._runs(plan_key, split, node_of, placed_sends)
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
         kinds: dict[tuple, _Stage] = {}  # stages with the same chunks cost the same
         placed: list[tuple] = []  # (first stage, neighbours within its node, count, kind)
@@ -180,7 +184,7 @@ class Estimator(CoreParts):
             per_stage = deferred_w_follows(par.schedule, p, m)
             for s, kind_key, _, count in runs:
                 follows.setdefault(kind_key, set()).update(per_stage[s:s + count])
-        _, shared = self._shape(sc, placed_parts, core, m, a)
+        shared = self._kind_passes(sc, plan_key, costs, parts, split, starts, node_of, m, a)
         gathering = gathers_f_on or gathers_b_on or overlapped_gather or waits_rs or deferred
         for s, kind_key, within, count in runs:
             kind = kinds.get(kind_key)
@@ -320,6 +324,25 @@ class Estimator(CoreParts):
             raise
 
     # -- memoised on exactly what they read --------------------------------------------
+    def _pipeline_messages(self, costs: HardwareCosts, traffic: Workload,
+                           posted_singly: bool, tp: int) -> tuple[dict[bool, float], float]:
+        """Seconds of one pipeline send ({within a node: seconds}) and of the all-gather
+        that rebuilds a sliced message (0: none), memoised on the costs (one per
+        placement, held as long as the estimator) and the message."""
+        key = (id(costs), traffic.pp_message_bytes, posted_singly, traffic.pp_gather_bytes,
+               tp)
+        hit = self._messages.get(key)
+        if hit is None:
+            send_s = {within: costs.comm_s(CommOp("pp_send", "send_recv", "pp", "F",
+                                                  traffic.pp_message_bytes,
+                                                  within_node=within, two_rank=posted_singly))
+                      for within in (False, True)}
+            gather_s = costs.comm_s(CommOp("pp_gather", "all_gather", "tp", "F",
+                                           traffic.pp_gather_bytes, copies=tp)) \
+                if traffic.pp_gather_bytes else 0.0
+            hit = self._messages[key] = (send_s, gather_s)
+        return hit
+
     def _tail_s(self, st: StageTimes, p: int, overlap: bool, split_backward: bool,
                 zero3: bool, drawn: tuple | None = None) -> float:
         """:func:`reduction_tail_s` of a kind's stage, memoised on what it reads (its

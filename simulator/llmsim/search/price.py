@@ -144,7 +144,6 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 out.out_of_memory += variant_count(core, fixed)
                 continue
             core_scenario = None
-            shared: dict = {}  # what the variants share (.core_parts)
             for layout in switch_variants(core, fixed):
                 try:
                     if core_scenario is None:
@@ -155,7 +154,7 @@ def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                     out.invalid += 1
                     continue
                 try:
-                    priced.append([layout, est.estimate(scenario, shared), None, peak])
+                    priced.append([layout, est.estimate(scenario), None, peak])
                 except walk_batch.Deferred:
                     priced.append([layout, None, scenario, peak])
     walk_batch.flush()
