@@ -6,6 +6,7 @@ Usage::
     python benchmarks/bench_search.py frontier --max-layouts 20000 --workers 2
     python benchmarks/bench_search.py selene-gpt3 --every 10   # one process, CPU seconds
     python benchmarks/bench_search.py selene-gpt3 --every 1 --first-batch 3000 --batches 300
+    python benchmarks/bench_search.py selene-gpt3 --every 10 --rounds 2 --rows ROWS.csv  # + warm
 
 Prints, for the scenario: the size of the space (core layouts, layouts after the overlap
 switches), layouts priced, rejected for memory and invalid, the estimator's layouts/s
@@ -56,12 +57,14 @@ def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float
 
 
 def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = None,
-                    rows: str | None = None) -> None:
+                    rounds: int = 1, rows: str | None = None) -> None:
     """Price every ``every``-th batch of the scenario's whole space in this process and
     print the CPU seconds: a measure of the pricing alone that other jobs on the machine
     disturb little (no pool, no confirmation). ``first`` and ``count`` narrow it to
     ``count`` batches from batch ``first`` (``--every 1``: a contiguous stretch, as a
-    worker meets them). ``rows``: write the priced rows there (:func:`_write_rows`)."""
+    worker meets them). ``rounds`` > 1 prices the same batches again in the same process
+    (the later rounds warm: the per-layout body without the one-time costs); ``rows``
+    writes the last round's rows as ``--rows`` does for a whole search."""
     from llmsim.search.batching import batches as walk_batches
     from llmsim.search.price import price_batch, state_fits
     from llmsim.search.space import SpaceOptions, cores
@@ -72,23 +75,26 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
     enumerated = time.process_time() - start
     batches = walk_batches(space)  # as the search cuts them: one walk key each
     batches = batches[first:][::every][:count]
-    start = time.process_time()
-    priced = over = invalid = 0
-    results = []
-    for batch in batches:
-        result = price_batch(base, batch, {}, 0.1)
-        results.append(result.columns if rows else None)
-        priced, over, invalid = (priced + len(result), over + result.out_of_memory,
-                                 invalid + result.invalid)
-    cpu = time.process_time() - start
-    print(f"scenario {name}: {len(space):,} core layouts (enumerated in {enumerated:.1f} s "
-          f"CPU); every {every}th batch: {len(batches):,} batches, priced {priced:,}, over "
-          f"memory {over:,}, invalid {invalid:,}; {cpu:.1f} s CPU, "
-          f"{priced / cpu:,.0f} layouts priced per CPU-second")
+    for round_ in range(1, rounds + 1):
+        start = time.process_time()
+        priced = over = invalid = 0
+        results = []
+        for batch in batches:
+            result = price_batch(base, batch, {}, 0.1)
+            priced, over, invalid = (priced + len(result), over + result.out_of_memory,
+                                     invalid + result.invalid)
+            results.append(result)
+        cpu = time.process_time() - start
+        print(f"scenario {name}: {len(space):,} core layouts (enumerated in {enumerated:.1f} "
+              f"s CPU); every {every}th batch: {len(batches):,} batches, priced {priced:,}, "
+              f"over memory {over:,}, invalid {invalid:,}; round {round_}: {cpu:.2f} s CPU, "
+              f"{priced / cpu:,.0f} layouts priced per CPU-second")
     if rows:
         import pandas as pd
 
-        print(f"  rows: {_write_rows(pd.concat([pd.DataFrame(c) for c in results]), rows)}")
+        table = pd.concat([pd.DataFrame({k: list(v) for k, v in r.columns.items()})
+                           for r in results if len(r)])
+        print(f"  rows: {_write_rows(table, rows)}")
 
 
 def _write_rows(table: object, path: str) -> str:
@@ -120,9 +126,12 @@ def main() -> None:
     parser.add_argument("--rows", default=None,
                         help="write every priced row (key and estimator columns, sorted) to "
                              "this CSV and print its SHA-256 (rows identical before/after)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --every: price the batches this many times (later: warm)")
     args = parser.parse_args()
     if args.every:
-        every_nth_batch(args.scenario, args.every, args.first_batch, args.batches, args.rows)
+        every_nth_batch(args.scenario, args.every, args.first_batch, args.batches,
+                        args.rounds, args.rows)
         return
     scenario = llmsim.load_scenario(args.scenario)
 

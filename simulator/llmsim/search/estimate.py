@@ -57,9 +57,9 @@ TAIL_MEMO_FROM_CHUNKS = 4
 FIFO's loop costs less than the memo's key)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Estimate:
-    """The estimator's prediction for one layout."""
+    """The estimator's prediction for one layout (read only, not frozen: see StageTimes)."""
 
     step_time_s: float
     pipeline_s: float
@@ -100,9 +100,9 @@ class Estimate:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Stage:
-    """What a stage costs apart from its pipeline sends (shared by equal stages)."""
+    """What a stage costs apart from its pipeline sends (equal stages share it; not frozen)."""
 
     times: StageTimes
     stage: int

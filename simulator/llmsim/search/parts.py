@@ -16,6 +16,7 @@ from typing import Any
 from llmsim.blocks import Block
 from llmsim.costs import HardwareCosts
 from llmsim.memory import StageMemory, memory_per_stage
+from llmsim.moe import pairs_overlap
 from llmsim.ops import ComputeOp
 from llmsim.params import layers_params_per_device, param_tensors
 from llmsim.partition import chunk_first_layer, chunk_layers
@@ -154,7 +155,7 @@ class SharedParts:
                par.sequence_parallel, par.recompute, par.overlap_tp_comm, par.tp_overlap_rs_splits,
                par.tp_overlap_comm_units, par.tp_overlap_concurrent_chunks,
                _gemm_overlaps(par), par.moe_a2a_overlap, par.moe_shared_expert_overlap,
-               par.moe_comm_units)
+               par.moe_comm_units, pairs_overlap(par))  # (DualPipe's pairs hide the a2a)
         hit = self._parts.get(key)
         if hit is None:
             ops, otp = pass_ops(sc.model, par, sc.training), par.overlap_tp_comm

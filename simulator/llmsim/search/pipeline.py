@@ -53,9 +53,12 @@ from llmsim.search.zb_v_walk import compiled, walk_s
 from llmsim.search.zero3_queue import stream_share
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StageTimes:
-    """One stage's work per micro-batch, seconds."""
+    """One stage's work per micro-batch, seconds (read only, but not ``frozen``: a frozen
+    dataclass sets each field through ``object.__setattr__`` in its ``__init__``, about
+    four times a plain one's time for these 17 fields, and the estimator makes several a
+    layout; it holds lists, so it was never hashable)."""
 
     f: float
     """Forward passes of every chunk."""

@@ -179,10 +179,11 @@ def _pair_columns(devices: list[Device], durations: list[float],
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Device:
     """What one device of a two-pipeline layout holds: its own stage's priced times and
-    chunk (the down pipeline's) and its mirror's (the up pipeline's stage p − 1 − s)."""
+    chunk (the down pipeline's) and its mirror's (the up pipeline's stage p − 1 − s).
+    Read only; not ``frozen``, for its ``__init__``'s time (as :class:`StageTimes`)."""
 
     times: StageTimes
     """The stage's times with its pipeline sends (the estimator's ``runs`` entry)."""

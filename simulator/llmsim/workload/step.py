@@ -60,10 +60,14 @@ class Chunk:
         return max(self.layers, 1)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Workload(GradientBuckets):
     """One step: chunk op lists, pipeline message size, DP/ZeRO traffic, optimizer; the
-    gradient buckets' methods come from :class:`GradientBuckets`."""
+    gradient buckets' methods come from :class:`GradientBuckets`. Read only (changed by
+    ``dataclasses.replace``), but not ``frozen``: a frozen dataclass's ``__init__`` sets
+    each of these 35 fields through ``object.__setattr__``, about three times a plain
+    one's time, and the layout search makes one a layout (:func:`.build.step_traffic`);
+    it holds a dict, so it was never hashable."""
 
     chunks: dict[tuple[int, int], Chunk]
     """(stage, chunk) → Chunk."""
