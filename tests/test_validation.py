@@ -548,14 +548,16 @@ def test_lumi_rows_run_in_the_suite():
 
 
 def test_aurora_rows_run_in_the_suite():
-    """The Aurora (PVC) weak-scaling rows at 4, 64 and 256 nodes: finite, within 10 % at 4
-    nodes and more than 20 % too fast at 256 (+6.7, -10.8 and -25.6 % with the GEMM rate of
-    a busy node, 2026-11-27; -1.1, -17.3 and -30.9 % when added): the missing time grows
-    with the job, while llmsim's FSDP collectives barely do (docs/validation.md §8, "Aurora")."""
+    """The Aurora (PVC) weak-scaling rows at 4, 64 and 256 nodes: finite, too slow by more
+    than 15 % at 4 nodes and too fast by more than 10 % at 256 (+24.5, +4.7 and -12.0 % since
+    the launcher's CCL_OP_SYNC=1 holds the host at every gather, priced as no prefetch, an
+    upper bound; +6.7, -10.8 and -25.6 % before it; -1.1, -17.3 and -30.9 % when added): the
+    host wait adds a nearly flat 0.40-0.45 s, so the missing time still grows with the job
+    while llmsim's FSDP collectives barely do (docs/validation.md §8, "Aurora")."""
     df = v.validate([BY_ID[f"AURORA26-0{i}"] for i in (1, 5, 7)], progress=False)
     err = df.set_index("id")["error_pct"]
     assert err.map(math.isfinite).all()
-    assert abs(err["AURORA26-01"]) < 10 and err["AURORA26-07"] < -20
+    assert err["AURORA26-01"] > 15 and err["AURORA26-07"] < -10
     assert err["AURORA26-01"] > err["AURORA26-05"] > err["AURORA26-07"]
 
 def test_fugaku_gap_is_in_the_compute_not_the_network():
