@@ -33,13 +33,13 @@ RopeKernel = Literal["fused", "unfused"]
 PyTorch's eager operators (:mod:`llmsim.workload.rope`)."""
 
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
+"""Which host synchronisations a framework's training step makes per micro-batch
+(:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
 ExpertLoop = Literal["grouped", "deepspeed_uneven"]
 """How a MoE layer's local experts run (:mod:`llmsim.expert_loop`): ``grouped``, each
 expert GEMM of all local experts as one grouped kernel; ``deepspeed_uneven``, DeepSpeed's
 ``Experts`` loop over uneven token batches as X-MoE runs it, one expert MLP after another."""
-"""Which host synchronisations a framework's training step makes per micro-batch
-(:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
 
 class Training(Spec):
