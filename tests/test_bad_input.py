@@ -398,3 +398,22 @@ def test_network_fields_that_would_be_ignored_are_refused(scenario, override, na
     err = one_line_error(["run", scenario, "--set", override], capsys)
     for name in names:
         assert name in err, err
+
+
+@pytest.mark.parametrize("override, names", [
+    ("parallelism.modules_per_layer=7",
+     ["parallelism.modules_per_layer", "gather_per_module", "grad_buckets_whole_matrices"]),
+    ("parallelism.recompute=full_keep_attention,parallelism.recompute_norms_and_up_proj=true",
+     ["parallelism.recompute_norms_and_up_proj", "full_keep_attention"]),
+])
+def test_new_fields_that_would_be_ignored_or_double_counted_are_refused(override, names,
+                                                                        capsys):
+    """A field of today's merges that would do nothing where it is set (a module count with
+    neither per-module gathers nor whole-matrix buckets), or recompute the norms twice
+    (full_keep_attention reruns them already), is an error."""
+    args = ["run", "selene-gpt3"]
+    for one in override.split(","):
+        args += ["--set", one]
+    err = one_line_error(args, capsys)
+    for name in names:
+        assert name in err, err
