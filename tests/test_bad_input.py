@@ -401,6 +401,7 @@ def test_network_fields_that_would_be_ignored_are_refused(scenario, override, na
 
 
 @pytest.mark.parametrize("override, names", [
+    ("training.expert_loop=deepspeed_uneven", ["training.expert_loop", "dense"]),
     ("parallelism.modules_per_layer=7",
      ["parallelism.modules_per_layer", "gather_per_module", "grad_buckets_whole_matrices"]),
     ("parallelism.recompute=full_keep_attention,parallelism.recompute_norms_and_up_proj=true",
@@ -408,9 +409,9 @@ def test_network_fields_that_would_be_ignored_are_refused(scenario, override, na
 ])
 def test_new_fields_that_would_be_ignored_or_double_counted_are_refused(override, names,
                                                                         capsys):
-    """A field of today's merges that would do nothing where it is set (a module count with
-    neither per-module gathers nor whole-matrix buckets), or recompute the norms twice
-    (full_keep_attention reruns them already), is an error."""
+    """A field of today's merges that would do nothing where it is set (an expert loop on
+    a dense model, a module count with neither per-module gathers nor whole-matrix buckets),
+    or recompute the norms twice (full_keep_attention reruns them already), is an error."""
     args = ["run", "selene-gpt3"]
     for one in override.split(","):
         args += ["--set", one]
