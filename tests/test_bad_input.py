@@ -418,3 +418,11 @@ def test_new_fields_that_would_be_ignored_or_double_counted_are_refused(override
     err = one_line_error(args, capsys)
     for name in names:
         assert name in err, err
+
+
+def test_a_framework_share_without_a_measured_curve_is_refused(capsys):
+    """``gemm.framework_share`` scales ``gemm.square_fraction``; on an accelerator without
+    that curve (an A100) it would be silently ignored."""
+    err = one_line_error(["run", "selene-gpt3", "--set",
+                          "system.node.accelerator.gemm.framework_share=0.5"], capsys)
+    assert "gemm.framework_share" in err and "square_fraction" in err, err

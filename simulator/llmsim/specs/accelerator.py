@@ -134,6 +134,17 @@ class GemmModel(Spec):
     (cuBLAS: 16 bytes, NVIDIA's Matrix Multiplication Background guide, "Tensor Core
     Requirements"): 8 BF16 elements, 16 FP8 ones."""
 
+    @model_validator(mode="after")
+    def _check_framework_share(self) -> GemmModel:
+        """``framework_share`` scales the measured square curve; without one it would be
+        silently ignored."""
+        if self.framework_share is not None and not self.square_fraction:
+            raise ValueError(
+                f"gemm.framework_share: {self.framework_share} is a share of the library's "
+                "measured square rate, and gemm.square_fraction is not given; give the "
+                "curve, or remove framework_share")
+        return self
+
     def tiles(self) -> list[tuple[int, int]]:
         """Every output tile (rows, columns) the library runs, the main one first."""
         return [(self.tile_m, self.tile_n), *self.extra_tiles]
