@@ -426,3 +426,13 @@ def test_a_framework_share_without_a_measured_curve_is_refused(capsys):
     err = one_line_error(["run", "selene-gpt3", "--set",
                           "system.node.accelerator.gemm.framework_share=0.5"], capsys)
     assert "gemm.framework_share" in err and "square_fraction" in err, err
+
+
+@pytest.mark.parametrize("kernel, field", [("triton_fwd", "triton_fwd_vs_flash2_ms"),
+                                           ("flash1", "flash1_vs_flash2_tflops")])
+def test_an_attention_ratio_without_sequence_lengths_is_refused(kernel, field, capsys):
+    """A head dimension with no sequence lengths in a kernel-ratio table was a numpy
+    traceback (``np.interp`` over no points) when the kernel was priced."""
+    err = one_line_error(["run", "selene-gpt3", "--set", f"training.attention_kernel={kernel}",
+                          "--set", f"system.node.accelerator.{field}={{128: {{}}}}"], capsys)
+    assert f"{field}[128] has no sequence lengths" in err, err

@@ -285,13 +285,16 @@ class Accelerator(Spec):
                 f"accelerator {self.name!r}: flash_attention_tflops is empty; give TFLOP/s by "
                 "head dimension and sequence length, e.g. {128: {2048: 155}}, or leave it out"
             )
-        for field in ("flash_attention_tflops", "flash_attention_fwd_tflops",
-                      "flash_attention_bwd_tflops"):
+        for field, example in (("flash_attention_tflops", "2048: 155"),
+                               ("flash_attention_fwd_tflops", "2048: 155"),
+                               ("flash_attention_bwd_tflops", "2048: 155"),
+                               ("flash1_vs_flash2_tflops", "2048: [120, 155]"),
+                               ("triton_fwd_vs_flash2_ms", "2048: [1.2, 1.05]")):
             for head_dim, by_seq in (getattr(self, field) or {}).items():
                 if not by_seq:
                     raise ValueError(
                         f"accelerator {self.name!r}: {field}[{head_dim}] has no "
-                        "sequence lengths; give at least one, e.g. 2048: 155"
+                        f"sequence lengths; give at least one, e.g. {example}"
                     )
         passes = (self.flash_attention_fwd_tflops, self.flash_attention_bwd_tflops)
         if any(p is not None for p in passes) and (
