@@ -436,3 +436,10 @@ def test_an_attention_ratio_without_sequence_lengths_is_refused(kernel, field, c
     err = one_line_error(["run", "selene-gpt3", "--set", f"training.attention_kernel={kernel}",
                           "--set", f"system.node.accelerator.{field}={{128: {{}}}}"], capsys)
     assert f"{field}[128] has no sequence lengths" in err, err
+
+
+def test_unfused_rope_without_rope_is_refused(capsys):
+    """``training.rope: unfused`` on GPT-3's learned positions has no rotary kernel to
+    price (it was silently ignored)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "training.rope=unfused"], capsys)
+    assert "training.rope" in err and "learned" in err, err

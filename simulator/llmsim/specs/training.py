@@ -96,7 +96,8 @@ class Training(Spec):
     here; NeMo's LLaMA recipes); ``unfused``, the
     eager ``t * cos + rotate_half(t) * sin`` operators (Megatron-LM without the flag, before
     2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused whatever this says.
-    Ignored for other position embeddings and MLA."""
+    ``unfused`` is an error for other position embeddings and MLA (no rotary kernel to
+    price)."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]
