@@ -398,3 +398,48 @@ def test_network_fields_that_would_be_ignored_are_refused(scenario, override, na
     err = one_line_error(["run", scenario, "--set", override], capsys)
     for name in names:
         assert name in err, err
+
+
+@pytest.mark.parametrize("override, names", [
+    ("training.expert_loop=deepspeed_uneven", ["training.expert_loop", "dense"]),
+    ("parallelism.modules_per_layer=7",
+     ["parallelism.modules_per_layer", "gather_per_module", "grad_buckets_whole_matrices"]),
+    ("parallelism.recompute=full_keep_attention,parallelism.recompute_norms_and_up_proj=true",
+     ["parallelism.recompute_norms_and_up_proj", "full_keep_attention"]),
+])
+def test_new_fields_that_would_be_ignored_or_double_counted_are_refused(override, names,
+                                                                        capsys):
+    """A field of today's merges that would do nothing where it is set (an expert loop on
+    a dense model, a module count with neither per-module gathers nor whole-matrix buckets),
+    or recompute the norms twice (full_keep_attention reruns them already), is an error."""
+    args = ["run", "selene-gpt3"]
+    for one in override.split(","):
+        args += ["--set", one]
+    err = one_line_error(args, capsys)
+    for name in names:
+        assert name in err, err
+
+
+def test_a_framework_share_without_a_measured_curve_is_refused(capsys):
+    """``gemm.framework_share`` scales ``gemm.square_fraction``; on an accelerator without
+    that curve (an A100) it would be silently ignored."""
+    err = one_line_error(["run", "selene-gpt3", "--set",
+                          "system.node.accelerator.gemm.framework_share=0.5"], capsys)
+    assert "gemm.framework_share" in err and "square_fraction" in err, err
+
+
+@pytest.mark.parametrize("kernel, field", [("triton_fwd", "triton_fwd_vs_flash2_ms"),
+                                           ("flash1", "flash1_vs_flash2_tflops")])
+def test_an_attention_ratio_without_sequence_lengths_is_refused(kernel, field, capsys):
+    """A head dimension with no sequence lengths in a kernel-ratio table was a numpy
+    traceback (``np.interp`` over no points) when the kernel was priced."""
+    err = one_line_error(["run", "selene-gpt3", "--set", f"training.attention_kernel={kernel}",
+                          "--set", f"system.node.accelerator.{field}={{128: {{}}}}"], capsys)
+    assert f"{field}[128] has no sequence lengths" in err, err
+
+
+def test_unfused_rope_without_rope_is_refused(capsys):
+    """``training.rope: unfused`` on GPT-3's learned positions has no rotary kernel to
+    price (it was silently ignored)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "training.rope=unfused"], capsys)
+    assert "training.rope" in err and "learned" in err, err

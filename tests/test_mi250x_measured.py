@@ -48,7 +48,9 @@ def test_the_gemm_rate_cannot_close_the_frontier_row() -> None:
     tests/test_mi250x_attention.py, and the blocking wait's exposed reduce-scatters; 4.72 s
     before them, 5.15 s with the old 0.49 attention fraction): they would have to run at 0.65
     of the model's rate, about 85 TFLOP/s at the row's largest GEMM, under 0.7 of the slower
-    MI250X measurement."""
+    MI250X measurement. The GEMMs are most of the step: 0.5996 of it since the blocking
+    wait's 1 ms poll (``collective_wait_poll_ms``, branch poll) rounds each FSDP call up,
+    0.60 before."""
     run = next(r for r in v.load_runs() if r.id == "FRONTIER25-01")
     result = v.predict(run).result
     frame = result.to_dataframe()
@@ -56,6 +58,6 @@ def test_the_gemm_rate_cannot_close_the_frontier_row() -> None:
     base = compute.name.str.replace(r"_(dx|dw)$", "", regex=True)
     gemm_s = float(compute[base.isin(GEMM_OPS)].duration_s.sum())
     needed_s = run.measured - (result.step_time_s - gemm_s)
-    assert 0.6 * result.step_time_s < gemm_s < result.step_time_s
+    assert 0.5 * result.step_time_s < gemm_s < result.step_time_s
     needed_tflops = _model_tflops(8192, 14336, 4096) * gemm_s / needed_s  # MLP up-projection
     assert needed_tflops < 0.7 * SECOND_SWEEP_PEAK_TFLOPS

@@ -134,6 +134,17 @@ class GemmModel(Spec):
     (cuBLAS: 16 bytes, NVIDIA's Matrix Multiplication Background guide, "Tensor Core
     Requirements"): 8 BF16 elements, 16 FP8 ones."""
 
+    @model_validator(mode="after")
+    def _check_framework_share(self) -> GemmModel:
+        """``framework_share`` scales the measured square curve; without one it would be
+        silently ignored."""
+        if self.framework_share is not None and not self.square_fraction:
+            raise ValueError(
+                f"gemm.framework_share: {self.framework_share} is a share of the library's "
+                "measured square rate, and gemm.square_fraction is not given; give the "
+                "curve, or remove framework_share")
+        return self
+
     def tiles(self) -> list[tuple[int, int]]:
         """Every output tile (rows, columns) the library runs, the main one first."""
         return [(self.tile_m, self.tile_n), *self.extra_tiles]
@@ -274,13 +285,16 @@ class Accelerator(Spec):
                 f"accelerator {self.name!r}: flash_attention_tflops is empty; give TFLOP/s by "
                 "head dimension and sequence length, e.g. {128: {2048: 155}}, or leave it out"
             )
-        for field in ("flash_attention_tflops", "flash_attention_fwd_tflops",
-                      "flash_attention_bwd_tflops"):
+        for field, example in (("flash_attention_tflops", "2048: 155"),
+                               ("flash_attention_fwd_tflops", "2048: 155"),
+                               ("flash_attention_bwd_tflops", "2048: 155"),
+                               ("flash1_vs_flash2_tflops", "2048: [120, 155]"),
+                               ("triton_fwd_vs_flash2_ms", "2048: [1.2, 1.05]")):
             for head_dim, by_seq in (getattr(self, field) or {}).items():
                 if not by_seq:
                     raise ValueError(
                         f"accelerator {self.name!r}: {field}[{head_dim}] has no "
-                        "sequence lengths; give at least one, e.g. 2048: 155"
+                        f"sequence lengths; give at least one, e.g. {example}"
                     )
         passes = (self.flash_attention_fwd_tflops, self.flash_attention_bwd_tflops)
         if any(p is not None for p in passes) and (

@@ -42,10 +42,17 @@ def check_layout_rules(par: Parallelism) -> None:
             "the all-to-all kernels hold units only while overlapped: set "
             "moe_a2a_overlap true, or moe_comm_units 0"
         )
-    if par.recompute_norms_and_up_proj and par.recompute == "full":
+    if par.recompute_norms_and_up_proj and par.recompute in ("full", "full_keep_attention"):
         raise ValueError(
-            "parallelism.recompute_norms_and_up_proj: true with recompute full, which "
-            "recomputes every layer already; drop it, or use recompute none or selective"
+            f"parallelism.recompute_norms_and_up_proj: true with recompute {par.recompute}, "
+            "which recomputes the norms already; drop it, or use recompute none or selective"
+        )
+    if par.modules_per_layer is not None and not (
+            par.gather_per_module or par.grad_buckets_whole_matrices):
+        raise ValueError(
+            f"parallelism.modules_per_layer: {par.modules_per_layer} counts the matrices "
+            "gathered or reduced one by one, and neither gather_per_module nor "
+            "grad_buckets_whole_matrices is on; set one of them, or remove modules_per_layer"
         )
     if par.schedule == "interleaved-1f1b" and par.virtual_stages < 2:
         raise ValueError(

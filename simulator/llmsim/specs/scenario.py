@@ -226,6 +226,17 @@ class Scenario(Spec):
                 f"parallelism.moe_dispatcher: {par.moe_dispatcher} needs a mixture-of-experts "
                 f"model ({mdl.name} is dense); remove it or give the model a moe section"
             )
+        if trn.rope != "fused" and (mdl.position_embedding != "rope" or mdl.mla is not None):
+            raise ValueError(
+                f"training.rope: {trn.rope} prices the rotary embedding of a RoPE block "
+                f"without MLA, and {mdl.name} has "
+                f"{'MLA' if mdl.mla else mdl.position_embedding + ' positions'}; remove it"
+            )
+        if trn.expert_loop != "grouped" and mdl.moe is None:
+            raise ValueError(
+                f"training.expert_loop: {trn.expert_loop} runs a MoE layer's local experts "
+                f"({mdl.name} is dense); remove it or give the model a moe section"
+            )
         if par.moe_dispatcher == "deepspeed" and mdl.moe and mdl.moe.capacity_factor is None:
             raise ValueError(
                 "parallelism.moe_dispatcher: deepspeed needs model.moe.capacity_factor (its "

@@ -33,13 +33,13 @@ RopeKernel = Literal["fused", "unfused"]
 PyTorch's eager operators (:mod:`llmsim.workload.rope`)."""
 
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
+"""Which host synchronisations a framework's training step makes per micro-batch
+(:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
 ExpertLoop = Literal["grouped", "deepspeed_uneven"]
 """How a MoE layer's local experts run (:mod:`llmsim.expert_loop`): ``grouped``, each
 expert GEMM of all local experts as one grouped kernel; ``deepspeed_uneven``, DeepSpeed's
 ``Experts`` loop over uneven token batches as X-MoE runs it, one expert MLP after another."""
-"""Which host synchronisations a framework's training step makes per micro-batch
-(:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
 
 class Training(Spec):
@@ -96,7 +96,8 @@ class Training(Spec):
     here; NeMo's LLaMA recipes); ``unfused``, the
     eager ``t * cos + rotate_half(t) * sin`` operators (Megatron-LM without the flag, before
     2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused whatever this says.
-    Ignored for other position embeddings and MLA."""
+    ``unfused`` is an error for other position embeddings and MLA (no rotary kernel to
+    price)."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
     are copied between the model's [s, b, h] layout and the kernel's [b, s, heads, d]
