@@ -96,12 +96,11 @@ class Training(Spec):
     (:mod:`llmsim.workload.rope`): ``fused``, one memory-bound kernel on q and one on k each
     pass (Transformer Engine's fused RoPE; Megatron-LM ``--apply-rope-fusion``, later the
     default, turned off by ``--no-rope-fusion``: the version that changed it not pinned
-    here; NeMo's LLaMA recipes); ``unfused``, the
+    here; NeMo's LLaMA recipes); ``complex``, torchtitan's ``view_as_complex`` product
+    between an FP32 upcast and a cast back, three kernels on q and on k each pass, eager or
+    compiled (Inductor does not lower complex operators); ``unfused``, the
     eager ``t * cos + rotate_half(t) * sin`` operators (Megatron-LM without the flag, before
-    2024; Hugging Face); ``complex``, torchtitan's ``view_as_complex`` product between an
-    FP32 upcast and a cast back, three kernels on q and on k each pass, eager or compiled
-    (Inductor does not lower complex operators). ``pointwise_ops: hf_eager`` runs it unfused
-    whatever this says.
+    2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused whatever this says.
     Ignored for other position embeddings and MLA."""
     attention_layout_copies: bool = False
     """With flash attention: whether q, k, v (and, for a micro-batch above one, the output)
