@@ -79,3 +79,31 @@ def test_a_model_that_is_not_llama_shaped_is_refused_in_one_sentence(capsys):
     assert code == 2 and "Traceback" not in err
     assert "training.pointwise_ops: hf_eager is Hugging Face LLaMA's RMSNorm, RoPE and SwiGLU" \
         in " ".join(err.split())
+
+
+def test_eager_swiglu_replaces_only_the_activation_and_keeps_the_rope_setting():
+    """``eager_swiglu`` (torchtitan's Llama without torch.compile): ``act`` and ``act_bwd``
+    become the two- and three-kernel chains of the table, the norms keep their fused ops,
+    and the rotary embedding is the one ``training.rope`` names (not forced unfused)."""
+    _, eager = _dense("eager_swiglu")
+    _, fused = _dense("fused")
+    e = 2
+    for fused_pass, eager_pass in zip(fused, eager, strict=True):
+        f_ops = {op.name: op for op in fused_pass if isinstance(op, ComputeOp)}
+        e_ops = {op.name: op for op in eager_pass if isinstance(op, ComputeOp)}
+        assert set(e_ops) == set(f_ops)
+        for name, op in e_ops.items():
+            if name in ("act", "act_bwd"):
+                chain = CHAINS[REPLACED[name]]
+                elements = f_ops[name].bytes / ({"act": 3}.get(name, 4) * e)
+                assert op.bytes == pytest.approx(elements * chain.bytes_per_element(e))
+                assert op.splits == chain.kernels
+            else:
+                assert op == f_ops[name]  # norms, RoPE, GEMMs untouched
+
+
+def test_eager_swiglu_needs_a_swiglu_model(capsys):
+    code, _, err = run_cli(["run", "selene-gpt3", "--set", "training.pointwise_ops=eager_swiglu"],
+                           capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "training.pointwise_ops: eager_swiglu is the SwiGLU" in " ".join(err.split())

@@ -80,9 +80,10 @@ def test_script_prints_the_kernels_and_refuses_ops_with_a_profile(capsys) -> Non
 
 def test_no_mi250x_row_is_host_or_launch_bound(capsys) -> None:
     """``--shares`` (docs/validation.md §8, "The MI250X rows' common shortfall"): the launch
-    gap is at most 1.5 % of any of these steps, and the mean kernel runs at least 300 µs,
-    so even an eager dispatch of 30 µs exposed at every kernel would add under a tenth of
-    the steps, while the rows are 23-41 % longer than llmsim's. Attention's backward is a
+    gap is at most 2 % of any of these steps, and the mean kernel runs at least 250 µs
+    (XMOE25-01's 1.8 % and 268 µs since its eager RoPE is priced, ``training.rope:
+    unfused``), so even an eager dispatch of 30 µs exposed at every kernel would add under a
+    tenth of the steps, while the rows are 23-41 % longer than llmsim's. Attention's backward is a
     sixth of a step at most, none of LUMI23's (unfused: its score and context products are
     GEMMs)."""
     script = _script()
@@ -90,8 +91,8 @@ def test_no_mi250x_row_is_host_or_launch_bound(capsys) -> None:
     rows = {d.id: d for d in (script.decompose(r) for r in load_runs() if r.id in ids)}
     assert set(rows) == set(ids)
     for d in rows.values():
-        assert d.launch_s < 0.015 * d.step_s
-        assert d.compute_s / d.kernels > 300e-6
+        assert d.launch_s < 0.02 * d.step_s
+        assert d.compute_s / d.kernels > 250e-6
         assert d.kernels * 30e-6 < 0.1 * d.step_s
         assert d.attention_bwd_s < d.step_s / 6
     assert rows["LUMI23-06"].attention_s == 0.0

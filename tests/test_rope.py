@@ -64,3 +64,24 @@ def test_unfused_is_slower_than_fused_and_fused_slower_than_none():
     fused = simulate(make_scenario(**{**ROPE, "training.rope": "fused"}))
     unfused = simulate(make_scenario(**{**ROPE, "training.rope": "unfused"}))
     assert none.step_time_s < fused.step_time_s < unfused.step_time_s
+
+
+def test_complex_rope_is_three_kernels_on_q_and_on_k_with_an_fp32_round_trip():
+    """torchtitan's ``apply_rotary_emb``: the upcast (e + 4 bytes an element), the complex
+    product (4 + 4) and the cast back (4 + e) on q and on k, the same in the backward:
+    6 kernels and 2e + 16 = 20 bytes an element of q and k at e = 2, each pass."""
+    sc, (f, r, b, _) = _passes(**{"training.rope": "complex"})
+    elements = sc.parallelism.micro_batch * sc.training.seq_len * (
+        sc.model.q_dim + sc.model.kv_dim) / sc.parallelism.tp
+    for ops, name in ((f, "rope"), (r, "rope"), (b, "rope_bwd")):
+        (rope,) = _named(ops, name)
+        assert rope.splits == 6
+        assert rope.bytes == pytest.approx(20 * elements)
+        assert rope.output_bytes == pytest.approx(2 * elements)
+
+
+def test_complex_rope_sits_between_fused_and_unfused():
+    fused = simulate(make_scenario(**{**ROPE, "training.rope": "fused"}))
+    complex_ = simulate(make_scenario(**{**ROPE, "training.rope": "complex"}))
+    unfused = simulate(make_scenario(**{**ROPE, "training.rope": "unfused"}))
+    assert fused.step_time_s < complex_.step_time_s < unfused.step_time_s

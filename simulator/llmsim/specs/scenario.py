@@ -210,6 +210,12 @@ class Scenario(Spec):
                 f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
                 f"{mdl.activation}; set pointwise_ops to fused"
             )
+        if trn.pointwise_ops == "eager_swiglu" and mdl.activation != "swiglu":
+            raise ValueError(
+                f"training.pointwise_ops: eager_swiglu is the SwiGLU as eager SiLU and "
+                f"product kernels, but {mdl.name} has {mdl.activation}; set pointwise_ops "
+                "to fused"
+            )
         if par.ep > 1 and mdl.moe is None:
             raise ValueError(
                 f"parallelism.ep: {par.ep} needs a mixture-of-experts model ({mdl.name} is "

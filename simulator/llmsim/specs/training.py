@@ -23,14 +23,15 @@ HostPath = Literal["bare", "modules"]
 """How a framework's host issues eager kernels: ``bare`` PyTorch ops, or ``modules``
 (layers as Python modules with autograd, :attr:`Training.host_path`)."""
 
-PointwiseOps = Literal["fused", "hf_eager"]
+PointwiseOps = Literal["fused", "hf_eager", "eager_swiglu"]
 """How a block's norms, rotary embedding and gated activation run: one fused kernel each
-(no rotary traffic), or Hugging Face LLaMA's eager PyTorch operators
-(:mod:`llmsim.workload.hf_eager`)."""
+(no rotary traffic), Hugging Face LLaMA's eager PyTorch operators, or fused norms with an
+eager SiLU and product (:mod:`llmsim.workload.hf_eager`)."""
 
-RopeKernel = Literal["fused", "unfused"]
-"""How a RoPE model's rotary embedding runs on q and k: one fused kernel each per pass, or
-PyTorch's eager operators (:mod:`llmsim.workload.rope`)."""
+RopeKernel = Literal["fused", "unfused", "complex"]
+"""How a RoPE model's rotary embedding runs on q and k: one fused kernel each per pass,
+PyTorch's eager ``rotate_half`` operators, or the complex multiply of torchtitan and Meta's
+LLaMA (:mod:`llmsim.workload.rope`)."""
 
 HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
 """Which host synchronisations a framework's training step makes per micro-batch
@@ -87,13 +88,17 @@ class Training(Spec):
     4.31–4.35) as PyTorch runs it: ``LlamaRMSNorm`` upcast to FP32 in 8 kernels, ``rotate_half``
     and ``apply_rotary_pos_emb`` on q and k, SiLU and the gate product as two kernels, and
     autograd's backward of each (:mod:`llmsim.workload.hf_eager`). Needs an RMSNorm, RoPE,
-    SwiGLU model."""
+    SwiGLU model. ``eager_swiglu``: the norms fused, the SwiGLU as ``F.silu(w1(x)) * w3(x)``
+    in two eager kernels and its backward in three (torchtitan's Llama without
+    ``torch.compile``); the rotary embedding as ``rope`` says. Needs a SwiGLU model."""
     rope: RopeKernel = "fused"
     """How the rotary embedding of a ``position_embedding: rope`` model runs
     (:mod:`llmsim.workload.rope`): ``fused``, one memory-bound kernel on q and one on k each
     pass (Transformer Engine's fused RoPE; Megatron-LM ``--apply-rope-fusion``, later the
     default, turned off by ``--no-rope-fusion``: the version that changed it not pinned
-    here; NeMo's LLaMA recipes); ``unfused``, the
+    here; NeMo's LLaMA recipes); ``complex``, torchtitan's ``view_as_complex`` product
+    between an FP32 upcast and a cast back, three kernels on q and on k each pass, eager or
+    compiled (Inductor does not lower complex operators); ``unfused``, the
     eager ``t * cos + rotate_half(t) * sin`` operators (Megatron-LM without the flag, before
     2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused whatever this says.
     ``unfused`` is an error for other position embeddings and MLA (no rotary kernel to

@@ -28,7 +28,7 @@ from llmsim.params import (
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
-from llmsim.workload.hf_eager import apply_hf_eager
+from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
 from llmsim.workload.rope import apply_rope
 
 if TYPE_CHECKING:
@@ -165,9 +165,9 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     if model.mla is not None:
         layer_f, layer_r, layer_b, layer_w = apply_mla(
             (layer_f, layer_r, layer_b, layer_w), builder)
-    if training.pointwise_ops == "hf_eager":
+    if training.pointwise_ops != "fused":
         layer_f, layer_r, layer_b, layer_w = apply_hf_eager(
-            (layer_f, layer_r, layer_b, layer_w), builder.e)
+            (layer_f, layer_r, layer_b, layer_w), builder.e, REPLACING[training.pointwise_ops])
     if model.position_embedding == "rope" and model.mla is None:
         layer_f, layer_r, layer_b, layer_w = apply_rope(
             (layer_f, layer_r, layer_b, layer_w),

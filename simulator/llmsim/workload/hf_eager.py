@@ -26,7 +26,7 @@ its price.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmsim.ops import ComputeOp
@@ -70,14 +70,27 @@ CHAINS: dict[str, Chain] = {
 
 REPLACED = {"ln1": "rmsnorm", "ln2": "rmsnorm", "act": "swiglu",
             "ln1_bwd": "rmsnorm_bwd", "ln2_bwd": "rmsnorm_bwd", "act_bwd": "swiglu_bwd"}
-"""llmsim's fused ops and the eager chain that replaces each."""
+"""llmsim's fused ops and the eager chain that replaces each (``hf_eager``)."""
+
+EAGER_SWIGLU = {"act": "swiglu", "act_bwd": "swiglu_bwd"}
+"""``pointwise_ops: eager_swiglu``: only the gated activation runs eagerly, as the same two
+kernels (``F.silu(w1(x)) * w3(x)``: torchtitan's Llama ``FeedForward`` without
+``torch.compile``, ``torchtitan/models/llama/model.py``, eminorhan/frontier-torchtitan at
+d4ffe60); the norms keep their fused price (``nn.LayerNorm``'s native kernel there)."""
+
+REPLACING = {"hf_eager": REPLACED, "eager_swiglu": EAGER_SWIGLU}
+"""Each eager ``training.pointwise_ops`` value and the fused ops it replaces."""
+
+
+def chain_op(name: str, phase: str, c: Chain, elements: float, e: int) -> ComputeOp:
+    """The eager chain ``c`` over ``elements`` values as a memory-bound op of its kernels."""
+    return ComputeOp(name, "memory", phase, 0.0, float(elements * c.bytes_per_element(e)),
+                     splits=c.kernels, output_bytes=float(elements * e))
 
 
 def eager_op(name: str, phase: str, chain: str, elements: float, e: int) -> ComputeOp:
-    """One eager chain over ``elements`` values as a memory-bound op of its kernels."""
-    c = CHAINS[chain]
-    return ComputeOp(name, "memory", phase, 0.0, float(elements * c.bytes_per_element(e)),
-                     splits=c.kernels, output_bytes=float(elements * e))
+    """One of Hugging Face's eager chains (:data:`CHAINS`) over ``elements`` values."""
+    return chain_op(name, phase, CHAINS[chain], elements, e)
 
 
 def _elements(op: ComputeOp, e: int, passes: int) -> float:
@@ -90,13 +103,14 @@ FUSED_PASSES = {"ln1": 2, "ln2": 2, "act": 3, "ln1_bwd": 4, "ln2_bwd": 4, "act_b
 SwiGLU's gated activation and its backward)."""
 
 
-def hf_eager_pass(ops: Sequence[Op], e: int) -> list[Op]:
-    """One pass's ops with the fused norms and activation replaced by Hugging Face's eager
-    chains (the rotary embedding's chain is added by :mod:`llmsim.workload.rope`, as
-    ``training.rope: unfused``)."""
+def hf_eager_pass(ops: Sequence[Op], e: int, replaced: Mapping[str, str] = REPLACED
+                  ) -> list[Op]:
+    """One pass's ops with the fused ops of ``replaced`` (by default the norms and the
+    activation) replaced by Hugging Face's eager chains (the rotary embedding's chain is
+    added by :mod:`llmsim.workload.rope`, as ``training.rope: unfused``)."""
     out: list[Op] = []
     for op in ops:
-        chain = REPLACED.get(op.name) if isinstance(op, ComputeOp) else None
+        chain = replaced.get(op.name) if isinstance(op, ComputeOp) else None
         if chain is None:
             out.append(op)
         else:
@@ -105,10 +119,12 @@ def hf_eager_pass(ops: Sequence[Op], e: int) -> list[Op]:
     return out
 
 
-def apply_hf_eager(passes: tuple[list[Op], list[Op], list[Op], list[Op]], e: int
+def apply_hf_eager(passes: tuple[list[Op], list[Op], list[Op], list[Op]], e: int,
+                   replaced: Mapping[str, str] = REPLACED
                    ) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
-    """A block's (F, R, B, W) ops under ``training.pointwise_ops: hf_eager``
-    (:func:`hf_eager_pass` on each)."""
+    """A block's (F, R, B, W) ops under an eager ``training.pointwise_ops``
+    (:func:`hf_eager_pass` on each; ``replaced`` from :data:`REPLACING`)."""
     f, r, b, w = passes
-    return hf_eager_pass(f, e), hf_eager_pass(r, e), hf_eager_pass(b, e), list(w)
+    return (hf_eager_pass(f, e, replaced), hf_eager_pass(r, e, replaced),
+            hf_eager_pass(b, e, replaced), list(w))
 
