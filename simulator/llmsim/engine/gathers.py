@@ -45,9 +45,9 @@ class WeightGathers:
         Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
         in-flight limit the memory model assumes), the first layer's while the previous
         pass runs; without ``prefetch_weights`` for its pass (:meth:`prefetches`) it is
-        issued when layer j is reached. The
-        pass's block is split evenly over its layers; a wait splits its compute record
-        in two, and the wait is recorded as exposed DP time.
+        issued when layer j is reached. The pass's block is split evenly over its layers;
+        a wait splits its compute record in two, and the wait is recorded as exposed DP
+        time.
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
