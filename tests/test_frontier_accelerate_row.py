@@ -55,36 +55,40 @@ def test_the_gradient_unit_is_one_layer_s_bf16_weights_over_its_nine_fsdp_units(
 
 
 def test_row_runs_and_is_too_fast_as_the_docs_report():
-    """llmsim's step is about 0.6 of the measured 61 s (−37 %, docs/validation.md §8): 20.2 s
-    of compute and, all exposed under train.sh's blocking wait, 896 FSDP calls a step (7
-    units a layer gathered three times and reduced once), each at RCCL's step floor over
-    512 GCDs (511 × 30.9 µs) and seen by the host at its next 10 ms poll; the run reached
-    537 tokens/s per GCD. A band, not the value."""
+    """llmsim's step is about 0.58 of the measured 61 s (−42 %, docs/validation.md §8): 20.2 s
+    of compute and 896 FSDP calls a step (7 units a layer gathered three times and reduced
+    once), each at RCCL's step floor over 512 GCDs (511 × 30.9 µs) and seen by the host at
+    its next 10 ms poll, all exposed under train.sh's blocking wait but the forward's
+    gathers (prefetch_weights: forward); the run reached 537 tokens/s per GCD. A band, not
+    the value."""
     result = v.predict(ROW).result
     err = (result.step_time_s - ROW.measured) / ROW.measured * 100
-    assert math.isfinite(err) and -42 < err < -32
+    assert math.isfinite(err) and -47 < err < -37
     exposed = result.breakdown_s
-    assert 0.40 * result.step_time_s < exposed["dp_comm"] < 0.55 * result.step_time_s
+    assert 0.33 * result.step_time_s < exposed["dp_comm"] < 0.45 * result.step_time_s
     tokens_per_gcd_s = 4 * 8192 / ROW.measured
     assert tokens_per_gcd_s == pytest.approx(537, abs=1)
 
 
 def test_sensitivity_pairs_bracket_the_row():
-    """Neither unstated choice closes the gap. Prefetch (the gathers behind the compute,
-    which the blocking wait allows in the forward only) makes the row faster by 15-30 % of
-    the measured time; counting the two RMSNorm units as equal shares adds 5-12 %; one unit
-    per layer makes it faster by 20-30 %, as it makes a seventh of the calls."""
+    """Neither unstated choice closes the gap. Prefetch in the backward too (the gathers
+    behind the compute, which the blocking wait allows in the forward only) makes the row
+    faster by 10-20 % of the measured time, none (the forward's gathers waited for too)
+    slower by 5-10 %; counting the two RMSNorm units as equal shares adds 5-12 %; one unit
+    per layer makes it faster by 15-30 %, as it makes a seventh of the calls."""
     variations = sens.variations_for(ROW)
     base = v.predict(ROW).result.step_time_s
 
     def step(key, value):
         return v.predict(sens.with_values(ROW, {key: value})).result.step_time_s
 
-    assert variations["parallelism.prefetch_weights"].values == (False, True)
+    assert variations["parallelism.prefetch_weights"].values == ("forward", False, True)
     prefetch = step("parallelism.prefetch_weights", True)
-    assert 0.15 * ROW.measured < base - prefetch < 0.30 * ROW.measured
+    assert 0.10 * ROW.measured < base - prefetch < 0.20 * ROW.measured
+    assert 0.05 * ROW.measured < step("parallelism.prefetch_weights", False) - base \
+        < 0.10 * ROW.measured
     assert variations["parallelism.modules_per_layer"].values == (7, 9, 1)
     assert 0.05 * ROW.measured < step("parallelism.modules_per_layer", 9) - base \
         < 0.12 * ROW.measured
-    assert 0.20 * ROW.measured < base - step("parallelism.modules_per_layer", 1) \
+    assert 0.15 * ROW.measured < base - step("parallelism.modules_per_layer", 1) \
         < 0.30 * ROW.measured

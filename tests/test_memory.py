@@ -281,7 +281,7 @@ def test_buffers_and_reserve(gpt3: Model, a100: Accelerator) -> None:
 def test_zero3_buffers_hold_two_gathered_blocks_or_one_without_prefetch(
     gpt3: Model, a100: Accelerator
 ) -> None:
-    def buffers(prefetch: bool) -> float:
+    def buffers(prefetch: bool | str) -> float:
         par = Parallelism(tp=8, pp=1, zero=3, dp_bucket_mb=25, prefetch_weights=prefetch)
         return memory_per_stage(gpt3, par, training(), 8, a100)[0].buffers_bytes
 
@@ -290,6 +290,7 @@ def test_zero3_buffers_hold_two_gathered_blocks_or_one_without_prefetch(
                    head_params_per_device(gpt3, 8, 1))
     assert buffers(False) == pytest.approx(2 * 25e6 + unit, rel=1e-12)
     assert buffers(True) == pytest.approx(2 * 25e6 + 2 * unit, rel=1e-12)
+    assert buffers("forward") == buffers(True)  # the forward holds two
 
 
 def test_selene_gpt3_template_fits_and_stage_0_is_the_peak() -> None:

@@ -43,6 +43,9 @@ SWITCHES = [
     {"parallelism__zero": 3, "parallelism__prefetch_weights": False},
     {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
      "parallelism__recompute": "full"},
+    {"parallelism__zero": 3, "parallelism__prefetch_weights": "forward",  # ahead in the
+     "parallelism__regather_for_recompute": True,  # forward only
+     "parallelism__recompute": "full"},
     {"parallelism__zero": 1, "parallelism__overlap_param_gather": True},
     {"parallelism__zero": 3, "parallelism__gather_per_module": True},  # a layer's gathers
     # back to back: each joins the stream when the one before it ends
@@ -259,6 +262,9 @@ NARROW_SWITCHES = [  # on one layout (ZeRO-1's gathers on two), to keep the file
     {"parallelism__zero": 3, "parallelism__overlap_dp_comm": False},
     {"parallelism__zero": 3, "parallelism__prefetch_weights": False},
     {"parallelism__zero": 3, "parallelism__regather_for_recompute": True,
+     "parallelism__recompute": "full"},
+    {"parallelism__zero": 3, "parallelism__prefetch_weights": "forward",  # ahead in the
+     "parallelism__regather_for_recompute": True,  # forward only
      "parallelism__recompute": "full"},
     {"parallelism__zero": 3, "parallelism__gather_per_module": True},
     # kernels on the compute stream before each bucket's reduction (Megatron-Core's

@@ -80,6 +80,8 @@ def _kernel_switches(result: Result) -> str:
     names = [
         ("no weight prefetch", not par.prefetch_weights
          and (work.zero == 3 or work.overlap_param_gather)),
+        ("weight prefetch in the forward only", par.prefetch_weights == "forward"
+         and (work.zero == 3 or work.overlap_param_gather)),
         ("regather for recompute", work.regather_for_recompute),
         ("gather per module", work.gather_messages > 1),
         ("tensor-list gathers", work.gather_copies > 0),

@@ -129,8 +129,7 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
         carried: dict[tuple[int, int], list[tuple[float, str, float]]] = {}
         deferred: list[tuple[int, int]] = []
         gathering = self.device_gathers(ds, actions)
-        prefetching = gathering and engine.prefetch_weights
-        if prefetching:
+        if gathering and engine.prefetches(actions, 0):
             self.issue(ds, 0, 0)
         posts = engine._recv_posts(dev, actions) if rendezvous else {}
         for key, peer in posts.get(-1, ()):
@@ -172,10 +171,9 @@ class _Contended(UnitHolders, PostedMessages, GatheredPasses, _Replay):
                     pp_waits.append((device, start, self.now, start))
             label = f"{kind}{mb}c{chunk}" if chunk else f"{kind}{mb}"
             if gathering and self.gather_parts[device][i] is not None:
-                yield from self.gathered_pass(ds, i, act, label, engine.prefetch_weights,
-                                              woken)
+                yield from self.gathered_pass(ds, i, actions, label, woken)
             else:
-                if prefetching:
+                if gathering and engine.prefetches(actions, i + 1):
                     self.issue(ds, i + 1, 0)
                 block = block_kind(kind, mb, accumulate_from)
                 price = prices.get((stage, chunk, block))

@@ -194,15 +194,15 @@ class GatheredPasses:
         return (op is not None and op.chain is chain and chain.next == len(chain.messages)
                 and op.start_s < self.now and op.start_s + op.duration_s == self.now)
 
-    def gathered_pass(self, ds: DeviceState, i: int, act: Action, label: str,
-                      prefetching: bool, woken: bool = False
-                      ) -> Iterator[tuple[int, object]]:
+    def gathered_pass(self, ds: DeviceState, i: int, actions: list[Action], label: str,
+                      woken: bool = False) -> Iterator[tuple[int, object]]:
         """Run action ``i``'s pass layer by layer, each part waiting for its gather, as
         :meth:`WeightGathers._gathered_pass` does; yields each part and wait to the loop.
 
         ``woken``: the walk reached the pass on an event of this instant (:meth:`ended_first`
         decides a first part's gather ending now); else such a tie goes to SimPy."""
-        engine, dev = self.engine, ds.dev
+        engine, dev, act = self.engine, ds.dev, actions[i]
+        ahead, ahead_next = engine.prefetches(actions, i), engine.prefetches(actions, i + 1)
         key = (dev.id, act.chunk, engine._kind(act))
         prices = self.part_prices.get(key)
         if prices is None:
@@ -234,11 +234,11 @@ class GatheredPasses:
                                       "its gather ends")
                 self.dp_waits.append((device, wait_start, self.now))
                 seg_start, seg_from = self.now, offset
-            if prefetching:
-                if j < last:
+            if j < last:
+                if ahead:
                     self.issue(ds, i, j + 1)
-                else:
-                    self.issue(ds, i + 1, 0)
+            elif ahead_next:
+                self.issue(ds, i + 1, 0)
             yield _PASS, (price, [])
             offset += price[0]
         records.append(new_record(Record, (device, stage, "compute", label, kind, mb, chunk,

@@ -18,6 +18,7 @@ from llmsim.engine.devices import Device
 from llmsim.engine.streams import Contention
 from llmsim.ops import CommOp
 from llmsim.schedules import Action
+from llmsim.specs.parallelism import prefetched
 from llmsim.workload import Workload
 
 
@@ -32,7 +33,7 @@ class WeightGathers:
     contention: dict[int, Contention]
     dp_waits: list[tuple[int, float, float]]
     gather_ops: dict[tuple[int, int], list[CommOp]]
-    prefetch_weights: bool
+    prefetch_weights: bool | str
     regather_for_recompute: bool
 
     def _gathered_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
@@ -43,9 +44,10 @@ class WeightGathers:
 
         Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
         in-flight limit the memory model assumes), the first layer's while the previous
-        pass runs; without ``prefetch_weights`` it is issued when layer j is reached. The
-        pass's block is split evenly over its layers; a wait splits its compute record
-        in two, and the wait is recorded as exposed DP time.
+        pass runs; without ``prefetch_weights`` for its pass (:meth:`prefetches`) it is
+        issued when layer j is reached. The pass's block is split evenly over its layers;
+        a wait splits its compute record in two, and the wait is recorded as exposed DP
+        time.
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
@@ -59,6 +61,7 @@ class WeightGathers:
                 parts[held] = self._gathered_units(dev, act, held_block)
             return parts[held][j]
 
+        ahead, ahead_next = self.prefetches(actions, i), self.prefetches(actions, i + 1)
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
@@ -70,12 +73,20 @@ class WeightGathers:
                 yield gather
                 self.dp_waits.append((dev.id, wait_start, env.now))
                 seg_start, seg_from = env.now, offset
-            if self.prefetch_weights:
-                nxt = (i, j + 1) if j + 1 < len(units) else (i + 1, 0)
-                self._prefetch(dev, actions, *nxt, gathers)
+            if j + 1 < len(units):
+                if ahead:
+                    self._prefetch(dev, actions, i, j + 1, gathers)
+            elif ahead_next:
+                self._prefetch(dev, actions, i + 1, 0, gathers)
             yield from self.contention[dev.id].run(lambda held, j=j: part_s(held, j))
             offset += unit_s
         self._record_part(dev, act, seg_start, seg_from, math.inf)
+
+    def prefetches(self, actions: list[Action], i: int) -> bool:
+        """Whether action ``i``'s gathers are issued one layer ahead
+        (:func:`~llmsim.specs.parallelism.prefetched`: all passes', or with ``forward``
+        the forward passes' only); False past the last action."""
+        return i < len(actions) and prefetched(self.prefetch_weights, actions[i].kind)
 
     def _regathers(self, act: Action) -> bool:
         """Whether ``act``'s pass gathers each layer twice (recompute, then backward)."""

@@ -45,7 +45,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
     def __init__(self, workload: Workload, schedule: list[list[Action]], costs: CostModel,
                  devices: list[Device], overlap_dp: bool = True,
                  split_backward: bool = False, overlap_pp: bool = True,
-                 overlap_tp: bool = False, prefetch_weights: bool = True,
+                 overlap_tp: bool = False, prefetch_weights: bool | str = True,
                  regather_for_recompute: bool = False,
                  node_of: Callable[[Device, int], int] | None = None,
                  collective_units: int = 0, p2p_units: tuple[int, int] = (0, 0),
@@ -206,7 +206,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
         gathers: dict[tuple[int, int, str, int], simpy.Event] = {}
         actions = self.schedule[dev.stage]
         syncs = self.grad_syncs.get(dev.stage)
-        if self.prefetch_weights:
+        if self.prefetches(actions, 0):
             self._prefetch(dev, actions, 0, 0, gathers)
         posts = self._recv_posts(dev, actions) if self.rendezvous else {}
         for key, peer in posts.get(-1, ()):
@@ -247,7 +247,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
             if self._gather_ops(dev, act):
                 yield from self._gathered_pass(dev, actions, i, block, gathers)
             else:
-                if self.prefetch_weights:
+                if self.prefetches(actions, i + 1):
                     self._prefetch(dev, actions, i + 1, 0, gathers)
                 marks = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
                 if self.overlap_dp and work.zero != 3 and syncs is None \

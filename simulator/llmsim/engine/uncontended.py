@@ -159,8 +159,7 @@ class _Replay(BucketTraffic):
             gathers = self.gathers[device] = DeviceGathers(engine, dev, actions,
                                                            self.dp[device], records,
                                                            self.dp_waits)
-        prefetching = gathers is not None and engine.prefetch_weights
-        if prefetching:
+        if gathers is not None and engine.prefetches(actions, 0):
             gathers.prefetch(0, now)
         for i, act in enumerate(actions):
             engine.passes_started += 1
@@ -192,7 +191,7 @@ class _Replay(BucketTraffic):
             if gathers is not None and gathers.gathered(i):
                 now = gathers.gathered_pass(i, now, label, woken)
             else:
-                if prefetching:
+                if gathers is not None and engine.prefetches(actions, i + 1):
                     gathers.prefetch(i + 1, now)
                 duration_s = durations[i]
                 start = now

@@ -59,7 +59,6 @@ class DeviceGathers:
                  records: list[Record], dp_waits: list[tuple[int, float, float]]) -> None:
         self.engine, self.dev, self.actions = engine, dev, actions
         self.stream, self.records, self.dp_waits = stream, records, dp_waits
-        self.prefetching = engine.prefetch_weights
         by_pass: dict[tuple[int, str, bool], list[tuple[Message, ...]] | None] = {}
         self.parts: list[list[tuple[Message, ...]] | None] = []
         """Action index → the all-gathers of the gather before each part of its pass, in
@@ -168,8 +167,8 @@ class DeviceGathers:
 
         The block is split into :meth:`Engine._gathered_units`; a wait for a gather splits
         the pass's compute record in two and is recorded as a data-parallel wait. Part j's
-        gather is issued when part j−1 starts (with ``prefetch_weights``; else when part
-        j is reached), the next pass's first when the last part starts. A gather still in
+        gather is issued when part j−1 starts (with ``prefetch_weights`` for the pass; else
+        when part j is reached), the next pass's first when the last part starts. A gather still in
         flight when its part is reached is queued whole: the device queues nothing else
         until it has ended.
 
@@ -186,7 +185,8 @@ class DeviceGathers:
                 dev, act, engine._block(dev, act))
         parts, ends, issue = self.parts[i], self.end_s[i], self._issue
         assert parts is not None and len(parts) == len(units)
-        records, waits, prefetching = self.records, self.dp_waits, self.prefetching
+        records, waits = self.records, self.dp_waits
+        ahead, ahead_next = (engine.prefetches(self.actions, n) for n in (i, i + 1))
         device, stage, mb, chunk, pass_kind = dev.id, dev.stage, act.microbatch, act.chunk, \
             act.kind
         last = len(units) - 1
@@ -210,11 +210,11 @@ class DeviceGathers:
                 waits.append((device, now_s, ready_s))
                 now_s = ready_s
                 seg_start, seg_from = now_s, offset
-            if prefetching:
-                if j < last:
+            if j < last:
+                if ahead:
                     issue(parts[j + 1], now_s, ends)
-                else:
-                    self.prefetch(i + 1, now_s)
+            elif ahead_next:
+                self.prefetch(i + 1, now_s)
             now_s += unit_s
             offset += unit_s
         records.append(new_record(Record, (device, stage, "compute", label, pass_kind, mb,

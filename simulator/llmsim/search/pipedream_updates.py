@@ -28,7 +28,7 @@ from llmsim.search.pipeline import Run, pipeline_runs_s
 
 def update_shares_s(runs: list[Run], tails: list[float], updates: list[float], m: int, *,
                     tied_s: float, blocking: bool, zero3: bool,
-                    prefetch: bool) -> tuple[float, float, float]:
+                    prefetch: bool | str) -> tuple[float, float, float]:
     """(the steady state's passes, the per-backward reductions' share of the step, the
     per-backward updates' share), seconds, for runs of equal stages with, per run, the
     reduction tail ``tails`` and the optimizer step ``updates`` of one backward; the tied

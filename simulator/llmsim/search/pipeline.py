@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from llmsim.search.posted_sends import chain_hops_s, gather_delay_s
 from llmsim.search.zb_v_walk import compiled, walk_s
 from llmsim.search.zero3_queue import stream_share
+from llmsim.specs.parallelism import prefetched
 
 
 @dataclass(slots=True)
@@ -106,15 +107,16 @@ class StageTimes:
 
 
 def _passes(st: StageTimes, blocking: bool, posted_singly: bool, zero3: bool,
-            prefetch: bool) -> tuple[float, float, float]:
+            prefetch: bool | str) -> tuple[float, float, float]:
     """(forward, backward, weight-gradient) time of one micro-batch on a stage's compute
-    stream, with what it waits for."""
+    stream, with what it waits for. ``prefetch``: ``prefetch_weights`` (true, false or
+    ``forward``, :func:`~llmsim.specs.parallelism.prefetched`)."""
     f, b, w = st.f, st.b, st.w
-    if zero3:
-        if prefetch:  # each layer's gather one layer ahead: the slower of the two streams
-            f, b = max(f, st.zero_gathers_f), max(b, st.zero_gathers_b)
-        else:         # each layer waits for its own gather
-            f, b = f + st.zero_gathers_f, b + st.zero_gathers_b
+    if zero3:  # a pass with each layer's gather one layer ahead: the slower of the two
+        # streams; without, each layer waits for its own gather
+        gf, gb = st.zero_gathers_f, st.zero_gathers_b
+        f = max(f, gf) if prefetched(prefetch, "F") else f + gf
+        b = max(b, gb) if prefetched(prefetch, "B") else b + gb
     if posted_singly:  # each step waits for the previous step's send of its direction
         f, b = max(f, st.sends_f), max(b + w, st.sends_b) - w
     elif blocking:
@@ -137,7 +139,8 @@ Run = tuple[StageTimes, int]
 
 
 def pipeline_s(schedule: str, stages: list[StageTimes], m: int, v: int, *, blocking: bool,
-               posted_singly: bool, zero3: bool, prefetch: bool) -> tuple[float, list[float]]:
+               posted_singly: bool, zero3: bool, prefetch: bool | str
+               ) -> tuple[float, list[float]]:
     """The pipeline phase of one step: (its length, when each stage's last pass ends)."""
     total, ends = pipeline_runs_s(schedule, [(st, 1) for st in stages], m, v,
                                   blocking=blocking, posted_singly=posted_singly,
@@ -147,7 +150,7 @@ def pipeline_s(schedule: str, stages: list[StageTimes], m: int, v: int, *, block
 
 def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking: bool,
                     posted_singly: bool, zero3: bool,
-                    prefetch: bool) -> tuple[float, list[tuple[float, float]]]:
+                    prefetch: bool | str) -> tuple[float, list[tuple[float, float]]]:
     """:func:`pipeline_s` over runs of equal stages, at a cost independent of their
     length: (the phase's length, per run the latest end of its stages and when its last
     stage ends).

@@ -38,6 +38,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from llmsim.in_flight import schedule_order
+from llmsim.specs.parallelism import prefetched
 
 
 def reduce_scatter_wait_s(buckets: tuple[int, float], layer_gather_s: float,
@@ -69,24 +70,28 @@ def one_layer_wait_s(buckets: tuple[int, float], layer_gather_s: float, forward_
 
 def blended_wait_s(buckets: tuple[int, float], layer_gather_s: float, forward_layer_s: float,
                    backward_layer_s: float, cooled: float, *, regather: bool,
-                   prefetch: bool, weight_s: float | None = None) -> float:
+                   prefetch: bool | str, weight_s: float | None = None) -> float:
     """:func:`reduce_scatter_wait_s` averaged over a stage's W passes: a share ``cooled``
     followed by a backward (the cool-down), the rest by a forward (the steady state), each
     pass's wait taken with its own next layer — the waits averaged, not the layers, as the
     wait is not linear in them (a backward outlasting ``R + g`` hides the queue, a forward
     may not). With ``regather`` (ZeRO-3's regather for the recompute) a backward starts by
     recomputing a forward layer, so every W is followed by forward work. ``weight_s``
-    (the W) given: chunks of one layer, whose forward's wait is :func:`one_layer_wait_s`'s."""
-    if weight_s is not None and prefetch and not regather:
+    (the W) given: chunks of one layer, whose forward's wait is :func:`one_layer_wait_s`'s.
+    ``prefetch`` ``forward`` (:func:`~llmsim.specs.parallelism.prefetched`): a next
+    forward's gathers are ahead, a next backward's (its recompute's too) are not."""
+    ahead_f, ahead_b = prefetched(prefetch, "F"), prefetched(prefetch, "B")
+    if weight_s is not None and ahead_f and not regather:
         forward = one_layer_wait_s(buckets, layer_gather_s, forward_layer_s,
                                    backward_layer_s, weight_s)
     else:
         forward = reduce_scatter_wait_s(buckets, layer_gather_s, forward_layer_s,
-                                        prefetch=prefetch)
-    if regather:
+                                        prefetch=ahead_f)
+    if regather and ahead_f == ahead_b:
         return forward
-    backward = reduce_scatter_wait_s(buckets, layer_gather_s, backward_layer_s,
-                                     prefetch=prefetch)
+    backward = reduce_scatter_wait_s(buckets, layer_gather_s,
+                                     forward_layer_s if regather else backward_layer_s,
+                                     prefetch=ahead_b)
     return cooled * backward + (1 - cooled) * forward
 
 
@@ -207,7 +212,7 @@ def _follows_in_order(row: tuple) -> tuple[int, int]:
 
 def deferred_wait_s(buckets: tuple[int, float], layer_gather_s: float,
                     forward_layer_s: float, backward_layer_s: float,
-                    follows: tuple[int, int], m: int, *, regather: bool, prefetch: bool,
+                    follows: tuple[int, int], m: int, *, regather: bool, prefetch: bool | str,
                     weight_s: float | None = None) -> float:
     """Seconds per micro-batch a stage of ZB-H1 or ZB-H2 waits for its chunk's
     reduce-scatters: the waits of the W passes a forward follows and of those a backward

@@ -35,6 +35,8 @@ class TpOverlapGemm(Spec):
 
 
 CpSchedule = Literal["te_ring", "distflash"]
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "t", "f", "y", "n")
+"""The strings pydantic reads as a boolean (its lax mode)."""
 """How context-parallel attention is scheduled (:attr:`Parallelism.cp_schedule`)."""
 
 
@@ -189,11 +191,16 @@ class Parallelism(Spec):
     """ZeRO-1/2: all-gather the updated weights during the next step's first forward, one
     layer ahead of the compute, instead of after the optimizer (Megatron-LM
     ``--overlap-param-gather``)."""
-    prefetch_weights: bool = True
+    prefetch_weights: bool | Literal["forward"] = True
     """Gather each layer's weights (ZeRO-3, or the ``overlap_param_gather`` forward) one
     layer ahead of its compute. False: a layer's all-gather starts only when the layer is
     reached and its compute waits for it, as in DeepSpeed ZeRO-3 before PR #1188 (June
-    2021), which synchronised the device around every parameter all-gather."""
+    2021), which synchronised the device around every parameter all-gather. ``forward``:
+    ahead in the forward passes only, when reached in the backward (its recompute
+    included): a host that blocks on every collective (``NCCL_BLOCKING_WAIT``, oneCCL's
+    ``CCL_OP_SYNC``) still has the previous layer's forward kernels queued while it
+    waits for a gather, but in the backward it first waits out each layer's
+    reduce-scatter, so the next gather finds the compute stream empty."""
     dp_mode: Literal["all_reduce", "parameter_server"] = "all_reduce"
     """How data-parallel ranks combine their gradients: collectives among them
     (``all_reduce``), or through parameter servers (``parameter_server``, synchronous):
@@ -347,6 +354,15 @@ class Parallelism(Spec):
             f"tp_overlap_gemms.{name}.num_sm": gemm.num_sm
             for name, gemm in self.tp_overlap_gemms.items()}
 
+    @field_validator("prefetch_weights", mode="before")
+    @classmethod
+    def _prefetch_bool_or_forward(cls, value: object) -> object:
+        if (isinstance(value, bool | int) and value in (0, 1)) or value == "forward" or (
+                isinstance(value, str) and value.lower() in _BOOL_WORDS):
+            return value  # pydantic reads the booleans as for any other switch
+        raise ValueError("prefetch_weights must be true, false or 'forward' (ahead in the "
+                         "forward passes only)")
+
     @field_validator("dp", mode="before")
     @classmethod
     def _dp_positive_or_auto(cls, value: object) -> object:
@@ -360,3 +376,9 @@ class Parallelism(Spec):
     def _check(self) -> Parallelism:
         check_layout_rules(self)
         return self
+
+
+def prefetched(prefetch_weights: bool | Literal["forward"], kind: str) -> bool:
+    """Whether a pass of ``kind`` (``F``, ``B``, ``W``) gathers its weights one layer
+    ahead under :attr:`Parallelism.prefetch_weights`."""
+    return prefetch_weights is True or (prefetch_weights == "forward" and kind == "F")
