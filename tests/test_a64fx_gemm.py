@@ -238,6 +238,17 @@ def test_the_pytorch_1_10_share_reproduces_its_own_run():
     assert tuned == pytest.approx(363.6, rel=1e-3)
 
 
+def test_the_fugaku_scenario_keeps_the_catalogs_share_and_names_the_build():
+    """The catalog's Fugaku scenario runs at the catalog's share (PyTorch 1.7's): the
+    production run's own build, PyTorch 1.13, has no measured share, and the description
+    says so."""
+    from llmsim.loader import load_scenario
+
+    scenario = load_scenario("fugaku")
+    assert scenario.system.node.accelerator.gemm.framework_share == 0.3255
+    assert "PyTorch 1.13" in scenario.description and "0.4841" in scenario.description
+
+
 @pytest.mark.parametrize("fraction", [0.0, 1.2])
 def test_a_fraction_outside_0_1_is_refused_naming_the_field(fraction):
     with pytest.raises(ValidationError, match="square_fraction"):
