@@ -162,19 +162,14 @@ def test_glibc_costs_the_node_about_what_the_source_measured_against_tcmalloc():
     assert plain[0] < checkpointed[0]
 
 
-PYTORCH_1_7_GLIBC = ("FUGAKU-DEV-6", "FUGAKU-DEV-7", "FUGAKU-DEV-10", "FUGAKU-DEV-11")
-"""The glibc rows on PyTorch 1.7, the build whose tuned per-CMG run sets
-``gemm.framework_share`` (runs.csv: the 1.3B and 124M tables headed 'PyTorch 1.7')."""
-
-
-def test_no_pytorch_1_7_glibc_row_overshoots_its_measurement_by_20_percent():
-    """The lower bound holds row by row where the GEMMs' share was set on the same build:
-    none of the development rows that ran glibc on PyTorch 1.7 is predicted 20 % slower
-    than measured (step times as stored in tests/data/validation_steps.csv, which
-    test_validation_steps.py holds to the model). The PyTorch 1.10 rows are not held to
-    it: with the share set on 1.7, FUGAKU-DEV-1, -2, -3 and -5 are 22-37 % slow, which is
-    the GEMMs, not the allocator (the 1.10 tuned run per CMG took 363.6 s against 1.7's
-    522.7; docs/validation.md §8)."""
+def test_no_glibc_row_overshoots_its_measurement_by_20_percent():
+    """The lower bound holds row by row now that each PyTorch build's GEMMs run at the
+    share set on that build's own tuned per-CMG run (1.7: 0.3255 in the catalog; 1.10:
+    0.4841 by choice): none of the twelve development rows that ran glibc is predicted 20 %
+    slower than measured (step times as stored in tests/data/validation_steps.csv, which
+    test_validation_steps.py holds to the model). At 1.7's share for both builds FUGAKU-DEV-1,
+    -2, -3 and -5 were 22-37 % slow: the GEMMs, not the allocator (docs/validation.md §8,
+    "A GEMM share per PyTorch build")."""
     import csv
     from pathlib import Path
 
@@ -186,22 +181,19 @@ def test_no_pytorch_1_7_glibc_row_overshoots_its_measurement_by_20_percent():
     runs = {run.id: run for run in v.load_runs("FUGAKU-DEV")}
     glibc = {i for i, run in runs.items() if v.scenario_for(run).training.allocator == "glibc"}
     assert len(glibc) == 12  # all but the two tcmalloc rows (-8, -12)
-    assert set(PYTORCH_1_7_GLIBC) <= glibc
-    for row_id in PYTORCH_1_7_GLIBC:
-        assert "PyTorch 1.7" in runs[row_id].row["table_or_figure"] + runs[row_id].row["notes"]
+    for row_id in glibc:
         assert stored[row_id] < 1.2 * runs[row_id].measured, row_id
 
 
-def test_the_version_pair_shares_one_prediction_and_the_48_thread_rows_differ_in_recompute():
-    """llmsim has no PyTorch version, so the configuration the source ran on both 1.7 and
-    1.10 per CMG with glibc (FUGAKU-DEV-11, -13; both without checkpointing) gets one
-    prediction (step times as stored in tests/data/validation_steps.csv), and 1.7 took
-    1.18x as long. The 48-thread rows of the two versions are no such pairs: the 1.7 runs
-    (FUGAKU-DEV-10, -12) ran without activation checkpointing and the 1.10 runs (-9, -8)
-    with it (their TFLOPs columns, tests/test_fugaku_sweep_recompute.py), so llmsim gives
-    the 1.10 rows the longer step, while with glibc the source's 1.10 run with recompute
-    was still faster than 1.7's without (1,321.5 against 1,489.7 s; docs/validation.md §8,
-    "PyTorch 1.7 against 1.10")."""
+def test_the_version_pair_is_priced_by_each_builds_share():
+    """The configuration the source ran on both 1.7 and 1.10 per CMG with glibc
+    (FUGAKU-DEV-11, -13; both without checkpointing) took 1.18x as long on 1.7; llmsim,
+    with each build's GEMM share, 1.38x (one prediction for both before the shares were
+    split). On 48 threads the 1.10 run with recompute and glibc was still faster than 1.7's
+    without (FUGAKU-DEV-9 against -10, 1,321.5 against 1,489.7 s), and so is llmsim's
+    (1,171.3 against 1,185.3 s); with tcmalloc (-8 against -12) the source's 1.10 run was the
+    slower (1,020.3 against 976.2 s) and llmsim's the faster (855.0 against 968.7 s)
+    (docs/validation.md §8)."""
     import csv
     from pathlib import Path
 
@@ -211,8 +203,10 @@ def test_the_version_pair_shares_one_prediction_and_the_48_thread_rows_differ_in
     with table.open(encoding="utf-8") as f:
         stored = {row["id"]: float(row["step_time_s"]) for row in csv.DictReader(f)}
     measured = {run.id: run.measured for run in v.load_runs("FUGAKU-DEV")}
-    assert stored["FUGAKU-DEV-11"] == pytest.approx(stored["FUGAKU-DEV-13"], rel=1e-12)
-    assert measured["FUGAKU-DEV-11"] > measured["FUGAKU-DEV-13"]
-    for v17, v110 in (("FUGAKU-DEV-10", "FUGAKU-DEV-9"), ("FUGAKU-DEV-12", "FUGAKU-DEV-8")):
-        assert stored[v17] < stored[v110], (v17, v110)
-    assert measured["FUGAKU-DEV-10"] > measured["FUGAKU-DEV-9"]
+    pair = ("FUGAKU-DEV-11", "FUGAKU-DEV-13")
+    model_ratio = stored[pair[0]] / stored[pair[1]]
+    measured_ratio = measured[pair[0]] / measured[pair[1]]
+    assert model_ratio > measured_ratio > 1.0
+    assert model_ratio == pytest.approx(measured_ratio, rel=0.2)
+    assert stored["FUGAKU-DEV-9"] < stored["FUGAKU-DEV-10"]
+    assert measured["FUGAKU-DEV-9"] < measured["FUGAKU-DEV-10"]
