@@ -21,7 +21,6 @@ from llmsim.context_distflash import (
 from llmsim.errors import UserError
 from llmsim.host_syncs import HOST_SYNC_GAP_S
 from llmsim.ops import CommOp, ComputeOp
-from llmsim.simulation import simulate
 from llmsim.workload import LayerBuilder
 from llmsim.workload.build import pass_ops
 
@@ -120,12 +119,15 @@ def test_the_block_ops_are_the_busiest_ranks():
                       and op is not te_attn]
 
 
-def test_cp_one_is_todays_result():
+def test_cp_one_has_no_schedule_to_set():
+    # at cp 1 there is no context-parallel attention: the schedule would be ignored, so a
+    # scenario that sets it is refused (the search drops it where it tries cp 1)
     base = {**LLAMA, "parallelism.cp": 1, "parallelism.dp": 8, "training.seq_len": 8192,
             "training.global_batch": 8}
-    te = simulate(make_scenario(**base))
-    dfa = simulate(make_scenario(**base, **{"parallelism.cp_schedule": "distflash"}))
-    assert dfa.step_time_s == te.step_time_s
+    assert make_scenario(**base).parallelism.cp_schedule == "te_ring"  # valid without it
+    with pytest.raises(UserError, match=r"parallelism\.cp_schedule: distflash schedules "
+                       "context-parallel attention, and cp is 1"):
+        make_scenario(**base, **{"parallelism.cp_schedule": "distflash"})
 
 
 def test_an_mla_model_is_refused_in_one_sentence(capsys):

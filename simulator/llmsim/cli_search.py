@@ -216,6 +216,11 @@ def render(table: "pd.DataFrame", console: Console, show: int = 10) -> None:
     console.print(grid)
 
 
+RECOMPUTE_LABELS = {"none": "", "selective": "rc-sel", "full": "rc-full",
+                    "full_keep_attention": "rc-full-keep-attn"}
+"""A layout's recompute mode in :func:`describe`, one for each mode the spec accepts."""
+
+
 def describe(row: object) -> str:
     """A layout in a few words: ``tp8 pp8 dp16 1f1b mb1 z1 sp sel``."""
     from llmsim.search.space import ASYNCHRONOUS
@@ -233,7 +238,7 @@ def describe(row: object) -> str:
     parts += [p for p in (schedule, f"mb{r['micro_batch']}", f"z{r['zero']}") if p]
     if r["sequence_parallel"]:
         parts.append("sp")
-    parts.append({"none": "", "selective": "rc-sel", "full": "rc-full"}[r["recompute"]])
+    parts.append(RECOMPUTE_LABELS[r["recompute"]])
     flags = [name for name, on in (("tp-ovl", r["overlap_tp_comm"]),
                                    ("pp-ovl", r["overlap_pp_comm"]),
                                    ("ag-ovl", r["overlap_param_gather"]),

@@ -12,6 +12,10 @@ from llmsim.search.layout import Layout
 from llmsim.specs import Scenario
 from llmsim.specs.parallelism_rules import NOT_REPLAYED
 
+FULL_RECOMPUTE = ("full", "full_keep_attention")
+"""Recompute modes that recompute every norm of the layer (the spec refuses
+``recompute_norms_and_up_proj`` with them)."""
+
 
 def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     """The validated ``parallelism`` and ``training`` of ``scenario`` with ``layout``
@@ -23,8 +27,10 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
     splits when pp differs from the scenario's, the MoE all-to-all overlap where no
     all-to-all is left (and the units it holds wherever it is off), the shared experts'
     overlap where the all-to-all overlap is on (Megatron-Core 4415119414 refuses the two
-    together, ``TransformerConfig.__post_init__``), and the recompute of the norms and MLA
-    up-projections under full recompute. A schedule the engine does not replay as one
+    together, ``TransformerConfig.__post_init__``), the recompute of the norms and MLA
+    up-projections under full recompute (either of :data:`FULL_RECOMPUTE`), and the
+    scenario's ``cp_schedule`` (DistFlashAttn's, say) where the layout's cp is 1 (nothing
+    to schedule; kept at cp ≥ 2). A schedule the engine does not replay as one
     step (PipeDream, ``NOT_REPLAYED``; the search's ``--asynchronous``) is checked as the
     1F1B order it runs and then set: the estimator and the memory model read it. The
     layout's ``expert_tp`` (tp or 1) is set;
@@ -58,8 +64,10 @@ def parallelism_of(scenario: Scenario, layout: Layout) -> tuple[Any, Any]:
         updates["moe_comm_units"] = 0  # held only while all-to-alls overlap
     elif par.moe_shared_expert_overlap:  # Megatron-Core refuses the two together
         updates["moe_shared_expert_overlap"] = False
-    if layout.recompute == "full":  # recomputes the norms and up-projections already
+    if layout.recompute in FULL_RECOMPUTE:  # recomputes the norms and up-projections already
         updates["recompute_norms_and_up_proj"] = False
+    if layout.cp == 1 and par.cp_schedule != "te_ring":  # no context-parallel attention
+        updates["cp_schedule"] = "te_ring"
     asynchronous = updates.get("schedule") in NOT_REPLAYED  # PipeDream (space.ASYNCHRONOUS)
     if asynchronous:  # checked as the 1F1B it runs, step by step (llmsim.steady_state)
         updates["schedule"] = "1f1b"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, get_args
 
 from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES as SCHEDULE_INFO
@@ -20,10 +20,12 @@ from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
 from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_layout
 from llmsim.search.two_pipelines import allows
 from llmsim.specs import Scenario
+from llmsim.specs.parallelism import Parallelism
 
-__all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "SCHEDULES", "SWITCHES", "Layout",
-           "SpaceOptions", "apply", "cores", "divisors", "layout_of", "parallelism_of", "parse_fix",
-           "switch_variants", "switched", "tp_candidates", "variant_count", "with_layout"]
+__all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
+           "SWITCHES", "Layout", "SpaceOptions", "apply", "cores", "divisors", "layout_of",
+           "parallelism_of", "parse_fix", "recompute_choices", "switch_variants", "switched",
+           "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
 which were defined here before."""
 
@@ -45,6 +47,12 @@ user says that training is acceptable (docs/search.md). Its layouts need at leas
 micro-batches per step (its steady state, :func:`llmsim.steady_state.pipedream_step_s`)."""
 
 RECOMPUTE = ("none", "selective", "full")
+"""The recompute modes the search tries on every layout; a base scenario's own mode that
+is none of them (``full_keep_attention``, DistFlashAttn's) is tried as well
+(:func:`recompute_choices`)."""
+
+RECOMPUTE_VALUES: tuple[str, ...] = get_args(Parallelism.model_fields["recompute"].annotation)
+"""Every recompute mode the spec accepts; ``--fix recompute=`` takes any of them."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,9 @@ class SpaceOptions:
     up to it and the layout's nodes, at ZeRO 0 without ep or cp, the spec's rule)."""
     asynchronous: bool = False
     """Also try the schedules with stale weight updates (:data:`ASYNCHRONOUS`)."""
+    recomputes: tuple[str, ...] = RECOMPUTE
+    """Recompute modes tried; :func:`cores` adds the base scenario's own
+    (:func:`recompute_choices`)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -105,10 +116,18 @@ def _parse_value(name: str, raw: str) -> Any:
         if value < (0 if name in ("zero", "parameter_servers") else 1):
             raise UserError(f"--fix: {name}={value} must be positive")
         return value
-    allowed = SCHEDULES + ASYNCHRONOUS if name == "schedule" else RECOMPUTE
+    allowed = SCHEDULES + ASYNCHRONOUS if name == "schedule" else RECOMPUTE_VALUES
     if raw not in allowed:
         raise UserError(f"--fix: {name}={raw!r} must be one of {', '.join(allowed)}")
     return raw
+
+
+def recompute_choices(scenario: Scenario,
+                      modes: tuple[str, ...] = RECOMPUTE) -> tuple[str, ...]:
+    """``modes`` and, where it is none of them, the scenario's own recompute mode: a
+    search keeps what the user's scenario runs as one more choice."""
+    own = scenario.parallelism.recompute
+    return modes if own in modes else (*modes, own)
 
 
 def _choices(name: str, candidates: list[Any], fixed: Mapping[str, Any]) -> list[Any]:
@@ -142,8 +161,9 @@ def cores(scenario: Scenario, options: SpaceOptions,
     sequence parallelism only with tp > 1; an MoE model's experts split like the dense
     MLP and, where tp·ep divides them, whole (``expert_tp`` 1).
     ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole branches whose model state
-    cannot fit.
+    cannot fit. Recompute: ``options.recomputes`` and the scenario's own mode.
     """
+    options = replace(options, recomputes=recompute_choices(scenario, options.recomputes))
     fx = options.fixed
     model, node = scenario.model, scenario.system.node
     per_node, max_nodes = node.devices_per_node, scenario.nodes_used
@@ -224,7 +244,7 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
     schedules = list(SCHEDULES) + list(ASYNCHRONOUS) * options.asynchronous if pp > 1 \
         else ["1f1b"]
     sps = _choices("sequence_parallel", [False, True] if tp > 1 else [False], fx)
-    recomputes = _choices("recompute", list(RECOMPUTE), fx)
+    recomputes = _choices("recompute", list(options.recomputes), fx)
     switches = (fx.get("overlap_dp_comm", True), fx.get("overlap_tp_comm", False),
                 fx.get("overlap_pp_comm", False), fx.get("overlap_param_gather", False))
     for schedule in _choices("schedule", schedules, fx):

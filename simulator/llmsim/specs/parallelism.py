@@ -55,7 +55,8 @@ class Parallelism(Spec):
     cp_schedule: CpSchedule = "te_ring"
     """Whose context-parallel attention runs: ``te_ring``, Transformer Engine's ring
     (Megatron-Core, :mod:`llmsim.context`), or ``distflash``, DistFlashAttn's load-balanced
-    schedule of ⌊cp/2⌋ + 1 steps (Li et al. 2024, Algorithm 2; :mod:`llmsim.context_distflash`)."""
+    schedule of ⌊cp/2⌋ + 1 steps (Li et al. 2024, Algorithm 2; :mod:`llmsim.context_distflash`).
+    Only with cp ≥ 2 (at cp 1 there is no context-parallel attention to schedule)."""
     ep: PositiveInt = 1
     """Expert-parallel degree: the routed experts of a MoE layer split over ``ep`` ranks,
     which hold different sequences (and so add to data parallelism for the dense weights);

@@ -110,6 +110,12 @@ def check_layout_rules(par: Parallelism) -> None:
                     f"parallelism.{field}: {getattr(par, field)} needs pp ≥ 2 (one stage "
                     "holds every layer); remove it or raise pp"
                 )
+    if par.cp == 1 and par.cp_schedule != "te_ring":
+        raise ValueError(
+            f"parallelism.cp_schedule: {par.cp_schedule} schedules context-parallel "
+            "attention, and cp is 1 (no context parallelism), so it would be ignored; raise "
+            "cp to an even degree of 2 or more, or remove cp_schedule"
+        )
     if par.layers_per_stage is not None and (
             len(par.layers_per_stage) != par.pp or par.first_stage_layers is not None
             or par.last_stage_layers is not None):
