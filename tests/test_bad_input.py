@@ -443,3 +443,14 @@ def test_unfused_rope_without_rope_is_refused(capsys):
     price (it was silently ignored)."""
     err = one_line_error(["run", "selene-gpt3", "--set", "training.rope=unfused"], capsys)
     assert "training.rope" in err and "learned" in err, err
+
+
+def test_hf_eager_with_complex_rope_is_refused(capsys):
+    """Hugging Face's eager path prices its own unfused RoPE, so an explicit complex RoPE
+    beside it would be silently overridden: refused instead."""
+    err = one_line_error(["run", "workloads/scenarios/frontier.yaml",
+                          "--set", "model.position_embedding=rope", "--set", "model.norm=rmsnorm",
+                          "--set", "model.activation=swiglu", "--set",
+                          "training.pointwise_ops=hf_eager", "--set", "training.rope=complex"],
+                         capsys)
+    assert "training.rope: complex" in err and "hf_eager" in err, err

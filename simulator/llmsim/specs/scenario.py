@@ -210,6 +210,11 @@ class Scenario(Spec):
                 f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
                 f"{mdl.activation}; set pointwise_ops to fused"
             )
+        if trn.pointwise_ops == "hf_eager" and trn.rope == "complex":
+            raise ValueError(
+                "training.rope: complex with pointwise_ops: hf_eager, whose RoPE is Hugging "
+                "Face's unfused rotate_half chain; remove rope or set it to unfused"
+            )
         if trn.pointwise_ops == "eager_swiglu" and mdl.activation != "swiglu":
             raise ValueError(
                 f"training.pointwise_ops: eager_swiglu is the SwiGLU as eager SiLU and "

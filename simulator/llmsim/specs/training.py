@@ -100,7 +100,8 @@ class Training(Spec):
     between an FP32 upcast and a cast back, three kernels on q and on k each pass, eager or
     compiled (Inductor does not lower complex operators); ``unfused``, the
     eager ``t * cos + rotate_half(t) * sin`` operators (Megatron-LM without the flag, before
-    2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused whatever this says.
+    2024; Hugging Face). ``pointwise_ops: hf_eager`` runs it unfused (``complex`` with it
+    is an error).
     ``unfused`` is an error for other position embeddings and MLA (no rotary kernel to
     price)."""
     attention_layout_copies: bool = False
