@@ -138,7 +138,7 @@ def pair_table() -> str:
     by_label = {case.label: case for case in CASES}
     tp, dp = shortfall(by_label["DEV-14"]), shortfall(by_label["DEV-13"])
     lines = ["| run | short s | micro-batches | s per micro-batch | ms per op "
-             "| per priced compute s |", "|---|" + "---:|" * 5]
+             "| s per priced compute s |", "|---|" + "---:|" * 5]
     for label, s in (("DEV-13 (DP 4)", dp), ("DEV-14 (TP 4)", tp)):
         lines.append(f"| {label} | {s.short_s:,.1f} | {s.microbatches:,} | "
                      f"{s.short_s / s.microbatches:.3f} | {1e3 * s.short_s / s.ops:.3f} | "
