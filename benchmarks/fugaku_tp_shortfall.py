@@ -9,6 +9,13 @@ another micro-batch size), it prints the measured and predicted step, the time l
 short, the busiest stage's collectives and compute ops a step, and the shortfall spread
 over each of them: the size a per-collective or a per-op cost would need to close the row.
 Those readings are not priced anywhere; they say which count the missing time follows.
+
+A second table sets FUGAKU-DEV-14 (TP 4 over a node's four CMGs) beside its pair
+FUGAKU-DEV-13 (DP 4 over the same CMGs, the same PyTorch 1.10, allocator, clock and
+knobs): what each misses per micro-batch, per op and per priced compute second, and what
+each of DEV-14's collectives would have to cost beyond llmsim's price once DEV-13's
+shortfall is taken as common to both, in proportion to the ops, the FLOPs or the priced
+compute (docs/validation.md, section 8, "The TP rows on the CMGs").
 About 15 s on one core.
 """
 
@@ -62,20 +69,88 @@ CASES = (
 
 
 def counts(case: Case) -> dict[str, Any]:
-    """The case simulated: its step, and the busiest stage's collectives and compute ops
-    over the step."""
+    """The case simulated: its step, and the busiest stage's collectives, compute ops,
+    model FLOPs, priced compute and priced TP time over the step."""
     run = next(r for r in load_runs("FUGAKU-DEV") if r.id == case.row)
     mapping = dict(scenario_mapping(run))
     if case.micro_batch is not None:
         mapping["parallelism"] = {**mapping["parallelism"], "micro_batch": case.micro_batch}
     result = simulate(load_scenario(mapping))
-    stage = result.critical_stage.stage
-    ops = [op for chunk in result.workload.chunks.values() if chunk.stage == stage
+    critical = result.critical_stage
+    ops = [op for chunk in result.workload.chunks.values() if chunk.stage == critical.stage
            for op in chunk.ops]
-    compute = sum(isinstance(op, ComputeOp) for op in ops)
+    compute = [op for op in ops if isinstance(op, ComputeOp)]
     m = result.workload.microbatches
-    return {"step_s": result.step_time_s, "collectives": (len(ops) - compute) * m,
-            "ops": compute * m}
+    return {"step_s": result.step_time_s, "collectives": (len(ops) - len(compute)) * m,
+            "ops": len(compute) * m, "microbatches": m,
+            "flops": m * sum(op.flops for op in compute),
+            "compute_s": critical.compute_s, "tp_s": critical.tp_s}
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A measured run beside llmsim's step of it, with the counts a missing cost could
+    follow (all over one step of the busiest process)."""
+
+    measured_s: float
+    step_s: float
+    microbatches: int
+    ops: int
+    """Compute ops."""
+    flops: float
+    """Model FLOPs of the compute ops."""
+    compute_s: float
+    """llmsim's priced compute."""
+    collectives: int = 0
+
+    @property
+    def short_s(self) -> float:
+        """Measured less predicted, s."""
+        return self.measured_s - self.step_s
+
+
+def common_shortfall_s(pair: Shortfall, alone: Shortfall) -> dict[str, float]:
+    """The time ``pair`` would miss if it missed what ``alone`` misses, in proportion to
+    its compute ops, its FLOPs or its priced compute seconds (s)."""
+    return {
+        "per op": alone.short_s / alone.ops * pair.ops,
+        "per FLOP": alone.short_s / alone.flops * pair.flops,
+        "per priced compute second": alone.short_s / alone.compute_s * pair.compute_s,
+    }
+
+
+def residual_per_collective_ms(pair: Shortfall, alone: Shortfall) -> dict[str, float]:
+    """What each of ``pair``'s collectives would have to cost beyond llmsim's price (ms)
+    for the rest of its shortfall, after :func:`common_shortfall_s` under each reading."""
+    return {reading: 1e3 * (pair.short_s - common) / pair.collectives
+            for reading, common in common_shortfall_s(pair, alone).items()}
+
+
+def shortfall(case: Case) -> Shortfall:
+    """:func:`counts` of ``case`` as a :class:`Shortfall`."""
+    c = counts(case)
+    return Shortfall(case.measured_s, c["step_s"], c["microbatches"], c["ops"], c["flops"],
+                     c["compute_s"], c["collectives"])
+
+
+def pair_table() -> str:
+    """DEV-14 (TP 4 on the CMGs) beside DEV-13 (DP 4 on the same CMGs) as Markdown."""
+    by_label = {case.label: case for case in CASES}
+    tp, dp = shortfall(by_label["DEV-14"]), shortfall(by_label["DEV-13"])
+    lines = ["| run | short s | micro-batches | s per micro-batch | ms per op "
+             "| s per priced compute s |", "|---|" + "---:|" * 5]
+    for label, s in (("DEV-13 (DP 4)", dp), ("DEV-14 (TP 4)", tp)):
+        lines.append(f"| {label} | {s.short_s:,.1f} | {s.microbatches:,} | "
+                     f"{s.short_s / s.microbatches:.3f} | {1e3 * s.short_s / s.ops:.3f} | "
+                     f"{s.short_s / s.compute_s:.3f} |")
+    common = common_shortfall_s(tp, dp)
+    residual = residual_per_collective_ms(tp, dp)
+    lines += ["", "| DEV-13's shortfall taken as common | DEV-14 would miss s | left s "
+              "| ms per collective beyond llmsim's price |", "|---|---:|---:|---:|"]
+    for reading, common_s in common.items():
+        lines.append(f"| {reading} | {common_s:,.1f} | {tp.short_s - common_s:,.1f} | "
+                     f"{residual[reading]:.2f} |")
+    return "\n".join(lines)
 
 
 def table() -> str:
@@ -100,6 +175,8 @@ def main(argv: list[str]) -> int:
         print("error: fugaku_tp_shortfall.py takes no arguments; run it as is", file=sys.stderr)
         return 2
     print(table())
+    print()
+    print(pair_table())
     return 0
 
 
