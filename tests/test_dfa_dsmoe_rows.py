@@ -103,6 +103,28 @@ def test_dsmoe_layouts_are_the_scripts():
     for sc in (moe_sc, dense_sc):
         assert sc.parallelism.zero == 0 and sc.parallelism.recompute == "full"
         assert sc.training.precision == "fp16" and sc.system.name == "openai-a100"
+        # get_batch / get_batch_pipe's broadcast_data reads the sizes back every micro-batch
+        assert sc.training.host_syncs == "megatron"
+
+
+def test_the_table_is_whole_steps_by_either_deepspeed_timer():
+    """Table 3 prints samples a second, no TFLOP/s (the blog's Table 2 and the ICML talk's
+    slide 4 give the same 372 and 70), so no FLOP formula enters the rows' step times. Of
+    the two throughputs DeepSpeed v0.5.8 printed, the dense row's PipelineEngine (its script
+    omits --no-pipeline-parallel) gives train_batch_size / iter_time over train_batch's
+    synchronized timer, and the MoE row's engine gives ThroughputTimer's micro-batch x
+    data-parallel ranks over the time from each micro-batch's forward to its step (one
+    micro-batch a step): either is the global batch over one step. The rows' layouts read
+    back through these formulas give the table's numbers from the measured step."""
+    moe_sc, dense_sc = (v.scenario_for(RUNS[f"DSMOE22-0{i}"]) for i in (1, 2))
+    moe_t, dense_t = RUNS["DSMOE22-01"].measured, RUNS["DSMOE22-02"].measured
+    par = dense_sc.parallelism
+    train_batch_size = par.micro_batch * dense_sc.micro_batches * par.dp
+    assert round(train_batch_size / dense_t) == 70
+    par = moe_sc.parallelism
+    data_parallel_ranks = par.dp * par.ep  # DeepSpeed's dp_world_size: all 128 ranks
+    assert moe_sc.micro_batches == 1
+    assert round(par.micro_batch * data_parallel_ranks / moe_t) == 372
 
 
 def test_the_moe_row_is_nearer_than_its_dense_peer():
