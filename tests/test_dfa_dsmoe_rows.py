@@ -18,6 +18,7 @@ import pytest
 from llmsim import validation as v
 
 RUNS = {r.id: r for r in v.load_runs() if r.id.startswith(("DFA24", "DSMOE22"))}
+RUNS_ALL = {r.id: r for r in v.load_runs()}
 DFA = sorted(i for i in RUNS if i.startswith("DFA24"))
 
 
@@ -148,3 +149,27 @@ def test_the_40gb_node_fits_and_is_slower(row):
     assert v.scenario_for(with_values(RUNS[row], {"system": "azure-nd-a100-v4"})
                           ).system.node.accelerator.hbm_gb == 40
     assert nd.result.fits and nd.predicted > chosen.predicted
+
+
+def test_the_gap_table_reads_the_decomposition():
+    """benchmarks/dsmoe_gap.py (docs/validation.md §10, "Looked at again in session s13"):
+    the missing time over the rows' micro-batches and sequences, and the compute factor that
+    would close each row with the rest of the step as priced, from the same decomposition
+    the shares table prints; the two rows' factors differ (1.80 and 1.53), and the rows
+    beside them need none beyond a tenth either way."""
+    from helpers import load_script
+
+    gap = load_script("benchmarks/dsmoe_gap.py")
+    module = gap._decomposition_module()
+    rows = [module.decompose(RUNS_ALL[i]) for i in gap.ROWS]
+    table = gap.gap_table(rows, RUNS_ALL).splitlines()[2:]
+    cells = {line.split(" | ")[0][2:]: line.strip(" |").split(" | ") for line in table}
+    factor = {row: float(c[6]) for row, c in cells.items()}
+    assert factor["DSMOE22-02"] == pytest.approx(1.80, abs=0.02)
+    assert factor["DSMOE22-01"] == pytest.approx(1.53, abs=0.02)
+    for row in gap.ROWS[2:]:
+        assert 0.8 < factor[row] < 1.1, row
+    d = {r.id: r for r in rows}["DSMOE22-02"]
+    sc = v.scenario_for(RUNS_ALL["DSMOE22-02"])
+    per_mb_ms = 1e3 * (d.measured_s - d.step_s) / sc.micro_batches
+    assert float(cells["DSMOE22-02"][4].replace(",", "")) == pytest.approx(per_mb_ms, abs=0.5)
