@@ -18,6 +18,7 @@ import pytest
 from llmsim import validation as v
 
 RUNS = {r.id: r for r in v.load_runs() if r.id.startswith(("DFA24", "DSMOE22"))}
+RUNS_ALL = {r.id: r for r in v.load_runs()}
 DFA = sorted(i for i in RUNS if i.startswith("DFA24"))
 
 
@@ -103,6 +104,28 @@ def test_dsmoe_layouts_are_the_scripts():
     for sc in (moe_sc, dense_sc):
         assert sc.parallelism.zero == 0 and sc.parallelism.recompute == "full"
         assert sc.training.precision == "fp16" and sc.system.name == "openai-a100"
+        # get_batch / get_batch_pipe's broadcast_data reads the sizes back every micro-batch
+        assert sc.training.host_syncs == "megatron"
+
+
+def test_the_table_is_whole_steps_by_either_deepspeed_timer():
+    """Table 3 prints samples a second, no TFLOP/s (the blog's Table 2 and the ICML talk's
+    slide 4 give the same 372 and 70), so no FLOP formula enters the rows' step times. Of
+    the two throughputs DeepSpeed v0.5.8 printed, the dense row's PipelineEngine (its script
+    omits --no-pipeline-parallel) gives train_batch_size / iter_time over train_batch's
+    synchronized timer, and the MoE row's engine gives ThroughputTimer's micro-batch x
+    data-parallel ranks over the time from each micro-batch's forward to its step (one
+    micro-batch a step): either is the global batch over one step. The rows' layouts read
+    back through these formulas give the table's numbers from the measured step."""
+    moe_sc, dense_sc = (v.scenario_for(RUNS[f"DSMOE22-0{i}"]) for i in (1, 2))
+    moe_t, dense_t = RUNS["DSMOE22-01"].measured, RUNS["DSMOE22-02"].measured
+    par = dense_sc.parallelism
+    train_batch_size = par.micro_batch * dense_sc.micro_batches * par.dp
+    assert round(train_batch_size / dense_t) == 70
+    par = moe_sc.parallelism
+    data_parallel_ranks = par.dp * par.ep  # DeepSpeed's dp_world_size: all 128 ranks
+    assert moe_sc.micro_batches == 1
+    assert round(par.micro_batch * data_parallel_ranks / moe_t) == 372
 
 
 def test_the_moe_row_is_nearer_than_its_dense_peer():
@@ -126,3 +149,27 @@ def test_the_40gb_node_fits_and_is_slower(row):
     assert v.scenario_for(with_values(RUNS[row], {"system": "azure-nd-a100-v4"})
                           ).system.node.accelerator.hbm_gb == 40
     assert nd.result.fits and nd.predicted > chosen.predicted
+
+
+def test_the_gap_table_reads_the_decomposition():
+    """benchmarks/dsmoe_gap.py (docs/validation.md §10, "Looked at again in session s13"):
+    the missing time over the rows' micro-batches and sequences, and the compute factor that
+    would close each row with the rest of the step as priced, from the same decomposition
+    the shares table prints; the two rows' factors differ (1.80 and 1.53), and the rows
+    beside them need none beyond a tenth either way."""
+    from helpers import load_script
+
+    gap = load_script("benchmarks/dsmoe_gap.py")
+    module = gap._decomposition_module()
+    rows = [module.decompose(RUNS_ALL[i]) for i in gap.ROWS]
+    table = gap.gap_table(rows, RUNS_ALL).splitlines()[2:]
+    cells = {line.split(" | ")[0][2:]: line.strip(" |").split(" | ") for line in table}
+    factor = {row: float(c[6]) for row, c in cells.items()}
+    assert factor["DSMOE22-02"] == pytest.approx(1.80, abs=0.02)
+    assert factor["DSMOE22-01"] == pytest.approx(1.53, abs=0.02)
+    for row in gap.ROWS[2:]:
+        assert 0.8 < factor[row] < 1.1, row
+    d = {r.id: r for r in rows}["DSMOE22-02"]
+    sc = v.scenario_for(RUNS_ALL["DSMOE22-02"])
+    per_mb_ms = 1e3 * (d.measured_s - d.step_s) / sc.micro_batches
+    assert float(cells["DSMOE22-02"][4].replace(",", "")) == pytest.approx(per_mb_ms, abs=0.5)
