@@ -123,7 +123,7 @@ def apply_distflash(lists: tuple[list[Op], ...], builder: LayerBuilder) -> tuple
 
     def convert(op: ComputeOp) -> list[Op]:
         attention = rank_attention(op, builder, balance_factor(cp),
-                                   host_s=op.host_s + n * HOST_SYNC_GAP_S)
+                                   host_s=op.host_s + n * HOST_SYNC_GAP_S, host_held=True)
         backward = op.phase == "B"
         fetch = CommOp("cp_distflash_bwd" if backward else "cp_distflash", "send_recv", "cp",
                        op.phase, step_bytes(builder, backward), ring_steps=n,

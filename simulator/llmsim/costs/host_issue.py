@@ -138,16 +138,38 @@ def queue_waits_s(durations_s: Sequence[float], interval_s: float,
     starts at the end of the kernel before it, and the host issues from there on.
     ``sum(waits) + sum(durations)`` is :func:`queue_end_s` where nothing syncs. ``ahead``:
     the host issued every kernel before the first sync already (no wait before it)."""
+    return queue_run(durations_s, interval_s, syncs, math.inf if ahead else 0.0, gaps_s)[0]
+
+
+def queue_run(durations_s: Sequence[float], interval_s: float,
+              syncs: Sequence[bool] | None = None, lead_s: float = 0.0,
+              gaps_s: Sequence[float] | None = None,
+              releases: Sequence[bool] | None = None) -> tuple[list[float], float]:
+    """:func:`queue_waits_s` for a host that enters ``lead_s`` ahead of the device (its
+    first kernel issued at ``−lead_s``; ``math.inf``: every kernel before the first sync
+    issued already), and the lead it leaves: the device's end less the time the host
+    issues its next kernel (negative where the host is behind). A kernel marked in
+    ``releases`` holds the host until it ends on the device (a sync after it, or
+    syncs at each of its steps): the next kernel is issued one dispatch after it ends."""
     waits = []
-    issue, end = (-math.inf if ahead else 0.0), 0.0
+    issue, end = -lead_s, 0.0
+    gap = interval_s
     for i, d in enumerate(durations_s):
         if i:
             gap = interval_s if gaps_s is None else gaps_s[i]
-            issue = end if syncs is not None and syncs[i] else issue + gap
+            if syncs is not None and syncs[i]:
+                issue = end
+            elif releases is not None and releases[i - 1]:
+                issue = end + gap
+            else:
+                issue += gap
         wait = max(issue - end, 0.0)
         waits.append(wait)
         end += wait + d
-    return waits
+    if not waits:
+        return waits, lead_s
+    held = releases is not None and releases[-1]
+    return waits, end - ((end if held else issue) + interval_s)
 
 
 def host_kernels(op: Op) -> int:
@@ -172,25 +194,39 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
                  interval_s: float, ahead: bool = False,
                  loop_interval_s: float = 0.0) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
-    (:func:`queue_waits_s` over its kernels): a compute op is as many kernels of equal
-    length as the host dispatches that issue it (:func:`host_kernels`), each issued
-    ``interval_s`` after the one before, then the kernels its C++ loop launches
-    (:func:`loop_kernels`), ``loop_interval_s`` apart; a collective one kernel; an op with
-    a ``host_s`` is issued by a host that waited for the device (a host sync); ``ahead``:
-    the host enters the pass ahead (:attr:`HostIssue.ahead`). No op shorter than its host
-    time (:func:`op_host_s`): none waits (each keeps the host's issue ahead by its
-    excess)."""
+    (:func:`pass_queue`, the host entering with no lead, or ahead of every kernel before
+    the first sync where ``ahead``)."""
+    return pass_queue(ops, durations_s, interval_s, math.inf if ahead else 0.0,
+                      loop_interval_s)[0]
+
+
+def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: float,
+               lead_s: float = 0.0,
+               loop_interval_s: float = 0.0) -> tuple[list[float], float]:
+    """How long each of a pass's ops waits for the host's issue before it starts, s
+    (:func:`queue_run` over its kernels), and the lead the host leaves the next pass: a
+    compute op is as many kernels of equal length as the host dispatches that issue it
+    (:func:`host_kernels`), each issued ``interval_s`` after the one before, then the
+    kernels its C++ loop launches (:func:`loop_kernels`), ``loop_interval_s`` apart; a
+    collective one kernel; an op with a ``host_s`` is issued by a host that waited for the
+    device (a host sync), and one marked ``host_held`` holds the host until it ends;
+    ``lead_s``: how far ahead of the device the host enters (``math.inf``: ahead of every
+    kernel before the first sync, :attr:`HostIssue.ahead`). No op shorter than its host
+    time (:func:`op_host_s`) and none holding the host: none waits (each keeps the
+    host's issue ahead by its excess)."""
     for op, d in zip(ops, durations_s, strict=True):  # op_host_s, inlined: every pass asks
         if isinstance(op, ComputeOp):
-            if d < ((op.host_calls or op.splits) * interval_s
-                    + op.host_loop_kernels * loop_interval_s):
+            if op.host_held or d < ((op.host_calls or op.splits) * interval_s
+                                    + op.host_loop_kernels * loop_interval_s):
                 break
         elif d < interval_s:
             break
     else:
-        return [0.0] * len(ops)
+        return [0.0] * len(ops), _lead_left_s(ops, durations_s, interval_s, lead_s,
+                                              loop_interval_s)
     kernels: list[float] = []
     syncs: list[bool] = []
+    releases: list[bool] = []
     owner: list[int] = []
     looped = False
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
@@ -200,6 +236,7 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
             looped = True
         kernels += [d / n] * n
         syncs += [op.host_s > 0] + [False] * (n - 1)
+        releases += [False] * (n - 1) + [isinstance(op, ComputeOp) and op.host_held]
         owner += [i] * n
     gaps = None
     if looped:  # the dispatches at the interval, then the loop's kernels
@@ -207,7 +244,27 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
         for op in ops:
             gaps += [interval_s] * host_kernels(op) + [loop_interval_s] * loop_kernels(op)
     waits = [0.0] * len(ops)
-    queued = queue_waits_s(kernels, interval_s, syncs, ahead, gaps)
+    queued, lead_out = queue_run(kernels, interval_s, syncs, lead_s, gaps, releases)
     for i, wait in zip(owner, queued, strict=True):
         waits[i] += wait
-    return waits
+    return waits, lead_out
+
+
+def _lead_left_s(ops: Sequence[Op], durations_s: Sequence[float], interval_s: float,
+                 lead_s: float, loop_interval_s: float) -> float:
+    """The lead a pass in which no op waits leaves the next: its device time less the
+    time its host issues the next kernel (from the pass's last host sync on)."""
+    if math.isinf(lead_s):
+        start = next((i for i, op in enumerate(ops) if op.host_s > 0), None)
+        if start is None:
+            return math.inf
+        issue, t = sum(durations_s[:start]), sum(durations_s[:start])
+        ops, durations_s = ops[start:], durations_s[start:]
+    else:
+        issue, t = -lead_s, 0.0
+    for op, d in zip(ops, durations_s, strict=True):
+        if op.host_s > 0:
+            issue = t
+        issue += op_host_s(op, interval_s, loop_interval_s)
+        t += d
+    return t - issue
