@@ -28,7 +28,9 @@ the ranks below ``P/2`` are idle. Every kernel after step 0 is a whole non-causa
   transfer on the group's path, as for the ring).
 * **Synchronisation.** ``torch.cuda.synchronize()`` opens every time step of the forward
   and of the backward ("important for cuda scheduler to execute nccl calls first"): each a
-  host gap (:data:`llmsim.host_syncs.HOST_SYNC_GAP_S`) on the attention kernel.
+  host gap (:data:`llmsim.host_syncs.HOST_SYNC_GAP_S`) on the attention kernel, and the
+  host held until the attention ends (``ComputeOp.host_held``: it issues the next kernel
+  only then, an upper bound by the last step's block on where its last sync released it).
 * **Bookkeeping.** The backward copies q, k, v, o and the output gradient to
   ``[b, s, heads, d]`` (``rearrange(...).contiguous()``) and adds each step's query gradient
   (``dq += dq_delta``) and, from the second step, a helper's; the forward rescales the

@@ -24,8 +24,12 @@ pipeline, or Megatron's overlapped pipeline messages, which skip the
 (:attr:`HostIssue.ahead`) and the kernels before the pass's first host sync never wait
 (the host issued them while earlier passes ran); without ``ahead`` each pass starts with
 an empty queue (an upper bound on the wait). A host slower than its device over whole
-passes keeps no lead; with ``ahead`` such a pass is charged only from its first host sync
-on (a lower bound there: a tiny model at ``pp`` 1 that is host-bound in every pass).
+passes keeps no lead: without a pipeline the engine gives each pass the lead the pass
+before it left (:func:`pass_queue`'s ``lead_s`` and its lead out, ``llmsim.engine.passes``;
+a micro-batch's forward from a drained queue); with Megatron's overlapped pipeline messages
+a pass is still entered ahead of every kernel before its first sync (a lower bound where
+the host is the slower). A kernel that holds the host to its end (``ComputeOp.host_held``,
+a sync after it) has the host issue the next kernel one dispatch after it ends.
 Left out: the device's limit of 1,024
 pending launches (it only holds the host back while the device is behind, where the
 device's own time decides the end); host syncs inside a pass other than the collectives
@@ -67,7 +71,9 @@ class HostIssue:
     """Whether the host enters each pass ahead of the device: nothing between two passes
     waits for the device on the host (no pipeline send or receive that synchronises), so
     the host has issued a pass's kernels before the device reaches them, up to the pass's
-    first host sync; False: each pass starts with an empty queue (an upper bound on the
+    first host sync, as far as the passes before it left it ahead where the engine knows
+    them (one chunk a device, ``llmsim.engine.passes``); False: each pass starts with an
+    empty queue (an upper bound on the
     wait)."""
     loop_interval_s: float = 0.0
     """Host time of each kernel a framework's C++ loop launches inside one call
