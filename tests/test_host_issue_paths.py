@@ -216,3 +216,18 @@ def test_without_a_pipeline_the_host_earns_its_lead():
     graphs = [simulate(make_scenario(training__cuda_graphs=True, training__host_path=p,
                                      **one)).step_time_s for p in ("bare", "modules")]
     assert graphs[0] == graphs[1]
+
+
+def test_a_kernel_whose_last_step_runs_after_the_hosts_last_sync_lets_it_go_early():
+    """DistFlashAttn's attention: the host's last sync opens the last step, so the host is
+    let go that step's time before the kernel ends (``host_held_tail`` of its device time,
+    its sync gaps left out) and issues the next kernel a dispatch later: a 5 µs kernel
+    after a 1 ms attention of 0.2 ms gaps and a quarter in its last step waits
+    max(0, h − 0.2 ms) — none at h = 30 µs, 0.1 ms at h = 300 µs."""
+    attention = ComputeOp("attn", "attention", "F", 1.0, 1.0, host_s=0.2e-3, host_held=True,
+                          host_held_tail=0.25)
+    after = ComputeOp("norm", "memory", "F", 0.0, 1.0)
+    for h, wait in ((30e-6, 0.0), (300e-6, 0.1e-3)):
+        waits, lead = pass_queue((attention, after), [1e-3, 5e-6], h, math.inf)
+        assert waits[1] == pytest.approx(wait, abs=1e-15)
+        assert lead == pytest.approx(1e-3 + wait + 5e-6 - (1e-3 - 0.2e-3 + 2 * h))

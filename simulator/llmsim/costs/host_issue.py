@@ -28,8 +28,9 @@ passes keeps no lead: without a pipeline the engine gives each pass the lead the
 before it left (:func:`pass_queue`'s ``lead_s`` and its lead out, ``llmsim.engine.passes``;
 a micro-batch's forward from a drained queue); with Megatron's overlapped pipeline messages
 a pass is still entered ahead of every kernel before its first sync (a lower bound where
-the host is the slower). A kernel that holds the host to its end (``ComputeOp.host_held``,
-a sync after it) has the host issue the next kernel one dispatch after it ends.
+the host is the slower). A kernel that holds the host (``ComputeOp.host_held``, a sync
+after it, or its steps' syncs to the last: ``host_held_tail``) has the host issue the next
+kernel one dispatch after it lets the host go.
 Left out: the device's limit of 1,024
 pending launches (it only holds the host back while the device is behind, where the
 device's own time decides the end); host syncs inside a pass other than the collectives
@@ -150,23 +151,25 @@ def queue_waits_s(durations_s: Sequence[float], interval_s: float,
 def queue_run(durations_s: Sequence[float], interval_s: float,
               syncs: Sequence[bool] | None = None, lead_s: float = 0.0,
               gaps_s: Sequence[float] | None = None,
-              releases: Sequence[bool] | None = None) -> tuple[list[float], float]:
+              holds_s: Sequence[float | None] | None = None) -> tuple[list[float], float]:
     """:func:`queue_waits_s` for a host that enters ``lead_s`` ahead of the device (its
     first kernel issued at ``−lead_s``; ``math.inf``: every kernel before the first sync
     issued already), and the lead it leaves: the device's end less the time the host
-    issues its next kernel (negative where the host is behind). A kernel marked in
-    ``releases`` holds the host until it ends on the device (a sync after it, or
-    syncs at each of its steps): the next kernel is issued one dispatch after it ends."""
+    issues its next kernel (negative where the host is behind). A kernel with a value in
+    ``holds_s`` holds the host until that many seconds before it ends on the device (a
+    sync after it: 0; syncs at each of its steps: its last step's time): the next kernel
+    is issued one dispatch after that."""
     waits = []
     issue, end = -lead_s, 0.0
     gap = interval_s
     for i, d in enumerate(durations_s):
         if i:
             gap = interval_s if gaps_s is None else gaps_s[i]
+            held = None if holds_s is None else holds_s[i - 1]
             if syncs is not None and syncs[i]:
                 issue = end
-            elif releases is not None and releases[i - 1]:
-                issue = end + gap
+            elif held is not None:
+                issue = end - held + gap
             else:
                 issue += gap
         wait = max(issue - end, 0.0)
@@ -174,8 +177,8 @@ def queue_run(durations_s: Sequence[float], interval_s: float,
         end += wait + d
     if not waits:
         return waits, lead_s
-    held = releases is not None and releases[-1]
-    return waits, end - ((end if held else issue) + interval_s)
+    held = None if holds_s is None else holds_s[-1]
+    return waits, end - ((issue if held is None else end - held) + interval_s)
 
 
 def host_kernels(op: Op) -> int:
@@ -232,7 +235,7 @@ def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: floa
                                               loop_interval_s)
     kernels: list[float] = []
     syncs: list[bool] = []
-    releases: list[bool] = []
+    holds: list[float | None] = []
     owner: list[int] = []
     looped = False
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
@@ -242,7 +245,8 @@ def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: floa
             looped = True
         kernels += [d / n] * n
         syncs += [op.host_s > 0] + [False] * (n - 1)
-        releases += [False] * (n - 1) + [isinstance(op, ComputeOp) and op.host_held]
+        held = isinstance(op, ComputeOp) and op.host_held
+        holds += [None] * (n - 1) + [op.host_held_tail * (d - op.host_s) if held else None]
         owner += [i] * n
     gaps = None
     if looped:  # the dispatches at the interval, then the loop's kernels
@@ -250,7 +254,7 @@ def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: floa
         for op in ops:
             gaps += [interval_s] * host_kernels(op) + [loop_interval_s] * loop_kernels(op)
     waits = [0.0] * len(ops)
-    queued, lead_out = queue_run(kernels, interval_s, syncs, lead_s, gaps, releases)
+    queued, lead_out = queue_run(kernels, interval_s, syncs, lead_s, gaps, holds)
     for i, wait in zip(owner, queued, strict=True):
         waits[i] += wait
     return waits, lead_out
