@@ -110,6 +110,7 @@ def test_the_block_ops_are_the_busiest_ranks():
     attn = next(op for op in dfa_f if isinstance(op, ComputeOp) and op.kind == "attention")
     assert attn.flops == pytest.approx(te_attn.flops * 9 / 8)
     assert attn.host_s == pytest.approx(5 * HOST_SYNC_GAP_S)
+    assert attn.host_held and not te_attn.host_held  # its syncs hold the host to its end
     fetch = next(op for op in dfa_f if isinstance(op, CommOp) and op.axis == "cp")
     assert (fetch.ring_steps, fetch.ring_schedule, fetch.name) == (5, "distflash",
                                                                    "cp_distflash")

@@ -54,17 +54,21 @@ def test_dfa_layout_is_one_sequence_over_one_box(row, per_gpu, kv_heads, recompu
     assert sc.training.attention_kernel == "triton_fwd"
     assert sc.training.pointwise_ops == "hf_eager"
     assert sc.system.name == "dfa24-dgx-a100" and sc.nodes == 1
+    assert sc.training.host_path == "modules"
+    assert sc.system.node.accelerator.host_module_dispatch_us == 64.9  # assumed: H100 box
 
 
 @pytest.mark.parametrize("row", DFA)
 def test_a_kept_row_exposes_no_ring(row):
     """The rows run on one box (docs/validation.md §10, the rule that keeps a DFA24 row):
     there DistFlashAttn's fetches, each on its own NVSwitch path, hide behind its
-    attention blocks: under 0.1 % of the step exposed (at 1K tokens a GPU, DFA24-13 and -19,
-    0.1 and 0.05 ms since FlashAttention-2's forward runs at its own, faster rate; none
-    elsewhere), and the runs' memory fits."""
+    attention blocks: under 0.3 % of the step in the exchange's part (at 1K tokens a GPU,
+    DFA24-19 0.1 ms since FlashAttention-2's forward runs at its own, faster rate; DFA24-13
+    1.8 ms, nearly all of it the device waiting for the host to issue the backward's first
+    fetch after the recompute's attention, which holds the host to its end: a wait is
+    counted with the op that waits; none elsewhere), and the runs' memory fits."""
     result = v.predict(RUNS[row]).result
-    assert result.breakdown_s.get("cp_comm", 0.0) <= 1e-3 * result.step_time_s
+    assert result.breakdown_s.get("cp_comm", 0.0) <= 3e-3 * result.step_time_s
     assert result.fits
 
 
@@ -72,8 +76,9 @@ def test_dfa_rows_err_as_the_docs_say():
     """With DistFlashAttn's kernels, schedule, checkpointing and Hugging Face's eager
     pointwise ops priced: at 8K–32K tokens a GPU within 7 % (llmsim still fast; DFA24-18
     −6.1 % since FlashAttention-2's forward, which its Triton forward is priced from, runs
-    at its own rate, was −4.3 %), at 4K 7–14 % fast; at 1K–2K the measured step has a
-    floor llmsim lacks (more than 15 % too fast)."""
+    at its own rate, was −4.3 %), at 4K 7–14 % fast; at 1K–2K, with the host's Python per
+    kernel priced at the H100 box's assumed 64.9 µs (``training.host_path: modules``), 18–29 %
+    fast (were 19–37 %: the measured step's floor is not all priced)."""
     err = {row: v.predict(RUNS[row]).error_pct for row in DFA}
     for row in ("DFA24-01", "DFA24-02", "DFA24-03", "DFA24-07", "DFA24-08", "DFA24-09",
                 "DFA24-16", "DFA24-17", "DFA24-18"):
@@ -81,7 +86,20 @@ def test_dfa_rows_err_as_the_docs_say():
     for row in ("DFA24-15", "DFA24-21"):
         assert -14 < err[row] < -7, row
     for row in ("DFA24-13", "DFA24-14", "DFA24-19", "DFA24-20"):
-        assert err[row] < -15, row
+        assert -30 < err[row] < -10, row
+
+
+def test_the_host_sets_the_short_rows_and_not_the_long_ones():
+    """The host's Python per kernel (assumed 64.9 µs, an H100 box's Hugging Face step under
+    FSDP and checkpointing) lengthens the 1K rows' step by about 16 % and leaves the
+    8K–32K rows as they were (docs/validation.md §10): priced on the bare-op path (9.1 µs,
+    before) the 1K rows are 0.09 s shorter, the 32K rows the same to 0.01 %."""
+    from llmsim.validation.sensitivity import with_values
+
+    for row, least, most in (("DFA24-13", 0.08, 0.13), ("DFA24-19", 0.08, 0.13),
+                             ("DFA24-03", 0.0, 1e-4 * 58), ("DFA24-18", 0.0, 1e-4 * 72)):
+        bare = v.predict(with_values(RUNS[row], {"training.host_path": None})).predicted
+        assert least <= v.predict(RUNS[row]).predicted - bare <= most, row
 
 
 def test_dsmoe_layouts_are_the_scripts():

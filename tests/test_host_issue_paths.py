@@ -4,6 +4,8 @@ autograd, measured on one H100's host (docs/calibration.md, "Host issue")."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import sys
 
 import pytest
@@ -16,7 +18,14 @@ from llmsim import simulate
 from llmsim.blocks import Block
 from llmsim.cli import main
 from llmsim.costs import HardwareCosts
-from llmsim.costs.host_issue import HostIssue, host_runs_ahead, pass_waits_s, queue_end_s
+from llmsim.costs.host_issue import (
+    HostIssue,
+    host_runs_ahead,
+    pass_queue,
+    pass_waits_s,
+    queue_end_s,
+    queue_run,
+)
 from llmsim.errors import UserError
 from llmsim.loader import load_spec
 from llmsim.ops import CommOp, ComputeOp
@@ -155,3 +164,70 @@ def test_which_layouts_let_the_host_run_ahead(pp, overlap, ahead):
     assert host_runs_ahead(s.parallelism) is ahead
     plan = Plan.from_scenario(s)
     assert HardwareCosts.from_scenario(s, plan).host_issue.ahead is ahead
+
+
+def test_a_host_behind_its_device_leaves_a_negative_lead():
+    """Closed form: n kernels of d < h from an empty queue end at (n − 1)·h + d, and the
+    host issues the next kernel at n·h: the lead it leaves is d − h."""
+    h, d, n = 30e-6, 5e-6, 40
+    waits, lead = queue_run([d] * n, h)
+    assert sum(waits) + n * d == pytest.approx(queue_end_s([d] * n, h))
+    assert sum(waits) + n * d == pytest.approx((n - 1) * h + d)
+    assert lead == pytest.approx(d - h)
+
+
+def test_a_held_kernel_makes_the_next_wait_one_dispatch():
+    """A kernel that holds the host to its end (a sync after it): the host issues the next
+    one a dispatch after it ends, whatever lead the kernel's length gave it."""
+    h = 30e-6
+    attention = ComputeOp("attn", "attention", "F", 1.0, 1.0, host_held=True)
+    after = ComputeOp("norm", "memory", "F", 0.0, 1.0)
+    waits, lead = pass_queue((attention, after), [1e-3, 5e-6], h, math.inf)
+    assert waits == [0.0, pytest.approx(h)]
+    assert lead == pytest.approx(5e-6 - h)  # the norm ends 5 us after its issue
+    free = ComputeOp("attn", "attention", "F", 1.0, 1.0)
+    assert pass_queue((free, after), [1e-3, 5e-6], h, 0.0)[0] == [0.0, 0.0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(kernels, st.floats(1e-6, 6e-5), st.floats(0.0, 2e-3), st.floats(0.0, 2e-3))
+def test_a_longer_lead_never_lengthens_a_pass(ops_spec, h, lead1, lead2):
+    """A pass entered further ahead waits no longer; no lead is the empty queue, an
+    infinite one the host ahead of every kernel (:attr:`HostIssue.ahead`)."""
+    ops = tuple(ComputeOp(f"op{i}", "memory", "F", 0.0, 1.0, splits=n)
+                for i, (_, n) in enumerate(ops_spec))
+    d = [t for t, _ in ops_spec]
+    short, long_ = sorted((lead1, lead2))
+    waits = [sum(pass_queue(ops, d, h, lead)[0]) for lead in (0.0, short, long_, math.inf)]
+    assert all(a >= b - 1e-15 for a, b in itertools.pairwise(waits))
+    assert waits[0] == pytest.approx(sum(pass_waits_s(ops, d, h, ahead=False)))
+    assert waits[-1] == sum(pass_waits_s(ops, d, h, ahead=True)) == 0.0
+
+
+def test_without_a_pipeline_the_host_earns_its_lead():
+    """The tiny GPT at pp 1 on H100 nodes, its kernels shorter than the modules path's
+    33.8 µs: the host cannot be ahead of a device that outruns it, so the modules path
+    lengthens the step (a host taken to enter every pass ahead gave both paths one time);
+    with CUDA graphs the path changes nothing."""
+    one = {"parallelism__pp": 1, "parallelism__tp": 8, "system": "eos"}
+    bare = simulate(make_scenario(**one)).step_time_s
+    modules = simulate(make_scenario(training__host_path="modules", **one)).step_time_s
+    assert modules > bare
+    graphs = [simulate(make_scenario(training__cuda_graphs=True, training__host_path=p,
+                                     **one)).step_time_s for p in ("bare", "modules")]
+    assert graphs[0] == graphs[1]
+
+
+def test_a_kernel_whose_last_step_runs_after_the_hosts_last_sync_lets_it_go_early():
+    """DistFlashAttn's attention: the host's last sync opens the last step, so the host is
+    let go that step's time before the kernel ends (``host_held_tail`` of its device time,
+    its sync gaps left out) and issues the next kernel a dispatch later: a 5 µs kernel
+    after a 1 ms attention of 0.2 ms gaps and a quarter in its last step waits
+    max(0, h − 0.2 ms) — none at h = 30 µs, 0.1 ms at h = 300 µs."""
+    attention = ComputeOp("attn", "attention", "F", 1.0, 1.0, host_s=0.2e-3, host_held=True,
+                          host_held_tail=0.25)
+    after = ComputeOp("norm", "memory", "F", 0.0, 1.0)
+    for h, wait in ((30e-6, 0.0), (300e-6, 0.1e-3)):
+        waits, lead = pass_queue((attention, after), [1e-3, 5e-6], h, math.inf)
+        assert waits[1] == pytest.approx(wait, abs=1e-15)
+        assert lead == pytest.approx(1e-3 + wait + 5e-6 - (1e-3 - 0.2e-3 + 2 * h))

@@ -112,3 +112,24 @@ def test_an_unknown_value_is_one_sentence_and_exit_2(tmp_path, capsys):
     code, out, err = run_cli(["run", str(path)], capsys)
     assert code == 2
     assert "host_syncs" in out + err and "Traceback" not in out + err
+
+
+def test_attention_syncs_hold_the_host_around_each_attention_and_nothing_else():
+    """``training.host_syncs: attention``: each attention kernel of the forward, the
+    recompute and the backward gets two gaps (a sync before, one after) and holds the host
+    to its end; Megatron's batch and loss syncs and the pipeline's stay off."""
+    from helpers import make_scenario
+
+    from llmsim.host_syncs import HOST_SYNC_GAP_S, batch_ops, exchange_sync_s, loss_ops
+    from llmsim.ops import ComputeOp
+    from llmsim.workload.build import pass_ops
+
+    sc = make_scenario(**{"training.host_syncs": "attention", "parallelism.recompute": "full"})
+    dense = pass_ops(sc.model, sc.parallelism, sc.training).dense
+    for ops in dense[:3]:  # forward, recompute, backward
+        attention = [op for op in ops if isinstance(op, ComputeOp) and op.kind == "attention"]
+        assert attention and all(op.host_held and op.host_s == pytest.approx(
+            2 * HOST_SYNC_GAP_S) for op in attention)
+        assert not any(getattr(op, "host_held", False) for op in ops if op not in attention)
+    assert batch_ops(sc.training) == loss_ops(sc.training) == ()
+    assert exchange_sync_s(sc.training, sc.parallelism) == 0.0

@@ -9,10 +9,11 @@ communication overlapped with its GEMM keeps only its exposed part
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol
 
-from llmsim.costs.host_issue import HostIssue, pass_waits_s
+from llmsim.costs.host_issue import HostIssue, pass_queue
 from llmsim.cp_schedules import EXPOSED
 from llmsim.ops import CommOp, ComputeOp
 from llmsim.workload import Op
@@ -60,10 +61,14 @@ class Block:
     HybridEP's routing-map all-gather)."""
     cp_s: float = 0.0
     """What the pass's context-parallel ring exchanges add beside attention."""
+    lead_out_s: float = math.inf
+    """How far ahead of the device the host is when the pass ends: the pass's end less
+    the time the host issues the next pass's first kernel, s (negative: behind;
+    ``math.inf``: ahead of every kernel, or no host queue)."""
 
     @classmethod
     def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
-           reserved_units: int = 0) -> Block:
+           reserved_units: int = 0, lead_s: float | None = None) -> Block:
         """Price ``ops`` and lay them out back to back.
 
         With ``overlap_tp`` (TP communication overlap) a collective that pairs with a GEMM
@@ -78,7 +83,10 @@ class Block:
         eager mode), an op that the host's dispatch has not reached yet when the op before it
         ends waits for it (:func:`llmsim.costs.host_issue.pass_waits_s`; from the pass's
         first host sync on where the host enters the pass ahead, ``costs.host_issue.ahead``);
-        the wait is counted in the op's span and in its kind's time.
+        the wait is counted in the op's span and in its kind's time. ``lead_s``: how far
+        ahead of the device the host enters the pass, s (None: ahead of every kernel
+        before the first sync where ``costs.host_issue.ahead``, else no lead; the engine
+        gives a pass at ``pp`` 1 the lead the pass before it left, :attr:`lead_out_s`).
         """
         if reserved_units:
             ops = tuple(replace(op, reserved_units=op.reserved_units + reserved_units)
@@ -100,9 +108,12 @@ class Block:
                     assert isinstance(gemm, ComputeOp)
                     durations[i] = exposed_overlap_s(durations[i], durations[j], gemm.splits)
         issue = costs.host_issue
+        lead_out = math.inf
         if issue.interval_s > 0:  # each op's wait for the host's issue, before it starts
-            waits = pass_waits_s(ops, durations, issue.interval_s, issue.ahead,
-                                 issue.loop_interval_s)
+            if lead_s is None:
+                lead_s = math.inf if issue.ahead else 0.0
+            waits, lead_out = pass_queue(ops, durations, issue.interval_s, lead_s,
+                                         issue.loop_interval_s)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         for op, d in zip(ops, durations, strict=True):
@@ -120,7 +131,29 @@ class Block:
                 tp += d
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
-        return cls(tuple(spans), t, compute, tp, a2a, cp)
+        return cls(tuple(spans), t, compute, tp, a2a, cp, lead_out)
+
+
+def chained_passes_s(passes: tuple[tuple[Op, ...], ...], costs: CostModel,
+                     overlap_tp: bool, alone: bool) -> tuple[float, ...]:
+    """Seconds of a chunk's passes in order (forward, backward, weight gradients), each
+    one block. Where the chunk is its device's only one (``alone``: no pipeline) and the
+    host runs ahead (:attr:`HostIssue.ahead`), the host enters the forward with no lead and
+    each later pass with the lead the pass before left (:attr:`Block.lead_out_s`), as the
+    engine runs them (``llmsim.engine.passes``); else each pass on the cost model's
+    rule. An empty pass takes 0."""
+    chained = alone and costs.host_issue.ahead and costs.host_issue.interval_s > 0
+    lead: float | None = 0.0 if chained else None
+    out = []
+    for ops in passes:
+        if not ops:
+            out.append(0.0)
+            continue
+        block = Block.of(ops, costs, overlap_tp, 0, lead)
+        out.append(block.duration_s)
+        if chained:
+            lead = block.lead_out_s
+    return tuple(out)
 
 
 def _prices(ops: tuple[Op, ...], costs: CostModel) -> list[float]:

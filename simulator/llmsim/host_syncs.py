@@ -34,9 +34,13 @@ commit):
 
 from __future__ import annotations
 
-from llmsim.ops import ComputeOp
+from dataclasses import replace
+
+from llmsim.ops import CommOp, ComputeOp
 from llmsim.specs import Parallelism
 from llmsim.specs.training import Training
+
+Op = ComputeOp | CommOp
 
 HOST_SYNC_GAP_S = 93.8e-6
 """GPU idle one host synchronisation in the stream adds, seconds: the device drains what
@@ -58,12 +62,16 @@ MASK_KERNELS = 5
 loss mask's ones and the position ids' ``arange``."""
 
 
+MEGATRON = frozenset({"megatron", "megatron_nan_check"})
+"""The ``training.host_syncs`` values that make Megatron-LM's syncs."""
+
+
 def batch_ops(training: Training) -> tuple[ComputeOp, ...]:
     """``get_batch``'s kernels before the forward of the chunk with the embedding or the
     LM head: the causal mask and position ids, issued after the host read the batch's
     sizes back (the sync's gap, ``host_s``). The loss mask and position ids (b·s values)
     are not counted in the bytes. Empty where the framework makes no such sync."""
-    if training.host_syncs == "none":
+    if training.host_syncs not in MEGATRON:
         return ()
     s = training.seq_len
     return (ComputeOp("batch_masks", "memory", "F", 0.0, MASK_BYTES_PER_POSITION * s * s,
@@ -82,6 +90,21 @@ def exchange_sync_s(training: Training, par: Parallelism) -> float:
     """The gap after each blocking pipeline exchange, seconds: Megatron-LM's
     ``torch.cuda.synchronize()`` after a batched ``batch_isend_irecv`` (0 with overlapped
     messages, without a pipeline, or where the framework makes no such sync)."""
-    if training.host_syncs == "none" or par.pp == 1 or par.overlap_pp_comm:
+    if training.host_syncs not in MEGATRON or par.pp == 1 or par.overlap_pp_comm:
         return 0.0
     return HOST_SYNC_GAP_S
+
+
+def apply_attention_syncs(lists: tuple[list[Op], ...],
+                          training: Training) -> tuple[list[Op], ...]:
+    """A block's op lists with a ``torch.cuda.synchronize()`` before and after each fused
+    attention kernel (``training.host_syncs: attention``): the host waits for the device
+    to drain before it issues the kernel (a gap, ``host_s``) and again until the kernel
+    ends (a second gap; ``host_held``: the host issues the next kernel only then, so its
+    work after the kernel no longer runs ahead of the device). Unchanged for other
+    settings."""
+    if training.host_syncs != "attention":
+        return lists
+    return tuple([replace(op, host_s=op.host_s + 2 * HOST_SYNC_GAP_S, host_held=True)
+                  if isinstance(op, ComputeOp) and op.kind == "attention" else op
+                  for op in ops] for ops in lists)

@@ -85,6 +85,16 @@ class ComputeOp:
     """Device idle a host synchronisation next to the kernel adds, seconds: the host waits
     for the device to drain, then reads the result and issues the next kernel
     (:mod:`llmsim.host_syncs`); it adds to the op's duration."""
+    host_held: bool = False
+    """Whether the host waits for the op to end on the device before it issues the next
+    kernel (a ``torch.cuda.synchronize()`` after it, or at each of its steps:
+    DistFlashAttn's attention, :mod:`llmsim.context_distflash`); False: the host goes on
+    issuing while it runs (:mod:`llmsim.costs.host_issue`)."""
+    host_held_tail: float = 0.0
+    """With ``host_held``, the share of the op's device time (its ``host_s`` gaps left
+    out) that runs after the host's last sync let it go: DistFlashAttn's last time step,
+    one whole block of ½ + ⌊P/2⌋ (:mod:`llmsim.context_distflash`); 0: the host waits to
+    the op's end (a sync after it)."""
     host_calls: int = 0
     """Host dispatches that issue the op's ``splits`` kernels (a framework's C++ loop over
     tensors is one call); 0: one per kernel."""

@@ -24,8 +24,13 @@ pipeline, or Megatron's overlapped pipeline messages, which skip the
 (:attr:`HostIssue.ahead`) and the kernels before the pass's first host sync never wait
 (the host issued them while earlier passes ran); without ``ahead`` each pass starts with
 an empty queue (an upper bound on the wait). A host slower than its device over whole
-passes keeps no lead; with ``ahead`` such a pass is charged only from its first host sync
-on (a lower bound there: a tiny model at ``pp`` 1 that is host-bound in every pass).
+passes keeps no lead: without a pipeline the engine gives each pass the lead the pass
+before it left (:func:`pass_queue`'s ``lead_s`` and its lead out, ``llmsim.engine.passes``;
+a micro-batch's forward from a drained queue); with Megatron's overlapped pipeline messages
+a pass is still entered ahead of every kernel before its first sync (a lower bound where
+the host is the slower). A kernel that holds the host (``ComputeOp.host_held``, a sync
+after it, or its steps' syncs to the last: ``host_held_tail``) has the host issue the next
+kernel one dispatch after it lets the host go.
 Left out: the device's limit of 1,024
 pending launches (it only holds the host back while the device is behind, where the
 device's own time decides the end); host syncs inside a pass other than the collectives
@@ -67,7 +72,9 @@ class HostIssue:
     """Whether the host enters each pass ahead of the device: nothing between two passes
     waits for the device on the host (no pipeline send or receive that synchronises), so
     the host has issued a pass's kernels before the device reaches them, up to the pass's
-    first host sync; False: each pass starts with an empty queue (an upper bound on the
+    first host sync, as far as the passes before it left it ahead where the engine knows
+    them (one chunk a device, ``llmsim.engine.passes``); False: each pass starts with an
+    empty queue (an upper bound on the
     wait)."""
     loop_interval_s: float = 0.0
     """Host time of each kernel a framework's C++ loop launches inside one call
@@ -138,16 +145,40 @@ def queue_waits_s(durations_s: Sequence[float], interval_s: float,
     starts at the end of the kernel before it, and the host issues from there on.
     ``sum(waits) + sum(durations)`` is :func:`queue_end_s` where nothing syncs. ``ahead``:
     the host issued every kernel before the first sync already (no wait before it)."""
+    return queue_run(durations_s, interval_s, syncs, math.inf if ahead else 0.0, gaps_s)[0]
+
+
+def queue_run(durations_s: Sequence[float], interval_s: float,
+              syncs: Sequence[bool] | None = None, lead_s: float = 0.0,
+              gaps_s: Sequence[float] | None = None,
+              holds_s: Sequence[float | None] | None = None) -> tuple[list[float], float]:
+    """:func:`queue_waits_s` for a host that enters ``lead_s`` ahead of the device (its
+    first kernel issued at ``−lead_s``; ``math.inf``: every kernel before the first sync
+    issued already), and the lead it leaves: the device's end less the time the host
+    issues its next kernel (negative where the host is behind). A kernel with a value in
+    ``holds_s`` holds the host until that many seconds before it ends on the device (a
+    sync after it: 0; syncs at each of its steps: its last step's time): the next kernel
+    is issued one dispatch after that."""
     waits = []
-    issue, end = (-math.inf if ahead else 0.0), 0.0
+    issue, end = -lead_s, 0.0
+    gap = interval_s
     for i, d in enumerate(durations_s):
         if i:
             gap = interval_s if gaps_s is None else gaps_s[i]
-            issue = end if syncs is not None and syncs[i] else issue + gap
+            held = None if holds_s is None else holds_s[i - 1]
+            if syncs is not None and syncs[i]:
+                issue = end
+            elif held is not None:
+                issue = end - held + gap
+            else:
+                issue += gap
         wait = max(issue - end, 0.0)
         waits.append(wait)
         end += wait + d
-    return waits
+    if not waits:
+        return waits, lead_s
+    held = None if holds_s is None else holds_s[-1]
+    return waits, end - ((issue if held is None else end - held) + interval_s)
 
 
 def host_kernels(op: Op) -> int:
@@ -172,25 +203,39 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
                  interval_s: float, ahead: bool = False,
                  loop_interval_s: float = 0.0) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
-    (:func:`queue_waits_s` over its kernels): a compute op is as many kernels of equal
-    length as the host dispatches that issue it (:func:`host_kernels`), each issued
-    ``interval_s`` after the one before, then the kernels its C++ loop launches
-    (:func:`loop_kernels`), ``loop_interval_s`` apart; a collective one kernel; an op with
-    a ``host_s`` is issued by a host that waited for the device (a host sync); ``ahead``:
-    the host enters the pass ahead (:attr:`HostIssue.ahead`). No op shorter than its host
-    time (:func:`op_host_s`): none waits (each keeps the host's issue ahead by its
-    excess)."""
+    (:func:`pass_queue`, the host entering with no lead, or ahead of every kernel before
+    the first sync where ``ahead``)."""
+    return pass_queue(ops, durations_s, interval_s, math.inf if ahead else 0.0,
+                      loop_interval_s)[0]
+
+
+def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: float,
+               lead_s: float = 0.0,
+               loop_interval_s: float = 0.0) -> tuple[list[float], float]:
+    """How long each of a pass's ops waits for the host's issue before it starts, s
+    (:func:`queue_run` over its kernels), and the lead the host leaves the next pass: a
+    compute op is as many kernels of equal length as the host dispatches that issue it
+    (:func:`host_kernels`), each issued ``interval_s`` after the one before, then the
+    kernels its C++ loop launches (:func:`loop_kernels`), ``loop_interval_s`` apart; a
+    collective one kernel; an op with a ``host_s`` is issued by a host that waited for the
+    device (a host sync), and one marked ``host_held`` holds the host until it ends;
+    ``lead_s``: how far ahead of the device the host enters (``math.inf``: ahead of every
+    kernel before the first sync, :attr:`HostIssue.ahead`). No op shorter than its host
+    time (:func:`op_host_s`) and none holding the host: none waits (each keeps the
+    host's issue ahead by its excess)."""
     for op, d in zip(ops, durations_s, strict=True):  # op_host_s, inlined: every pass asks
         if isinstance(op, ComputeOp):
-            if d < ((op.host_calls or op.splits) * interval_s
-                    + op.host_loop_kernels * loop_interval_s):
+            if op.host_held or d < ((op.host_calls or op.splits) * interval_s
+                                    + op.host_loop_kernels * loop_interval_s):
                 break
         elif d < interval_s:
             break
     else:
-        return [0.0] * len(ops)
+        return [0.0] * len(ops), _lead_left_s(ops, durations_s, interval_s, lead_s,
+                                              loop_interval_s)
     kernels: list[float] = []
     syncs: list[bool] = []
+    holds: list[float | None] = []
     owner: list[int] = []
     looped = False
     for i, (op, d) in enumerate(zip(ops, durations_s, strict=True)):
@@ -200,6 +245,8 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
             looped = True
         kernels += [d / n] * n
         syncs += [op.host_s > 0] + [False] * (n - 1)
+        held = isinstance(op, ComputeOp) and op.host_held
+        holds += [None] * (n - 1) + [op.host_held_tail * (d - op.host_s) if held else None]
         owner += [i] * n
     gaps = None
     if looped:  # the dispatches at the interval, then the loop's kernels
@@ -207,7 +254,27 @@ def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
         for op in ops:
             gaps += [interval_s] * host_kernels(op) + [loop_interval_s] * loop_kernels(op)
     waits = [0.0] * len(ops)
-    queued = queue_waits_s(kernels, interval_s, syncs, ahead, gaps)
+    queued, lead_out = queue_run(kernels, interval_s, syncs, lead_s, gaps, holds)
     for i, wait in zip(owner, queued, strict=True):
         waits[i] += wait
-    return waits
+    return waits, lead_out
+
+
+def _lead_left_s(ops: Sequence[Op], durations_s: Sequence[float], interval_s: float,
+                 lead_s: float, loop_interval_s: float) -> float:
+    """The lead a pass in which no op waits leaves the next: its device time less the
+    time its host issues the next kernel (from the pass's last host sync on)."""
+    if math.isinf(lead_s):
+        start = next((i for i, op in enumerate(ops) if op.host_s > 0), None)
+        if start is None:
+            return math.inf
+        issue, t = sum(durations_s[:start]), sum(durations_s[:start])
+        ops, durations_s = ops[start:], durations_s[start:]
+    else:
+        issue, t = -lead_s, 0.0
+    for op, d in zip(ops, durations_s, strict=True):
+        if op.host_s > 0:
+            issue = t
+        issue += op_host_s(op, interval_s, loop_interval_s)
+        t += d
+    return t - issue

@@ -35,7 +35,7 @@ class PassPricing:
     overlap_tp: bool
     split_backward: bool
     priced: dict[tuple[int, int, str, int], Block]
-    laid_out: dict[tuple[tuple[int, ...], int, int], Block]
+    laid_out: dict[tuple[tuple[int, ...], int, int, float | None], Block]
     blocks: dict[tuple[int, int, str], Block]
     pass_kinds: dict[PassKey, str]
 
@@ -54,15 +54,34 @@ class PassPricing:
             ops = {"F": work.forward, "B": work.backward, "w": work.weight,
                    "W": work.weight + work.accumulate}
             passed, costs = ops[kind], self.stage_costs[stage]
+            lead = self._entry_lead_s(stage, chunk, kind, held)
             if type(costs) is not HardwareCosts:  # e.g. jitter: a draw per call
-                block = Block.of(passed, costs, self.overlap_tp, held)
+                block = Block.of(passed, costs, self.overlap_tp, held, lead)
             else:
-                same = (tuple(map(id, passed)), id(costs), held)
+                same = (tuple(map(id, passed)), id(costs), held, lead)
                 block = self.laid_out.get(same)
                 if block is None:
-                    block = self.laid_out[same] = Block.of(passed, costs, self.overlap_tp, held)
+                    block = self.laid_out[same] = Block.of(passed, costs, self.overlap_tp,
+                                                           held, lead)
             self.priced[key] = block
         return block
+
+    def _entry_lead_s(self, stage: int, chunk: int, kind: str, held: int) -> float | None:
+        """How far ahead of the device the host enters a pass, s; None: the cost model's
+        rule (:attr:`llmsim.costs.host_issue.HostIssue.ahead`). Without a pipeline (one
+        stage, one chunk) and with a host that runs ahead, the host's lead is earned: a
+        micro-batch's forward starts from a drained queue (the step's first waits for the
+        previous step's end; a later one's lead is taken as none too, an upper bound on
+        its wait), and its backward and weight passes enter with the lead the pass
+        before them left (:attr:`Block.lead_out_s`), so a host slower than its device
+        over whole passes sets their pace."""
+        issue = self.stage_costs[stage].host_issue
+        if not issue.ahead or issue.interval_s <= 0 or len(self.work.chunks) != 1:
+            return None
+        if kind == "F":
+            return 0.0
+        before = "B" if kind in ("W", "w") else "F"
+        return self._priced(stage, chunk, before, held).lead_out_s
 
     def _paired(self, stage: int, chunk: int, kind: str, held: int) -> Block:
         """A forward (``F&c``) or backward (``B&c``) run overlapped with a pass of chunk

@@ -121,7 +121,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
         same node)."""
         self.priced: dict[tuple[int, int, str, int], Block] = {}
         """(stage, chunk, kind, units held by other kernels) → the pass, priced once."""
-        self.laid_out: dict[tuple[tuple[int, ...], int, int], Block] = {}
+        self.laid_out: dict[tuple[tuple[int, ...], int, int, float | None], Block] = {}
         """(ids of a pass's ops, id of its stage's cost model, units held) → the pass:
         stages whose chunks run the same op objects (the middle stages of a uniform
         pipeline) share one, where the cost model prices an op the same at every call."""

@@ -16,7 +16,7 @@ waits in either, and both agree).
 
 from __future__ import annotations
 
-from llmsim.blocks import Block
+from llmsim.blocks import Block, chained_passes_s
 from llmsim.costs import HardwareCosts
 from llmsim.costs.host_issue import pass_waits_s
 from llmsim.specs import Model, Training
@@ -49,5 +49,4 @@ def chunk_queue_s(model: Model, training: Training, ops: PassOps,
     chunk's FP8 amax reductions ``extras`` (forward, backward) included, its gradient
     accumulation not (the estimator adds it apart)."""
     passes = chunk_pass_ops(model, training, ops, n, first, last, start, extras)
-    return tuple(Block.of(o, costs, overlap_tp).duration_s if o else 0.0
-                 for o in passes)
+    return chained_passes_s(passes, costs, overlap_tp, first and last)

@@ -33,7 +33,7 @@ RopeKernel = Literal["fused", "unfused", "complex"]
 PyTorch's eager ``rotate_half`` operators, or the complex multiply of torchtitan and Meta's
 LLaMA (:mod:`llmsim.workload.rope`)."""
 
-HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
+HostSyncs = Literal["none", "megatron", "megatron_nan_check", "attention"]
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
@@ -214,7 +214,10 @@ class Training(Spec):
     blocking pipeline messages, the ``torch.cuda.synchronize()`` after each batched
     exchange (``batch_p2p_sync``); ``megatron_nan_check``, those and the loss's NaN check
     on the last stage (``assert not loss.isnan()``, ``check_for_nan_in_loss_and_grad``,
-    on by default in Megatron-LM from September 2023)."""
+    on by default in Megatron-LM from September 2023); ``attention``, a
+    ``torch.cuda.synchronize()`` before and after each attention kernel of the forward,
+    the recompute and the backward (``benchmarks/time_hf_llama_host.py``'s ``_sync``
+    modes; one rank of DistFlashAttn's schedule, which syncs at each of its steps)."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

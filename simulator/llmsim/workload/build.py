@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from llmsim.cp_schedules import APPLY as CP_APPLY
-from llmsim.host_syncs import batch_ops, exchange_sync_s, loss_ops
+from llmsim.host_syncs import apply_attention_syncs, batch_ops, exchange_sync_s, loss_ops
 from llmsim.mla import apply_mla
 from llmsim.moe import pairs_overlap, replace_mlp
 from llmsim.mtp import mtp_ops, mtp_params_per_device
@@ -175,6 +175,8 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
             builder.T * (model.q_dim + model.kv_dim) / par.tp, builder.e)
     layer_f, layer_r, layer_b, layer_w = CP_APPLY[par.cp_schedule](
         (layer_f, layer_r, layer_b, layer_w), builder)
+    layer_f, layer_r, layer_b, layer_w = apply_attention_syncs(
+        (layer_f, layer_r, layer_b, layer_w), training)
     if par.recompute_norms_and_up_proj:
         layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
     moe = None
