@@ -141,6 +141,17 @@ def measure(torch: Any, model: Any, seq: int, args: argparse.Namespace,
         spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
                  if e.device_type == torch.autograd.DeviceType.CUDA]
         kernels, kernel_ms = len(spans), kernel_union_ms(spans)
+    if args.cpu_profile is not None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            step()
+            sync()
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60)
+        args.cpu_profile.mkdir(parents=True, exist_ok=True)
+        name = f"cpu_{args.current_mode}_{args.layers}x{seq}.txt"
+        (args.cpu_profile / name).write_text(table)
     wall_ms = statistics.median(walls) * 1e3
     return {"kernels": kernels, "wall_ms": round(wall_ms, 3),
             "host_cpu_ms": round(statistics.median(cpus) * 1e3, 3),
@@ -162,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Modes to run (default all).")
     parser.add_argument("--repeats", type=int, default=10, help="Timed steps (default 10).")
     parser.add_argument("--out", type=Path, default=None, help="Append rows to this CSV.")
+    parser.add_argument("--cpu-profile", type=Path, default=None,
+                        help="Also write each case's torch.profiler table, ops by self CPU "
+                             "time, into this folder (cpu_MODE_LAYERSxSEQ.txt).")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -179,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     writer.writeheader()
     rows = []
     for mode in args.modes:
+        args.current_mode = mode
         try:
             model, syncs = build(torch, args, mode)
         except Exception as exc:  # a mode this torch cannot build is a row, not a stop
