@@ -128,3 +128,14 @@ def test_the_search_estimator_prices_the_calls_as_the_engine_within_a_thousandth
         assert estimate == pytest.approx(engine, rel=1e-3)
         steps[calls] = estimate
     assert steps["megatron_mpu"] > steps["lumped"]
+
+
+def test_deepspeed_pipe_broadcasts_on_the_first_and_last_stages_only():
+    """DeepSpeed's ``TrainSchedule`` loads a micro-batch (``get_batch_pipe``) on the first
+    and last stages; the loss is averaged once a step, not a micro-batch."""
+    _, work = _workload("megatron_deepspeed_pipe", parallelism__tp=2, parallelism__pp=4)
+    for chunk in work.chunks.values():
+        names = [op.name for op in _calls(chunk)]
+        broadcasts = ["batch_sizes_bcast", "batch_bcast"] if chunk.first or chunk.last else []
+        head = ["loss_tp_max", "loss_tp_predicted", "loss_tp_sum_exp"] if chunk.last else []
+        assert names == broadcasts + head

@@ -37,7 +37,7 @@ HostSyncs = Literal["none", "megatron", "megatron_nan_check"]
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
-SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020"]
+SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020", "megatron_deepspeed_pipe"]
 """Which small collectives a framework makes per micro-batch outside the layers (the
 cross-entropy's all-reduces, the batch's broadcast, the loss's average;
 :attr:`Training.small_calls`, :mod:`llmsim.workload.small_calls`)."""
@@ -229,7 +229,9 @@ class Training(Spec):
     ``broadcast_data``'s two TP broadcasts (sizes, tokens) before every chunk's forward,
     and the loss's all-reduce over the data-parallel group on the last stage;
     ``megatron_2020``, Megatron-LM of September 2020: the same, the loss reduced over
-    every rank."""
+    every rank; ``megatron_deepspeed_pipe``, BigScience's Megatron-DeepSpeed under
+    DeepSpeed's pipeline engine: the three all-reduces, the two broadcasts before the
+    first and last stages' forward only, no loss average a micro-batch."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

@@ -30,7 +30,11 @@ from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
 from llmsim.workload.rope import apply_rope
-from llmsim.workload.small_calls import batch_broadcasts, loss_average
+from llmsim.workload.small_calls import (
+    batch_broadcasts,
+    broadcast_on_every_chunk,
+    loss_average,
+)
 
 if TYPE_CHECKING:
     pass
@@ -154,8 +158,11 @@ class PassOps:
     embedding: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
     head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
     batch_input: tuple[Op, ...] = ()
-    """The batch's broadcast to the TP group before every chunk's forward
+    """The batch's broadcast to the TP group before a chunk's forward
     (:func:`llmsim.workload.small_calls.batch_broadcasts`)."""
+    batch_input_on_every_chunk: bool = True
+    """:attr:`batch_input` comes before every chunk's forward; False: before the first and
+    last chunks' only."""
 
     def block(self, model: Model, layer: int) -> Passes:
         """The passes of transformer layer ``layer`` (0-based)."""
@@ -203,7 +210,8 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
                    (head[0] + mtp_f + loss_average(training.small_calls), mtp_b + head[1],
                     mtp_w + head[2]),
                    batch_broadcasts(training.small_calls, par.micro_batch, training.seq_len,
-                                    par.tp))
+                                    par.tp),
+                   broadcast_on_every_chunk(training.small_calls))
 
 
 NORMS_AND_UP_PROJECTIONS = frozenset({"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up",
@@ -308,10 +316,11 @@ def chunk_pass_ops(model: Model, training: Training, ops: PassOps, n: int, first
     (``first`` / ``last``: it holds the embedding / the head; ``amax``: the chunk's FP8
     amax reductions, forward and backward)."""
     (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
-    # get_batch's broadcasts before every chunk (Megatron-LM's mpu), its sync and masks
+    # get_batch's broadcasts (before every chunk in Megatron-LM's mpu), its sync and masks
     # before the embedding's and the head's chunk
-    fwd: tuple[Op, ...] = ops.batch_input
-    fwd += batch_ops(training) if first or last else ()
+    ends = first or last
+    fwd: tuple[Op, ...] = ops.batch_input if ops.batch_input_on_every_chunk or ends else ()
+    fwd += batch_ops(training) if ends else ()
     fwd += emb_f if first else ()
     bwd: tuple[Op, ...] = head_b if last else ()
     wgt: tuple[Op, ...] = head_w if last else ()

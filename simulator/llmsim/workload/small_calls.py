@@ -32,6 +32,17 @@ Read from the code (sources by repository, commit and file):
 ``broadcast_data`` also reads the sizes back to the host (``sizes_cuda.cpu()``); that
 synchronisation is :mod:`llmsim.host_syncs`' (``training.host_syncs``), not counted here.
 With tensor parallelism 1 the TP calls are calls on a group of one and cost nothing.
+
+* ``megatron_deepspeed_pipe``: BigScience's Megatron-DeepSpeed (bigscience-workshop/
+  Megatron-DeepSpeed 8387ae17, BLOOM) and its TurkuNLP fork (TurkuNLP/Megatron-DeepSpeed
+  6732bc9) under DeepSpeed's ``PipelineEngine`` (``GPTModelPipe``): the same three
+  cross-entropy all-reduces (``gpt_model.py`` ``CrossEntropy`` →
+  ``mpu.vocab_parallel_cross_entropy(output.float())``) and ``get_batch_pipe``'s two
+  broadcasts, which the engine runs as its ``batch_fn`` on the first and last stages only
+  (``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule``: ``LoadMicroBatch`` where
+  ``stage_id == 0 or stage_id == stages - 1``; DeepSpeed v0.6.0 and v0.8.1). The loss is
+  averaged once a step (``PipelineEngine._aggregate_total_loss``), not a micro-batch: not
+  counted here.
 """
 
 from __future__ import annotations
@@ -57,12 +68,16 @@ class CallSet:
     key); 0: no batch broadcast."""
     loss_average_axis: Axis | None
     """Group of the logging all-reduce of the loss (one FP32 value) on the last stage."""
+    broadcast_on_every_chunk: bool = True
+    """The batch is broadcast before every chunk's forward (Megatron's ``forward_step``);
+    False: before the first and last stages' only (DeepSpeed's ``LoadMicroBatch``)."""
 
 
 CALL_SETS: dict[SmallCalls, CallSet] = {
     "lumped": CallSet(1, 0, None),
     "megatron_mpu": CallSet(3, 5, "dp"),
     "megatron_2020": CallSet(3, 4, "stage"),
+    "megatron_deepspeed_pipe": CallSet(3, 5, None, broadcast_on_every_chunk=False),
 }
 """Each ``training.small_calls`` value's calls (module docstring for the sources)."""
 
@@ -78,6 +93,12 @@ def cross_entropy_calls(small_calls: SmallCalls, tokens: int, tp: int) -> list[C
     names = ("loss_tp_max", "loss_tp_predicted", "loss_tp_sum_exp")
     return [CommOp(name, "all_reduce", "tp", "F", float(FP32_BYTES * tokens))
             for name in names[:calls]]
+
+
+def broadcast_on_every_chunk(small_calls: SmallCalls) -> bool:
+    """Whether the batch's broadcasts come before every chunk's forward (else before the
+    first and last stages' chunks only)."""
+    return CALL_SETS[small_calls].broadcast_on_every_chunk
 
 
 def batch_broadcasts(small_calls: SmallCalls, micro_batch: int, seq_len: int,
