@@ -722,3 +722,11 @@ def test_a_stage_group_is_priced_over_every_rank_of_a_pipeline_stage() -> None:
     assert price(model, "all_reduce", "stage", 48) == pytest.approx(times["tree/ll"] + LAUNCH_S)
     one_stage = costs(system(), nodes=1, tp=1, pp=8)  # one rank per stage: nothing to reduce
     assert price(one_stage, "all_reduce", "stage", 48) == 0.0
+
+
+def test_a_broadcast_is_a_chain_of_the_whole_message() -> None:
+    """A ring broadcast (Megatron-LM's ``broadcast_data``) pipelines the whole message down
+    the n − 1 hops of the chain from its root: bus factor 1 (nccl-tests PERFORMANCE.md)."""
+    model = costs(system(), nodes=1, tp=8)
+    expected = 1e8 / B_INTRA + 7 * ALPHA_INTRA + LAUNCH_S
+    assert price(model, "broadcast", "tp", 1e8) == pytest.approx(expected)

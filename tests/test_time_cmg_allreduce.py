@@ -30,13 +30,15 @@ def dev14_ops() -> dict[str, ComputeOp | CommOp]:
 
 
 def test_the_cases_are_dev14s_calls(dev14_ops: dict[str, ComputeOp | CommOp]) -> None:
-    """The TP all-reduce is the row's 3 MiB (1 × 1,024 × 768 FP32) and the cross-entropy's
-    three 4 KiB calls are llmsim's one ``loss_tp`` of 12 KiB; the GEMM before each
-    ``after_gemm`` call is the row's QKV shard, (M, N, K) = (1,024, 576, 768)."""
+    """The TP all-reduce is the row's 3 MiB (1 × 1,024 × 768 FP32), the cross-entropy's
+    three 4 KiB calls and the token broadcast are llmsim's (``training.small_calls:
+    megatron_mpu``); the GEMM before each ``after_gemm`` call is the row's QKV shard,
+    (M, N, K) = (1,024, 576, 768)."""
     for name in ("tp_attn", "tp_mlp", "embed_tp", "head_rs"):
         assert dev14_ops[name].bytes == script.case_bytes("tp_all_reduce") == 3 * 2**20
-    assert dev14_ops["loss_tp"].bytes == 3 * script.case_bytes("loss_all_reduce")
-    assert script.case_bytes("batch_broadcast") == 8 * 1025
+    for name in ("loss_tp_max", "loss_tp_predicted", "loss_tp_sum_exp"):
+        assert dev14_ops[name].bytes == script.case_bytes("loss_all_reduce")
+    assert dev14_ops["batch_bcast"].bytes == script.case_bytes("batch_broadcast") == 8 * 1025
     m, k, n = script.QKV_SHARD
     assert dev14_ops["qkv"].mnk == (m, n, k)
 

@@ -15,7 +15,7 @@ ComputeKind = Literal["gemm", "attention", "memory"]
 Phase = Literal["F", "B", "W", "R", "O"]
 """F forward, B input-gradient backward, W weight-gradient backward, R recompute, O optimizer."""
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all",
-                     "push_pull"]
+                     "push_pull", "broadcast"]
 Axis = Literal["tp", "cp", "ep", "dp", "pp", "stage", "cp+ep+dp", "cp+dp", "tp+ep", "etp",
                "xtp+ep"]
 """A parallel axis; ``stage``: every rank of one pipeline stage (all axes but pp); or a
@@ -115,7 +115,7 @@ class CommOp:
 
     ``bytes`` follows nccl-tests' size convention: the full buffer of an all-reduce,
     the gathered output of an all-gather, the input of a reduce-scatter, the message of a
-    send/recv.
+    send/recv or a broadcast.
     """
 
     name: str

@@ -37,6 +37,11 @@ HostSyncs = Literal["none", "megatron", "megatron_nan_check", "attention"]
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
+SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020", "megatron_deepspeed_pipe"]
+"""Which small collectives a framework makes per micro-batch outside the layers (the
+cross-entropy's all-reduces, the batch's broadcast, the loss's average;
+:attr:`Training.small_calls`, :mod:`llmsim.workload.small_calls`)."""
+
 ExpertLoop = Literal["grouped", "deepspeed_uneven"]
 """How a MoE layer's local experts run (:mod:`llmsim.expert_loop`): ``grouped``, each
 expert GEMM of all local experts as one grouped kernel; ``deepspeed_uneven``, DeepSpeed's
@@ -218,6 +223,18 @@ class Training(Spec):
     ``torch.cuda.synchronize()`` before and after each attention kernel of the forward,
     the recompute and the backward (``benchmarks/time_hf_llama_host.py``'s ``_sync``
     modes; one rank of DistFlashAttn's schedule, which syncs at each of its steps)."""
+    small_calls: SmallCalls = "lumped"
+    """The small collectives of a micro-batch outside the layers, one blocking call each
+    (:mod:`llmsim.workload.small_calls`): ``lumped``, the vocab-parallel cross-entropy's
+    reductions as one TP all-reduce of three FP32 values a token (frameworks whose code
+    was not read for it); ``megatron_mpu``, Megatron-LM's ``mpu`` of 2021 and its forks
+    (DeepSpeedFugaku): the cross-entropy's three TP all-reduces of one value a token,
+    ``broadcast_data``'s two TP broadcasts (sizes, tokens) before every chunk's forward,
+    and the loss's all-reduce over the data-parallel group on the last stage;
+    ``megatron_2020``, Megatron-LM of September 2020: the same, the loss reduced over
+    every rank; ``megatron_deepspeed_pipe``, BigScience's Megatron-DeepSpeed under
+    DeepSpeed's pipeline engine: the three all-reduces, the two broadcasts before the
+    first and last stages' forward only, no loss average a micro-batch."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

@@ -30,6 +30,11 @@ from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
 from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
 from llmsim.workload.rope import apply_rope
+from llmsim.workload.small_calls import (
+    batch_broadcasts,
+    broadcast_on_every_chunk,
+    loss_average,
+)
 
 if TYPE_CHECKING:
     pass
@@ -144,12 +149,20 @@ class PassOps:
     transformer block's and (MoE models) an expert block's F, R, B and W ops, and the
     embedding's and the last stage's F, B and W ops after its layers: the LM head and
     loss, then the multi-token prediction modules (:mod:`llmsim.mtp`), whose backward
-    comes first."""
+    comes first, then the loss's average for logging
+    (:func:`llmsim.workload.small_calls.loss_average`); and the ops before every chunk's
+    forward (:attr:`batch_input`)."""
 
     dense: Passes
     moe: Passes | None
     embedding: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
     head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
+    batch_input: tuple[Op, ...] = ()
+    """The batch's broadcast to the TP group before a chunk's forward
+    (:func:`llmsim.workload.small_calls.batch_broadcasts`)."""
+    batch_input_on_every_chunk: bool = True
+    """:attr:`batch_input` comes before every chunk's forward; False: before the first and
+    last chunks' only."""
 
     def block(self, model: Model, layer: int) -> Passes:
         """The passes of transformer layer ``layer`` (0-based)."""
@@ -196,7 +209,11 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
               for k in range(model.mtp_depth)]
     mtp_f, mtp_b, mtp_w = mtp_ops(builder, blocks, embedding, head)
     return PassOps(dense, moe, embedding,
-                   (head[0] + mtp_f, mtp_b + head[1], mtp_w + head[2]))
+                   (head[0] + mtp_f + loss_average(training.small_calls), mtp_b + head[1],
+                    mtp_w + head[2]),
+                   batch_broadcasts(training.small_calls, par.micro_batch, training.seq_len,
+                                    par.tp),
+                   broadcast_on_every_chunk(training.small_calls))
 
 
 NORMS_AND_UP_PROJECTIONS = frozenset({"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up",
@@ -301,8 +318,11 @@ def chunk_pass_ops(model: Model, training: Training, ops: PassOps, n: int, first
     (``first`` / ``last``: it holds the embedding / the head; ``amax``: the chunk's FP8
     amax reductions, forward and backward)."""
     (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
-    # get_batch's sync and masks before the embedding's and the head's chunk
-    fwd: tuple[Op, ...] = batch_ops(training) if first or last else ()
+    # get_batch's broadcasts (before every chunk in Megatron-LM's mpu), its sync and masks
+    # before the embedding's and the head's chunk
+    ends = first or last
+    fwd: tuple[Op, ...] = ops.batch_input if ops.batch_input_on_every_chunk or ends else ()
+    fwd += batch_ops(training) if ends else ()
     fwd += emb_f if first else ()
     bwd: tuple[Op, ...] = head_b if last else ()
     wgt: tuple[Op, ...] = head_w if last else ()

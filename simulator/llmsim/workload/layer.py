@@ -24,6 +24,7 @@ from llmsim.specs import MemoryKind, Model, Parallelism, Training
 from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
 from llmsim.workload.fp8 import AMAX_BYTES, operand_casts
 from llmsim.workload.loss import cross_entropy_bytes_per_logit
+from llmsim.workload.small_calls import cross_entropy_calls
 from llmsim.workload.softmax import alibi_scores, softmax_backward, softmax_forward
 from llmsim.workload.step import Op
 
@@ -364,7 +365,7 @@ class LayerBuilder:
         head = self._gemm("lm_head", "F", T, v, m.hidden)
         dx, dw = self._gemm_grads(head)
         fwd_bytes, bwd_bytes = cross_entropy_bytes_per_logit(self.e)
-        loss_tp = self._tp_comm("loss_tp", "all_reduce", "F", 3 * 4 * T)
+        loss_tp = cross_entropy_calls(self.trn.small_calls, T, t)
         # The output layer is the framework's own column-parallel linear, not a Transformer
         # Engine module: with SP its input all-gather blocks, TP overlap or not.
         head_ag = self._tp_comm("head_ag", "all_gather", "F", T * m.hidden * self.e) \

@@ -26,7 +26,10 @@ def volume_factor(collective: Collective, ranks: int) -> float:
 
 
 def ring_steps(collective: Collective, ranks: int) -> int:
-    """Latency steps of a ring: 2(n−1) for all-reduce, n−1 for RS/AG."""
+    """Latency steps of a ring: 2(n−1) for all-reduce, n−1 for RS/AG and for a broadcast
+    (the chain from the root through the ring's n−1 hops, its message pipelined: NCCL's
+    ring broadcast, bus factor 1 in nccl-tests ``doc/PERFORMANCE.md``; NCCL's tuner counts
+    n steps for it, ``tuning.cc``)."""
     return 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
 
 

@@ -1,0 +1,123 @@
+"""The small collectives a micro-batch makes outside the transformer layers: the
+vocab-parallel cross-entropy's all-reduces, the batch's broadcast to the tensor-parallel
+group and the loss's average for logging, as ``training.small_calls`` says a framework
+makes them (:data:`llmsim.specs.training.SmallCalls`).
+
+Each is a blocking call on the device's stream (``torch.distributed`` without
+``async_op``): the kernels after it wait for it, so it is priced on the critical path
+at its own size, one event per call. All carry kilobytes, so each costs about one
+collective's latency on its group.
+
+Read from the code (sources by repository, commit and file):
+
+* ``lumped`` (frameworks whose code was not read for this): the cross-entropy's
+  reductions as one all-reduce of three FP32 values a token, nothing else.
+* ``megatron_mpu``: Megatron-LM of 2021 (NVIDIA/Megatron-LM de7dc40, the SC21 scripts'
+  commit) and DeepSpeedFugaku (Fugaku-LLM/DeepSpeedFugaku 8e0eabb), the same code.
+  ``megatron/mpu/cross_entropy.py`` ``_VocabParallelCrossEntropy.forward`` makes three
+  all-reduces over the TP group, each of one FP32 value a token (the logits' ``max``, the
+  predicted logit's ``SUM``, the sum of exponentials' ``SUM``; ``gpt_model.py`` passes
+  ``output.float()``). ``pretrain_gpt.py`` ``forward_step`` calls ``get_batch`` on every
+  pipeline stage and model chunk, and its ``mpu.broadcast_data`` (``megatron/mpu/data.py``)
+  makes two broadcasts from the TP group's first rank: the sizes (``_MAX_DATA_DIM`` 5
+  int64 per key, one key ``text``) and the data (b·(s + 1) int64 tokens). The last stage's
+  ``loss_func`` all-reduces the loss (one FP32 value) over the data-parallel group
+  (``megatron/utils.py`` ``average_losses_across_data_parallel_group``).
+* ``megatron_2020``: Megatron-LM of September 2020 (NVIDIA/Megatron-LM c63906a, tensor
+  parallelism only): the same three cross-entropy all-reduces and two broadcasts
+  (``_MAX_DATA_DIM`` 4), and the loss averaged over every rank (``pretrain_gpt2.py``
+  ``forward_step`` → ``megatron/utils.py`` ``reduce_losses``: ``all_reduce`` on the
+  default group), here the ``stage`` group, which is the whole job without a pipeline.
+
+``broadcast_data`` also reads the sizes back to the host (``sizes_cuda.cpu()``); that
+synchronisation is :mod:`llmsim.host_syncs`' (``training.host_syncs``), not counted here.
+With tensor parallelism 1 the TP calls are calls on a group of one and cost nothing.
+
+* ``megatron_deepspeed_pipe``: BigScience's Megatron-DeepSpeed (bigscience-workshop/
+  Megatron-DeepSpeed 8387ae17, BLOOM) and its TurkuNLP fork (TurkuNLP/Megatron-DeepSpeed
+  6732bc9) under DeepSpeed's ``PipelineEngine`` (``GPTModelPipe``): the same three
+  cross-entropy all-reduces (``gpt_model.py`` ``CrossEntropy`` →
+  ``mpu.vocab_parallel_cross_entropy(output.float())``) and ``get_batch_pipe``'s two
+  broadcasts, which the engine runs as its ``batch_fn`` on the first and last stages only
+  (``deepspeed/runtime/pipe/schedule.py`` ``TrainSchedule``: ``LoadMicroBatch`` where
+  ``stage_id == 0 or stage_id == stages - 1``; DeepSpeed v0.6.0 and v0.8.1). The loss is
+  averaged once a step (``PipelineEngine._aggregate_total_loss``), not a micro-batch: not
+  counted here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.ops import Axis, CommOp
+from llmsim.specs.training import SmallCalls
+
+FP32_BYTES = 4
+INT64_BYTES = 8
+
+
+@dataclass(frozen=True)
+class CallSet:
+    """The small calls one framework makes per micro-batch outside the layers."""
+
+    cross_entropy_all_reduces: int
+    """TP all-reduces of the vocab-parallel cross-entropy, each of one FP32 value a token
+    (``lumped``: one of three values a token)."""
+    size_slots: int
+    """int64 slots of ``broadcast_data``'s size broadcast (``_MAX_DATA_DIM`` times the one
+    key); 0: no batch broadcast."""
+    loss_average_axis: Axis | None
+    """Group of the logging all-reduce of the loss (one FP32 value) on the last stage."""
+    broadcast_on_every_chunk: bool = True
+    """The batch is broadcast before every chunk's forward (Megatron's ``forward_step``);
+    False: before the first and last stages' only (DeepSpeed's ``LoadMicroBatch``)."""
+
+
+CALL_SETS: dict[SmallCalls, CallSet] = {
+    "lumped": CallSet(1, 0, None),
+    "megatron_mpu": CallSet(3, 5, "dp"),
+    "megatron_2020": CallSet(3, 4, "stage"),
+    "megatron_deepspeed_pipe": CallSet(3, 5, None, broadcast_on_every_chunk=False),
+}
+"""Each ``training.small_calls`` value's calls (module docstring for the sources)."""
+
+
+def cross_entropy_calls(small_calls: SmallCalls, tokens: int, tp: int) -> list[CommOp]:
+    """The vocab-parallel cross-entropy's TP all-reduces of a micro-batch of ``tokens``
+    tokens on a device, in the order the forward makes them (none at ``tp`` 1)."""
+    if tp == 1:
+        return []
+    calls = CALL_SETS[small_calls].cross_entropy_all_reduces
+    if calls == 1:
+        return [CommOp("loss_tp", "all_reduce", "tp", "F", float(3 * FP32_BYTES * tokens))]
+    names = ("loss_tp_max", "loss_tp_predicted", "loss_tp_sum_exp")
+    return [CommOp(name, "all_reduce", "tp", "F", float(FP32_BYTES * tokens))
+            for name in names[:calls]]
+
+
+def broadcast_on_every_chunk(small_calls: SmallCalls) -> bool:
+    """Whether the batch's broadcasts come before every chunk's forward (else before the
+    first and last stages' chunks only)."""
+    return CALL_SETS[small_calls].broadcast_on_every_chunk
+
+
+def batch_broadcasts(small_calls: SmallCalls, micro_batch: int, seq_len: int,
+                     tp: int) -> tuple[CommOp, ...]:
+    """``broadcast_data``'s two TP broadcasts before a chunk's forward: the batch's sizes,
+    then its b·(s + 1) int64 tokens (none at ``tp`` 1 or where the framework makes none)."""
+    slots = CALL_SETS[small_calls].size_slots
+    if tp == 1 or slots == 0:
+        return ()
+    return (CommOp("batch_sizes_bcast", "broadcast", "tp", "F", float(INT64_BYTES * slots)),
+            CommOp("batch_bcast", "broadcast", "tp", "F",
+                   float(INT64_BYTES * micro_batch * (seq_len + 1))))
+
+
+def loss_average(small_calls: SmallCalls) -> tuple[CommOp, ...]:
+    """The last stage's all-reduce of the micro-batch's loss for logging (one FP32 value),
+    or none (a one-rank group costs nothing)."""
+    axis = CALL_SETS[small_calls].loss_average_axis
+    if axis is None:
+        return ()
+    return (CommOp("loss_average", "all_reduce", axis, "F", float(FP32_BYTES)),)
+
