@@ -65,6 +65,10 @@ class Block:
     """How far ahead of the device the host is when the pass ends: the pass's end less
     the time the host issues the next pass's first kernel, s (negative: behind;
     ``math.inf``: ahead of every kernel, or no host queue)."""
+    device_syncs: tuple[int, ...] = ()
+    """The spans of the ops whose host sync is device-wide
+    (:attr:`llmsim.ops.ComputeOp.device_sync`; the sync at the span's start, its gap in
+    the span), by index."""
 
     @classmethod
     def of(cls, ops: tuple[Op, ...], costs: CostModel, overlap_tp: bool = False,
@@ -116,10 +120,13 @@ class Block:
                                          issue.loop_interval_s)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
+        syncs: list[int] = []
         for op, d in zip(ops, durations, strict=True):
             if isinstance(op, ComputeOp):
                 stream = "compute"
                 compute += d
+                if op.device_sync:
+                    syncs.append(len(spans))
             elif op.collective == "all_to_all" or op.axis in MOE_DISPATCH_AXES:
                 stream = "ep"  # the MoE dispatcher's stream, whatever group runs them
                 a2a += d
@@ -131,7 +138,7 @@ class Block:
                 tp += d
             spans.append(OpSpan(op.name, stream, op.phase, t, d))
             t += d
-        return cls(tuple(spans), t, compute, tp, a2a, cp, lead_out)
+        return cls(tuple(spans), t, compute, tp, a2a, cp, lead_out, tuple(syncs))
 
 
 def chained_passes_s(passes: tuple[tuple[Op, ...], ...], costs: CostModel,

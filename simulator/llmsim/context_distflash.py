@@ -31,7 +31,8 @@ the ranks below ``P/2`` are idle. Every kernel after step 0 is a whole non-causa
   host gap (:data:`llmsim.host_syncs.HOST_SYNC_GAP_S`) on the attention kernel, and the
   host held until the last step's sync lets it go (``ComputeOp.host_held``,
   ``host_held_tail``: the last step's whole block, 1/(½ + ⌊P/2⌋) of the busiest rank's
-  attention, runs after it).
+  attention, runs after it). The sync is device-wide (``ComputeOp.device_sync``): the
+  first step's waits for every stream, FSDP's weight gather in flight included.
 * **Bookkeeping.** The backward copies q, k, v, o and the output gradient to
   ``[b, s, heads, d]`` (``rearrange(...).contiguous()``) and adds each step's query gradient
   (``dq += dq_delta``) and, from the second step, a helper's; the forward rescales the
@@ -127,7 +128,7 @@ def apply_distflash(lists: tuple[list[Op], ...], builder: LayerBuilder) -> tuple
     def convert(op: ComputeOp) -> list[Op]:
         attention = rank_attention(op, builder, balance_factor(cp),
                                    host_s=op.host_s + n * HOST_SYNC_GAP_S, host_held=True,
-                                   host_held_tail=1 / (0.5 + (n - 1)))
+                                   host_held_tail=1 / (0.5 + (n - 1)), device_sync=True)
         backward = op.phase == "B"
         fetch = CommOp("cp_distflash_bwd" if backward else "cp_distflash", "send_recv", "cp",
                        op.phase, step_bytes(builder, backward), ring_steps=n,

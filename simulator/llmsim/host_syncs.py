@@ -30,6 +30,14 @@ commit):
   is blocked and the message is in only after it, which is also when the receiver's own
   exchange returns. The warmup's and cooldown's exchanges with a receive alone
   (``recv_forward``, ``recv_backward``: at most ``pp`` a step) are left out.
+
+Which wait for what: ``torch.cuda.synchronize()`` (``cudaDeviceSynchronize``) waits for
+every stream of the device, a weight gather in flight on another stream included
+(``ComputeOp.device_sync``: ``training.host_syncs: attention`` and DistFlashAttn's
+per-step syncs, :mod:`llmsim.context_distflash`); ``.cpu()`` and ``.item()`` copy on the
+current stream and wait for it alone (``get_batch``'s and the NaN check's: a gap on the
+compute stream). Megatron-LM's exchange sync is device-wide too but is priced as a gap
+(:func:`exchange_sync_s`), without the engine's wait for other streams.
 """
 
 from __future__ import annotations
@@ -101,10 +109,12 @@ def apply_attention_syncs(lists: tuple[list[Op], ...],
     attention kernel (``training.host_syncs: attention``): the host waits for the device
     to drain before it issues the kernel (a gap, ``host_s``) and again until the kernel
     ends (a second gap; ``host_held``: the host issues the next kernel only then, so its
-    work after the kernel no longer runs ahead of the device). Unchanged for other
+    work after the kernel no longer runs ahead of the device); both are device-wide
+    (``device_sync``: they wait for a weight gather in flight too). Unchanged for other
     settings."""
     if training.host_syncs != "attention":
         return lists
-    return tuple([replace(op, host_s=op.host_s + 2 * HOST_SYNC_GAP_S, host_held=True)
+    return tuple([replace(op, host_s=op.host_s + 2 * HOST_SYNC_GAP_S, host_held=True,
+                          device_sync=True)
                   if isinstance(op, ComputeOp) and op.kind == "attention" else op
                   for op in ops] for ops in lists)

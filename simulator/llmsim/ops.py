@@ -95,6 +95,13 @@ class ComputeOp:
     out) that runs after the host's last sync let it go: DistFlashAttn's last time step,
     one whole block of ½ + ⌊P/2⌋ (:mod:`llmsim.context_distflash`); 0: the host waits to
     the op's end (a sync after it)."""
+    device_sync: bool = False
+    """Whether the op's first host sync is ``torch.cuda.synchronize()``, which waits for
+    every stream of the device (``cudaDeviceSynchronize``: "blocks until the device has
+    completed all preceding requested tasks", CUDA Runtime API, Device Management), the
+    collectives in flight on other streams included (a ZeRO-3/FSDP gather), not only the
+    compute stream (a ``.item()`` or ``.cpu()`` read waits for the current stream alone):
+    the engine's gathered passes (:meth:`llmsim.engine.gathers.WeightGathers._gathered_pass`)."""
     host_calls: int = 0
     """Host dispatches that issue the op's ``splits`` kernels (a framework's C++ loop over
     tensors is one call); 0: one per kernel."""

@@ -3,7 +3,10 @@
 ZeRO-3 gathers each layer's weights before its forward and again before its backward
 (and its recompute, with ``regather_for_recompute``); ZeRO-1/2 with
 ``overlap_param_gather`` before the step's first forward of each chunk. Layer j's gather
-is issued when layer j−1 starts (one layer of prefetch), on the ``dp`` stream.
+is issued when layer j−1 starts (one layer of prefetch), on the ``dp`` stream. A
+device-wide host sync inside a layer (``torch.cuda.synchronize()``,
+:attr:`~llmsim.ops.ComputeOp.device_sync`) waits for the gather then in flight: the
+compute stream idles from the sync until the ``dp`` stream has drained.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import simpy
 
 from llmsim.blocks import Block
 from llmsim.engine.devices import Device
-from llmsim.engine.streams import Contention
+from llmsim.engine.streams import Contention, Fifo
+from llmsim.engine.sync_shares import sync_shares
 from llmsim.ops import CommOp
 from llmsim.schedules import Action
 from llmsim.specs.parallelism import prefetched
@@ -32,6 +36,7 @@ class WeightGathers:
     work: Workload
     contention: dict[int, Contention]
     dp_waits: list[tuple[int, float, float]]
+    dp_stream: dict[int, Fifo]
     gather_ops: dict[tuple[int, int], list[CommOp]]
     prefetch_weights: bool | str
     regather_for_recompute: bool
@@ -47,7 +52,9 @@ class WeightGathers:
         pass runs; without ``prefetch_weights`` for its pass (:meth:`prefetches`) it is
         issued when layer j is reached. The pass's block is split evenly over its layers;
         a wait splits its compute record in two, and the wait is recorded as exposed DP
-        time.
+        time. A part with a device-wide host sync (:func:`.sync_shares.sync_shares`) runs
+        to the sync, waits there for the device's ``dp`` work in flight (the next layer's
+        gather, issued at the part's start), recorded the same way, and then runs the rest.
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
@@ -62,6 +69,8 @@ class WeightGathers:
             return parts[held][j]
 
         ahead, ahead_next = self.prefetches(actions, i), self.prefetches(actions, i + 1)
+        shares = sync_shares(block, self.work.chunks[(dev.stage, act.chunk)].units,
+                             len(units))
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
@@ -78,9 +87,34 @@ class WeightGathers:
                     self._prefetch(dev, actions, i, j + 1, gathers)
             elif ahead_next:
                 self._prefetch(dev, actions, i + 1, 0, gathers)
-            yield from self.contention[dev.id].run(lambda held, j=j: part_s(held, j))
+            share = shares[j]
+            in_flight = None if share is None else self._dp_in_flight(dev, gathers)
+            if in_flight is None:
+                yield from self.contention[dev.id].run(lambda held, j=j: part_s(held, j))
+            else:  # to the sync, a wait for the other streams, the rest
+                yield from self.contention[dev.id].run(
+                    lambda held, j=j, share=share: part_s(held, j) * share)
+                if not in_flight.triggered:
+                    self._record_part(dev, act, seg_start, seg_from, offset + share * unit_s)
+                    wait_start = env.now
+                    yield in_flight
+                    self.dp_waits.append((dev.id, wait_start, env.now))
+                    seg_start, seg_from = env.now, offset + share * unit_s
+                yield from self.contention[dev.id].run(
+                    lambda held, j=j, share=share: part_s(held, j) * (1.0 - share))
             offset += unit_s
         self._record_part(dev, act, seg_start, seg_from, math.inf)
+
+    def _dp_in_flight(self, dev: Device, gathers: dict[tuple[int, int, str, int],
+                                                        simpy.Event]) -> simpy.Event | None:
+        """An event that succeeds when the work ``dev`` has issued to its ``dp`` stream so
+        far has ended (the gathers issued, each of all its all-gathers, and whatever else
+        was queued there); None when nothing is in flight."""
+        events = [done for done in gathers.values() if not done.triggered]
+        last = self.dp_stream[dev.id].last
+        if last is not None and not last.triggered:
+            events.append(last)
+        return self.env.all_of(events) if events else None
 
     def prefetches(self, actions: list[Action], i: int) -> bool:
         """Whether action ``i``'s gathers are issued one layer ahead

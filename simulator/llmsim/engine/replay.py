@@ -133,6 +133,11 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
         for (s, _, _, c), kind in self.pass_kinds.items():
             self.blocks[(s, c, kind)] = self._priced(s, c, kind, 0)
         """(stage, chunk, kind) → the pass alone on its device."""
+        self.device_syncs_beside_gathers = any(
+            block.device_syncs and workload.gathers_before(kind, 0)
+            for (_, _, kind), block in self.blocks.items())
+        """Whether a gathered pass holds a device-wide host sync, which waits for the
+        gathers in flight (:meth:`WeightGathers._gathered_pass`): on SimPy alone."""
         self.contention = {
             d.id: Contention(self.env, bool(self.collective_units) or any(self.p2p_units))
             for d in devices}

@@ -77,6 +77,8 @@ def simpy_reason(engine: Engine, contended: bool = False) -> str:
         return "tensor-parallel group members to wait for"
     if any(c.variable for c in engine.contention.values()) and not contended:
         return "kernels holding compute units beside the passes"
+    if engine.device_syncs_beside_gathers:
+        return "device-wide host syncs beside weight gathers"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
         return "tied embeddings on one stage"
     if not contended and any(work.grad_sync_prep(first) for chunk in work.chunks.values()
