@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from llmsim.errors import UserError
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
+from llmsim.search.collector import paused
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
@@ -177,13 +178,14 @@ def search(
                            max_parameter_servers=max_parameter_servers,
                            asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
-    all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
-    sampled = False
-    if max_layouts is not None and len(all_cores) > max_layouts:
-        all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
-        sampled = True
-    bounded = bound and applies(base, objective)
-    batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
+    with paused():  # hundreds of thousands of layouts that live: .collector
+        all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
+        sampled = False
+        if max_layouts is not None and len(all_cores) > max_layouts:
+            all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
+            sampled = True
+        bounded = bound and applies(base, objective)
+        batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
                 "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,

@@ -20,6 +20,7 @@ from llmsim.params import (
 )
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.search import walk_batch
+from llmsim.search.collector import paused
 from llmsim.search.estimate import Estimator
 from llmsim.search.fit import PeakMemory
 from llmsim.search.space import (
@@ -124,7 +125,15 @@ def state_fits(scenario: Scenario,
 
 def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 headroom: float) -> BatchResult:
-    """Validate, prune and estimate every switch variant of each core layout."""
+    """Validate, prune and estimate every switch variant of each core layout (with
+    Python's cyclic collector paused: :mod:`.collector`)."""
+    with paused():
+        return _priced(base, cores, fixed, headroom)
+
+
+def _priced(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
+            headroom: float) -> BatchResult:
+    """:func:`price_batch`'s work."""
     est = estimator()
     base, peak_memory = interned(base)
     out = BatchResult()
