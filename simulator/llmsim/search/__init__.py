@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 from llmsim.errors import UserError
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
-from llmsim.search.collector import paused
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
@@ -43,6 +42,7 @@ from llmsim.search.space import (
     parse_fix,
 )
 from llmsim.search.store import Store
+from llmsim.simulation import collector_paused
 from llmsim.specs import Scenario
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ def search(
                            max_parameter_servers=max_parameter_servers,
                            asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
-    with paused():  # hundreds of thousands of layouts that live: .collector
+    with collector_paused():  # hundreds of thousands of layouts that live, no cycles
         all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
         sampled = False
         if max_layouts is not None and len(all_cores) > max_layouts:

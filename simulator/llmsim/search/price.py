@@ -20,7 +20,6 @@ from llmsim.params import (
 )
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.search import walk_batch
-from llmsim.search.collector import paused
 from llmsim.search.estimate import Estimator
 from llmsim.search.fit import PeakMemory
 from llmsim.search.space import (
@@ -32,7 +31,7 @@ from llmsim.search.space import (
     variant_count,
     with_layout,
 )
-from llmsim.simulation import check_posted_units
+from llmsim.simulation import check_posted_units, collector_paused
 from llmsim.specs import Scenario
 
 _ESTIMATOR: Estimator | None = None
@@ -125,9 +124,13 @@ def state_fits(scenario: Scenario,
 
 def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 headroom: float) -> BatchResult:
-    """Validate, prune and estimate every switch variant of each core layout (with
-    Python's cyclic collector paused: :mod:`.collector`)."""
-    with paused():
+    """Validate, prune and estimate every switch variant of each core layout, with
+    Python's cyclic garbage collector paused (:func:`~llmsim.simulation.collector_paused`):
+    a batch's memo entries live on, and the pricing makes no reference cycles (tested),
+    yet at Python's default threshold (``llmsim.search()`` called from Python; the command
+    line raises it) the collector's passes over a worker's growing memo tables and the
+    inherited enumeration were 13–15 % of its CPU (``docs/search.md``, Speed)."""
+    with collector_paused():
         return _priced(base, cores, fixed, headroom)
 
 

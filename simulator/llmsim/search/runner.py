@@ -14,7 +14,6 @@ from contextlib import ExitStack
 from typing import Any
 
 from llmsim.search.affinity import Affinity, affinity_groups, static_owners
-from llmsim.search.collector import freeze_survivors
 from llmsim.search.price import BatchResult, price_batch
 from llmsim.search.space import Layout
 from llmsim.specs import Scenario
@@ -49,12 +48,8 @@ def _keep_base(base: Scenario) -> None:
 
 def _price_on_worker(cores: list[Layout], fixed: dict[str, Any],
                      headroom: float) -> BatchResult:
-    """:func:`price_batch` of the worker's base scenario; what survives it is then frozen
-    out of the collector's passes (:func:`.collector.freeze_survivors`: the worker is the
-    search's own process)."""
-    result = price_batch(_BASE[0], cores, fixed, headroom)
-    freeze_survivors()
-    return result
+    """:func:`price_batch` of the worker's base scenario."""
+    return price_batch(_BASE[0], cores, fixed, headroom)
 
 
 def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: float,
