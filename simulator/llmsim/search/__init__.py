@@ -42,6 +42,7 @@ from llmsim.search.space import (
     parse_fix,
 )
 from llmsim.search.store import Store
+from llmsim.simulation import collector_paused
 from llmsim.specs import Scenario
 
 if TYPE_CHECKING:
@@ -177,13 +178,14 @@ def search(
                            max_parameter_servers=max_parameter_servers,
                            asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
-    all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
-    sampled = False
-    if max_layouts is not None and len(all_cores) > max_layouts:
-        all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
-        sampled = True
-    bounded = bound and applies(base, objective)
-    batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
+    with collector_paused():  # hundreds of thousands of layouts that live, no cycles
+        all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
+        sampled = False
+        if max_layouts is not None and len(all_cores) > max_layouts:
+            all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
+            sampled = True
+        bounded = bound and applies(base, objective)
+        batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
                 "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,

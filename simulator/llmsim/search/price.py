@@ -31,7 +31,7 @@ from llmsim.search.space import (
     variant_count,
     with_layout,
 )
-from llmsim.simulation import check_posted_units
+from llmsim.simulation import check_posted_units, collector_paused
 from llmsim.specs import Scenario
 
 _ESTIMATOR: Estimator | None = None
@@ -124,7 +124,19 @@ def state_fits(scenario: Scenario,
 
 def price_batch(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
                 headroom: float) -> BatchResult:
-    """Validate, prune and estimate every switch variant of each core layout."""
+    """Validate, prune and estimate every switch variant of each core layout, with
+    Python's cyclic garbage collector paused (:func:`~llmsim.simulation.collector_paused`):
+    a batch's memo entries live on, and the pricing makes no reference cycles (tested),
+    yet at Python's default threshold (``llmsim.search()`` called from Python; the command
+    line raises it) the collector's passes over a worker's growing memo tables and the
+    inherited enumeration were 13–15 % of its CPU (``docs/search.md``, Speed)."""
+    with collector_paused():
+        return _priced(base, cores, fixed, headroom)
+
+
+def _priced(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
+            headroom: float) -> BatchResult:
+    """:func:`price_batch`'s work."""
     est = estimator()
     base, peak_memory = interned(base)
     out = BatchResult()
