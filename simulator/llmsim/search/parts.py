@@ -47,6 +47,10 @@ class Parts:
     model_flops: tuple[float, float, float, float]
     """Per-device model FLOPs (F + B + W) of a dense block, an MoE block, the embedding
     and the head."""
+    batch_input: float = 0.0
+    """Seconds of the batch's broadcasts before a chunk's forward (``PassOps.batch_input``)."""
+    batch_input_on_every_chunk: bool = True
+    """They come before every chunk's forward; False: the first and last chunks' only."""
     queued: PassOps | None = None
     """The layer shape's op lists where the host's issue binds in one of its blocks
     (:func:`~llmsim.search.chunk_queue.host_binds`): its chunks' passes are then priced as
@@ -181,6 +185,8 @@ class SharedParts:
             head_s = tuple(priced(o) for o in ops.head)
             hit = self._parts[key] = Parts(
                 dense=dense_s, moe=moe_s, embedding=embedding_s, head=head_s,
+                batch_input=priced(ops.batch_input),
+                batch_input_on_every_chunk=ops.batch_input_on_every_chunk,
                 model_flops=(_model_flops(*ops.dense), _model_flops(*moe),
                              _model_flops(*ops.embedding), _model_flops(*ops.head)),
                 queued=ops if binds else None)

@@ -60,6 +60,8 @@ class StageKinds(SharedParts):
                     amax_f, amax_b, acc = self._chunk_extras(sc, plan_key, costs, n, first,
                                                              last, start)
                     cf = first * ef + (n - k) * df_ + k * mf + amax_f + last * hf
+                    if parts.batch_input_on_every_chunk or first or last:
+                        cf += parts.batch_input
                     cb = last * hb + (n - k) * (dr + db) + k * (mr + mb) + amax_b + first * eb
                     cw = last * hw + (n - k) * dw + k * mw + first * ew
                     if parts.queued is not None:  # the host binds: each pass one queue
