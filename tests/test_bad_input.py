@@ -454,3 +454,65 @@ def test_hf_eager_with_complex_rope_is_refused(capsys):
                           "training.pointwise_ops=hf_eager", "--set", "training.rope=complex"],
                          capsys)
     assert "training.rope: complex" in err and "hf_eager" in err, err
+
+
+# -- a whole entry's rule, a misplaced value or tag: one short sentence, no entry dumped --
+
+
+@pytest.mark.parametrize("scenario, override, names", [
+    ("selene-gpt3", "system.node.accelerator.gemm.framework_share=0.5",
+     ["system.node.accelerator.gemm.framework_share: 0.5"]),
+    ("selene-gpt3", "system.node.accelerator.dense_tflops={}",
+     ["system.node.accelerator: accelerator 'a100-sxm4-80gb': dense_tflops"]),
+    ("selene-gpt3", "system.node.fabric=[]", ["system.node.fabric is empty"]),
+    ("selene-gpt3", "system.network.collectives.tree_max_bus_gbps=null",
+     ["system.network.collectives: collective library 'nccl-2021'", "tree_max_bus_gbps"]),
+    ("selene-gpt3", "model.hidden=1", ["model.heads: 96 does not divide hidden=1"]),
+    ("selene-gpt3", "parallelism.rank_order=[]", ["parallelism.rank_order: []"]),
+    ("abci", "system.groups=-1", ["system.groups = -1 is not a list"]),
+    ("selene-gpt3", "system.groups=-1", ["system.groups = -1 is not a list"]),
+])
+def test_an_entrys_own_rule_names_the_field_not_the_entry(scenario, override, names, capsys):
+    """A rule over a whole catalog entry (an accelerator's, a node's, a network's, a
+    collective library's, a model's, a layout's) names the field under its full path and
+    does not quote the entry's contents (it quoted the first 80 characters of its dict);
+    a system's ``groups`` that is not a list was a TypeError traceback."""
+    err = one_line_error(["run", scenario, "--set", override], capsys)
+    for name in names:
+        assert name in err, err
+    assert "{'" not in err and len(err) < 400, err
+
+
+def test_a_network_rule_names_the_network_field(capsys):
+    """``ring_post_us`` without a collective library: the network's rule, at its path."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "system.network.collectives=null",
+                          "--set", "system.network.ring_post_us={ll: 1, ll128: 2, simple: 6}"],
+                         capsys)
+    assert "system.network.ring_post_us is set without" in err and "{'" not in err, err
+
+
+@pytest.mark.parametrize("override, names", [
+    ("parallelism=1", ["parallelism = 1 is not a mapping of tp, pp", "more"]),
+    ("system.node.accelerator=5", ["accelerator = 5 is not a catalog name", "accelerators"]),
+    ("system.network.collectives=[]", ["is not a catalog name", "collectives"]),
+    ("parallelism.zzzzzzzz=1", ["unknown field 'parallelism.zzzzzzzz'", "more"]),
+    ("system.network.kind=zz", ["system.network.kind = 'zz' is not allowed", "'fat_tree'"]),
+    ("system.network={nodes_per_leaf: 4}", ["system.network has no 'kind'; add it"]),
+])
+def test_misplaced_values_and_tags_give_a_short_sentence(override, names, capsys):
+    """A bare value where an entry belongs, an unknown field with no close name, and a
+    network's missing or unknown ``kind``: the field, the value and the fix in a short
+    sentence (the field lists ran to a thousand characters, the tag errors quoted the
+    whole network)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", override], capsys)
+    for name in names:
+        assert name in err, err
+    assert "{'" not in err and len(err) < 400, err
+
+
+def test_setting_into_a_long_value_quotes_it_short(capsys):
+    """``--set a.b=…`` where ``a`` is not a mapping quotes ``a``'s value cut short (it was
+    quoted whole)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "description=" + "x" * 5000,
+                          "--set", "description.more=1"], capsys)
+    assert "description is 'xxx" in err and len(err) < 300, err
