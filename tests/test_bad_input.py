@@ -516,3 +516,53 @@ def test_setting_into_a_long_value_quotes_it_short(capsys):
     err = one_line_error(["run", "selene-gpt3", "--set", "description=" + "x" * 5000,
                           "--set", "description.more=1"], capsys)
     assert "description is 'xxx" in err and len(err) < 300, err
+
+
+# -- DeepSpeed's MoE layers beside Megatron-Core's switches; Hugging Face eager on MLA/MoE --
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (["parallelism.moe_dispatcher=deepspeed", "model.moe.capacity_factor=1.0",
+      "parallelism.moe_a2a_overlap=true"],
+     ["parallelism.moe_a2a_overlap: true with moe_dispatcher: deepspeed", "alltoall"]),
+    (["training.expert_loop=deepspeed_uneven", "parallelism.moe_a2a_overlap=true"],
+     ["parallelism.moe_a2a_overlap: true with training.expert_loop: deepspeed_uneven",
+      "grouped"]),
+    (["parallelism.moe_dispatcher=deepspeed", "model.moe.capacity_factor=1.0",
+      "training.expert_loop=deepspeed_uneven"],
+     ["training.expert_loop: deepspeed_uneven with parallelism.moe_dispatcher: deepspeed",
+      "grouped", "alltoall"]),
+    (["training.pointwise_ops=hf_eager"],
+     ["training.pointwise_ops: hf_eager", "no experts", "gpt4-proxy-moe", "fused"]),
+])
+def test_deepspeed_moe_and_hf_eager_combinations_nothing_runs_are_refused(overrides, names,
+                                                                          capsys):
+    """DeepSpeed 0.5.8's ``MOELayer`` (1bc13fe83) and X-MoE's ``MOEv2Layer`` (33c69c95) call
+    their all-to-alls in line, so Megatron-Core's all-to-all overlap does not apply to them;
+    X-MoE's uneven expert loop runs only behind its padding-free dispatch (its einsum
+    branch unpacks the padding-free gate's six outputs into four); Hugging Face's eager
+    LLaMA chain describes no MoE model. Each was accepted and priced."""
+    args = ["run", "frontier-moe"]
+    for one in overrides:
+        args += ["--set", one]
+    err = one_line_error(args, capsys)
+    for name in names:
+        assert name in err, err
+
+
+def test_hf_eager_on_mla_is_refused(capsys):
+    """DeepSeek-V3's MLA has its own norms and a decoupled RoPE that the LLaMA chain does
+    not price (the chain's RoPE was silently dropped)."""
+    err = one_line_error(["run", "deepseek-v3", "--set", "training.pointwise_ops=hf_eager"],
+                         capsys)
+    assert "training.pointwise_ops: hf_eager" in err and "has MLA" in err, err
+
+
+def test_deepspeed_dispatcher_and_uneven_loop_still_run_apart():
+    """Each of the two DeepSpeed settings alone, without the overlap, still loads."""
+    for overrides in ({"parallelism.moe_dispatcher": "deepspeed",
+                       "model.moe.capacity_factor": 1.0},
+                      {"training.expert_loop": "deepspeed_uneven"}):
+        scenario = load_scenario("frontier-moe", overrides | {
+            "parallelism.moe_a2a_overlap": False})
+        assert not scenario.parallelism.moe_a2a_overlap

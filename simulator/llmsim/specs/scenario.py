@@ -165,7 +165,7 @@ class Scenario(Spec):
         (:func:`llmsim.search.price.with_switches`; ``tests/test_search_fast_rules.py``
         checks that no other rule reads those fields)."""
         check_moe_fields(self.parallelism, self.model)
-        check_a2a_overlap(self.parallelism)
+        check_a2a_overlap(self.parallelism, self.training)
         check_shared_expert_overlap(self.parallelism, self.model)
         check_tp_overlap_units(self.system, self.parallelism)
 
@@ -210,6 +210,13 @@ class Scenario(Spec):
                 f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
                 f"{mdl.activation}; set pointwise_ops to fused"
             )
+        if trn.pointwise_ops == "hf_eager" and (mdl.mla is not None or mdl.moe is not None):
+            raise ValueError(  # LlamaForCausalLM, transformers 4.31-4.35 (workload/hf_eager)
+                f"training.pointwise_ops: hf_eager prices Hugging Face's LlamaForCausalLM, "
+                f"which has {'no MLA' if mdl.mla else 'no experts'}, and {mdl.name} has "
+                f"{'MLA' if mdl.mla else 'a mixture of experts'} (its own modeling code, not "
+                "priced); set pointwise_ops to fused"
+            )
         if trn.pointwise_ops == "hf_eager" and trn.rope == "complex":
             raise ValueError(
                 "training.rope: complex with pointwise_ops: hf_eager, whose RoPE is Hugging "
@@ -253,6 +260,14 @@ class Scenario(Spec):
                 "parallelism.moe_dispatcher: deepspeed needs model.moe.capacity_factor (its "
                 "einsums are sized by the capacity; it is None); set it, e.g. 1.0"
             )
+        if par.moe_dispatcher == "deepspeed" and trn.expert_loop == "deepspeed_uneven":
+            raise ValueError(  # X-MoE 33c69c95, deepspeed/moe/moe_v2.py: MOEv2Layer.forward
+                "training.expert_loop: deepspeed_uneven with parallelism.moe_dispatcher: "
+                "deepspeed: DeepSpeed's einsum layer sends even, capacity-padded batches, "
+                "and X-MoE's uneven loop runs only behind its padding-free dispatch (its "
+                "einsum branch fails on the padding-free gate's outputs); set expert_loop to "
+                "grouped, or moe_dispatcher to alltoall"
+            )
         if trn.fp8_activation_cache and mdl.moe is None:
             raise ValueError(
                 f"training.fp8_activation_cache: true needs a mixture-of-experts model "
@@ -271,7 +286,7 @@ class Scenario(Spec):
                 "Megatron-Core requires sequence parallelism when expert and tensor "
                 "parallelism are combined — set sequence_parallel: true"
             )
-        check_a2a_overlap(par)
+        check_a2a_overlap(par, trn)
         if mdl.moe is not None and mdl.moe.ffn_hidden % par.etp:
             raise ValueError(
                 f"parallelism.tp: {par.etp} does not divide model.moe.ffn_hidden="
