@@ -566,3 +566,54 @@ def test_deepspeed_dispatcher_and_uneven_loop_still_run_apart():
         scenario = load_scenario("frontier-moe", overrides | {
             "parallelism.moe_a2a_overlap": False})
         assert not scenario.parallelism.moe_a2a_overlap
+
+
+# -- numbers that loaded and then broke the arithmetic, the calendar or the time bound -------
+
+
+@pytest.mark.parametrize("override, names", [
+    ("system.node.accelerator.hbm_tbps=1e300", ["hbm_tbps", "outside"]),
+    ("system.node.accelerator.clocks.max_mhz=1e-300", ["clocks.max_mhz", "outside"]),
+    ("system.node.accelerator.gemm.peak_fraction_by_dtype={fp8: 1e-300}",
+     ["peak_fraction_by_dtype[fp8] = 1e-300 is outside"]),
+    ("system.node.accelerator.gemm.peak_fraction_by_dtype={fp8: 0}",
+     ["peak_fraction_by_dtype.fp8 = 0", "greater than 0"]),
+    ("training.power_limit_w=1", ["training.power_limit_w: 1.0 W", "static_w", "700.0 W"]),
+    ("system.network.collectives.ring_bandwidth_fraction.ll=0",
+     ["ring_bandwidth_fraction.ll is 0.0", "above 0"]),
+    ("system.network.collectives.tree_protocol_fraction.simple=0",
+     ["tree_protocol_fraction.simple is 0.0"]),
+    ("system.network.collectives.tree_correction.ll=[0]", ["tree_correction.ll[0] = 0"]),
+    ("seed=-1", ["seed = -1", "greater than or equal to 0"]),
+    ("calendar.monte_carlo_runs=100000000", ["calendar.monte_carlo_runs", "1000000"]),
+])
+def test_numbers_that_broke_the_arithmetic_are_refused(override, names, capsys):
+    """Each loaded and then raised a ZeroDivisionError or numpy's ValueError in the
+    simulation or the calendar (or, for the Monte Carlo runs, asked for gigabytes): a
+    zero or underflowing fraction or clock, a power limit at or below the static power, a
+    negative seed, a billion runs."""
+    scenario = "deepseek-v3" if "clocks" in override or "power_limit" in override \
+        or "fp8" in override else "selene-gpt3"
+    err = one_line_error(["run", scenario, "--set", override], capsys)
+    for name in names:
+        assert name in err, err
+
+
+def test_a_run_of_absurd_length_is_refused_by_the_calendar(capsys):
+    """10³⁰ tokens load (a float in range) and were a numpy ValueError in the Monte
+    Carlo's negative binomial (its Poisson mean past 9.2·10¹⁸) or a negative array size
+    (the failures' sum overflowed 64 bits)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "training.tokens=1e30"], capsys)
+    assert "calendar: the run is" in err and "training.tokens" in err, err
+
+
+def test_a_model_of_2_to_the_53_layers_is_refused_without_counting_them():
+    """MoE.moe_layers counted the layers one by one: a DeepSeek-V3 of 2^53 layers hung
+    in the model's validation; the count is now a closed form, equal to the loop."""
+    message = refused("deepseek-v3", f"model.layers={2**53}")
+    assert "model.layers" in message
+    from llmsim.specs.model import MoE
+    for first, freq, layers in [(0, 1, 7), (3, 1, 61), (3, 2, 61), (5, 3, 4), (1, 4, 10)]:
+        moe = MoE(experts=8, top_k=2, ffn_hidden=64, first_dense_layers=first,
+                  layer_freq=freq)
+        assert moe.moe_layers(layers) == sum(moe.is_moe_layer(i) for i in range(layers))

@@ -270,6 +270,8 @@ def _within(field: str, msg: str) -> str:
     ``system.node.accelerator.gemm``) gets the path before it, any other the path as its
     subject, never the entry's contents."""
     head, _, last = field.rpartition(".")
+    if msg.startswith("["):  # an item of the field's mapping or list
+        return f"{field}{msg}"
     if msg.startswith(f"{last}."):
         return f"{head}.{msg}" if head else msg
     return f"{field}: {msg}"

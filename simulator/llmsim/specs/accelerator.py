@@ -83,7 +83,8 @@ class GemmModel(Spec):
     """Columns of one output tile."""
     k_fill: float = Field(default=0.0, ge=0)
     """Per-tile pipeline prologue/epilogue, in equivalent K elements."""
-    peak_fraction_by_dtype: dict[Dtype, float] = Field(default_factory=dict)
+    peak_fraction_by_dtype: dict[Dtype, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict)
     """Measured best fraction for data types that differ from ``peak_fraction`` (e.g. fp8)."""
     extra_tiles: list[tuple[PositiveInt, PositiveInt]] = Field(default_factory=list)
     """Other output tiles (rows, columns) the library's kernels use beside

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from llmsim.partition import split_refused
 from llmsim.specs._base import Spec
@@ -43,7 +43,7 @@ class Scenario(Spec):
     docs/heterogeneous.md); None: every stage on the system's own (first) group."""
     training: Training
     """Batch, sequence, precision and run size."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed for random draws: the Monte Carlo of the whole run (llmsim.calendar) draws its
     failures from it, and the step's per-op noise (``jitter``, when given) its factors;
     without jitter the step simulation is deterministic."""
@@ -151,6 +151,14 @@ class Scenario(Spec):
                 raise ValueError(
                     f"training.precision: {trn.precision} is not supported by {accel.name}; "
                     f"use one of {', '.join(have)}"
+                )
+            clocks = accel.clocks
+            if clocks is not None and trn.power_limit_w is not None \
+                    and trn.power_limit_w <= clocks.static_w:
+                raise ValueError(  # no dynamic power left: no clock (costs/clocks.py)
+                    f"training.power_limit_w: {trn.power_limit_w} W is not above "
+                    f"{accel.name}'s clocks.static_w ({clocks.static_w} W), so no clock "
+                    f"runs; give a limit above it, e.g. the board's {clocks.power_limit_w} W"
                 )
         check_tp_overlap_units(sysm, par)
         return self
