@@ -617,3 +617,14 @@ def test_a_model_of_2_to_the_53_layers_is_refused_without_counting_them():
         moe = MoE(experts=8, top_k=2, ffn_hidden=64, first_dense_layers=first,
                   layer_freq=freq)
         assert moe.moe_layers(layers) == sum(moe.is_moe_layer(i) for i in range(layers))
+
+
+def test_multi_token_prediction_modules_count_in_the_simulation_bound():
+    """``model.mtp_depth`` 2^53 loaded (the bound counted only the model's layers) and the
+    workload's loop over the modules ran out of memory; the last stage's modules now count
+    among its layers."""
+    message = refused("selene-gpt3", f"model.mtp_depth={2**53}")
+    assert "max_sim_passes" in message and "model.mtp_depth" in message
+    base = load_scenario("deepseek-v3")
+    flat = load_scenario("deepseek-v3", {"model.mtp_depth": 0})
+    assert base.sim_passes - flat.sim_passes == base.parallelism.pp * base.micro_batches

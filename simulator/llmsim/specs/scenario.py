@@ -58,7 +58,8 @@ class Scenario(Spec):
     max_sim_passes: PositiveInt = 1_000_000
     """Largest step llmsim simulates before refusing, in layer passes: the devices
     simulated (one per stage, every device with ``fidelity: full``) × micro-batches per
-    pipeline × layers per stage, plus the gradient buckets those devices reduce. A pass
+    pipeline × layers per stage (the last stage's, with its ``model.mtp_depth``
+    multi-token prediction modules), plus the gradient buckets those devices reduce. A pass
     takes some 20–70 µs on one core (docs/scenarios.md), so the default bounds a run to
     about a minute; raise it to insist on a larger one."""
 
@@ -141,7 +142,7 @@ class Scenario(Spec):
             raise ValueError(
                 f"this step would take {self.sim_passes:,} layer passes to simulate "
                 f"({devices}), more than max_sim_passes = {self.max_sim_passes:,}; use fewer "
-                "micro-batches, layers or devices, fidelity: reduced, a larger "
+                "micro-batches, layers (or model.mtp_depth) or devices, fidelity: reduced, a larger "
                 "parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
             )
         for accel in {g.node.accelerator.name: g.node.accelerator
@@ -359,11 +360,12 @@ class Scenario(Spec):
     @property
     def sim_passes(self) -> int:
         """Estimated work of simulating one step (see ``max_sim_passes``): simulated
-        devices × micro-batches × layers per stage + their gradient buckets (four bytes a
-        gradient, the most any precision reduces)."""
+        devices × micro-batches × layers per stage (the last stage's, with its
+        multi-token prediction modules) + their gradient buckets (four bytes a gradient,
+        the most any precision reduces)."""
         par = self.parallelism
         simulated = par.pp * (par.tp * self.dp if self.fidelity == "full" else 1)
-        layers = -(-self.model.layers // par.pp)
+        layers = -(-self.model.layers // par.pp) + self.model.mtp_depth  # the last stage's
         grad_bytes = 4 * self.model.params / (par.tp * par.pp)
         buckets = par.virtual_stages + min(grad_bytes / (par.dp_bucket_mb * 1e6), 1e30)
         return int(simulated * (self.micro_batches * layers + (buckets if self.dp > 1 else 0)))
