@@ -142,8 +142,8 @@ class Scenario(Spec):
             raise ValueError(
                 f"this step would take {self.sim_passes:,} layer passes to simulate "
                 f"({devices}), more than max_sim_passes = {self.max_sim_passes:,}; use fewer "
-                "micro-batches, layers (or model.mtp_depth) or devices, fidelity: reduced, a larger "
-                "parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
+                "micro-batches, layers (or model.mtp_depth) or devices, fidelity: reduced, a "
+                "larger parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
             )
         for accel in {g.node.accelerator.name: g.node.accelerator
                       for g in self.group_systems().values()}.values():
