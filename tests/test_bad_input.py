@@ -200,7 +200,9 @@ def test_a_tiny_gradient_bucket_is_refused_at_load():
     message = refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=1e-9")
     assert time.perf_counter() - start < 5
     assert "max_sim_passes" in message and "dp_bucket_mb" in message
-    assert "max_sim_passes" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=5e-324")
+    assert "max_sim_passes" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=1e-99")
+    # a subnormal bucket is below the float range every field keeps (specs._base)
+    assert "dp_bucket_mb = 5e-324" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=5e-324")
 
 
 def test_full_fidelity_on_65536_devices_needs_insisting():
