@@ -630,3 +630,13 @@ def test_multi_token_prediction_modules_count_in_the_simulation_bound():
     base = load_scenario("deepseek-v3")
     flat = load_scenario("deepseek-v3", {"model.mtp_depth": 0})
     assert base.sim_passes - flat.sim_passes == base.parallelism.pp * base.micro_batches
+
+
+def test_a_name_too_long_for_the_report_is_refused(capsys):
+    """A 100,000-character model name loaded and held ``llmsim run`` over a minute in
+    rich's highlighting of the report's first line (its cost grows with the square of
+    the line); names are now at most 200 characters."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "model.name=" + "x" * 100_000],
+                         capsys)
+    assert "model.name" in err and "at most 200 characters" in err and len(err) < 300, err
+    assert load_scenario("selene-gpt3", {"model.name": "m" * 200}).model.name == "m" * 200

@@ -7,9 +7,9 @@ import inspect
 import textwrap
 from functools import cache
 from itertools import pairwise
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_WHOLE_NUMBER = 2**53
 """Largest whole number a field may hold: above it float arithmetic (IEEE 754 double,
@@ -22,6 +22,15 @@ a list too): a double overflows past about 1.8·10³⁰⁸ and underflows below 
 llmsim multiplies a few inputs and unit factors together (a 10³⁰⁰ GB/s link is infinite
 bytes a second, a 10⁻³⁰⁰ MHz clock cubed is zero); no quantity it models comes near
 either end (a run's FLOPs are below 10³⁰, its shortest time above 10⁻¹⁵ s)."""
+
+MAX_NAME_CHARS = 200
+"""Longest name a spec may carry (a scenario's, a model's, a system's, an accelerator's,
+...): a label in reports, where rich's highlighting of a line grows with the square of
+its length (a 100,000-character model name held ``llmsim run`` over a minute); the
+catalog's own names are at most 100 bytes (:data:`llmsim.catalog.MAX_NAME_BYTES`)."""
+
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+"""A spec's name, at most :data:`MAX_NAME_CHARS` characters."""
 
 
 class Spec(BaseModel):

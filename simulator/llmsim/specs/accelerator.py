@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.host_pages import HostPageCosts
 from llmsim.specs.power import DevicePower
@@ -158,7 +158,7 @@ class GemmModel(Spec):
 class Accelerator(Spec):
     """One device as the OS and the framework see it (an MI250X GCD, a PVC stack, ...)."""
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``a100-sxm4-80gb``."""
     description: str = ""
     """Human-readable name."""

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 
 Protocol = Literal["ll", "ll128", "simple"]
 LibraryAlgorithm = Literal["ring", "tree"]
@@ -82,7 +82,7 @@ class CollectiveLibrary(Spec):
     step, or per tree level.
     """
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``nccl-2021``."""
     description: str = ""
     """Library and version the numbers come from."""

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 
 
 class MoE(Spec):
@@ -78,7 +78,7 @@ class MLA(Spec):
 class Model(Spec):
     """A GPT/Llama-style decoder. ``params`` is derived, never typed in."""
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``gpt3-175b``."""
     description: str = ""
     """Human-readable name."""

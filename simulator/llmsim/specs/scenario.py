@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from llmsim.partition import split_refused
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
@@ -26,7 +26,7 @@ from llmsim.specs.training import Training
 class Scenario(Spec):
     """Everything one simulation needs. Names are resolved from the catalog at load."""
 
-    name: str = "scenario"
+    name: Name = "scenario"
     """Short name for reports."""
     description: str = ""
     """What the scenario asks."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.network import Network, Torus
 from llmsim.specs.node import Node
 from llmsim.specs.power import Facility
@@ -20,7 +20,7 @@ from llmsim.specs.storage import Storage
 class System(Spec):
     """A supercomputer partition: node count, node design and network."""
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``frontier``."""
     description: str = ""
     """Human-readable name and site."""
@@ -147,7 +147,7 @@ class NodeGroup(Spec):
     """One node group of a heterogeneous system: nodes of one design on their own network,
     joined to the other groups' on a common fabric."""
 
-    name: str
+    name: Name
     """How a scenario's ``placement`` names it, e.g. ``a100``."""
     system: System
     """Its nodes, node design and network (a catalog system name or inline)."""
