@@ -200,7 +200,9 @@ def test_a_tiny_gradient_bucket_is_refused_at_load():
     message = refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=1e-9")
     assert time.perf_counter() - start < 5
     assert "max_sim_passes" in message and "dp_bucket_mb" in message
-    assert "max_sim_passes" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=5e-324")
+    assert "max_sim_passes" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=1e-99")
+    # a subnormal bucket is below the float range every field keeps (specs._base)
+    assert "dp_bucket_mb = 5e-324" in refused(TINY, "nodes=2", "parallelism.dp_bucket_mb=5e-324")
 
 
 def test_full_fidelity_on_65536_devices_needs_insisting():
@@ -454,3 +456,187 @@ def test_hf_eager_with_complex_rope_is_refused(capsys):
                           "training.pointwise_ops=hf_eager", "--set", "training.rope=complex"],
                          capsys)
     assert "training.rope: complex" in err and "hf_eager" in err, err
+
+
+# -- a whole entry's rule, a misplaced value or tag: one short sentence, no entry dumped --
+
+
+@pytest.mark.parametrize("scenario, override, names", [
+    ("selene-gpt3", "system.node.accelerator.gemm.framework_share=0.5",
+     ["system.node.accelerator.gemm.framework_share: 0.5"]),
+    ("selene-gpt3", "system.node.accelerator.dense_tflops={}",
+     ["system.node.accelerator: accelerator 'a100-sxm4-80gb': dense_tflops"]),
+    ("selene-gpt3", "system.node.fabric=[]", ["system.node.fabric is empty"]),
+    ("selene-gpt3", "system.network.collectives.tree_max_bus_gbps=null",
+     ["system.network.collectives: collective library 'nccl-2021'", "tree_max_bus_gbps"]),
+    ("selene-gpt3", "model.hidden=1", ["model.heads: 96 does not divide hidden=1"]),
+    ("selene-gpt3", "parallelism.rank_order=[]", ["parallelism.rank_order: []"]),
+    ("abci", "system.groups=-1", ["system.groups = -1 is not a list"]),
+    ("selene-gpt3", "system.groups=-1", ["system.groups = -1 is not a list"]),
+])
+def test_an_entrys_own_rule_names_the_field_not_the_entry(scenario, override, names, capsys):
+    """A rule over a whole catalog entry (an accelerator's, a node's, a network's, a
+    collective library's, a model's, a layout's) names the field under its full path and
+    does not quote the entry's contents (it quoted the first 80 characters of its dict);
+    a system's ``groups`` that is not a list was a TypeError traceback."""
+    err = one_line_error(["run", scenario, "--set", override], capsys)
+    for name in names:
+        assert name in err, err
+    assert "{'" not in err and len(err) < 400, err
+
+
+def test_a_network_rule_names_the_network_field(capsys):
+    """``ring_post_us`` without a collective library: the network's rule, at its path."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "system.network.collectives=null",
+                          "--set", "system.network.ring_post_us={ll: 1, ll128: 2, simple: 6}"],
+                         capsys)
+    assert "system.network.ring_post_us is set without" in err and "{'" not in err, err
+
+
+@pytest.mark.parametrize("override, names", [
+    ("parallelism=1", ["parallelism = 1 is not a mapping of tp, pp", "more"]),
+    ("system.node.accelerator=5", ["accelerator = 5 is not a catalog name", "accelerators"]),
+    ("system.network.collectives=[]", ["is not a catalog name", "collectives"]),
+    ("parallelism.zzzzzzzz=1", ["unknown field 'parallelism.zzzzzzzz'", "more"]),
+    ("system.network.kind=zz", ["system.network.kind = 'zz' is not allowed", "'fat_tree'"]),
+    ("system.network={nodes_per_leaf: 4}", ["system.network has no 'kind'; add it"]),
+])
+def test_misplaced_values_and_tags_give_a_short_sentence(override, names, capsys):
+    """A bare value where an entry belongs, an unknown field with no close name, and a
+    network's missing or unknown ``kind``: the field, the value and the fix in a short
+    sentence (the field lists ran to a thousand characters, the tag errors quoted the
+    whole network)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", override], capsys)
+    for name in names:
+        assert name in err, err
+    assert "{'" not in err and len(err) < 400, err
+
+
+def test_setting_into_a_long_value_quotes_it_short(capsys):
+    """``--set a.b=…`` where ``a`` is not a mapping quotes ``a``'s value cut short (it was
+    quoted whole)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "description=" + "x" * 5000,
+                          "--set", "description.more=1"], capsys)
+    assert "description is 'xxx" in err and len(err) < 300, err
+
+
+# -- DeepSpeed's MoE layers beside Megatron-Core's switches; Hugging Face eager on MLA/MoE --
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (["parallelism.moe_dispatcher=deepspeed", "model.moe.capacity_factor=1.0",
+      "parallelism.moe_a2a_overlap=true"],
+     ["parallelism.moe_a2a_overlap: true with moe_dispatcher: deepspeed", "alltoall"]),
+    (["training.expert_loop=deepspeed_uneven", "parallelism.moe_a2a_overlap=true"],
+     ["parallelism.moe_a2a_overlap: true with training.expert_loop: deepspeed_uneven",
+      "grouped"]),
+    (["parallelism.moe_dispatcher=deepspeed", "model.moe.capacity_factor=1.0",
+      "training.expert_loop=deepspeed_uneven"],
+     ["training.expert_loop: deepspeed_uneven with parallelism.moe_dispatcher: deepspeed",
+      "grouped", "alltoall"]),
+    (["training.pointwise_ops=hf_eager"],
+     ["training.pointwise_ops: hf_eager", "no experts", "gpt4-proxy-moe", "fused"]),
+])
+def test_deepspeed_moe_and_hf_eager_combinations_nothing_runs_are_refused(overrides, names,
+                                                                          capsys):
+    """DeepSpeed 0.5.8's ``MOELayer`` (1bc13fe83) and X-MoE's ``MOEv2Layer`` (33c69c95) call
+    their all-to-alls in line, so Megatron-Core's all-to-all overlap does not apply to them;
+    X-MoE's uneven expert loop runs only behind its padding-free dispatch (its einsum
+    branch unpacks the padding-free gate's six outputs into four); Hugging Face's eager
+    LLaMA chain describes no MoE model. Each was accepted and priced."""
+    args = ["run", "frontier-moe"]
+    for one in overrides:
+        args += ["--set", one]
+    err = one_line_error(args, capsys)
+    for name in names:
+        assert name in err, err
+
+
+def test_hf_eager_on_mla_is_refused(capsys):
+    """DeepSeek-V3's MLA has its own norms and a decoupled RoPE that the LLaMA chain does
+    not price (the chain's RoPE was silently dropped)."""
+    err = one_line_error(["run", "deepseek-v3", "--set", "training.pointwise_ops=hf_eager"],
+                         capsys)
+    assert "training.pointwise_ops: hf_eager" in err and "has MLA" in err, err
+
+
+def test_deepspeed_dispatcher_and_uneven_loop_still_run_apart():
+    """Each of the two DeepSpeed settings alone, without the overlap, still loads."""
+    for overrides in ({"parallelism.moe_dispatcher": "deepspeed",
+                       "model.moe.capacity_factor": 1.0},
+                      {"training.expert_loop": "deepspeed_uneven"}):
+        scenario = load_scenario("frontier-moe", overrides | {
+            "parallelism.moe_a2a_overlap": False})
+        assert not scenario.parallelism.moe_a2a_overlap
+
+
+# -- numbers that loaded and then broke the arithmetic, the calendar or the time bound -------
+
+
+@pytest.mark.parametrize("override, names", [
+    ("system.node.accelerator.hbm_tbps=1e300", ["hbm_tbps", "outside"]),
+    ("system.node.accelerator.clocks.max_mhz=1e-300", ["clocks.max_mhz", "outside"]),
+    ("system.node.accelerator.gemm.peak_fraction_by_dtype={fp8: 1e-300}",
+     ["peak_fraction_by_dtype[fp8] = 1e-300 is outside"]),
+    ("system.node.accelerator.gemm.peak_fraction_by_dtype={fp8: 0}",
+     ["peak_fraction_by_dtype.fp8 = 0", "greater than 0"]),
+    ("training.power_limit_w=1", ["training.power_limit_w: 1.0 W", "static_w", "700.0 W"]),
+    ("system.network.collectives.ring_bandwidth_fraction.ll=0",
+     ["ring_bandwidth_fraction.ll is 0.0", "above 0"]),
+    ("system.network.collectives.tree_protocol_fraction.simple=0",
+     ["tree_protocol_fraction.simple is 0.0"]),
+    ("system.network.collectives.tree_correction.ll=[0]", ["tree_correction.ll[0] = 0"]),
+    ("seed=-1", ["seed = -1", "greater than or equal to 0"]),
+    ("calendar.monte_carlo_runs=100000000", ["calendar.monte_carlo_runs", "1000000"]),
+])
+def test_numbers_that_broke_the_arithmetic_are_refused(override, names, capsys):
+    """Each loaded and then raised a ZeroDivisionError or numpy's ValueError in the
+    simulation or the calendar (or, for the Monte Carlo runs, asked for gigabytes): a
+    zero or underflowing fraction or clock, a power limit at or below the static power, a
+    negative seed, a billion runs."""
+    scenario = "deepseek-v3" if "clocks" in override or "power_limit" in override \
+        or "fp8" in override else "selene-gpt3"
+    err = one_line_error(["run", scenario, "--set", override], capsys)
+    for name in names:
+        assert name in err, err
+
+
+def test_a_run_of_absurd_length_is_refused_by_the_calendar(capsys):
+    """10³⁰ tokens load (a float in range) and were a numpy ValueError in the Monte
+    Carlo's negative binomial (its Poisson mean past 9.2·10¹⁸) or a negative array size
+    (the failures' sum overflowed 64 bits)."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "training.tokens=1e30"], capsys)
+    assert "calendar: the run is" in err and "training.tokens" in err, err
+
+
+def test_a_model_of_2_to_the_53_layers_is_refused_without_counting_them():
+    """MoE.moe_layers counted the layers one by one: a DeepSeek-V3 of 2^53 layers hung
+    in the model's validation; the count is now a closed form, equal to the loop."""
+    message = refused("deepseek-v3", f"model.layers={2**53}")
+    assert "model.layers" in message
+    from llmsim.specs.model import MoE
+    for first, freq, layers in [(0, 1, 7), (3, 1, 61), (3, 2, 61), (5, 3, 4), (1, 4, 10)]:
+        moe = MoE(experts=8, top_k=2, ffn_hidden=64, first_dense_layers=first,
+                  layer_freq=freq)
+        assert moe.moe_layers(layers) == sum(moe.is_moe_layer(i) for i in range(layers))
+
+
+def test_multi_token_prediction_modules_count_in_the_simulation_bound():
+    """``model.mtp_depth`` 2^53 loaded (the bound counted only the model's layers) and the
+    workload's loop over the modules ran out of memory; the last stage's modules now count
+    among its layers."""
+    message = refused("selene-gpt3", f"model.mtp_depth={2**53}")
+    assert "max_sim_passes" in message and "model.mtp_depth" in message
+    base = load_scenario("deepseek-v3")
+    flat = load_scenario("deepseek-v3", {"model.mtp_depth": 0})
+    assert base.sim_passes - flat.sim_passes == base.parallelism.pp * base.micro_batches
+
+
+def test_a_name_too_long_for_the_report_is_refused(capsys):
+    """A 100,000-character model name loaded and held ``llmsim run`` over a minute in
+    rich's highlighting of the report's first line (its cost grows with the square of
+    the line); names are now at most 200 characters."""
+    err = one_line_error(["run", "selene-gpt3", "--set", "model.name=" + "x" * 100_000],
+                         capsys)
+    assert "model.name" in err and "at most 200 characters" in err and len(err) < 300, err
+    assert load_scenario("selene-gpt3", {"model.name": "m" * 200}).model.name == "m" * 200

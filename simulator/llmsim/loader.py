@@ -71,7 +71,8 @@ def _resolve(raw: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
             name = parent[path[-1]]
             parent[path[-1]] = read_yaml(catalog.path_of(kind, name, field=".".join(path)))
     system = raw.get("system") if isinstance(raw.get("system"), dict) else raw
-    for i, group in enumerate(system.get("groups") or []):  # a heterogeneous system's
+    groups = system.get("groups")
+    for i, group in enumerate(groups if isinstance(groups, list) else []):  # a hetero system's
         if isinstance(group, dict) and isinstance(group.get("system"), str):
             field = f"system.groups[{i}].system"
             group["system"] = read_yaml(catalog.path_of("systems", group["system"], field=field))
@@ -114,7 +115,7 @@ def apply_override(raw: dict[str, Any], keys: list[str], value: Any,
         if not isinstance(child, dict):
             where = ".".join(keys[: i + 1])
             raise UserError(
-                f"{given_by} {'.'.join(keys)}: {where} is {child!r}, not a mapping; "
+                f"{given_by} {'.'.join(keys)}: {where} is {safe_yaml.echo(child)}, not a mapping; "
                 f"set {where} itself instead"
             )
         node = child
@@ -227,7 +228,7 @@ def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) 
     if kind == "extra_forbidden":
         allowed = _allowed_fields(spec, loc, data)
         close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"allowed: {', '.join(allowed)}"
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed: {_listed(allowed)}"
         return UserError(f"{label}: unknown field {field!r}; remove it ({hint})")
     if len(loc) >= 2 and loc[-1] == "[key]":  # a mapping's key, not its value
         parent, _, _ = _locate(loc[:-2], data)
@@ -241,18 +242,62 @@ def explain(err: ValidationError, spec: type[BaseModel], data: Any, label: str) 
         return UserError(f"{label}: missing field {field!r}; add it")
     if kind == "value_error" and not loc:
         return UserError(f"{label}: {msg}")
+    if kind == "value_error" and isinstance(value, dict):  # a whole entry's own rule
+        return UserError(f"{label}: {_within(field, msg)}")
     if kind == "value_error":
         return UserError(f"{label}: {field} = {_describe(value)}: {msg}")
     if kind == "model_type":  # a nested entry given as a bare value
-        fields = _allowed_fields(spec, (*loc, None), data)
-        form = f"a mapping of {', '.join(fields)}" if fields else "a mapping"
-        return UserError(f"{label}: {field} = {_describe(value)} is not {form}; give it "
-                         "as one (see docs/catalog.md)")
-    if kind in ("literal_error", "union_tag_invalid"):
+        return UserError(f"{label}: {field} = {_describe(value)} is not "
+                         f"{_mapping_form(spec, loc, data, field)}; give it as one (see "
+                         "docs/catalog.md)")
+    if kind == "union_tag_not_found":
+        return UserError(f"{label}: {field} has no {first['ctx']['discriminator']}; add "
+                         "it (docs/catalog.md lists the kinds)")
+    if kind == "union_tag_invalid":
+        tag = first["ctx"]["discriminator"].strip("'")
+        return UserError(f"{label}: {field}.{tag} = {_describe(first['ctx']['tag'])} is not "
+                         f"allowed; use one of {first['ctx']['expected_tags']}")
+    if kind == "literal_error":
         return UserError(f"{label}: {field} = {_describe(value)} is not allowed; {msg.lower()}")
     return UserError(
         f"{label}: {field} = {_describe(value)} is invalid ({msg.lower()}); correct the value"
     )
+
+
+def _within(field: str, msg: str) -> str:
+    """A rule's message about a whole entry at ``field``, placed there: a message that
+    names its field from the entry's own name (``gemm.framework_share: ...`` at
+    ``system.node.accelerator.gemm``) gets the path before it, any other the path as its
+    subject, never the entry's contents."""
+    head, _, last = field.rpartition(".")
+    if msg.startswith("["):  # an item of the field's mapping or list
+        return f"{field}{msg}"
+    if msg.startswith(f"{last}."):
+        return f"{head}.{msg}" if head else msg
+    return f"{field}: {msg}"
+
+
+MAX_LISTED_FIELDS = 8
+"""Most field names an error lists where a mapping was expected; the rest are counted."""
+
+
+def _listed(fields: list[str]) -> str:
+    """The first :data:`MAX_LISTED_FIELDS` of ``fields``, and how many more there are."""
+    more = len(fields) - MAX_LISTED_FIELDS
+    return ", ".join(fields[:MAX_LISTED_FIELDS]) + (
+        f" and {more} more" if more > 0 else "")
+
+
+def _mapping_form(spec: type[BaseModel], loc: tuple[Any, ...], data: Any, field: str) -> str:
+    """What belongs at ``loc`` (``field`` as the user wrote it): a mapping of the fields
+    (the first few named), or a catalog name where the field takes one."""
+    fields = _allowed_fields(spec, (*loc, None), data)
+    form = f"a mapping of {_listed(fields)}" if fields else "a mapping"
+    path = tuple(field.split("."))
+    kinds = [kind for ref, kind in _REFERENCES if path[-len(ref):] == ref]
+    if kinds:  # the kind of the reference that ends the path, as _resolve reads it
+        form = f"a catalog name (llmsim catalog {kinds[0]}) or {form}"
+    return form
 
 
 def validate(spec: type[BaseModel], data: dict[str, Any], label: str) -> Any:

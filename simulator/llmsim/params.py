@@ -123,8 +123,8 @@ def layers_params_per_device(model: Model, tp: int, ep: int, first_layer: int,
     """(dense, expert) parameters of layers ``first_layer`` … ``first_layer + layers − 1``
     on one device; a dense model has no expert part."""
     moe = model.moe
-    moe_layers = 0 if moe is None else sum(
-        moe.is_moe_layer(i) for i in range(first_layer, first_layer + layers))
+    moe_layers = 0 if moe is None else (
+        moe.moe_layers(first_layer + layers) - moe.moe_layers(first_layer))
     dense = (layers - moe_layers) * layer_params_per_device(model, tp)
     if not moe_layers:
         return dense, 0

@@ -33,6 +33,13 @@ MAX_EXACT_DRAWS = 5_000_000
 from its normal approximation (central limit theorem) instead of failure by failure."""
 MAX_FAILURES_PER_SEGMENT = 50.0
 """λL above which a segment is not expected to complete (e^50 restarts)."""
+MAX_FAILURES_PER_RUN = 1e12
+"""Expected failures over a whole run above which it is refused: numpy draws a negative
+binomial through a Poisson variable whose mean, (1 − p)/p·(K + 10√K) here, must stay
+below about 9.2·10¹⁸ (``Generator.negative_binomial`` raises "n too large or p too
+small" above), and the runs' failures are summed as 64-bit integers; 10¹² leaves room
+for a million runs. A run of that many failures is absurd anyway (the fleet of
+``reliability`` fails every minute for two million years)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,14 @@ class RunPlan:
                     f"calendar: a segment of {length / 3600:,.1f} h between checkpoints is "
                     f"{self.rate_per_s * length:,.0f} mean times between failures long, so the "
                     "run never completes; set calendar.checkpoint_interval_s shorter or 'auto'")
+        failures = sum(count * math.expm1(self.rate_per_s * length)
+                       for count, _, length in self.segments())
+        if failures > MAX_FAILURES_PER_RUN:
+            raise UserError(
+                f"calendar: the run is {self.work_s / 86400:,.3g} days of training and would "
+                f"see {failures:,.3g} failures, more than the {MAX_FAILURES_PER_RUN:,.0e} its "
+                "Monte Carlo draws; give a smaller training.tokens or training.flops, or a "
+                "shorter calendar.checkpoint_interval_s")
 
 
 @dataclass(frozen=True)

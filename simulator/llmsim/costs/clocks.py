@@ -29,10 +29,11 @@ def sustained_mhz(clocks: SustainedClocks, kind: WorkKind, power_limit_w: float)
     dynamic_w = point.power_w - clocks.static_w
     if dynamic_w <= 0:
         return point.mhz
-    at_max_w = dynamic_w / (point.mhz / clocks.max_mhz) ** DYNAMIC_POWER_EXPONENT
+    # max_mhz·(headroom / at_max)^(1/n) with at_max = dynamic·(max_mhz / mhz)^n, written
+    # so that no power of a clock ratio is formed (it under- or overflows at extreme clocks)
     headroom_w = max(power_limit_w - clocks.static_w, 0.0)
-    ratio = (headroom_w / at_max_w) ** (1.0 / DYNAMIC_POWER_EXPONENT)
-    return min(clocks.max_mhz, clocks.max_mhz * ratio)
+    ratio = (headroom_w / dynamic_w) ** (1.0 / DYNAMIC_POWER_EXPONENT)
+    return min(clocks.max_mhz, point.mhz * ratio)
 
 
 def compute_kind(op_kind: str, dtype: Dtype) -> WorkKind | None:

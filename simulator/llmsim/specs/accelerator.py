@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.clocks import SustainedClocks
 from llmsim.specs.host_pages import HostPageCosts
 from llmsim.specs.power import DevicePower
@@ -83,7 +83,8 @@ class GemmModel(Spec):
     """Columns of one output tile."""
     k_fill: float = Field(default=0.0, ge=0)
     """Per-tile pipeline prologue/epilogue, in equivalent K elements."""
-    peak_fraction_by_dtype: dict[Dtype, float] = Field(default_factory=dict)
+    peak_fraction_by_dtype: dict[Dtype, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict)
     """Measured best fraction for data types that differ from ``peak_fraction`` (e.g. fp8)."""
     extra_tiles: list[tuple[PositiveInt, PositiveInt]] = Field(default_factory=list)
     """Other output tiles (rows, columns) the library's kernels use beside
@@ -157,7 +158,7 @@ class GemmModel(Spec):
 class Accelerator(Spec):
     """One device as the OS and the framework see it (an MI250X GCD, a PVC stack, ...)."""
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``a100-sxm4-80gb``."""
     description: str = ""
     """Human-readable name."""

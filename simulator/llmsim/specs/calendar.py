@@ -30,8 +30,10 @@ class Calendar(Spec):
     ``--async-save``); otherwise training waits for the write."""
     snapshot_gbps: PositiveFloat = SNAPSHOT_GBPS
     """Device-to-host copy bandwidth per device for an asynchronous checkpoint, GB/s."""
-    monte_carlo_runs: PositiveInt = 1000
-    """Runs of the whole training simulated to give the spread of calendar days."""
+    monte_carlo_runs: PositiveInt = Field(default=1000, le=1_000_000)
+    """Runs of the whole training simulated to give the spread of calendar days (at most
+    a million: a few arrays of that many doubles, and the bound that
+    :data:`llmsim.calendar.montecarlo.MAX_FAILURES_PER_RUN` leaves room for)."""
     grid_gco2_per_kwh: float = Field(default=GRID_GCO2_PER_KWH, ge=0)
     """Carbon intensity of the electricity, gCO₂ per kWh (480: world average 2023)."""
     price_per_kwh: float = Field(default=PRICE_PER_KWH, ge=0)

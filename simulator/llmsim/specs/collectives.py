@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveFloat, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 
 Protocol = Literal["ll", "ll128", "simple"]
 LibraryAlgorithm = Literal["ring", "tree"]
@@ -82,7 +82,7 @@ class CollectiveLibrary(Spec):
     step, or per tree level.
     """
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``nccl-2021``."""
     description: str = ""
     """Library and version the numbers come from."""
@@ -130,7 +130,7 @@ class CollectiveLibrary(Spec):
     channel count (``node.collective_units``) it caps the tree (``perChMaxTreeBws``)."""
     tree_protocol_fraction: ProtocolValues
     """Applied to the capped tree bandwidth per protocol."""
-    tree_correction: dict[Protocol, list[float]]
+    tree_correction: dict[Protocol, list[PositiveFloat]]
     """Tree bandwidth multipliers for message sizes 64 B · 2^i (i = 0 … len − 1); larger
     messages get none (``treeCorrectionFactor``)."""
     ring_plateau_latency_factor: PositiveFloat = 1.0
@@ -158,6 +158,18 @@ class CollectiveLibrary(Spec):
                 f"collective library {self.name!r}: tree_max_bus_gbps and tree_correction "
                 f"need an entry for protocol(s) {', '.join(missing)}; add them"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _bandwidth_fractions_positive(self) -> CollectiveLibrary:
+        for field in ("ring_bandwidth_fraction", "tree_protocol_fraction"):
+            for protocol in ("ll", "ll128", "simple"):
+                value = getattr(self, field).of(protocol)
+                if value <= 0:  # the bytes are divided by the bandwidth it scales
+                    raise ValueError(
+                        f"collective library {self.name!r}: {field}.{protocol} is {value}, "
+                        "and a bandwidth fraction must be above 0; give the library's own"
+                    )
         return self
 
     @property

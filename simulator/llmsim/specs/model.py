@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 
 
 class MoE(Spec):
@@ -51,8 +51,10 @@ class MoE(Spec):
         return after >= 0 and after % self.layer_freq == 0
 
     def moe_layers(self, layers: int) -> int:
-        """MoE layers among the first ``layers`` layers."""
-        return sum(self.is_moe_layer(i) for i in range(layers))
+        """MoE layers among the first ``layers`` layers: every ``layer_freq``-th from
+        ``first_dense_layers`` on, ⌈(layers − first_dense_layers) / layer_freq⌉ (counted,
+        not looped: a model may declare up to 2^53 layers before the scenario refuses it)."""
+        return max(-(-(layers - self.first_dense_layers) // self.layer_freq), 0)
 
 
 class MLA(Spec):
@@ -76,7 +78,7 @@ class MLA(Spec):
 class Model(Spec):
     """A GPT/Llama-style decoder. ``params`` is derived, never typed in."""
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``gpt3-175b``."""
     description: str = ""
     """Human-readable name."""

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 
 
 class MpiCollectives(Spec):
     """The all-reduce algorithms of an MPI library (Fujitsu MPI on Fugaku): when the
     library picks each and what a step costs beyond the link."""
 
-    name: str = ""
+    name: Name = ""
     """The library and the rules' version (Fujitsu MPI, tcsds ...)."""
     ring_max_ranks: PositiveInt
     """An all-reduce among at most this many processes runs the ring (above it the

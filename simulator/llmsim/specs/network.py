@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.collectives import CollectiveLibrary, ProtocolValues
 from llmsim.specs.mpi import MpiCollectives
 
@@ -37,7 +37,7 @@ class RingStepFloor(Spec):
 
 
 class _NetworkBase(Spec):
-    name: str = ""
+    name: Name = ""
     """Product name (InfiniBand HDR, Slingshot-11, Tofu-D ...)."""
     hop_latency_us: float = Field(default=1.0, ge=0)
     """Latency of one switch traversal between nodes, microseconds."""

@@ -77,7 +77,8 @@ class Parallelism(Spec):
     ``--overlap-moe-expert-parallel-comm``, DeepSeek-V3's DualPipe-style overlap of one
     micro-batch's forward with another's backward): each dispatch and combine costs only
     what exceeds the expert GEMM it is paired with (:mod:`llmsim.moe`). Needs ep > 1 or
-    ``expert_tp`` 1 with tp > 1."""
+    ``expert_tp`` 1 with tp > 1, and Megatron-Core's layer: DeepSpeed's (``moe_dispatcher:
+    deepspeed``, ``training.expert_loop: deepspeed_uneven``) runs its all-to-alls in line."""
     moe_dispatcher: Literal["alltoall", "deepep", "deepep_low_latency", "hybridep",
                             "deepspeed"] = "alltoall"
     """How the MoE tokens cross nodes. ``alltoall``: one NCCL all-to-all of the routed

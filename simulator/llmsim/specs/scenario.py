@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from llmsim.partition import split_refused
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.model import Model
@@ -26,7 +26,7 @@ from llmsim.specs.training import Training
 class Scenario(Spec):
     """Everything one simulation needs. Names are resolved from the catalog at load."""
 
-    name: str = "scenario"
+    name: Name = "scenario"
     """Short name for reports."""
     description: str = ""
     """What the scenario asks."""
@@ -43,7 +43,7 @@ class Scenario(Spec):
     docs/heterogeneous.md); None: every stage on the system's own (first) group."""
     training: Training
     """Batch, sequence, precision and run size."""
-    seed: int = 0
+    seed: NonNegativeInt = 0
     """Seed for random draws: the Monte Carlo of the whole run (llmsim.calendar) draws its
     failures from it, and the step's per-op noise (``jitter``, when given) its factors;
     without jitter the step simulation is deterministic."""
@@ -58,7 +58,8 @@ class Scenario(Spec):
     max_sim_passes: PositiveInt = 1_000_000
     """Largest step llmsim simulates before refusing, in layer passes: the devices
     simulated (one per stage, every device with ``fidelity: full``) × micro-batches per
-    pipeline × layers per stage, plus the gradient buckets those devices reduce. A pass
+    pipeline × layers per stage (the last stage's, with its ``model.mtp_depth``
+    multi-token prediction modules), plus the gradient buckets those devices reduce. A pass
     takes some 20–70 µs on one core (docs/scenarios.md), so the default bounds a run to
     about a minute; raise it to insist on a larger one."""
 
@@ -141,8 +142,8 @@ class Scenario(Spec):
             raise ValueError(
                 f"this step would take {self.sim_passes:,} layer passes to simulate "
                 f"({devices}), more than max_sim_passes = {self.max_sim_passes:,}; use fewer "
-                "micro-batches, layers or devices, fidelity: reduced, a larger "
-                "parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
+                "micro-batches, layers (or model.mtp_depth) or devices, fidelity: reduced, a "
+                "larger parallelism.dp_bucket_mb, or set max_sim_passes higher to insist"
             )
         for accel in {g.node.accelerator.name: g.node.accelerator
                       for g in self.group_systems().values()}.values():
@@ -151,6 +152,14 @@ class Scenario(Spec):
                 raise ValueError(
                     f"training.precision: {trn.precision} is not supported by {accel.name}; "
                     f"use one of {', '.join(have)}"
+                )
+            clocks = accel.clocks
+            if clocks is not None and trn.power_limit_w is not None \
+                    and trn.power_limit_w <= clocks.static_w:
+                raise ValueError(  # no dynamic power left: no clock (costs/clocks.py)
+                    f"training.power_limit_w: {trn.power_limit_w} W is not above "
+                    f"{accel.name}'s clocks.static_w ({clocks.static_w} W), so no clock "
+                    f"runs; give a limit above it, e.g. the board's {clocks.power_limit_w} W"
                 )
         check_tp_overlap_units(sysm, par)
         return self
@@ -165,7 +174,7 @@ class Scenario(Spec):
         (:func:`llmsim.search.price.with_switches`; ``tests/test_search_fast_rules.py``
         checks that no other rule reads those fields)."""
         check_moe_fields(self.parallelism, self.model)
-        check_a2a_overlap(self.parallelism)
+        check_a2a_overlap(self.parallelism, self.training)
         check_shared_expert_overlap(self.parallelism, self.model)
         check_tp_overlap_units(self.system, self.parallelism)
 
@@ -210,6 +219,13 @@ class Scenario(Spec):
                 f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
                 f"{mdl.activation}; set pointwise_ops to fused"
             )
+        if trn.pointwise_ops == "hf_eager" and (mdl.mla is not None or mdl.moe is not None):
+            raise ValueError(  # LlamaForCausalLM, transformers 4.31-4.35 (workload/hf_eager)
+                f"training.pointwise_ops: hf_eager prices Hugging Face's LlamaForCausalLM, "
+                f"which has {'no MLA' if mdl.mla else 'no experts'}, and {mdl.name} has "
+                f"{'MLA' if mdl.mla else 'a mixture of experts'} (its own modeling code, not "
+                "priced); set pointwise_ops to fused"
+            )
         if trn.pointwise_ops == "hf_eager" and trn.rope == "complex":
             raise ValueError(
                 "training.rope: complex with pointwise_ops: hf_eager, whose RoPE is Hugging "
@@ -253,6 +269,14 @@ class Scenario(Spec):
                 "parallelism.moe_dispatcher: deepspeed needs model.moe.capacity_factor (its "
                 "einsums are sized by the capacity; it is None); set it, e.g. 1.0"
             )
+        if par.moe_dispatcher == "deepspeed" and trn.expert_loop == "deepspeed_uneven":
+            raise ValueError(  # X-MoE 33c69c95, deepspeed/moe/moe_v2.py: MOEv2Layer.forward
+                "training.expert_loop: deepspeed_uneven with parallelism.moe_dispatcher: "
+                "deepspeed: DeepSpeed's einsum layer sends even, capacity-padded batches, "
+                "and X-MoE's uneven loop runs only behind its padding-free dispatch (its "
+                "einsum branch fails on the padding-free gate's outputs); set expert_loop to "
+                "grouped, or moe_dispatcher to alltoall"
+            )
         if trn.fp8_activation_cache and mdl.moe is None:
             raise ValueError(
                 f"training.fp8_activation_cache: true needs a mixture-of-experts model "
@@ -271,7 +295,7 @@ class Scenario(Spec):
                 "Megatron-Core requires sequence parallelism when expert and tensor "
                 "parallelism are combined — set sequence_parallel: true"
             )
-        check_a2a_overlap(par)
+        check_a2a_overlap(par, trn)
         if mdl.moe is not None and mdl.moe.ffn_hidden % par.etp:
             raise ValueError(
                 f"parallelism.tp: {par.etp} does not divide model.moe.ffn_hidden="
@@ -336,11 +360,12 @@ class Scenario(Spec):
     @property
     def sim_passes(self) -> int:
         """Estimated work of simulating one step (see ``max_sim_passes``): simulated
-        devices × micro-batches × layers per stage + their gradient buckets (four bytes a
-        gradient, the most any precision reduces)."""
+        devices × micro-batches × layers per stage (the last stage's, with its
+        multi-token prediction modules) + their gradient buckets (four bytes a gradient,
+        the most any precision reduces)."""
         par = self.parallelism
         simulated = par.pp * (par.tp * self.dp if self.fidelity == "full" else 1)
-        layers = -(-self.model.layers // par.pp)
+        layers = -(-self.model.layers // par.pp) + self.model.mtp_depth  # the last stage's
         grad_bytes = 4 * self.model.params / (par.tp * par.pp)
         buckets = par.virtual_stages + min(grad_bytes / (par.dp_bucket_mb * 1e6), 1e30)
         return int(simulated * (self.micro_batches * layers + (buckets if self.dp > 1 else 0)))

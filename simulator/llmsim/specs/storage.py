@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import PositiveFloat
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 
 
 class Storage(Spec):
     """The parallel file system (or object store) that holds checkpoints."""
 
-    name: str = ""
+    name: Name = ""
     """What it is: ``Orion (Lustre)``, ``DAOS`` ..."""
     write_gbps: PositiveFloat
     """Aggregate write bandwidth of the tier that large files land on, GB/s."""

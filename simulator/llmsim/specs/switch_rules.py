@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from llmsim.specs.model import Model
     from llmsim.specs.parallelism import Parallelism
     from llmsim.specs.system import System
+    from llmsim.specs.training import Training
 
 
 def check_moe_fields(par: Parallelism, mdl: Model) -> None:
@@ -23,12 +24,29 @@ def check_moe_fields(par: Parallelism, mdl: Model) -> None:
             )
 
 
-def check_a2a_overlap(par: Parallelism) -> None:
-    """The MoE all-to-all overlap needs an all-to-all."""
+def check_a2a_overlap(par: Parallelism, trn: Training) -> None:
+    """The MoE all-to-all overlap needs an all-to-all, and a framework that overlaps it:
+    Megatron-Core's, not DeepSpeed's. DeepSpeed 0.5.8's ``MOELayer.forward``
+    (``deepspeed/moe/sharded_moe.py`` at 1bc13fe83) and X-MoE's ``MOEv2Layer.forward``
+    (``deepspeed/moe/moe_v2.py`` at 33c69c95) call their two all-to-alls in line between
+    the dispatch, the experts and the combine, on the default stream, and neither tree
+    has a second stream or an asynchronous collective under ``deepspeed/moe``."""
     if par.moe_a2a_overlap and par.expert_ranks == 1:
         raise ValueError(
             "parallelism.moe_a2a_overlap: true without expert parallelism has no "
             "all-to-all to hide; turn it off, or set ep > 1 (or expert_tp 1 with tp > 1)"
+        )
+    if par.moe_a2a_overlap and par.moe_dispatcher == "deepspeed":
+        raise ValueError(
+            "parallelism.moe_a2a_overlap: true with moe_dispatcher: deepspeed, whose "
+            "MOELayer runs its all-to-alls in line between the einsums and the experts; "
+            "turn moe_a2a_overlap off, or use Megatron-Core's alltoall dispatcher"
+        )
+    if par.moe_a2a_overlap and trn.expert_loop == "deepspeed_uneven":
+        raise ValueError(
+            "parallelism.moe_a2a_overlap: true with training.expert_loop: deepspeed_uneven, "
+            "whose X-MoE layer runs its all-to-alls in line around its expert loop; turn "
+            "moe_a2a_overlap off, or set expert_loop to grouped"
         )
 
 

@@ -4,11 +4,12 @@ such node groups (ABCI's A100 nodes and V100 nodes) on one fabric."""
 from __future__ import annotations
 
 import math
+import reprlib
 from typing import Any
 
 from pydantic import Field, PositiveFloat, PositiveInt, model_validator
 
-from llmsim.specs._base import Spec
+from llmsim.specs._base import Name, Spec
 from llmsim.specs.network import Network, Torus
 from llmsim.specs.node import Node
 from llmsim.specs.power import Facility
@@ -19,7 +20,7 @@ from llmsim.specs.storage import Storage
 class System(Spec):
     """A supercomputer partition: node count, node design and network."""
 
-    name: str
+    name: Name
     """Catalog name, e.g. ``frontier``."""
     description: str = ""
     """Human-readable name and site."""
@@ -57,7 +58,12 @@ class System(Spec):
     @classmethod
     def _first_group_is_the_system(cls, data: Any) -> Any:
         """A system that lists groups and no node of its own is its first group's nodes."""
-        if isinstance(data, dict) and data.get("groups") and "node" not in data:
+        groups = data.get("groups") if isinstance(data, dict) else None
+        if groups is not None and not isinstance(groups, list):
+            raise ValueError(f"system.groups = {reprlib.repr(groups)} is not a list; give a "
+                             "list of node groups (docs/heterogeneous.md), or remove it")
+        if isinstance(data, dict) and isinstance(data.get("groups"), list) and data["groups"] \
+                and "node" not in data:
             first = data["groups"][0]
             inner = first.get("system") if isinstance(first, dict) else None
             if isinstance(inner, System):
@@ -141,7 +147,7 @@ class NodeGroup(Spec):
     """One node group of a heterogeneous system: nodes of one design on their own network,
     joined to the other groups' on a common fabric."""
 
-    name: str
+    name: Name
     """How a scenario's ``placement`` names it, e.g. ``a100``."""
     system: System
     """Its nodes, node design and network (a catalog system name or inline)."""

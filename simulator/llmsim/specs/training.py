@@ -93,9 +93,10 @@ class Training(Spec):
     4.31–4.35) as PyTorch runs it: ``LlamaRMSNorm`` upcast to FP32 in 8 kernels, ``rotate_half``
     and ``apply_rotary_pos_emb`` on q and k, SiLU and the gate product as two kernels, and
     autograd's backward of each (:mod:`llmsim.workload.hf_eager`). Needs an RMSNorm, RoPE,
-    SwiGLU model. ``eager_swiglu``: the norms fused, the SwiGLU as ``F.silu(w1(x)) * w3(x)``
-    in two eager kernels and its backward in three (torchtitan's Llama without
-    ``torch.compile``); the rotary embedding as ``rope`` says. Needs a SwiGLU model."""
+    SwiGLU model without MLA or experts (LLaMA's modeling code has neither).
+    ``eager_swiglu``: the norms fused, the SwiGLU as ``F.silu(w1(x)) * w3(x)`` in two eager
+    kernels and its backward in three (torchtitan's Llama without ``torch.compile``); the
+    rotary embedding as ``rope`` says. Needs a SwiGLU model."""
     rope: RopeKernel = "fused"
     """How the rotary embedding of a ``position_embedding: rope`` model runs
     (:mod:`llmsim.workload.rope`): ``fused``, one memory-bound kernel on q and one on k each
@@ -210,7 +211,9 @@ class Training(Spec):
     ``grouped``, one grouped kernel per expert GEMM for all local experts;
     ``deepspeed_uneven``, DeepSpeed's ``Experts`` module over uneven token batches (X-MoE's
     ``--use-uneven-all-to-all``): one GEMM per local expert, each its own tile and wave
-    quantisation and launch, with the copies its loop and the layer's interleave make."""
+    quantisation and launch, with the copies its loop and the layer's interleave make.
+    X-MoE runs it only behind its padding-free dispatch: refused with
+    ``moe_dispatcher: deepspeed`` and with ``moe_a2a_overlap``."""
     host_syncs: HostSyncs = "none"
     """The host synchronisations of the framework's step, each a gap on the device
     (:mod:`llmsim.host_syncs`): ``none``; ``megatron``, Megatron-LM's ``get_batch``
