@@ -37,11 +37,12 @@ import argparse
 import csv
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from time_host_dispatch import append_rows, profiled_kernels, timed_steps
 
 FIELDS = ("mode", "layers", "hidden", "seq", "kernels", "wall_ms", "host_cpu_ms",
           "kernel_ms", "gpu_wait_ms", "syncs", "error")
@@ -93,19 +94,6 @@ def build(torch: Any, args: argparse.Namespace, mode: str) -> tuple[Any, list[in
     return model, syncs
 
 
-def kernel_union_ms(spans: list[tuple[float, float]]) -> float:
-    """Milliseconds covered by the union of (start_us, end_us) intervals."""
-    total_us, end_us = 0.0, float("-inf")
-    for start, stop in sorted(spans):
-        if start > end_us:
-            total_us += stop - start
-            end_us = stop
-        elif stop > end_us:
-            total_us += stop - end_us
-            end_us = stop
-    return total_us / 1e3
-
-
 def measure(torch: Any, model: Any, seq: int, args: argparse.Namespace,
             syncs: list[int]) -> dict[str, Any]:
     """Wall, host CPU, kernels and kernel time of one forward + backward step."""
@@ -121,26 +109,9 @@ def measure(torch: Any, model: Any, seq: int, args: argparse.Namespace,
         step()
     sync()
     syncs[0] = 0
-    walls, cpus = [], []
-    for _ in range(args.repeats):
-        sync()
-        start, cpu0 = time.perf_counter(), time.thread_time()
-        step()
-        cpu1 = time.thread_time()
-        sync()
-        walls.append(time.perf_counter() - start)
-        cpus.append(cpu1 - cpu0)
+    walls, cpus = timed_steps(step, sync, args.repeats)
     per_step_syncs = syncs[0] // args.repeats
-    kernels, kernel_ms = 0, float("nan")
-    if cuda:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            sync()
-        spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
-                 if e.device_type == torch.autograd.DeviceType.CUDA]
-        kernels, kernel_ms = len(spans), kernel_union_ms(spans)
+    kernels, kernel_ms = profiled_kernels(torch, step, sync) if cuda else (0, float("nan"))
     if args.cpu_profile is not None:
         from torch.profiler import ProfilerActivity, profile
 
@@ -215,12 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device != "cpu":
             torch.cuda.empty_cache()
     if args.out is not None:
-        new = not args.out.exists()
-        with args.out.open("a", newline="") as f:
-            out = csv.DictWriter(f, FIELDS)
-            if new:
-                out.writeheader()
-            out.writerows(rows)
+        append_rows(args.out, FIELDS, rows)
     return 0
 
 

@@ -31,6 +31,7 @@ import csv
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,16 +55,10 @@ def kernel_union_ms(events: list[tuple[float, float]]) -> float:
     return total_us / 1e3
 
 
-def measure(torch: Any, model: Any, tokens: Any, device: str, repeats: int) -> dict[str, float]:
-    """Wall, host CPU, kernels and kernel time of one forward + backward step."""
-    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
-
-    def step() -> None:
-        model(tokens).backward()
-        model.zero_grad(set_to_none=True)
-
-    for _ in range(3):
-        step()
+def timed_steps(step: Callable[[], None], sync: Callable[[], None],
+                repeats: int) -> tuple[list[float], list[float]]:
+    """Wall and main-thread CPU seconds of ``repeats`` calls of ``step``, each between
+    device syncs."""
     sync()
     walls, cpus = [], []
     for _ in range(repeats):
@@ -74,16 +69,45 @@ def measure(torch: Any, model: Any, tokens: Any, device: str, repeats: int) -> d
         sync()
         walls.append(time.perf_counter() - start)
         cpus.append(cpu1 - cpu0)
-    kernels, kernel_ms = 0, 0.0
-    if device != "cpu":
-        from torch.profiler import ProfilerActivity, profile
+    return walls, cpus
 
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            step()
-            sync()
-        spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
-                 if e.device_type == torch.autograd.DeviceType.CUDA]
-        kernels, kernel_ms = len(spans), kernel_union_ms(spans)
+
+def profiled_kernels(torch: Any, step: Callable[[], None],
+                     sync: Callable[[], None]) -> tuple[int, float]:
+    """GPU kernels of one call of ``step`` under ``torch.profiler``, and the milliseconds
+    the GPU spent in them (:func:`kernel_union_ms`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        sync()
+    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
+             if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(spans), kernel_union_ms(spans)
+
+
+def append_rows(path: Path, fields: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` to the CSV at ``path``, with a header line if the file is new."""
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        out = csv.DictWriter(f, fields)
+        if new:
+            out.writeheader()
+        out.writerows(rows)
+
+
+def measure(torch: Any, model: Any, tokens: Any, device: str, repeats: int) -> dict[str, float]:
+    """Wall, host CPU, kernels and kernel time of one forward + backward step."""
+    sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
+
+    def step() -> None:
+        model(tokens).backward()
+        model.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    walls, cpus = timed_steps(step, sync, repeats)
+    kernels, kernel_ms = profiled_kernels(torch, step, sync) if device != "cpu" else (0, 0.0)
     wall_ms, cpu_ms = statistics.median(walls) * 1e3, statistics.median(cpus) * 1e3
     return {"kernels": kernels, "wall_ms": wall_ms, "host_cpu_ms": cpu_ms,
             "kernel_ms": kernel_ms,
@@ -124,12 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     writer.writeheader()
     writer.writerow(row)
     if args.out is not None:
-        new = not args.out.exists()
-        with args.out.open("a", newline="") as f:
-            out = csv.DictWriter(f, FIELDS)
-            if new:
-                out.writeheader()
-            out.writerow(row)
+        append_rows(args.out, FIELDS, [row])
     return 0
 
 
