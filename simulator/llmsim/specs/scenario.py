@@ -10,6 +10,7 @@ from llmsim.partition import split_refused
 from llmsim.specs._base import Name, Spec
 from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
+from llmsim.specs.kernel_rules import check_kernel_choices
 from llmsim.specs.model import Model
 from llmsim.specs.parallelism import Parallelism
 from llmsim.specs.placement import Placement, check_placement, check_replica_batch
@@ -133,6 +134,7 @@ class Scenario(Spec):
                 f"{named} = {factors} = {per_step}; use a multiple of {per_step}"
             )
         self._check_experts_and_context()
+        check_kernel_choices(self.model, self.training)
         if par.schedule == "interleaved-1f1b" and self.micro_batches % par.pp \
                 and not (self.placement is not None and self.placement.by_replicas):
             raise ValueError(_interleaved_hint(trn.global_batch, par.micro_batch,
@@ -194,7 +196,6 @@ class Scenario(Spec):
     def _check_experts_and_context(self) -> None:
         """Expert and context parallelism as Megatron-Core accepts them."""
         par, mdl, trn = self.parallelism, self.model, self.training
-        llama = (mdl.norm, mdl.position_embedding, mdl.activation) == ("rmsnorm", "rope", "swiglu")
         if par.recompute == "full_keep_attention" and (
                 not trn.fused_attention or mdl.moe is not None or mdl.mla is not None):
             raise ValueError(
@@ -212,30 +213,6 @@ class Scenario(Spec):
             raise ValueError(
                 f"parallelism.cp_schedule: distflash exchanges key/value blocks, not {mdl.name}'s "
                 "MLA latents; use te_ring"
-            )
-        if trn.pointwise_ops == "hf_eager" and not llama:
-            raise ValueError(
-                f"training.pointwise_ops: hf_eager is Hugging Face LLaMA's RMSNorm, RoPE and "
-                f"SwiGLU, but {mdl.name} has {mdl.norm}, {mdl.position_embedding} and "
-                f"{mdl.activation}; set pointwise_ops to fused"
-            )
-        if trn.pointwise_ops == "hf_eager" and (mdl.mla is not None or mdl.moe is not None):
-            raise ValueError(  # LlamaForCausalLM, transformers 4.31-4.35 (workload/hf_eager)
-                f"training.pointwise_ops: hf_eager prices Hugging Face's LlamaForCausalLM, "
-                f"which has {'no MLA' if mdl.mla else 'no experts'}, and {mdl.name} has "
-                f"{'MLA' if mdl.mla else 'a mixture of experts'} (its own modeling code, not "
-                "priced); set pointwise_ops to fused"
-            )
-        if trn.pointwise_ops == "hf_eager" and trn.rope == "complex":
-            raise ValueError(
-                "training.rope: complex with pointwise_ops: hf_eager, whose RoPE is Hugging "
-                "Face's unfused rotate_half chain; remove rope or set it to unfused"
-            )
-        if trn.pointwise_ops == "eager_swiglu" and mdl.activation != "swiglu":
-            raise ValueError(
-                f"training.pointwise_ops: eager_swiglu is the SwiGLU as eager SiLU and "
-                f"product kernels, but {mdl.name} has {mdl.activation}; set pointwise_ops "
-                "to fused"
             )
         if par.ep > 1 and mdl.moe is None:
             raise ValueError(
