@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from llmsim.cp_schedules import APPLY as CP_APPLY
 from llmsim.host_syncs import apply_attention_syncs, batch_ops, exchange_sync_s, loss_ops
@@ -28,26 +27,22 @@ from llmsim.params import (
 from llmsim.partition import chunk_first_layer, chunk_layers
 from llmsim.schedules import SCHEDULES, placement
 from llmsim.specs import Model, Parallelism, Training
+from llmsim.workload.fp8 import (
+    FP8_LINEARS_PER_LAYER,
+    amax_bookkeeping,
+    step_weight_casts,
+    weight_elements,
+)
 from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
+from llmsim.workload.layer import LayerBuilder, _as_phase
+from llmsim.workload.persistent import persistent_elements
 from llmsim.workload.rope import apply_rope
+from llmsim.workload.router_kernels import with_router_kernels
 from llmsim.workload.small_calls import (
     batch_broadcasts,
     broadcast_on_every_chunk,
     loss_average,
 )
-
-if TYPE_CHECKING:
-    pass
-
-from llmsim.workload.fp8 import (
-    FP8_LINEARS_PER_LAYER,
-    amax_history_updates,
-    step_weight_casts,
-    weight_elements,
-)
-from llmsim.workload.layer import LayerBuilder, _as_phase
-from llmsim.workload.persistent import persistent_elements
-from llmsim.workload.router_kernels import with_router_kernels
 from llmsim.workload.step import Chunk, Op, Workload
 
 
@@ -67,7 +62,6 @@ def _accumulation(model: Model, par: Parallelism, training: Training, layers: in
                   ("head_grad_accum", head_params_per_device(model, t, par.pp) if last else 0)]
     return tuple(ComputeOp(name, "memory", "W", 0.0, float(params * per_param))
                  for name, params in parts if params)
-
 
 
 def _embedding_grad_allreduce(model: Model, par: Parallelism,
@@ -92,35 +86,6 @@ def _embedding_grad_allreduce(model: Model, par: Parallelism,
     return CommOp("embed_grad_allreduce", "send_recv", "pp", "O",
                   float(words * grad_bytes_per_param(training.precision,
                                                      par.grad_reduce_dtype)))
-
-
-
-
-def _amax_reductions(training: Training, layers: int) -> tuple[list[Op], list[Op]]:
-    """The FP8 amax all-reduces of a chunk's forward and backward
-    (``training.fp8_amax_reduction``), or none.
-
-    Transformer Engine all-reduces (MAX) one float per FP8 tensor over the stage's ranks:
-    each linear layer's input, weight and output in the forward, its output and input
-    gradients in the backward (``fp8_meta`` of TE 0.x: three and two tensors per GEMM).
-    The chunk's layers run inside one ``fp8_autocast`` region (NeMo's and Megatron's
-    transformer block), so each pass ends with one reduction.
-    """
-    if not training.fp8_amax_reduction or layers == 0:
-        return [], []
-    linears = FP8_LINEARS_PER_LAYER * layers
-    return ([CommOp("fp8_amax_reduce", "all_reduce", "stage", "F", 4.0 * 3 * linears)],
-            [CommOp("fp8_amax_reduce_bwd", "all_reduce", "stage", "B", 4.0 * 2 * linears)])
-
-
-def _amax_bookkeeping(training: Training, layers: int) -> tuple[list[Op], list[Op]]:
-    """The end of a chunk's forward and backward under FP8: the amax all-reduce where the
-    run asks for it, then the delayed-scaling history and scale update
-    (:func:`llmsim.workload.fp8.amax_history_updates`)."""
-    reduce_f, reduce_b = _amax_reductions(training, layers)
-    update_f, update_b = amax_history_updates(training, FP8_LINEARS_PER_LAYER * layers)
-    return [*reduce_f, *update_f], [*reduce_b, *update_b]
-
 
 
 def chunk_params(model: Model, tp: int, layers: int, first: bool, last: bool,
@@ -237,7 +202,7 @@ def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int
                  ) -> tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]:
     """A chunk's ops besides its blocks, embedding and head: the FP8 amax reductions of its
     forward and backward, and its gradient accumulation (:attr:`Chunk.accumulate`)."""
-    amax_f, amax_b = _amax_bookkeeping(training, layers)
+    amax_f, amax_b = amax_bookkeeping(training, layers)
     return (tuple(amax_f), tuple(amax_b),
             _accumulation(model, par, training, layers, first, last, first_layer))
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llmsim.moe_fp8 import split_quantize_kernels, split_quantize_ops
-from llmsim.ops import ComputeOp
+from llmsim.ops import CommOp, ComputeOp
 from llmsim.specs import Training
+
+ChunkEnds = tuple[list[CommOp | ComputeOp], list[CommOp | ComputeOp]]
+"""A chunk's forward and backward ops."""
 
 FP8_TENSORS_FORWARD = 3
 """FP8 tensors per linear layer in the forward's scaling state: input, weight, output
@@ -163,3 +166,31 @@ def operand_casts(gemm: ComputeOp, operand: str, trn: Training) -> list[ComputeO
             float(n * k * weight_cast_bytes_per_element(trn)),
             splits=sum(split_quantize_kernels(1, trn.fp8_scaling)), host_calls=1))
     return casts
+
+
+def amax_reductions(training: Training, layers: int) -> ChunkEnds:
+    """The FP8 amax all-reduces of a chunk's forward and backward
+    (``training.fp8_amax_reduction``), or none.
+
+    Transformer Engine all-reduces (MAX) one float per FP8 tensor over the stage's ranks:
+    each linear layer's input, weight and output in the forward, its output and input
+    gradients in the backward (``fp8_meta`` of TE 0.x: three and two tensors per GEMM).
+    The chunk's layers run inside one ``fp8_autocast`` region (NeMo's and Megatron's
+    transformer block), so each pass ends with one reduction.
+    """
+    if not training.fp8_amax_reduction or layers == 0:
+        return [], []
+    linears = FP8_LINEARS_PER_LAYER * layers
+    forward_bytes = float(AMAX_BYTES * FP8_TENSORS_FORWARD * linears)
+    backward_bytes = float(AMAX_BYTES * FP8_TENSORS_BACKWARD * linears)
+    return ([CommOp("fp8_amax_reduce", "all_reduce", "stage", "F", forward_bytes)],
+            [CommOp("fp8_amax_reduce_bwd", "all_reduce", "stage", "B", backward_bytes)])
+
+
+def amax_bookkeeping(training: Training, layers: int) -> ChunkEnds:
+    """The end of a chunk's forward and backward under FP8: the amax all-reduce where the
+    run asks for it, then the delayed-scaling history and scale update
+    (:func:`amax_history_updates`)."""
+    reduce_f, reduce_b = amax_reductions(training, layers)
+    update_f, update_b = amax_history_updates(training, FP8_LINEARS_PER_LAYER * layers)
+    return [*reduce_f, *update_f], [*reduce_b, *update_b]
