@@ -6,6 +6,8 @@ Usage::
     python benchmarks/search_agreement.py --layouts 50 --scenario frontier
     python benchmarks/search_agreement.py --no-rows --layouts 12 --fix zero=3 \
         --fix schedule=interleaved-1f1b                   # one part of the space
+    python benchmarks/search_agreement.py --no-layouts \
+        --steps tests/data/validation_steps.csv           # the rows alone, engine steps stored
 
 For every validation row (the target set and the rest) and for a seeded random sample of
 layouts of a scenario's search space that fit in memory, prints the distribution of the
@@ -37,14 +39,20 @@ def describe(ratios: list[float]) -> str:
             f"max {q[4]:.4f}; within 1/2/5 %: {within[0]:.0f}/{within[1]:.0f}/{within[2]:.0f} %")
 
 
-def validation_rows() -> pd.DataFrame:
+def validation_rows(steps_csv: str | None = None) -> pd.DataFrame:
+    """Each validation row's estimate over its engine step: the engine run here, or read
+    from ``steps_csv`` (the step table ``tests/test_validation_steps.py`` holds to 1e-9
+    against the engine, so the ratio is the same and costs the estimator's time alone)."""
     from llmsim.validation import load_runs, scenario_for
 
+    stored = (pd.read_csv(steps_csv).set_index("id")["step_time_s"].to_dict()
+              if steps_csv else {})
     est, rows = Estimator(), []
     for run in load_runs():
         sc = scenario_for(run)
+        engine = stored[run.id] if run.id in stored else simulate(sc).step_time_s
         rows.append({"id": run.id, "target": run.target,
-                     "ratio": est.estimate(sc).step_time_s / simulate(sc).step_time_s})
+                     "ratio": est.estimate(sc).step_time_s / engine})
     return pd.DataFrame(rows)
 
 
@@ -80,18 +88,23 @@ def main() -> None:
     parser.add_argument("--fix", action="append", default=[], metavar="FIELD=VALUE",
                         help="sample only layouts with this value (as llmsim search --fix)")
     parser.add_argument("--no-rows", action="store_true", help="skip the validation rows")
+    parser.add_argument("--no-layouts", action="store_true", help="skip the sampled layouts")
+    parser.add_argument("--steps", metavar="CSV", help="the rows' engine steps from this "
+                        "table (tests/data/validation_steps.csv) instead of engine runs")
     parser.add_argument("--out", metavar="PREFIX", help="also write PREFIX_rows.csv and "
                         "PREFIX_layouts.csv (each row's or layout's ratio and steps), so "
                         "that another checkout's estimator can be compared on them")
     args = parser.parse_args()
     if not args.no_rows:
-        rows = validation_rows()
+        rows = validation_rows(args.steps)
         print("validation target rows:", describe(rows[rows["target"]]["ratio"].tolist()))
         print("all validation rows:   ", describe(rows["ratio"].tolist()))
         worst = rows.iloc[(rows["ratio"] - 1).abs().argsort()[::-1][:3]]
         print("  furthest:", ", ".join(f"{r.id} {r.ratio:.4f}" for r in worst.itertuples()))
         if args.out:
             rows.to_csv(f"{args.out}_rows.csv", index=False)
+    if args.no_layouts:
+        return
     table = sampled_layouts(args.scenario, args.layouts, args.seed, parse_fix(args.fix))
     print(f"{args.layouts} random fitting layouts of {args.scenario}:",
           describe(table["ratio"].tolist()))

@@ -196,8 +196,13 @@ def render(table: "pd.DataFrame", console: Console, show: int = 10) -> None:
             + (f"; {s.timed_out} engine runs over the --confirm-timeout, the next tried"
                if s.timed_out else ""), highlight=False, soft_wrap=True)
     if table.empty or "est_step_time_s" not in table:
-        console.print("no layout fits: raise --memory-headroom's share, the nodes, or the "
-                      "ZeRO stage and recompute choices", highlight=False)
+        if s is not None and s.invalid and not s.out_of_memory:  # none reached the memory check
+            console.print(f"no layout is valid: each of the {s.invalid:,} breaks a rule of the "
+                          "scenario (a head, layer or batch count a --fix value does not "
+                          "divide?); loosen the --fix values", highlight=False)
+            return
+        console.print("no layout fits: lower --memory-headroom's share, or allow more nodes, "
+                      "a higher ZeRO stage or recompute", highlight=False)
         return
     best = table.iloc[0]
     if s is not None and best["idle_devices"]:
