@@ -1,4 +1,4 @@
-"""Issue #35's list, item by item, where no other test asserted it (AUDIT35.md): the
+"""Issue #35's list, item by item, where no other test asserted it (docs/audits/issue-35.md): the
 space varies every dimension the issue names, fewer nodes say their idle devices, the
 command line's defaults are the ones it asks for (and the library's), and a space with
 no valid layout says so."""

@@ -1,4 +1,4 @@
-"""docs/gpt4.md's reading of the table against the table it reads (AUDIT35.md): each
+"""docs/gpt4.md's reading of the table against the table it reads (docs/audits/issue-35.md): each
 machine's "(×R)" in "Reading it" is the ratio the last ``llmsim gpt4`` block prints, so a
 rerun that moves a ratio cannot leave the prose behind (Aurora's ×1.37 did)."""
 
