@@ -120,12 +120,15 @@ def test_the_search_estimator_prices_the_calls_as_the_engine_within_a_thousandth
     """The estimator reads the head's calls (``PassOps.head``) and the batch's broadcasts
     before each chunk (``PassOps.batch_input``) from the same ops as the engine
     (docs/cost-models.md, "Small calls outside the layers"): within 1e-3 on both rows, and
-    the broadcasts add to the estimate what they add to the engine's step."""
+    the broadcasts add to the estimate what they add to the engine's step. The host syncs
+    are left out here (the estimator does not price the sync after each pipeline
+    exchange; the syncs before every chunk, which it does, are checked below)."""
     from llmsim.search.estimate import Estimator
     run = next(r for r in load_runs() if r.id == row)
     steps = {}
     for calls in ("lumped", "megatron_mpu"):
-        sc = load_scenario(scenario_mapping(run), [f"training.small_calls={calls}"])
+        sc = load_scenario(scenario_mapping(run), [f"training.small_calls={calls}",
+                                                   "training.host_syncs=none"])
         engine = simulate(sc).step_time_s
         estimate = Estimator().estimate(sc).step_time_s
         assert estimate == pytest.approx(engine, rel=1e-3)
@@ -144,3 +147,21 @@ def test_deepspeed_pipe_broadcasts_on_the_first_and_last_stages_only():
         broadcasts = ["batch_sizes_bcast", "batch_bcast"] if chunk.first or chunk.last else []
         head = ["loss_tp_max", "loss_tp_predicted", "loss_tp_sum_exp"] if chunk.last else []
         assert names == broadcasts + head
+
+
+def test_the_search_estimator_prices_the_syncs_before_every_chunk():
+    """Megatron-LM 2020-21's read-back and masks before every chunk ride with the batch's
+    broadcasts (``PassOps.batch_input``), so the estimator prices them as the engine does:
+    NAR21-T1-06 without the exchange syncs within 1e-3, and the syncs add to the estimate
+    what they add to the engine's step."""
+    from llmsim.search.estimate import Estimator
+    run = next(r for r in load_runs() if r.id == "NAR21-T1-06")
+    steps = {}
+    for syncs in ("none", "megatron_every_chunk_no_exchange_sync"):
+        sc = load_scenario(scenario_mapping(run), [f"training.host_syncs={syncs}"])
+        steps[syncs] = Estimator().estimate(sc).step_time_s, simulate(sc).step_time_s
+        assert steps[syncs][0] == pytest.approx(steps[syncs][1], rel=1e-3)
+    (est_none, eng_none) = steps["none"]
+    (est_sync, eng_sync) = steps["megatron_every_chunk_no_exchange_sync"]
+    assert est_sync - est_none == pytest.approx(eng_sync - eng_none, rel=0.05)
+    assert eng_sync > eng_none
