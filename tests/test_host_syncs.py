@@ -171,6 +171,8 @@ ROW_SYNCS = {
     "MEGREADME-2009-V100-3": ("megatron_every_chunk_no_exchange_sync", "megatron_2020"),
     "FUGAKU-DEV-1": ("none", "megatron_mpu"),  # a CPU: .cpu() of a CPU tensor, no drain
     "ZB24-T4-01": ("megatron_nan_check", "lumped"),
+    "MEGREADME-H100-01": ("megatron_core", "megatron_core"),  # f2e5db402c
+    "MEGREADME-H100-07": ("megatron_core", "megatron_core"),
 }
 
 
@@ -196,3 +198,21 @@ def test_every_chunk_of_a_2021_pipeline_row_pays_the_sync():
         assert names.count("batch_masks") == 1
         assert names.index("batch_masks") == names.index("batch_bcast") + 1
     assert w.pp_exchange_host_s == HOST_SYNC_GAP_S
+
+
+def test_megatron_core_reads_the_loss_twice_and_not_the_batch():
+    """Megatron-Core (f2e5db402c): no read-back of the batch; after the LM head's forward
+    the NaN check and ``num_tokens.item()``, each a gap, on the last chunk only: 2m host
+    reads a step of m micro-batches; the exchange sync as for ``megatron``."""
+    from helpers import make_scenario
+
+    m = 4
+    sc = make_scenario(**{"training.host_syncs": "megatron_core", "parallelism.tp": 2,
+                          "parallelism.pp": 4, "training.global_batch": m})
+    w = build_workload(sc.model, sc.parallelism, sc.training, sc.dp)
+    reads = [(c.virtual_stage, op.name) for c in w.chunks.values() for op in c.forward
+             if op.name.startswith(("loss_nan", "loss_tokens", "batch_masks"))]
+    assert sorted(reads) == [(3, "loss_nan_check"), (3, "loss_tokens_item")]
+    assert len(reads) * w.microbatches == 2 * m
+    assert all(op.host_s == HOST_SYNC_GAP_S for op in loss_ops(sc.training))
+    assert exchange_sync_s(sc.training, sc.parallelism) == HOST_SYNC_GAP_S

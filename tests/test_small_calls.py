@@ -165,3 +165,43 @@ def test_the_search_estimator_prices_the_syncs_before_every_chunk():
     (est_sync, eng_sync) = steps["megatron_every_chunk_no_exchange_sync"]
     assert est_sync - est_none == pytest.approx(eng_sync - eng_none, rel=0.05)
     assert eng_sync > eng_none
+
+
+CORE_BATCH = ("batch_tokens_bcast", "batch_labels_bcast", "batch_loss_mask_bcast",
+              "batch_attention_mask_bcast", "batch_position_ids_bcast")
+
+
+@pytest.mark.parametrize(("calls", "mask"), [("megatron_core", True),
+                                             ("megatron_core_no_mask", False)])
+def test_megatron_core_one_stage_broadcasts_each_batch_tensor(calls, mask):
+    """Megatron-Core's ``get_batch_on_this_tp_rank`` at pp 1 (f2e5db402c): tokens, labels
+    and position ids (b·s int64), the loss mask (b·s FP32) and, unless
+    ``--no-create-attention-mask-in-dataloader``, the b·s² bool mask, one broadcast
+    each; no size broadcast; the loss and its token count averaged over dp."""
+    b, s = 2, 512
+    _, work = _workload(calls, parallelism__tp=4, parallelism__pp=1,
+                        parallelism__micro_batch=b, training__seq_len=s)
+    (chunk,) = work.chunks.values()
+    got = {op.name: (op.collective, op.axis, op.bytes) for op in chunk.ops
+           if isinstance(op, CommOp) and op.name in CORE_BATCH + ("loss_average",)}
+    want = {"batch_tokens_bcast": ("broadcast", "tp", 8.0 * b * s),
+            "batch_labels_bcast": ("broadcast", "tp", 8.0 * b * s),
+            "batch_loss_mask_bcast": ("broadcast", "tp", 4.0 * b * s),
+            "batch_position_ids_bcast": ("broadcast", "tp", 8.0 * b * s),
+            "loss_average": ("all_reduce", "dp", 8.0)}
+    if mask:
+        want["batch_attention_mask_bcast"] = ("broadcast", "tp", 1.0 * b * s * s)
+    assert got == want
+    assert not any(op.name in ("batch_sizes_bcast", "batch_bcast") for op in chunk.ops)
+
+
+def test_megatron_core_broadcasts_before_the_end_chunks_only():
+    """With a pipeline, ``get_batch`` returns early on the middle stages: the first and
+    last chunks get three broadcasts each (tokens, mask, position ids), the others none."""
+    _, work = _workload("megatron_core", parallelism__tp=2, parallelism__pp=4)
+    last = max(c.virtual_stage for c in work.chunks.values())
+    for chunk in work.chunks.values():
+        names = [op.name for op in chunk.forward if op.name in CORE_BATCH]
+        ends = chunk.virtual_stage in (0, last)
+        assert names == (["batch_tokens_bcast", "batch_attention_mask_bcast",
+                          "batch_position_ids_bcast"] if ends else [])
