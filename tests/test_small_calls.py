@@ -183,7 +183,7 @@ def test_megatron_core_one_stage_broadcasts_each_batch_tensor(calls, mask):
                         parallelism__micro_batch=b, training__seq_len=s)
     (chunk,) = work.chunks.values()
     got = {op.name: (op.collective, op.axis, op.bytes) for op in chunk.ops
-           if isinstance(op, CommOp) and op.name in CORE_BATCH + ("loss_average",)}
+           if isinstance(op, CommOp) and op.name in (*CORE_BATCH, "loss_average")}
     want = {"batch_tokens_bcast": ("broadcast", "tp", 8.0 * b * s),
             "batch_labels_bcast": ("broadcast", "tp", 8.0 * b * s),
             "batch_loss_mask_bcast": ("broadcast", "tp", 4.0 * b * s),
