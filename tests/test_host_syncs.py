@@ -173,6 +173,9 @@ ROW_SYNCS = {
     "ZB24-T4-01": ("megatron_nan_check", "lumped"),
     "MEGREADME-H100-01": ("megatron_core", "megatron_core"),  # f2e5db402c
     "MEGREADME-H100-07": ("megatron_core", "megatron_core"),
+    "MBRIDGE-2511-H100-01": ("none", "megatron_bridge"),  # Megatron-Bridge 97ad8cc6f
+    "MBRIDGE-2604-MOE-01": ("none", "megatron_bridge"),  # 21d102f5e
+    "NEMOLS-2403-01": ("megatron_p2p_sync", "nemo_mcore"),  # NeMo v1.23.0, mcore 0.5.0
 }
 
 
@@ -216,3 +219,15 @@ def test_megatron_core_reads_the_loss_twice_and_not_the_batch():
     assert len(reads) * w.microbatches == 2 * m
     assert all(op.host_s == HOST_SYNC_GAP_S for op in loss_ops(sc.training))
     assert exchange_sync_s(sc.training, sc.parallelism) == HOST_SYNC_GAP_S
+
+
+def test_megatron_p2p_sync_is_the_exchange_sync_alone():
+    """NeMo 24.03 on Megatron-Core 0.5.0: no batch read-back, no loss read, the sync after
+    each blocking batched exchange."""
+    from helpers import make_scenario
+
+    sc = make_scenario(**{"training.host_syncs": "megatron_p2p_sync", "parallelism.pp": 4})
+    w = build_workload(sc.model, sc.parallelism, sc.training, sc.dp)
+    assert not any(op.host_s for c in w.chunks.values() for op in c.forward)
+    assert batch_ops(sc.training) == loss_ops(sc.training) == ()
+    assert w.pp_exchange_host_s == HOST_SYNC_GAP_S

@@ -205,3 +205,32 @@ def test_megatron_core_broadcasts_before_the_end_chunks_only():
         ends = chunk.virtual_stage in (0, last)
         assert names == (["batch_tokens_bcast", "batch_attention_mask_bcast",
                           "batch_position_ids_bcast"] if ends else [])
+
+
+def test_megatron_bridge_makes_one_cross_entropy_all_gather_and_nothing_else():
+    """Megatron-Bridge's performance scripts run Transformer Engine's parallel
+    cross-entropy: one TP all-gather of three FP32 values a token from each rank (the
+    gathered output: 12·T·tp bytes); no batch broadcast, no loss average a micro-batch."""
+    b, s, tp = 2, 512, 4
+    _, work = _workload("megatron_bridge", parallelism__tp=tp, parallelism__pp=1,
+                        parallelism__micro_batch=b, training__seq_len=s)
+    (chunk,) = work.chunks.values()
+    small = [(op.name, op.collective, op.axis, op.bytes) for op in chunk.ops
+             if isinstance(op, CommOp) and op.name.startswith(("loss_", "batch_"))]
+    assert small == [("loss_tp_gather", "all_gather", "tp", 12.0 * b * s * tp)]
+
+
+def test_nemo_reduces_the_loss_over_context_then_data_parallel_ranks():
+    """NeMo 24.03's ``loss_func``: the loss all-reduced over the context-parallel group,
+    then averaged over the data-parallel group (one FP32 value each); the
+    cross-entropy's three TP all-reduces; no batch broadcast."""
+    _, work = _workload("nemo_mcore", parallelism__tp=2, parallelism__pp=1,
+                        parallelism__cp=2)
+    (chunk,) = work.chunks.values()
+    small = [(op.name, op.axis, op.bytes) for op in chunk.ops
+             if isinstance(op, CommOp) and op.name.startswith(("loss_", "batch_"))]
+    names = [n for n, _, _ in small]
+    assert names.count("loss_tp_max") == names.count("loss_tp_sum_exp") == 1
+    assert ("loss_cp", "cp", 4.0) in small and ("loss_average", "dp", 4.0) in small
+    assert names.index("loss_cp") == names.index("loss_average") - 1
+    assert not any(n.startswith("batch_") for n in names)

@@ -63,7 +63,12 @@ schedules.py``, every schedule; ``num_tokens`` is the loss's token count on the 
 there, a host tensor on the other stages); ``_communicate`` syncs after each batched
 exchange when ``batch_p2p_comm and batch_p2p_sync`` (the same rule as the Zero Bubble
 fork's). Its timers sync only at ``--timing-log-level`` 2 (``forward-compute``), off by
-default.
+default. NeMo 24.03 (NVIDIA/NeMo v1.23.0 on megatron_core 0.5.0; ``megatron_p2p_sync``)
+copies each rank's own batch to the device (no read-back), has no NaN check in its
+training ``loss_func`` and no ``num_tokens.item()`` in Megatron-Core 0.5.0's schedules,
+and keeps ``batch_p2p_sync`` on (``megatron_base_model.py``: "call
+torch.cuda.synchronize() after batch isend/rcv", with Megatron-Core's default
+``batch_p2p_comm``): the exchange sync alone.
 
 Which wait for what: ``torch.cuda.synchronize()`` (``cudaDeviceSynchronize``) waits for
 every stream of the device, a weight gather in flight on another stream included
@@ -124,6 +129,7 @@ MEGATRON_SYNCS: dict[HostSyncs, MegatronSyncs] = {
     "megatron_every_chunk": MegatronSyncs("every", (), True),
     "megatron_every_chunk_no_exchange_sync": MegatronSyncs("every", (), False),
     "megatron_core": MegatronSyncs("none", ("loss_nan_check", "loss_tokens_item"), True),
+    "megatron_p2p_sync": MegatronSyncs("none", (), True),
 }
 """The ``training.host_syncs`` values that make Megatron-LM's syncs, and where."""
 

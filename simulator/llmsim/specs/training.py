@@ -34,12 +34,14 @@ PyTorch's eager ``rotate_half`` operators, or the complex multiply of torchtitan
 LLaMA (:mod:`llmsim.workload.rope`)."""
 
 HostSyncs = Literal["none", "megatron", "megatron_nan_check", "megatron_every_chunk",
-                    "megatron_every_chunk_no_exchange_sync", "megatron_core", "attention"]
+                    "megatron_every_chunk_no_exchange_sync", "megatron_core",
+                    "megatron_p2p_sync", "attention"]
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
 SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020", "megatron_deepspeed_pipe",
-                     "megatron_core", "megatron_core_no_mask"]
+                     "megatron_core", "megatron_core_no_mask", "nemo_mcore",
+                     "megatron_bridge"]
 """Which small collectives a framework makes per micro-batch outside the layers (the
 cross-entropy's all-reduces, the batch's broadcast, the loss's average;
 :attr:`Training.small_calls`, :mod:`llmsim.workload.small_calls`)."""
@@ -231,7 +233,8 @@ class Training(Spec):
     before every chunk, no sync after the exchanges; ``megatron_core``, Megatron-Core's
     ``pretrain_gpt.py`` of 2024 (f2e5db402c): no read-back of the batch, the loss's NaN
     check and the schedule's ``num_tokens.item()`` on the last stage, and the exchange
-    sync; ``attention``, a
+    sync; ``megatron_p2p_sync``, the exchange sync alone (NeMo 24.03 with
+    Megatron-Core 0.5.0); ``attention``, a
     ``torch.cuda.synchronize()`` before and after each attention kernel of the forward,
     the recompute and the backward (``benchmarks/time_hf_llama_host.py``'s ``_sync``
     modes; one rank of DistFlashAttn's schedule, which syncs at each of its steps)."""
@@ -251,7 +254,10 @@ class Training(Spec):
     per batch tensor before the first and last stages' forward, the b·s² attention mask
     among them, and the loss and its token count all-reduced over the data-parallel
     group; ``megatron_core_no_mask``, the same with
-    ``--no-create-attention-mask-in-dataloader``."""
+    ``--no-create-attention-mask-in-dataloader``; ``nemo_mcore``, NeMo 24.03: the three
+    all-reduces, no batch broadcast, the loss all-reduced over cp and averaged over dp;
+    ``megatron_bridge``, Megatron-Bridge's performance scripts: Transformer Engine's
+    cross-entropy, one TP all-gather of three FP32 values a token, nothing else."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

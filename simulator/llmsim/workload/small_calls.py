@@ -60,6 +60,28 @@ With tensor parallelism 1 the TP calls are calls on a group of one and cost noth
   by default, ``megatron/training/arguments.py``); ``megatron_core_no_mask``: the same
   without it. ``loss_func`` all-reduces the loss and its token count (two FP32 values)
   over the data-parallel group every micro-batch (``reporting_loss``).
+* ``nemo_mcore``: NeMo 24.03 (NVIDIA/NeMo v1.23.0 with megatron_core 0.5.0, its
+  ``requirements_nlp.txt``): Megatron-Core's unfused cross-entropy, three TP all-reduces
+  (``core_v0.5.0`` ``tensor_parallel/cross_entropy.py``); no batch broadcast:
+  ``MegatronGPTModel.get_batch`` takes each rank's own batch from its data loader and
+  copies the stage's tensors to the device (``.cuda(non_blocking=True)``,
+  ``nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py``); the loss
+  all-reduced over the context-parallel group where cp > 1 (``loss_func``), then averaged
+  over the data-parallel group (``average_losses_across_data_parallel_group``), both one
+  FP32 value, every micro-batch.
+* ``megatron_bridge``: NVIDIA-NeMo/Megatron-Bridge's performance scripts (97ad8cc6f with
+  Megatron-LM 92c8482e, 21d102f5e with 44151194): ``scripts/performance/utils/
+  overrides.py`` sets ``cross_entropy_fusion_impl = "te"`` and the model provider keeps
+  ``cross_entropy_loss_fusion`` on (``gpt_provider.py``), so Megatron-Core's
+  ``LanguageModule.compute_language_model_loss`` calls Transformer Engine's
+  ``parallel_cross_entropy``, whose Triton forward (``transformer_engine/pytorch/triton/
+  cross_entropy.py`` ``cross_entropy_forward``, v2.8 and v2.9) all-gathers three FP32
+  values a token (``m_d_X_y``: the maximum, the sum of exponentials, the predicted logit)
+  from every TP rank in one ``all_gather_into_tensor``; no batch broadcast
+  (``gpt_step.py`` ``get_batch_from_iterator``: each rank's own batch, copied to the
+  device); ``masked_next_token_loss`` (``training/losses.py``) returns the loss and its
+  token count without a collective (their reduction for logging, outside the
+  micro-batches' loop, is not counted).
 """
 
 from __future__ import annotations
@@ -97,6 +119,11 @@ class CallSet:
     """With :attr:`per_tensor_batch`: the b·s² bool attention mask is among them."""
     loss_values: int = 1
     """FP32 values of the loss average (Megatron-Core: the loss and its token count)."""
+    cross_entropy_all_gather: bool = False
+    """The cross-entropy's reductions are one TP all-gather of three FP32 values a token
+    from each rank (Transformer Engine's ``parallel_cross_entropy``), not all-reduces."""
+    loss_context_all_reduce: bool = False
+    """The loss is all-reduced over the context-parallel group first (one FP32 value)."""
 
 
 CALL_SETS: dict[SmallCalls, CallSet] = {
@@ -108,6 +135,8 @@ CALL_SETS: dict[SmallCalls, CallSet] = {
                              loss_values=2),
     "megatron_core_no_mask": CallSet(3, 0, "dp", False, per_tensor_batch=True,
                                      loss_values=2),
+    "nemo_mcore": CallSet(3, 0, "dp", loss_context_all_reduce=True),
+    "megatron_bridge": CallSet(0, 0, None, cross_entropy_all_gather=True),
 }
 """Each ``training.small_calls`` value's calls (module docstring for the sources)."""
 
@@ -117,6 +146,9 @@ def cross_entropy_calls(small_calls: SmallCalls, tokens: int, tp: int) -> list[C
     tokens on a device, in the order the forward makes them (none at ``tp`` 1)."""
     if tp == 1:
         return []
+    if CALL_SETS[small_calls].cross_entropy_all_gather:
+        return [CommOp("loss_tp_gather", "all_gather", "tp", "F",
+                       float(3 * FP32_BYTES * tokens * tp))]
     calls = CALL_SETS[small_calls].cross_entropy_all_reduces
     if calls == 1:
         return [CommOp("loss_tp", "all_reduce", "tp", "F", float(3 * FP32_BYTES * tokens))]
@@ -169,10 +201,14 @@ def _per_tensor_broadcasts(calls: CallSet, micro_batch: int, seq_len: int,
 
 def loss_average(small_calls: SmallCalls) -> tuple[CommOp, ...]:
     """The last stage's all-reduce of the micro-batch's loss for logging (one FP32 value;
-    Megatron-Core's two, the loss and its token count), or none (a one-rank group costs nothing)."""
+    Megatron-Core's two, the loss and its token count), after NeMo's context-parallel
+    one, or none (a one-rank group costs nothing)."""
     calls = CALL_SETS[small_calls]
+    context: tuple[CommOp, ...] = (
+        (CommOp("loss_cp", "all_reduce", "cp", "F", float(FP32_BYTES)),)
+        if calls.loss_context_all_reduce else ())
     if calls.loss_average_axis is None:
-        return ()
-    return (CommOp("loss_average", "all_reduce", calls.loss_average_axis, "F",
-                   float(FP32_BYTES * calls.loss_values)),)
+        return context
+    return (*context, CommOp("loss_average", "all_reduce", calls.loss_average_axis, "F",
+                             float(FP32_BYTES * calls.loss_values)))
 
