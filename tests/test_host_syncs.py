@@ -175,7 +175,8 @@ ROW_SYNCS = {
     "MEGREADME-H100-07": ("megatron_core", "megatron_core"),
     "MBRIDGE-2511-H100-01": ("none", "megatron_bridge"),  # Megatron-Bridge 97ad8cc6f
     "MBRIDGE-2604-MOE-01": ("none", "megatron_bridge"),  # 21d102f5e
-    "NEMOLS-2403-01": ("megatron_p2p_sync", "nemo_mcore"),  # NeMo v1.23.0, mcore 0.5.0
+    "NEMOLS-2403-01": ("megatron_p2p_sync", "nemo"),  # NeMo v1.23.0, mcore 0.5.0
+    "MLPERF-v3.0-NVIDIA-n512": ("none", "nemo"),  # NeMo v1.17.0_pt_23.04, apex
 }
 
 

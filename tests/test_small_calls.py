@@ -224,7 +224,7 @@ def test_nemo_reduces_the_loss_over_context_then_data_parallel_ranks():
     """NeMo 24.03's ``loss_func``: the loss all-reduced over the context-parallel group,
     then averaged over the data-parallel group (one FP32 value each); the
     cross-entropy's three TP all-reduces; no batch broadcast."""
-    _, work = _workload("nemo_mcore", parallelism__tp=2, parallelism__pp=1,
+    _, work = _workload("nemo", parallelism__tp=2, parallelism__pp=1,
                         parallelism__cp=2)
     (chunk,) = work.chunks.values()
     small = [(op.name, op.axis, op.bytes) for op in chunk.ops

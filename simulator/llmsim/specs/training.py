@@ -40,7 +40,7 @@ HostSyncs = Literal["none", "megatron", "megatron_nan_check", "megatron_every_ch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
 SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020", "megatron_deepspeed_pipe",
-                     "megatron_core", "megatron_core_no_mask", "nemo_mcore",
+                     "megatron_core", "megatron_core_no_mask", "nemo",
                      "megatron_bridge"]
 """Which small collectives a framework makes per micro-batch outside the layers (the
 cross-entropy's all-reduces, the batch's broadcast, the loss's average;
@@ -254,7 +254,7 @@ class Training(Spec):
     per batch tensor before the first and last stages' forward, the b·s² attention mask
     among them, and the loss and its token count all-reduced over the data-parallel
     group; ``megatron_core_no_mask``, the same with
-    ``--no-create-attention-mask-in-dataloader``; ``nemo_mcore``, NeMo 24.03: the three
+    ``--no-create-attention-mask-in-dataloader``; ``nemo``, NeMo 1.17 and 24.03: the three
     all-reduces, no batch broadcast, the loss all-reduced over cp and averaged over dp;
     ``megatron_bridge``, Megatron-Bridge's performance scripts: Transformer Engine's
     cross-entropy, one TP all-gather of three FP32 values a token, nothing else."""

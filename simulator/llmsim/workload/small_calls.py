@@ -60,7 +60,7 @@ With tensor parallelism 1 the TP calls are calls on a group of one and cost noth
   by default, ``megatron/training/arguments.py``); ``megatron_core_no_mask``: the same
   without it. ``loss_func`` all-reduces the loss and its token count (two FP32 values)
   over the data-parallel group every micro-batch (``reporting_loss``).
-* ``nemo_mcore``: NeMo 24.03 (NVIDIA/NeMo v1.23.0 with megatron_core 0.5.0, its
+* ``nemo``: NeMo 24.03 (NVIDIA/NeMo v1.23.0 with megatron_core 0.5.0, its
   ``requirements_nlp.txt``): Megatron-Core's unfused cross-entropy, three TP all-reduces
   (``core_v0.5.0`` ``tensor_parallel/cross_entropy.py``); no batch broadcast:
   ``MegatronGPTModel.get_batch`` takes each rank's own batch from its data loader and
@@ -68,7 +68,11 @@ With tensor parallelism 1 the TP calls are calls on a group of one and cost noth
   ``nemo/collections/nlp/models/language_modeling/megatron_gpt_model.py``); the loss
   all-reduced over the context-parallel group where cp > 1 (``loss_func``), then averaged
   over the data-parallel group (``average_losses_across_data_parallel_group``), both one
-  FP32 value, every micro-batch.
+  FP32 value, every micro-batch. NeMo 1.17 (``v1.17.0_pt_23.04``, MLPerf Training v3.0's
+  GPT-3) makes the same calls: apex's ``transformer/tensor_parallel/cross_entropy.py``
+  (three all-reduces, unchanged from 2022-08 to the 23.04 container), each rank's own
+  batch, the loss averaged over dp; it has no context parallelism (the cp call is on a
+  group of one).
 * ``megatron_bridge``: NVIDIA-NeMo/Megatron-Bridge's performance scripts (97ad8cc6f with
   Megatron-LM 92c8482e, 21d102f5e with 44151194): ``scripts/performance/utils/
   overrides.py`` sets ``cross_entropy_fusion_impl = "te"`` and the model provider keeps
@@ -135,7 +139,7 @@ CALL_SETS: dict[SmallCalls, CallSet] = {
                              loss_values=2),
     "megatron_core_no_mask": CallSet(3, 0, "dp", False, per_tensor_batch=True,
                                      loss_values=2),
-    "nemo_mcore": CallSet(3, 0, "dp", loss_context_all_reduce=True),
+    "nemo": CallSet(3, 0, "dp", loss_context_all_reduce=True),
     "megatron_bridge": CallSet(0, 0, None, cross_entropy_all_gather=True),
 }
 """Each ``training.small_calls`` value's calls (module docstring for the sources)."""
