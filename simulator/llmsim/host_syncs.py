@@ -50,7 +50,10 @@ c63906a has no pipeline (``megatron_every_chunk_no_exchange_sync``). Not priced:
 versions' timers (``megatron/global_vars.py`` ``Timer.start``/``stop`` call
 ``torch.cuda.synchronize()``) around ``get_batch`` (``batch-generator``), each forward
 and backward (``forward-compute``, ``backward-compute``) and each exchange: more syncs a
-micro-batch, back to back with the ones above.
+micro-batch, back to back with the ones above. The same code on a CPU (DeepSpeedFugaku
+8e0eabb on A64FX) makes none: its sizes are a host tensor, ``.cpu()`` returns it, and
+there is no device queue to drain (``none``; the mask kernels it runs on the host are
+not priced).
 
 Megatron-Core's ``pretrain_gpt.py`` (NVIDIA/Megatron-LM f2e5db402c, 2024-07-15, the
 README's H100 table's commit; ``megatron_core``) reads nothing of the batch back:
