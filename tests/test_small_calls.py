@@ -120,12 +120,15 @@ def test_the_search_estimator_prices_the_calls_as_the_engine_within_a_thousandth
     """The estimator reads the head's calls (``PassOps.head``) and the batch's broadcasts
     before each chunk (``PassOps.batch_input``) from the same ops as the engine
     (docs/cost-models.md, "Small calls outside the layers"): within 1e-3 on both rows, and
-    the broadcasts add to the estimate what they add to the engine's step."""
+    the broadcasts add to the estimate what they add to the engine's step. The host syncs
+    are left out here (the estimator does not price the sync after each pipeline
+    exchange; the syncs before every chunk, which it does, are checked below)."""
     from llmsim.search.estimate import Estimator
     run = next(r for r in load_runs() if r.id == row)
     steps = {}
     for calls in ("lumped", "megatron_mpu"):
-        sc = load_scenario(scenario_mapping(run), [f"training.small_calls={calls}"])
+        sc = load_scenario(scenario_mapping(run), [f"training.small_calls={calls}",
+                                                   "training.host_syncs=none"])
         engine = simulate(sc).step_time_s
         estimate = Estimator().estimate(sc).step_time_s
         assert estimate == pytest.approx(engine, rel=1e-3)
@@ -144,3 +147,90 @@ def test_deepspeed_pipe_broadcasts_on_the_first_and_last_stages_only():
         broadcasts = ["batch_sizes_bcast", "batch_bcast"] if chunk.first or chunk.last else []
         head = ["loss_tp_max", "loss_tp_predicted", "loss_tp_sum_exp"] if chunk.last else []
         assert names == broadcasts + head
+
+
+def test_the_search_estimator_prices_the_syncs_before_every_chunk():
+    """Megatron-LM 2020-21's read-back and masks before every chunk ride with the batch's
+    broadcasts (``PassOps.batch_input``), so the estimator prices them as the engine does:
+    NAR21-T1-06 without the exchange syncs within 1e-3, and the syncs add to the estimate
+    what they add to the engine's step."""
+    from llmsim.search.estimate import Estimator
+    run = next(r for r in load_runs() if r.id == "NAR21-T1-06")
+    steps = {}
+    for syncs in ("none", "megatron_every_chunk_no_exchange_sync"):
+        sc = load_scenario(scenario_mapping(run), [f"training.host_syncs={syncs}"])
+        steps[syncs] = Estimator().estimate(sc).step_time_s, simulate(sc).step_time_s
+        assert steps[syncs][0] == pytest.approx(steps[syncs][1], rel=1e-3)
+    (est_none, eng_none) = steps["none"]
+    (est_sync, eng_sync) = steps["megatron_every_chunk_no_exchange_sync"]
+    assert est_sync - est_none == pytest.approx(eng_sync - eng_none, rel=0.05)
+    assert eng_sync > eng_none
+
+
+CORE_BATCH = ("batch_tokens_bcast", "batch_labels_bcast", "batch_loss_mask_bcast",
+              "batch_attention_mask_bcast", "batch_position_ids_bcast")
+
+
+@pytest.mark.parametrize(("calls", "mask"), [("megatron_core", True),
+                                             ("megatron_core_no_mask", False)])
+def test_megatron_core_one_stage_broadcasts_each_batch_tensor(calls, mask):
+    """Megatron-Core's ``get_batch_on_this_tp_rank`` at pp 1 (f2e5db402c): tokens, labels
+    and position ids (b·s int64), the loss mask (b·s FP32) and, unless
+    ``--no-create-attention-mask-in-dataloader``, the b·s² bool mask, one broadcast
+    each; no size broadcast; the loss and its token count averaged over dp."""
+    b, s = 2, 512
+    _, work = _workload(calls, parallelism__tp=4, parallelism__pp=1,
+                        parallelism__micro_batch=b, training__seq_len=s)
+    (chunk,) = work.chunks.values()
+    got = {op.name: (op.collective, op.axis, op.bytes) for op in chunk.ops
+           if isinstance(op, CommOp) and op.name in (*CORE_BATCH, "loss_average")}
+    want = {"batch_tokens_bcast": ("broadcast", "tp", 8.0 * b * s),
+            "batch_labels_bcast": ("broadcast", "tp", 8.0 * b * s),
+            "batch_loss_mask_bcast": ("broadcast", "tp", 4.0 * b * s),
+            "batch_position_ids_bcast": ("broadcast", "tp", 8.0 * b * s),
+            "loss_average": ("all_reduce", "dp", 8.0)}
+    if mask:
+        want["batch_attention_mask_bcast"] = ("broadcast", "tp", 1.0 * b * s * s)
+    assert got == want
+    assert not any(op.name in ("batch_sizes_bcast", "batch_bcast") for op in chunk.ops)
+
+
+def test_megatron_core_broadcasts_before_the_end_chunks_only():
+    """With a pipeline, ``get_batch`` returns early on the middle stages: the first and
+    last chunks get three broadcasts each (tokens, mask, position ids), the others none."""
+    _, work = _workload("megatron_core", parallelism__tp=2, parallelism__pp=4)
+    last = max(c.virtual_stage for c in work.chunks.values())
+    for chunk in work.chunks.values():
+        names = [op.name for op in chunk.forward if op.name in CORE_BATCH]
+        ends = chunk.virtual_stage in (0, last)
+        assert names == (["batch_tokens_bcast", "batch_attention_mask_bcast",
+                          "batch_position_ids_bcast"] if ends else [])
+
+
+def test_megatron_bridge_makes_one_cross_entropy_all_gather_and_nothing_else():
+    """Megatron-Bridge's performance scripts run Transformer Engine's parallel
+    cross-entropy: one TP all-gather of three FP32 values a token from each rank (the
+    gathered output: 12·T·tp bytes); no batch broadcast, no loss average a micro-batch."""
+    b, s, tp = 2, 512, 4
+    _, work = _workload("megatron_bridge", parallelism__tp=tp, parallelism__pp=1,
+                        parallelism__micro_batch=b, training__seq_len=s)
+    (chunk,) = work.chunks.values()
+    small = [(op.name, op.collective, op.axis, op.bytes) for op in chunk.ops
+             if isinstance(op, CommOp) and op.name.startswith(("loss_", "batch_"))]
+    assert small == [("loss_tp_gather", "all_gather", "tp", 12.0 * b * s * tp)]
+
+
+def test_nemo_reduces_the_loss_over_context_then_data_parallel_ranks():
+    """NeMo 24.03's ``loss_func``: the loss all-reduced over the context-parallel group,
+    then averaged over the data-parallel group (one FP32 value each); the
+    cross-entropy's three TP all-reduces; no batch broadcast."""
+    _, work = _workload("nemo", parallelism__tp=2, parallelism__pp=1,
+                        parallelism__cp=2)
+    (chunk,) = work.chunks.values()
+    small = [(op.name, op.axis, op.bytes) for op in chunk.ops
+             if isinstance(op, CommOp) and op.name.startswith(("loss_", "batch_"))]
+    names = [n for n, _, _ in small]
+    assert names.count("loss_tp_max") == names.count("loss_tp_sum_exp") == 1
+    assert ("loss_cp", "cp", 4.0) in small and ("loss_average", "dp", 4.0) in small
+    assert names.index("loss_cp") == names.index("loss_average") - 1
+    assert not any(n.startswith("batch_") for n in names)

@@ -33,11 +33,15 @@ RopeKernel = Literal["fused", "unfused", "complex"]
 PyTorch's eager ``rotate_half`` operators, or the complex multiply of torchtitan and Meta's
 LLaMA (:mod:`llmsim.workload.rope`)."""
 
-HostSyncs = Literal["none", "megatron", "megatron_nan_check", "attention"]
+HostSyncs = Literal["none", "megatron", "megatron_nan_check", "megatron_every_chunk",
+                    "megatron_every_chunk_no_exchange_sync", "megatron_core",
+                    "megatron_p2p_sync", "attention"]
 """Which host synchronisations a framework's training step makes per micro-batch
 (:attr:`Training.host_syncs`, :mod:`llmsim.host_syncs`)."""
 
-SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020", "megatron_deepspeed_pipe"]
+SmallCalls = Literal["lumped", "megatron_mpu", "megatron_2020", "megatron_deepspeed_pipe",
+                     "megatron_core", "megatron_core_no_mask", "nemo",
+                     "megatron_bridge"]
 """Which small collectives a framework makes per micro-batch outside the layers (the
 cross-entropy's all-reduces, the batch's broadcast, the loss's average;
 :attr:`Training.small_calls`, :mod:`llmsim.workload.small_calls`)."""
@@ -222,7 +226,15 @@ class Training(Spec):
     blocking pipeline messages, the ``torch.cuda.synchronize()`` after each batched
     exchange (``batch_p2p_sync``); ``megatron_nan_check``, those and the loss's NaN check
     on the last stage (``assert not loss.isnan()``, ``check_for_nan_in_loss_and_grad``,
-    on by default in Megatron-LM from September 2023); ``attention``, a
+    on by default in Megatron-LM from September 2023); ``megatron_every_chunk``,
+    Megatron-LM of 2021 (de7dc40): the read-back and masks before every chunk's forward
+    and the sync after each blocking exchange; ``megatron_every_chunk_no_exchange_sync``,
+    Megatron-LM of 2020 and January 2021 (c63906a, 1b8e289): the read-back and masks
+    before every chunk, no sync after the exchanges; ``megatron_core``, Megatron-Core's
+    ``pretrain_gpt.py`` of 2024 (f2e5db402c): no read-back of the batch, the loss's NaN
+    check and the schedule's ``num_tokens.item()`` on the last stage, and the exchange
+    sync; ``megatron_p2p_sync``, the exchange sync alone (NeMo 24.03 with
+    Megatron-Core 0.5.0); ``attention``, a
     ``torch.cuda.synchronize()`` before and after each attention kernel of the forward,
     the recompute and the backward (``benchmarks/time_hf_llama_host.py``'s ``_sync``
     modes; one rank of DistFlashAttn's schedule, which syncs at each of its steps)."""
@@ -237,7 +249,15 @@ class Training(Spec):
     ``megatron_2020``, Megatron-LM of September 2020: the same, the loss reduced over
     every rank; ``megatron_deepspeed_pipe``, BigScience's Megatron-DeepSpeed under
     DeepSpeed's pipeline engine: the three all-reduces, the two broadcasts before the
-    first and last stages' forward only, no loss average a micro-batch."""
+    first and last stages' forward only, no loss average a micro-batch; ``megatron_core``,
+    Megatron-Core's ``pretrain_gpt.py`` (2024): the three all-reduces, one TP broadcast
+    per batch tensor before the first and last stages' forward, the b·s² attention mask
+    among them, and the loss and its token count all-reduced over the data-parallel
+    group; ``megatron_core_no_mask``, the same with
+    ``--no-create-attention-mask-in-dataloader``; ``nemo``, NeMo 1.17 and 24.03: the three
+    all-reduces, no batch broadcast, the loss all-reduced over cp and averaged over dp;
+    ``megatron_bridge``, Megatron-Bridge's performance scripts: Transformer Engine's
+    cross-entropy, one TP all-gather of three FP32 values a token, nothing else."""
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has

@@ -124,10 +124,15 @@ class PassOps:
     head: tuple[tuple[Op, ...], tuple[Op, ...], tuple[Op, ...]]
     batch_input: tuple[Op, ...] = ()
     """The batch's broadcast to the TP group before a chunk's forward
-    (:func:`llmsim.workload.small_calls.batch_broadcasts`)."""
+    (:func:`llmsim.workload.small_calls.batch_broadcasts`), and where ``get_batch`` reads
+    the sizes back before every chunk, that sync and its masks
+    (:func:`llmsim.host_syncs.batch_ops`)."""
     batch_input_on_every_chunk: bool = True
     """:attr:`batch_input` comes before every chunk's forward; False: before the first and
     last chunks' only."""
+    batch_ends: tuple[Op, ...] = ()
+    """Ops before the first and last chunks' forward only, after :attr:`batch_input`:
+    ``get_batch``'s sync and masks where they are not in :attr:`batch_input`."""
 
     def block(self, model: Model, layer: int) -> Passes:
         """The passes of transformer layer ``layer`` (0-based)."""
@@ -173,12 +178,18 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     blocks = [moe if moe is not None and model.mtp_is_moe(k) else dense
               for k in range(model.mtp_depth)]
     mtp_f, mtp_b, mtp_w = mtp_ops(builder, blocks, embedding, head)
+    # get_batch's sync and masks go where its broadcasts go (DeepSpeed's pipeline engine
+    # calls it on the first and last stages only), before every chunk where the version
+    # makes them so, else before the embedding's and the head's chunks
+    every = broadcast_on_every_chunk(training.small_calls)
+    batch_input = batch_broadcasts(training.small_calls, par.micro_batch, training.seq_len,
+                                   par.tp, par.pp)
+    every_chunk_syncs = batch_ops(training, ends=False) if every else ()
     return PassOps(dense, moe, embedding,
                    (head[0] + mtp_f + loss_average(training.small_calls), mtp_b + head[1],
                     mtp_w + head[2]),
-                   batch_broadcasts(training.small_calls, par.micro_batch, training.seq_len,
-                                    par.tp),
-                   broadcast_on_every_chunk(training.small_calls))
+                   batch_input + every_chunk_syncs, every,
+                   () if every_chunk_syncs else batch_ops(training))
 
 
 NORMS_AND_UP_PROJECTIONS = frozenset({"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up",
@@ -284,10 +295,10 @@ def chunk_pass_ops(model: Model, training: Training, ops: PassOps, n: int, first
     amax reductions, forward and backward)."""
     (emb_f, emb_b, emb_w), (head_f, head_b, head_w) = ops.embedding, ops.head
     # get_batch's broadcasts (before every chunk in Megatron-LM's mpu), its sync and masks
-    # before the embedding's and the head's chunk
+    # (before every chunk in Megatron-LM 2020-21, else the embedding's and the head's)
     ends = first or last
     fwd: tuple[Op, ...] = ops.batch_input if ops.batch_input_on_every_chunk or ends else ()
-    fwd += batch_ops(training) if ends else ()
+    fwd += ops.batch_ends if ends else ()
     fwd += emb_f if first else ()
     bwd: tuple[Op, ...] = head_b if last else ()
     wgt: tuple[Op, ...] = head_w if last else ()
