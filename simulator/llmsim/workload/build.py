@@ -34,6 +34,7 @@ from llmsim.workload.fp8 import (
     weight_elements,
 )
 from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
+from llmsim.workload.host_work import apply_host_work
 from llmsim.workload.layer import LayerBuilder, _as_phase
 from llmsim.workload.persistent import persistent_elements
 from llmsim.workload.rope import apply_rope
@@ -155,6 +156,8 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
         (layer_f, layer_r, layer_b, layer_w), builder)
     layer_f, layer_r, layer_b, layer_w = apply_attention_syncs(
         (layer_f, layer_r, layer_b, layer_w), training)
+    layer_f, layer_r, layer_b, layer_w = apply_host_work(
+        (layer_f, layer_r, layer_b, layer_w), model, par, training)
     if par.recompute_norms_and_up_proj:
         layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
     moe = None
