@@ -12,7 +12,7 @@ import pytest
 from llmsim import simulate
 from llmsim import validation as v
 
-RUNS = {r.id: r for r in v.load_runs() if r.id.startswith("DFA24")}
+RUNS = {r.id: r for r in v.load_runs() if r.id.startswith(("DFA24", "FRONTIER24"))}
 LAYERS = 32
 
 
@@ -70,3 +70,27 @@ def test_a_recompute_gathered_when_reached_waits_for_its_first_call():
     waits = _recompute_waits("DFA24-01")
     assert waits == pytest.approx([one_gather_s] * (LAYERS - 1), rel=1e-6)
     assert _recompute_waits("DFA24-01", prefetch_recompute_gather=True) == []
+
+
+def _forward_waits(sc) -> list[float]:
+    records = simulate(sc).trace.records
+    forward = sorted((r for r in records if r.device == 0 and r.stream == "compute"
+                      and r.name == "F0"), key=lambda r: r.start_s)
+    return [b.start_s - a.end_s for a, b in pairwise(forward) if b.start_s > a.end_s + 1e-12]
+
+
+def test_a_gather_issued_when_reached_waits_for_its_first_call_only():
+    """Not prefetched (``prefetch_weights`` false), each forward layer of DFA24-01 (8K
+    tokens a GPU, two calls a layer) waits for its first call's gather only, 1.6 ms, the
+    second call's running under the first call's kernels (as FSDP1 issues each call's
+    gather at the call); such a step runs on SimPy, whose loop this is."""
+    from llmsim.engine import uncontended
+    from llmsim.simulation import build_engine
+
+    sc = _scenario("DFA24-01", prefetch_weights=False)
+    gather = _gathers(simulate(sc))[0]
+    waits = _forward_waits(sc)
+    assert waits == pytest.approx([gather.end_s - gather.start_s] * (LAYERS - 1), rel=1e-6)
+    frontier = _scenario("FRONTIER24-01", gathers_per_call=2)
+    assert uncontended.simpy_reason(build_engine(frontier, None)) == (
+        "a gather per call of a layer")

@@ -74,7 +74,7 @@ class WeightGathers:
                              len(units))
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
-            self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
+            self._prefetch(dev, actions, i, j, gathers, reached=True)  # no-op when issued
             gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
             if not gather.triggered:
                 if env.now > seg_start:
@@ -155,9 +155,13 @@ class WeightGathers:
         return self.gather_ops[chunk_key]
 
     def _prefetch(self, dev: Device, actions: list[Action], i: int, layer: int,
-                  gathers: dict[tuple[int, int, str, int], simpy.Event]) -> None:
+                  gathers: dict[tuple[int, int, str, int], simpy.Event],
+                  reached: bool = False) -> None:
         """Issue the gather of one layer's weights for action ``i``, if it needs one
-        (:meth:`Workload.gathers_before`).
+        (:meth:`Workload.gathers_before`); ``reached``: issued as its part is reached,
+        whose compute then waits for the first call's all-gathers only (the later calls'
+        gathered while the first call computes, as a framework that gathers at each call
+        issues them), where one issued ahead is waited for whole.
 
         The backward walks the layers in reverse, so its j-th gather is of layer L−1−j
         (of layer L−1−⌊j/2⌋ when each layer is gathered for its recompute and again for
@@ -177,7 +181,7 @@ class WeightGathers:
         done = self.env.event()
         gathers[key] = done
         parts = self.work.gather_parts(self.work.chunks[(dev.stage, act.chunk)], op)
-        first = len(parts) * self.work.gather_messages if self._at_call(act, layer) else 0
+        first = len(parts) * self.work.gather_messages if reached else 0
         self.env.process(self._gather(dev, parts, done, (act.microbatch, act.kind), first))
 
     def _gather(self, dev: Device, parts: tuple[CommOp, ...], done: simpy.Event,
@@ -185,9 +189,9 @@ class WeightGathers:
         """One layer's weights: :attr:`Workload.gather_messages` all-gathers back to back,
         of each of its parts (:meth:`Workload.gather_parts`) in turn, once for each of its
         calls (:attr:`Workload.gather_calls`). ``done`` succeeds after the last, or after
-        the ``first`` ones where given: a recompute whose gather is issued when it is
-        reached waits for its first call's only, each later call's gather running under
-        the calls before it (:meth:`_at_call`)."""
+        the ``first`` ones where given: a part whose gather is issued when it is reached
+        waits for its first call's only, each later call's gather running under the calls
+        before it (:meth:`_prefetch`)."""
         sent = 0
         for i, op in enumerate(parts * self.work.gather_calls):
             for message in range(self.work.gather_messages):

@@ -17,7 +17,7 @@ without a pipeline this module replays the engine's gathered forward and backwar
 micro-batch layer by layer, in closed form: the parts (a layer, or its recompute and its
 backward), each gather queued on the one ``dp`` stream when its part's predecessor starts
 (prefetched) or when the part is reached, each part waiting at its start for its gather
-(the first call's, for a recompute gathered when reached) and at its sync
+(the first call's only where queued as the part is reached) and at its sync
 (:func:`llmsim.engine.sync_shares.sync_shares`) for every gather queued; and returns the
 waits less what the aggregate form already charged. Zero for every other layout, so the
 estimator is unchanged there. Left out: a pipeline (``pp`` > 1), whose gathered passes
@@ -56,33 +56,34 @@ def pass_waits_s(parts_s: Sequence[float], shares: Sequence[float | None],
     from its start at 0; when the ``dp`` stream is free, s; when its last part starts, s).
 
     Part ``j`` (``parts_s[j]`` of compute, its device-wide sync ``shares[j]`` of the way
-    in, or None) needs gather ``j`` (``gather_s[j]`` on the stream, its part waiting
-    ``first_s[j]`` of it, the first call's); gather ``j`` is queued when part ``j − 1``
-    starts where ``ahead[j]``, else when part ``j`` is reached; the first at ``issued_s``
-    (None: when the pass starts). The stream runs one gather at a time, in the order
-    queued, from ``free_s``; a sync waits until the stream is free."""
+    in, or None) needs gather ``j`` (``gather_s[j]`` on the stream); gather ``j`` is
+    queued when part ``j − 1`` starts where ``ahead[j]``, the part then waiting for all of
+    it, else when part ``j`` is reached, the part waiting for its first ``first_s[j]``
+    (the first call's); the first at ``issued_s`` (None: when the pass starts, as if
+    reached). The stream runs one gather at a time, in the order queued, from ``free_s``;
+    a sync waits until the stream is free."""
     waits = t = 0.0
     free = free_s
     ready: dict[int, float] = {}
 
-    def queue(j: int, at: float) -> None:
+    def queue(j: int, at: float, reached: bool) -> None:
         nonlocal free
         start = max(at, free)
-        ready[j] = start + first_s[j]
+        ready[j] = start + (first_s[j] if reached else gather_s[j])
         free = start + gather_s[j]
 
     if issued_s is not None:
-        queue(0, issued_s)
+        queue(0, issued_s, False)
     last = 0.0
     for j, part in enumerate(parts_s):
         if j not in ready:
-            queue(j, t)
+            queue(j, t, True)
         if ready[j] > t:
             waits += ready[j] - t
             t = ready[j]
         last = t
         if j + 1 < len(parts_s) and ahead[j + 1]:
-            queue(j + 1, t)
+            queue(j + 1, t, False)
         share = shares[j]
         if share is None:
             t += part
@@ -130,9 +131,10 @@ def gathered_waits_s(sc: Scenario, costs: HardwareCosts) -> float:
     ahead_f, ahead_b = prefetched(par.prefetch_weights, "F"), prefetched(par.prefetch_weights,
                                                                          "B")
     f_parts = [forward.duration_s / layers] * layers
+    # the step's first gather, queued as the step starts where prefetched (ahead)
     waits_f, end_f, free, last_f = pass_waits_s(
         f_parts, sync_shares(forward, layers, layers), [layer_s] * layers,
-        [layer_s] * layers, [ahead_f] * layers)
+        [call_s] * layers, [ahead_f] * layers, 0.0 if ahead_f else None)
     if regather:
         recompute_s = sum(sp.duration_s for sp in backward.spans if sp.phase == "R") / layers
         b_parts = [recompute_s, backward.duration_s / layers - recompute_s] * layers
@@ -140,12 +142,12 @@ def gathered_waits_s(sc: Scenario, costs: HardwareCosts) -> float:
         b_parts = [backward.duration_s / layers] * layers
     at_call = [regather and work.recompute_gather_at_call and j % 2 == 0
                for j in range(len(b_parts))]
-    first = [call_s if late else layer_s for late in at_call]
     # the backward's first gather, prefetched when the forward's last layer starts
     issued = last_f - end_f if ahead_b and not at_call[0] else None
     waits_b, _, _, _ = pass_waits_s(
         b_parts, sync_shares(backward, layers, len(b_parts)), [layer_s] * len(b_parts),
-        first, [ahead_b and not late for late in at_call], issued, free - end_f)
+        [call_s] * len(b_parts), [ahead_b and not late for late in at_call], issued,
+        free - end_f)
     # what the estimator's aggregate form charges: one call a gather, max(f, g) ahead
     gathers_f = layers * call_s
     gathers_b = layers * call_s * (1 + regather)

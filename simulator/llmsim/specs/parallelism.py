@@ -289,7 +289,9 @@ class Parallelism(Spec):
     ``forward_ffn_attn_layer``): each decoder layer called once for its attention's
     projections and once for its feed-forward in the forward and again in the recompute
     (with ``regather_for_recompute``: two gathers before the recompute and two before the
-    backward, as each recompute call is followed by its own pre-backward gather)."""
+    backward, as each recompute call is followed by its own pre-backward gather). A part
+    whose gathers are issued as it is reached waits for its first call's only; issued one
+    part ahead, for all of them."""
     prefetch_recompute_gather: bool = True
     """With ``regather_for_recompute`` and ``prefetch_weights``: whether each layer's
     recompute gather is issued one part ahead, as the other gathers are. False: when the
