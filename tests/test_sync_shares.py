@@ -58,6 +58,21 @@ def test_a_backward_s_recompute_and_backward_parts_reach_their_own_syncs():
     assert sync_shares(_block(layers(False)), 2, 2) == pytest.approx([7 / 14.5] * 2)
 
 
+def test_a_layer_s_backward_sync_is_timed_from_its_own_backward_ops():
+    """The engine's backward block alternates each layer's recompute (norm 1, MLP 1 s; no
+    attention: DistFlashAttn's checkpointing keeps it) and its backward (MLP 3, attention
+    synced 5, norm 1 s), between the head's backward (2 s) and the embedding's (1 s).
+    Regathered, the backward part (10.5 s, the group's time over the layers) reaches its
+    sync 3 s in, from the layer's first backward op, not from its recompute's first op
+    (5 s in: the recompute's ops repeat a period later too, and were walked into); one
+    part a layer (12.5 s): the recompute, then 3 s."""
+    r = [("ln", "R", 1.0, False), ("mlp", "R", 1.0, False)]
+    b = [("mlp_b", "B", 3.0, False), ("attn_b", "B", 5.0, True), ("ln_b", "B", 1.0, False)]
+    block = _block([("head_b", "B", 2.0, False), *(r + b) * 2, ("embed_b", "B", 1.0, False)])
+    assert sync_shares(block, 2, 4) == [None, pytest.approx(3 / 10.5)] * 2
+    assert sync_shares(block, 2, 2) == pytest.approx([5 / 12.5] * 2)
+
+
 def test_a_block_without_a_device_wide_sync_has_no_share():
     block = _block([("ln", "F", 1.0, False), ("attn", "F", 2.0, False)])
     assert sync_shares(block, 1, 1) == [None]
@@ -88,12 +103,15 @@ def _forward_waits(row: str) -> tuple[list[tuple[float, float]], list[tuple[floa
 def test_at_1k_tokens_each_layer_s_sync_waits_for_the_next_layer_s_gather():
     """DFA24-13 (1K tokens a GPU): a layer's kernels before its attention (about 0.8 ms)
     are shorter than the next layer's gather (404.8 MB, 1.6 ms), issued at the layer's
-    start: the attention's first sync waits for it, once a layer (layers 1 … 31; layer 0's
+    start: the attention's first sync waits for it, once a layer but the last (layer 0's
     sync waits for layer 1's gather, issued with layer 0's own at the pass's start, so its
-    wait is longer), and each wait ends as a gather ends."""
+    wait is longer; the last layer's sync finds nothing in flight, the backward's first
+    gather being its recompute's, issued when the recompute is reached under FSDP1's
+    reentrant checkpointing, ``prefetch_recompute_gather`` false), and each wait ends as a
+    gather ends."""
     waits, gathers = _forward_waits("DFA24-13")
     ends = {end for _, end in gathers}
-    assert len(waits) == 32
+    assert len(waits) == 31
     assert all(end in ends for _, end in waits)
     later = [end - start for start, end in waits[1:]]
     assert max(later) - min(later) < 1e-9

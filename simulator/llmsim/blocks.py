@@ -117,7 +117,7 @@ class Block:
             if lead_s is None:
                 lead_s = math.inf if issue.ahead else 0.0
             waits, lead_out = pass_queue(ops, durations, issue.interval_s, lead_s,
-                                         issue.loop_interval_s)
+                                         issue.loop_interval_s, issue.work)
             durations = [w + d for w, d in zip(waits, durations, strict=True)]
         spans, t, compute, tp, a2a, cp = [], 0.0, 0.0, 0.0, 0.0, 0.0
         syncs: list[int] = []

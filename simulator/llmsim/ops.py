@@ -105,6 +105,13 @@ class ComputeOp:
     host_calls: int = 0
     """Host dispatches that issue the op's ``splits`` kernels (a framework's C++ loop over
     tensors is one call); 0: one per kernel."""
+    ckpt_nodes: int = 0
+    """Backward matmul nodes (``MmBackward0``) of a layer recomputed by a reentrant
+    ``torch.utils.checkpoint`` that the op stands for, each costing the host extra work
+    before it (:class:`llmsim.costs.host_issue.HostWork`); 0: none."""
+    fsdp_hooks: Literal["forward", "backward"] | None = None
+    """The op opens a ZeRO-3 unit's forward or backward, whose FSDP hooks the host runs
+    before it (:class:`llmsim.costs.host_issue.HostWork`); None: no hooks."""
     host_loop_kernels: int = 0
     """Kernels a framework's C++ loop launches inside those calls, each costing the host a
     launch of its own beyond the call (Transformer Engine's per-expert quantisations and

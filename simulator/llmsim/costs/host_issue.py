@@ -42,6 +42,11 @@ call, which an op declares (``ComputeOp.host_loop_kernels``: Transformer Engine'
 per-expert quantisations and cuBLAS GEMMs, :mod:`llmsim.moe_host`) and which cost the host
 :attr:`HostIssue.loop_interval_s` each after the call's own dispatch. Kernels priced
 outside a pass (a gradient bucket's, the optimizer step) do not queue.
+
+Host work that is not a kernel's dispatch, priced per op where measured
+(``training.host_path: hugging_face``, :class:`HostWork`): a reentrant checkpoint's
+backward matmul nodes and FSDP's hooks, added to the host's time before the op's first
+kernel (the op's ``ckpt_nodes`` and ``fsdp_hooks``, :mod:`llmsim.workload.host_work`).
 """
 
 from __future__ import annotations
@@ -56,6 +61,39 @@ from llmsim.specs import Accelerator, Parallelism
 from llmsim.specs.training import HostPath
 
 Op = ComputeOp | CommOp
+
+
+@dataclass(frozen=True, slots=True)
+class HostWork:
+    """The host's work before an op beyond its kernels' dispatch, s, per unit of what the
+    op declares (``ComputeOp.ckpt_nodes``, ``ComputeOp.fsdp_hooks``)."""
+
+    ckpt_node_s: float = 0.0
+    """Each backward matmul node of a layer a reentrant checkpoint recomputes, s."""
+    fsdp_forward_s: float = 0.0
+    """FSDP's hooks around one call of a unit's forward, s."""
+    fsdp_backward_s: float = 0.0
+    """FSDP's hooks around one unit's backward, s."""
+
+    @classmethod
+    def of(cls, accelerator: Accelerator) -> HostWork:
+        """The accelerator's measured host work (``host_ckpt_node_us``,
+        ``host_fsdp_forward_us``, ``host_fsdp_backward_us``; 0 where not measured)."""
+        return cls(accelerator.host_ckpt_node_us * 1e-6,
+                   accelerator.host_fsdp_forward_us * 1e-6,
+                   accelerator.host_fsdp_backward_us * 1e-6)
+
+    def op_s(self, op: Op) -> float:
+        """The host's work before ``op`` beyond its dispatch, s (0 for a collective)."""
+        if not isinstance(op, ComputeOp):
+            return 0.0
+        hooks = {None: 0.0, "forward": self.fsdp_forward_s,
+                 "backward": self.fsdp_backward_s}[op.fsdp_hooks]
+        return op.ckpt_nodes * self.ckpt_node_s + hooks
+
+
+NO_WORK = HostWork()
+"""No host work beyond the dispatch (every host path but ``hugging_face``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +120,9 @@ class HostIssue:
     nearest measured figure (one PyTorch op issued from Python: argument parsing, the
     dispatcher and the launch; a C++ launch with its allocations, descriptors and output
     objects was not timed alone); 0 under CUDA graphs or where not measured."""
+    work: HostWork = NO_WORK
+    """The host's work before an op beyond its dispatch (``training.host_path:
+    hugging_face``; none on the other paths and under CUDA graphs)."""
 
     @classmethod
     def of(cls, accelerator: Accelerator, cuda_graphs: bool,
@@ -96,22 +137,27 @@ class HostIssue:
         if cuda_graphs:
             return cls(accelerator.graph_kernel_us * 1e-6, 0.0)
         interval_us = accelerator.host_dispatch_us
-        if host_path == "modules":
+        if host_path != "bare":
             interval_us = accelerator.host_module_dispatch_us
             if interval_us <= 0:
                 raise UserError(
-                    f"training.host_path: modules has no measured host time per kernel on "
-                    f"{accelerator.name}; use bare, or give the accelerator a "
+                    f"training.host_path: {host_path} has no measured host time per kernel "
+                    f"on {accelerator.name}; use bare, or give the accelerator a "
                     f"host_module_dispatch_us")
+        work = HostWork.of(accelerator) if host_path == "hugging_face" else NO_WORK
         return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6, ahead,
-                   accelerator.host_dispatch_us * 1e-6)
+                   accelerator.host_dispatch_us * 1e-6, work)
 
     def slower(self, other: HostIssue) -> HostIssue:
         """The slower of two hosts' issue (a message between node groups of different
-        devices): the longer gap and interval, ahead only where both run ahead."""
+        devices): the longer gap, interval and work, ahead only where both run ahead."""
+        mine, theirs = self.work, other.work
+        work = HostWork(max(mine.ckpt_node_s, theirs.ckpt_node_s),
+                        max(mine.fsdp_forward_s, theirs.fsdp_forward_s),
+                        max(mine.fsdp_backward_s, theirs.fsdp_backward_s))
         return HostIssue(max(self.kernel_gap_s, other.kernel_gap_s),
                          max(self.interval_s, other.interval_s), self.ahead and other.ahead,
-                         max(self.loop_interval_s, other.loop_interval_s))
+                         max(self.loop_interval_s, other.loop_interval_s), work)
 
 
 def host_runs_ahead(par: Parallelism) -> bool:
@@ -193,46 +239,52 @@ def loop_kernels(op: Op) -> int:
     return op.host_loop_kernels if isinstance(op, ComputeOp) else 0
 
 
-def op_host_s(op: Op, interval_s: float, loop_interval_s: float = 0.0) -> float:
+def op_host_s(op: Op, interval_s: float, loop_interval_s: float = 0.0,
+              work: HostWork = NO_WORK) -> float:
     """Host time that issues ``op``, s: its dispatches (:func:`host_kernels`) at
-    ``interval_s`` and its loop's kernels (:func:`loop_kernels`) at ``loop_interval_s``."""
-    return host_kernels(op) * interval_s + loop_kernels(op) * loop_interval_s
+    ``interval_s``, its loop's kernels (:func:`loop_kernels`) at ``loop_interval_s`` and
+    the host's work before it (:meth:`HostWork.op_s`)."""
+    return (host_kernels(op) * interval_s + loop_kernels(op) * loop_interval_s
+            + work.op_s(op))
 
 
 def pass_waits_s(ops: Sequence[Op], durations_s: Sequence[float],
                  interval_s: float, ahead: bool = False,
-                 loop_interval_s: float = 0.0) -> list[float]:
+                 loop_interval_s: float = 0.0, work: HostWork = NO_WORK) -> list[float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
     (:func:`pass_queue`, the host entering with no lead, or ahead of every kernel before
     the first sync where ``ahead``)."""
     return pass_queue(ops, durations_s, interval_s, math.inf if ahead else 0.0,
-                      loop_interval_s)[0]
+                      loop_interval_s, work)[0]
 
 
 def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: float,
-               lead_s: float = 0.0,
-               loop_interval_s: float = 0.0) -> tuple[list[float], float]:
+               lead_s: float = 0.0, loop_interval_s: float = 0.0,
+               work: HostWork = NO_WORK) -> tuple[list[float], float]:
     """How long each of a pass's ops waits for the host's issue before it starts, s
     (:func:`queue_run` over its kernels), and the lead the host leaves the next pass: a
     compute op is as many kernels of equal length as the host dispatches that issue it
     (:func:`host_kernels`), each issued ``interval_s`` after the one before, then the
-    kernels its C++ loop launches (:func:`loop_kernels`), ``loop_interval_s`` apart; a
+    kernels its C++ loop launches (:func:`loop_kernels`), ``loop_interval_s`` apart, the
+    first after the host's work before the op (``work``, :meth:`HostWork.op_s`); a
     collective one kernel; an op with a ``host_s`` is issued by a host that waited for the
     device (a host sync), and one marked ``host_held`` holds the host until it ends;
     ``lead_s``: how far ahead of the device the host enters (``math.inf``: ahead of every
     kernel before the first sync, :attr:`HostIssue.ahead`). No op shorter than its host
     time (:func:`op_host_s`) and none holding the host: none waits (each keeps the
     host's issue ahead by its excess)."""
+    worked = work is not NO_WORK
     for op, d in zip(ops, durations_s, strict=True):  # op_host_s, inlined: every pass asks
         if isinstance(op, ComputeOp):
             if op.host_held or d < ((op.host_calls or op.splits) * interval_s
-                                    + op.host_loop_kernels * loop_interval_s):
+                                    + op.host_loop_kernels * loop_interval_s
+                                    + (work.op_s(op) if worked else 0.0)):
                 break
         elif d < interval_s:
             break
     else:
         return [0.0] * len(ops), _lead_left_s(ops, durations_s, interval_s, lead_s,
-                                              loop_interval_s)
+                                              loop_interval_s, work)
     kernels: list[float] = []
     syncs: list[bool] = []
     holds: list[float | None] = []
@@ -249,10 +301,12 @@ def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: floa
         holds += [None] * (n - 1) + [op.host_held_tail * (d - op.host_s) if held else None]
         owner += [i] * n
     gaps = None
-    if looped:  # the dispatches at the interval, then the loop's kernels
+    if looped or worked:  # the dispatches at the interval, then the loop's kernels
         gaps = []
         for op in ops:
+            first = len(gaps)
             gaps += [interval_s] * host_kernels(op) + [loop_interval_s] * loop_kernels(op)
+            gaps[first] += work.op_s(op)
     waits = [0.0] * len(ops)
     queued, lead_out = queue_run(kernels, interval_s, syncs, lead_s, gaps, holds)
     for i, wait in zip(owner, queued, strict=True):
@@ -261,7 +315,7 @@ def pass_queue(ops: Sequence[Op], durations_s: Sequence[float], interval_s: floa
 
 
 def _lead_left_s(ops: Sequence[Op], durations_s: Sequence[float], interval_s: float,
-                 lead_s: float, loop_interval_s: float) -> float:
+                 lead_s: float, loop_interval_s: float, work: HostWork = NO_WORK) -> float:
     """The lead a pass in which no op waits leaves the next: its device time less the
     time its host issues the next kernel (from the pass's last host sync on)."""
     if math.isinf(lead_s):
@@ -275,6 +329,6 @@ def _lead_left_s(ops: Sequence[Op], durations_s: Sequence[float], interval_s: fl
     for op, d in zip(ops, durations_s, strict=True):
         if op.host_s > 0:
             issue = t
-        issue += op_host_s(op, interval_s, loop_interval_s)
+        issue += op_host_s(op, interval_s, loop_interval_s, work)
         t += d
     return t - issue

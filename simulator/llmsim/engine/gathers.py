@@ -50,9 +50,10 @@ class WeightGathers:
         Layer j's gather is issued when layer j−1 starts (one layer of prefetch, the
         in-flight limit the memory model assumes), the first layer's while the previous
         pass runs; without ``prefetch_weights`` for its pass (:meth:`prefetches`) it is
-        issued when layer j is reached. The pass's block is split evenly over its layers;
-        a wait splits its compute record in two, and the wait is recorded as exposed DP
-        time. A part with a device-wide host sync (:func:`.sync_shares.sync_shares`) runs
+        issued when layer j is reached (a regathered recompute's too with
+        :attr:`Workload.recompute_gather_at_call`). The pass's block is split evenly over
+        its layers; a wait splits its compute record in two, and the wait is recorded as
+        exposed DP time. A part with a device-wide host sync (:func:`.sync_shares.sync_shares`) runs
         to the sync, waits there for the device's ``dp`` work in flight (the next layer's
         gather, issued at the part's start), recorded the same way, and then runs the rest.
         """
@@ -73,7 +74,7 @@ class WeightGathers:
                              len(units))
         seg_start, seg_from, offset = env.now, 0.0, 0.0
         for j, unit_s in enumerate(units):
-            self._prefetch(dev, actions, i, j, gathers)  # no-op when already issued
+            self._prefetch(dev, actions, i, j, gathers, reached=True)  # no-op when issued
             gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
             if not gather.triggered:
                 if env.now > seg_start:
@@ -83,9 +84,9 @@ class WeightGathers:
                 self.dp_waits.append((dev.id, wait_start, env.now))
                 seg_start, seg_from = env.now, offset
             if j + 1 < len(units):
-                if ahead:
+                if ahead and not self._at_call(act, j + 1):
                     self._prefetch(dev, actions, i, j + 1, gathers)
-            elif ahead_next:
+            elif ahead_next and not self._at_call(actions[i + 1], 0):
                 self._prefetch(dev, actions, i + 1, 0, gathers)
             share = shares[j]
             in_flight = None if share is None else self._dp_in_flight(dev, gathers)
@@ -122,6 +123,12 @@ class WeightGathers:
         the forward passes' only); False past the last action."""
         return i < len(actions) and prefetched(self.prefetch_weights, actions[i].kind)
 
+    def _at_call(self, act: Action, part: int) -> bool:
+        """Whether part ``part`` of ``act``'s pass is a recompute whose gather is issued
+        when the part is reached, not one part ahead
+        (:attr:`Workload.recompute_gather_at_call`)."""
+        return self.work.recompute_gather_at_call and self._regathers(act) and part % 2 == 0
+
     def _regathers(self, act: Action) -> bool:
         """Whether ``act``'s pass gathers each layer twice (recompute, then backward)."""
         return self.regather_for_recompute and act.kind == "B"
@@ -148,9 +155,13 @@ class WeightGathers:
         return self.gather_ops[chunk_key]
 
     def _prefetch(self, dev: Device, actions: list[Action], i: int, layer: int,
-                  gathers: dict[tuple[int, int, str, int], simpy.Event]) -> None:
+                  gathers: dict[tuple[int, int, str, int], simpy.Event],
+                  reached: bool = False) -> None:
         """Issue the gather of one layer's weights for action ``i``, if it needs one
-        (:meth:`Workload.gathers_before`).
+        (:meth:`Workload.gathers_before`); ``reached``: issued as its part is reached,
+        whose compute then waits for the first call's all-gathers only (the later calls'
+        gathered while the first call computes, as a framework that gathers at each call
+        issues them), where one issued ahead is waited for whole.
 
         The backward walks the layers in reverse, so its j-th gather is of layer L−1−j
         (of layer L−1−⌊j/2⌋ when each layer is gathered for its recompute and again for
@@ -170,14 +181,24 @@ class WeightGathers:
         done = self.env.event()
         gathers[key] = done
         parts = self.work.gather_parts(self.work.chunks[(dev.stage, act.chunk)], op)
-        self.env.process(self._gather(dev, parts, done, (act.microbatch, act.kind)))
+        first = len(parts) * self.work.gather_messages if reached else 0
+        self.env.process(self._gather(dev, parts, done, (act.microbatch, act.kind), first))
 
     def _gather(self, dev: Device, parts: tuple[CommOp, ...], done: simpy.Event,
-                tag: object) -> Iterator[simpy.Event]:
+                tag: object, first: int = 0) -> Iterator[simpy.Event]:
         """One layer's weights: :attr:`Workload.gather_messages` all-gathers back to back,
-        of each of its parts (:meth:`Workload.gather_parts`) in turn."""
-        for i, op in enumerate(parts):
+        of each of its parts (:meth:`Workload.gather_parts`) in turn, once for each of its
+        calls (:attr:`Workload.gather_calls`). ``done`` succeeds after the last, or after
+        the ``first`` ones where given: a part whose gather is issued when it is reached
+        waits for its first call's only, each later call's gather running under the calls
+        before it (:meth:`_prefetch`)."""
+        sent = 0
+        for i, op in enumerate(parts * self.work.gather_calls):
             for message in range(self.work.gather_messages):
                 yield from self._collective(dev, op, tag=(tag, i, message) if i else
                                             (tag, message))
-        done.succeed()
+                sent += 1
+                if sent == first:
+                    done.succeed()
+        if not done.triggered:
+            done.succeed()

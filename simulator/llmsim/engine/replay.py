@@ -252,7 +252,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
             if self._gather_ops(dev, act):
                 yield from self._gathered_pass(dev, actions, i, block, gathers)
             else:
-                if self.prefetches(actions, i + 1):
+                if self.prefetches(actions, i + 1) and not self._at_call(actions[i + 1], 0):
                     self._prefetch(dev, actions, i + 1, 0, gathers)
                 marks = carried.pop((act.chunk, act.microbatch), []) if act.kind == "W" else []
                 if self.overlap_dp and work.zero != 3 and syncs is None \

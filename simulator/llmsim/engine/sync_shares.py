@@ -33,13 +33,15 @@ def _layer(block: Block, layers: int, recompute: bool) -> tuple[float, float | N
     first = group[0]
     if len(syncs) < 2:  # one layer: from the group's first op
         return layer_s, spans[syncs[0]].offset_s - spans[first].offset_s
-    # the second layer's sync, from that layer's first op: the layers' ops repeat every
-    # ``period`` spans and the ops before them (the embedding, the LM head's backward) do
-    # not, so the first layer begins at the earliest span back from its sync that the
-    # span a period later repeats (at most a period back)
+    # the second layer's sync, from that layer's first op of the group: the layers' ops
+    # repeat every ``period`` spans and the ops before them (the embedding, the LM head's
+    # backward) do not, so the first layer begins at the earliest span of the group back
+    # from its sync that the span a period later repeats (at most a period back; where a
+    # layer's recompute and backward ops alternate, the other group's ops end the walk)
     period = syncs[1] - syncs[0]
     start = syncs[0]
     while start - 1 >= first and syncs[0] - (start - 1) < period \
+            and (spans[start - 1].phase == "R") == recompute \
             and spans[start - 1].name == spans[start - 1 + period].name:
         start -= 1
     return layer_s, spans[syncs[1]].offset_s - spans[start + period].offset_s

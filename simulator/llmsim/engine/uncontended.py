@@ -79,6 +79,10 @@ def simpy_reason(engine: Engine, contended: bool = False) -> str:
         return "kernels holding compute units beside the passes"
     if engine.device_syncs_beside_gathers:
         return "device-wide host syncs beside weight gathers"
+    if work.recompute_gather_at_call and work.regather_for_recompute:
+        return "recompute gathers issued when reached"
+    if work.gather_calls > 1:
+        return "a gather per call of a layer"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
         return "tied embeddings on one stage"
     if not contended and any(work.grad_sync_prep(first) for chunk in work.chunks.values()

@@ -87,8 +87,8 @@ class DeviceGathers:
         """The all-gathers of the gather before each part of ``act``'s pass: the backward
         walks the layers in reverse, each layer twice when it regathers for the recompute
         (the indexing of :meth:`WeightGathers._prefetch`); each gather is its parts
-        (:meth:`Workload.gather_parts`), each :attr:`Workload.gather_messages` times, in
-        :meth:`WeightGathers._gather`'s order."""
+        (:meth:`Workload.gather_parts`), each :attr:`Workload.gather_messages` times, once a
+        call (:attr:`Workload.gather_calls`), in :meth:`WeightGathers._gather`'s order."""
         engine, stage, work = self.engine, self.dev.stage, self.engine.work
         chunk = work.chunks[(stage, act.chunk)]
         ops: list[CommOp] = engine._gather_ops(self.dev, act)
@@ -102,7 +102,7 @@ class DeviceGathers:
             if id(op) not in messages:
                 messages[id(op)] = tuple(
                     (part.name, part.phase, engine._comm_s(part, stage))
-                    for part in work.gather_parts(chunk, op)
+                    for part in work.gather_parts(chunk, op) * work.gather_calls
                     for _ in range(work.gather_messages))
         return [messages[id(op)] for op in order]
 

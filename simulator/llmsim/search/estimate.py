@@ -28,6 +28,7 @@ from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
+from llmsim.search.gathered_waits import gathered_waits_s
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import stage_pair_parts
 from llmsim.search.parts import KIND_MEMO, contention_key, servers
@@ -308,7 +309,7 @@ class Estimator(StageKinds):
                 if tied is not None:
                     done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
                     ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
-            step = ready + opt_s + trn.step_overhead_s
+            step = ready + opt_s + trn.step_overhead_s + gathered_waits_s(sc, costs)
             accel = sc.system.node.accelerator
             return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
                             optimizer_s=opt_s,

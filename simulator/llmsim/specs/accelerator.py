@@ -246,6 +246,18 @@ class Accelerator(Spec):
     under autograd (``training.host_path: modules``), microseconds: the module calls,
     autograd's graph and the dispatcher on top of ``host_dispatch_us``; 0 where not
     measured (that path then refuses the accelerator)."""
+    host_ckpt_node_us: float = Field(default=0.0, ge=0)
+    """Host time each backward matmul node (``MmBackward0``) of a layer recomputed by a
+    reentrant ``torch.utils.checkpoint`` takes beyond the same node without checkpointing,
+    microseconds (``training.host_path: hugging_face``); 0 where not measured."""
+    host_fsdp_forward_us: float = Field(default=0.0, ge=0)
+    """Host time of FSDP's hooks around one call of a ``FULL_SHARD`` unit's forward
+    (``_pre_forward`` and ``_post_forward``), microseconds (``training.host_path:
+    hugging_face``); 0 where not measured."""
+    host_fsdp_backward_us: float = Field(default=0.0, ge=0)
+    """Host time of FSDP's hooks around one unit's backward (``_pre_backward_hook`` with its
+    prefetch and ``_post_backward_hook``), microseconds (``training.host_path:
+    hugging_face``); 0 where not measured."""
     graph_kernel_us: float = Field(default=0.0, ge=0)
     """Fixed cost per kernel replayed from a captured CUDA graph
     (``training.cuda_graphs``), microseconds: the GPU's own launch and tail, without the

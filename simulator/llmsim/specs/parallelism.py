@@ -278,6 +278,29 @@ class Parallelism(Spec):
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
     the weights after the recompute too; keeping them needed a valid module trace, which
     PR #1170 restored). False: one gather serves both (PyTorch FSDP, later DeepSpeed)."""
+    gathers_per_call: PositiveInt = 1
+    """ZeRO-3: how many times each gathered layer is called, and so gathered, in each
+    gather of it (its forward, its recompute, its backward), the calls' all-gathers back to
+    back before the layer's part. FSDP1 ``FULL_SHARD`` gathers a non-root unit in each
+    call's pre-forward and frees it in the post-forward (``_post_forward_reshard``), so a
+    layer called twice a forward is gathered twice. 1: one call a pass (Hugging Face's
+    checkpointing, Megatron, DeepSpeed). 2: DistFlashAttn's checkpointing patch
+    (``lightseq_ckpt_monkey_patch.py`` of RulinShao/LightSeq at 135d8d2, ``forward`` and
+    ``forward_ffn_attn_layer``): each decoder layer called once for its attention's
+    projections and once for its feed-forward in the forward and again in the recompute
+    (with ``regather_for_recompute``: two gathers before the recompute and two before the
+    backward, as each recompute call is followed by its own pre-backward gather). A part
+    whose gathers are issued as it is reached waits for its first call's only; issued one
+    part ahead, for all of them."""
+    prefetch_recompute_gather: bool = True
+    """With ``regather_for_recompute`` and ``prefetch_weights``: whether each layer's
+    recompute gather is issued one part ahead, as the other gathers are. False: when the
+    recompute is reached, its compute waiting for it (FSDP1 under a reentrant checkpoint:
+    its backward prefetch, ``_get_handle_to_prefetch``, picks only a unit whose
+    ``_needs_pre_backward_unshard`` a grad-enabled forward set, and a unit's only such
+    forward is its own recompute, so the recompute's gather is issued by the recompute's
+    own pre-forward; the backward's gather after it is issued by the pre-backward hook
+    while the recompute runs, one part ahead)."""
     persistent_regather: bool = False
     """ZeRO-3 as DeepSpeed v0.3.13–v0.4.0 ran it: the end of the backward partitions every
     parameter (``_partition_all_parameters``), the resident biases and norms too, and the

@@ -19,9 +19,11 @@ PyTorch's eager CPU kernels one by one."""
 Allocator = Literal["caching", "glibc"]
 """Where a CPU framework's tensors come from: a caching allocator, or glibc's ``malloc``."""
 
-HostPath = Literal["bare", "modules"]
-"""How a framework's host issues eager kernels: ``bare`` PyTorch ops, or ``modules``
-(layers as Python modules with autograd, :attr:`Training.host_path`)."""
+HostPath = Literal["bare", "modules", "hugging_face"]
+"""How a framework's host issues eager kernels: ``bare`` PyTorch ops, ``modules`` (layers
+as Python modules with autograd), or ``hugging_face`` (the same, with the host work of a
+reentrant checkpoint's backward and of FSDP's hooks priced apart,
+:attr:`Training.host_path`)."""
 
 PointwiseOps = Literal["fused", "hf_eager", "eager_swiglu"]
 """How a block's norms, rotary embedding and gated activation run: one fused kernel each
@@ -202,8 +204,12 @@ class Training(Spec):
     """How the framework's host issues each eager kernel (:mod:`llmsim.costs.host_issue`):
     ``bare``, one PyTorch op called back to back (the accelerator's ``host_dispatch_us``,
     the floor); ``modules``, a model's layers as Python modules under autograd (its
-    ``host_module_dispatch_us``, measured where given; a UserError where not). No effect
-    under ``cuda_graphs``."""
+    ``host_module_dispatch_us``, measured where given; a UserError where not);
+    ``hugging_face``, ``modules`` and, measured on the accelerator's host
+    (:mod:`llmsim.workload.host_work`), each backward matmul node of a layer that a
+    reentrant ``torch.utils.checkpoint`` recomputes (``host_ckpt_node_us``) and FSDP's
+    hooks around each ZeRO-3 unit's forward and backward (``host_fsdp_forward_us``,
+    ``host_fsdp_backward_us``). No effect under ``cuda_graphs``."""
     expert_host_loop: bool = False
     """Whether the MoE experts' module launches its per-expert kernels from a host loop,
     each a launch of its own (Transformer Engine's ``GroupedLinear``: one quantisation and

@@ -34,6 +34,7 @@ from llmsim.workload.fp8 import (
     weight_elements,
 )
 from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
+from llmsim.workload.host_work import apply_host_work
 from llmsim.workload.layer import LayerBuilder, _as_phase
 from llmsim.workload.persistent import persistent_elements
 from llmsim.workload.rope import apply_rope
@@ -160,6 +161,8 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
         (layer_f, layer_r, layer_b, layer_w), builder)
     layer_f, layer_r, layer_b, layer_w = apply_attention_syncs(
         (layer_f, layer_r, layer_b, layer_w), training)
+    layer_f, layer_r, layer_b, layer_w = apply_host_work(
+        (layer_f, layer_r, layer_b, layer_w), model, par, training)
     if par.recompute_norms_and_up_proj:
         layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
     moe = None
@@ -265,6 +268,8 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         # Per-module fetches (DeepSpeed, FSDP per nn.Linear): the attention and MLP matrices.
         bucket_matrices=modules if par.grad_buckets_whole_matrices else 0,
         gather_messages=modules if par.gather_per_module and par.zero == 3 else 1,
+        gather_calls=par.gathers_per_call if par.zero == 3 else 1,
+        recompute_gather_at_call=not par.prefetch_recompute_gather,
         gather_copies=dp if tensor_list else 0,
         gather_fill_passes=1 if tensor_list else 0,
         gather_host_s=(dp * par.tensor_list_host_us_per_rank
@@ -274,7 +279,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         grad_bucket_nan_check=par.grad_bucket_nan_check,
         grad_bucket_prescale=par.grad_bucket_prescale,
         regather_for_recompute=par.regather_for_recompute and par.zero == 3
-        and par.recompute == "full",
+        and par.recompute in ("full", "full_keep_attention"),
         # DeepSpeed 2021's ZeRO-3 gathers its resident biases and norms back every step.
         persistent_layer_elements=persistent_elements(model, par.tp, 1, False) if regather
         else (),

@@ -114,6 +114,13 @@ class Workload(GradientBuckets):
     gather_messages: int = 1
     """All-gathers per gathered layer, back to back: 1 (one per block), or one per weight
     matrix with ``parallelism.gather_per_module``."""
+    recompute_gather_at_call: bool = False
+    """With :attr:`regather_for_recompute`: each layer's recompute gather is issued when the
+    recompute is reached, not one part ahead (``parallelism.prefetch_recompute_gather``
+    false)."""
+    gather_calls: int = 1
+    """Calls of each gathered layer in each of its gathers, each call's all-gathers back to
+    back (``parallelism.gathers_per_call``)."""
     gather_copies: int = 0
     """Per-rank slice copies after each ZeRO-3 all-gather (``parallelism.tensor_list_gathers``:
     one per data-parallel rank)."""
