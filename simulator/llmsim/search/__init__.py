@@ -16,7 +16,6 @@ on a local process pool or a Dask cluster (:mod:`.runner`).
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 import types
@@ -29,6 +28,7 @@ from llmsim.errors import UserError
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
+from llmsim.search.draw import draw
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
 from llmsim.search.space import (
@@ -37,7 +37,6 @@ from llmsim.search.space import (
     Layout,
     SpaceOptions,
     apply,
-    cores,
     layout_of,
     parse_fix,
 )
@@ -80,6 +79,9 @@ class SearchSummary:
     skipped: int = 0
     """Core layouts not priced because the bound shows that none of them can be among
     the ``top`` best (``bound``; 0 without it)."""
+    space_layouts: int = 0
+    """Core layouts in the whole space (``core_layouts`` is the sample of them that
+    ``max_layouts`` drew, or all of them)."""
 
 
 DEFAULT_HEADROOM = 0.10
@@ -179,11 +181,10 @@ def search(
                            asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
     with collector_paused():  # hundreds of thousands of layouts that live, no cycles
-        all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
-        sampled = False
-        if max_layouts is not None and len(all_cores) > max_layouts:
-            all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
-            sampled = True
+        # Counted first, then made whole or sampled by index (.draw): bounded memory
+        all_cores, space_layouts, sampled = draw(base, options,
+                                                 state_fits(base, memory_headroom),
+                                                 max_layouts, scenario.seed)
         bounded = bound and applies(base, objective)
         batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
@@ -236,7 +237,8 @@ def search(
         estimate_wall_s=estimate_wall,
         layouts_per_s=(store.priced - priced_before) / estimate_wall if estimate_wall else 0.0,
         timed_out=timed_out,
-        skipped=sum(len(c) for i, c in batches if i not in store.done_batches))
+        skipped=sum(len(c) for i, c in batches if i not in store.done_batches),
+        space_layouts=space_layouts)
     table.attrs["summary"] = summary
     table.attrs["best"] = best
     table.attrs["objective_column"] = objective_column(objective)
