@@ -37,6 +37,7 @@ from llmsim.search.space import (
     Layout,
     SpaceOptions,
     apply,
+    check_batch_range,
     layout_of,
     parse_fix,
 )
@@ -94,7 +95,7 @@ def search(
     *,
     objective: str = "days",
     fix: Mapping[str, Any] | list[str] | None = None,
-    batch_range: tuple[int, int] | None = None,
+    batch_range: tuple[int, ...] | None = None,
     max_layouts: int | None = None,
     memory_headroom: float | None = None,
     top: int = 20,
@@ -129,6 +130,9 @@ def search(
     (``dp_mode: parameter_server``). ``memory_headroom`` is 0.1 unless given. With
     ``asynchronous``, PipeDream's layouts too, whose weight updates are stale
     (:data:`.space.ASYNCHRONOUS`; confirmed by their replayed steady state).
+    ``batch_range`` (low, high) or (low, high, step) lets the global batch vary
+    (:func:`.space.global_batches`); a space of more than :data:`.draw.MAX_CORE_LAYOUTS`
+    core layouts needs ``max_layouts`` (:mod:`.draw`).
 
     A scenario with a ``placement`` (a heterogeneous job) has its placement searched
     instead: stages or replicas on its system's node groups, each run by the engine
@@ -168,9 +172,7 @@ def search(
         raise UserError(f"--fix: nodes={fixed['nodes']} is more than the scenario's "
                         f"{scenario.nodes_used} nodes; fix at most that, or raise the "
                         "scenario's nodes (--set nodes=N)")
-    if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
-        raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
-                        "positive numbers, the first not above the second (e.g. 512..2048)")
+    check_batch_range(batch_range)
     if fixed.get("schedule") in ASYNCHRONOUS and not asynchronous:
         raise UserError(f"--fix: schedule={fixed['schedule']} updates the weights "
                         "asynchronously (stale weights, not the same training); add "
@@ -188,11 +190,13 @@ def search(
         bounded = bound and applies(base, objective)
         batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
-                "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
+                "fixed": {k: v for k, v in fixed.items()},
+                "batch_range": list(batch_range) if batch_range is not None else None,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
                 "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp,
                 "bound": bounded, "layout_fields": list(LAYOUT_FIELDS),
                 "batches": "walk_key"}
+    # The batch range as a list: JSON gives one back, and a tuple never equals it (resume).
     # The batching too: a store kept with batches cut otherwise numbers them otherwise.
     # The layout fields too: a store kept before expert_tp was one has no such column.
     if max_parameter_servers:  # only then: a store kept before the option still resumes

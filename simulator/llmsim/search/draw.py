@@ -23,7 +23,14 @@ from collections.abc import Iterator
 
 from llmsim.errors import UserError
 from llmsim.search.layout import Layout
-from llmsim.search.space import SpaceOptions, StateFilter, branch_layout, branches, cores
+from llmsim.search.space import (
+    SpaceOptions,
+    StateFilter,
+    batch_range_text,
+    branch_layout,
+    branches,
+    cores,
+)
 from llmsim.specs import Scenario
 
 MAX_CORE_LAYOUTS = 5_000_000
@@ -78,22 +85,23 @@ def pick(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,
 def _count(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None) -> int:
     count = 0
     for seen, branch in enumerate(branches(scenario, options, fits), 1):
-        if seen > MAX_BRANCHES:
+        if seen > MAX_BRANCHES:  # each holds a layout at least: no sample is drawn either
             raise UserError(_too_large(scenario, options, f"has more than {MAX_BRANCHES:,} "
-                                       f"branches (degrees, nodes, ZeRO stage) to count, "
-                                       f"{count:,} core layouts in the first ones"))
+                                       "branches (degrees, nodes, ZeRO stage) to count",
+                                       sample=False))
         count += branch.size
     return count
 
 
-def _too_large(scenario: Scenario, options: SpaceOptions, what: str) -> str:
+def _too_large(scenario: Scenario, options: SpaceOptions, what: str,
+               sample: bool = True) -> str:
     """The refusal: the option that made the space, its value, its size and the fix."""
-    bound = f"more than the {MAX_CORE_LAYOUTS:,} a search prices in bounded time and memory"
+    bound = f"more than the {MAX_CORE_LAYOUTS:,} a search prices in bounded time and memory" \
+        if sample else f"more than {MAX_BRANCHES:,} core layouts"
+    sampled = ", or add --max-layouts N to price a seeded sample of N" if sample else ""
     if options.batch_range is not None:
-        low, high = options.batch_range
-        return (f"--batch-range: {low}..{high} on {scenario.name} {what}, {bound}; narrow "
-                "the range (each batch in it is a space of its own) or add --max-layouts N "
-                "to price a seeded sample of N")
+        return (f"--batch-range: {batch_range_text(options.batch_range)} on {scenario.name} "
+                f"{what}, {bound}; narrow the range or give it a step, e.g. LOW..HIGH:64 "
+                f"(each batch in it is a space of its own){sampled}")
     return (f"the layout space of {scenario.name} {what}, {bound}; narrow it with --fix "
-            "(e.g. --fix parallelism.tp=8) or add --max-layouts N to price a seeded sample "
-            "of N")
+            f"(e.g. --fix parallelism.tp=8){sampled}")

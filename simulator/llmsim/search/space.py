@@ -23,7 +23,8 @@ from llmsim.specs import Scenario
 from llmsim.specs.parallelism import Parallelism
 
 __all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
-           "SWITCHES", "Layout", "SpaceOptions", "apply", "cores", "divisors", "layout_of",
+           "SWITCHES", "Layout", "SpaceOptions", "apply", "batch_range_text", "branches",
+           "check_batch_range", "cores", "divisors", "global_batches", "layout_of",
            "parallelism_of", "parse_fix", "recompute_choices", "switch_variants", "switched",
            "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
@@ -61,8 +62,9 @@ class SpaceOptions:
 
     fixed: Mapping[str, Any]
     """Layout field → the one value it may take (``--fix parallelism.tp=8``)."""
-    batch_range: tuple[int, int] | None = None
-    """Global batches (sequences) allowed, inclusive; None keeps the scenario's."""
+    batch_range: tuple[int, ...] | None = None
+    """Global batches (sequences) allowed: (low, high), inclusive, or (low, high, step),
+    every step-th from low (:func:`global_batches`); None keeps the scenario's."""
     max_tp: int | None = None
     """Largest tensor-parallel degree (default: the larger of 8 and a node's devices)."""
     max_micro_batch: int = 16
@@ -201,12 +203,32 @@ def cores(scenario: Scenario, options: SpaceOptions,
 
 def global_batches(scenario: Scenario, options: SpaceOptions) -> range:
     """The global batches searched: the scenario's, or every whole number of
-    ``options.batch_range`` (one with no layout adds nothing to the space)."""
+    ``options.batch_range`` (a third number: every step-th from the first); a batch that no
+    layout can make (a prime above the devices, say) adds nothing to the space."""
     if options.batch_range is None:
         gb = scenario.training.global_batch
         return range(gb, gb + 1)
-    low, high = options.batch_range
-    return range(low, high + 1)
+    low, high, *step = options.batch_range
+    return range(low, high + 1, *step)
+
+
+def check_batch_range(batch_range: tuple[int, ...] | None) -> None:
+    """Refuse a batch range that is not (low, high) or (low, high, step) of positive
+    whole numbers with low ≤ high (:class:`~llmsim.errors.UserError`, one sentence)."""
+    if batch_range is None:
+        return
+    if len(batch_range) not in (2, 3) or not all(isinstance(x, int) for x in batch_range):
+        raise UserError(f"--batch-range: {batch_range!r} must be LOW..HIGH or LOW..HIGH:STEP "
+                        "in whole sequences, e.g. 1024..2048:128")
+    if batch_range[0] < 1 or batch_range[0] > batch_range[1] or min(batch_range) < 1:
+        raise UserError(f"--batch-range: {batch_range_text(batch_range)} must be positive "
+                        "numbers, the first not above the second (e.g. 1024..2048:128)")
+
+
+def batch_range_text(batch_range: tuple[int, ...]) -> str:
+    """``1024..2048``, or ``1024..2048:128`` with a step: as ``--batch-range`` takes it."""
+    low, high, *step = batch_range
+    return f"{low}..{high}" + "".join(f":{s}" for s in step)
 
 
 def branches(scenario: Scenario, options: SpaceOptions,
