@@ -28,7 +28,7 @@ from llmsim.errors import UserError
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
-from llmsim.search.draw import draw
+from llmsim.search.draw import draw_layouts
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
 from llmsim.search.space import (
@@ -184,7 +184,7 @@ def search(
     base = scenario.model_copy(update={"fidelity": "reduced"})
     with collector_paused():  # hundreds of thousands of layouts that live, no cycles
         # Counted first, then made whole or sampled by index (.draw): bounded memory
-        all_cores, space_layouts, sampled = draw(base, options,
+        all_cores, space_layouts, sampled = draw_layouts(base, options,
                                                  state_fits(base, memory_headroom),
                                                  max_layouts, scenario.seed)
         bounded = bound and applies(base, objective)

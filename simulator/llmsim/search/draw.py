@@ -2,7 +2,7 @@
 
 A space can be far larger than anything a machine can hold or price: ``--batch-range
 1024..2048`` on ``selene-gpt3`` has 50 million core layouts (each of its 1,025 batches a
-space of its own), ``1..100000`` five billion. :func:`draw` counts the space by its
+space of its own), ``1..100000`` five billion. :func:`draw_layouts` counts the space by its
 branches (:func:`.space.branches`: a branch knows its size without making a layout), then
 
 - with ``max_layouts`` below the count, picks that many indices with the seeded
@@ -45,7 +45,7 @@ MAX_BRANCHES = 10_000_000
 462,553 on ``selene-gpt3``, 1.6 million on ``openai-a100-moe``."""
 
 
-def draw(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,
+def draw_layouts(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,
          max_layouts: int | None, seed: int) -> tuple[list[Layout], int, bool]:
     """(the core layouts to price, the space's size, whether they are a sample).
 

@@ -234,7 +234,7 @@ def batch_range_text(batch_range: tuple[int, ...]) -> str:
 def branches(scenario: Scenario, options: SpaceOptions,
              state_fits: StateFilter | None = None) -> Iterator[Branch]:
     """The space's :class:`Branch` es in the enumeration's order: counting their ``size``
-    counts the space (:func:`.draw.draw`) without making a layout, and their layouts in
+    counts the space (:func:`.draw.draw_layouts`) without making a layout, and their layouts in
     turn are :func:`cores`."""
     options = replace(options, recomputes=recompute_choices(scenario, options.recomputes))
     fx = options.fixed
