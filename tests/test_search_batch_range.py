@@ -148,5 +148,7 @@ def test_the_docs_example_runs_in_bounded_memory(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     peak_bytes = int(done.stdout.strip().splitlines()[-1]) * 1024
     assert peak_bytes < PEAK_RSS_BYTES
+    assert "a random sample of 2,000 of the space's 50,220,684 core layouts" in \
+        " ".join(done.stdout.split())
     manifest = json.loads((out / "search.json").read_text())
     assert manifest["batch_range"] == [1024, 2048] and manifest["max_layouts"] == 2000

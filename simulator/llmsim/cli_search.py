@@ -191,6 +191,9 @@ def render(table: "pd.DataFrame", console: Console, show: int = 10) -> None:
     s = table.attrs.get("summary")
     if s is not None:
         sampled = " (a random sample)" if s.sampled else ""
+        if s.sampled and s.space_layouts:  # a layout search: the space was counted
+            sampled = (f" (a random sample of {s.core_layouts:,} of the space's "
+                       f"{s.space_layouts:,} core layouts)")
         console.print(
             f"{s.scenario}: {s.priced:,} layouts priced{sampled}, {s.out_of_memory:,} over "
             f"{(1 - s.memory_headroom) * 100:.0f} % of device memory, {s.invalid:,} invalid; "
