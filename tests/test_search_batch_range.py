@@ -152,3 +152,16 @@ def test_the_docs_example_runs_in_bounded_memory(tmp_path: Path) -> None:
         " ".join(done.stdout.split())
     manifest = json.loads((out / "search.json").read_text())
     assert manifest["batch_range"] == [1024, 2048] and manifest["max_layouts"] == 2000
+
+
+@pytest.mark.parametrize("value, says", [
+    ("1024..2048:0", "must be positive"), ("0..64", "must be positive"),
+    ("1024..2048:x", "LOW..HIGH:STEP"), ("1024-2048", "LOW..HIGH:STEP"),
+    ("1024..2048:64", "1024..2048:64 on selene-gpt3 has 5,225,505 core layouts"),
+])
+def test_bad_ranges_are_one_line_errors(value: str, says: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, stdout, stderr = run_cli(["search", "selene-gpt3", "--batch-range", value], capsys)
+    assert code == 2, stdout + stderr
+    assert says in " ".join(stderr.split()) and "--batch-range" in stderr
+    assert len(stderr.strip().splitlines()) == 1

@@ -1,7 +1,8 @@
 """The layout space: every valid parallel layout of a scenario's model on its machine.
 
 :func:`cores` enumerates the space cheaply from integer rules (divisibility, the
-schedule's rules) with the overlap switches at their defaults, and
+schedule's rules) with the overlap switches at their defaults, branch by branch
+(:func:`branches`, which :mod:`.draw` counts without making a layout), and
 :func:`switch_variants` adds the others; the estimator validates each candidate as a
 real :class:`~llmsim.specs.Scenario` (:mod:`.layout_scenario`) before pricing it, so a
 rule missed here only costs time. A point of the space is a :class:`.layout.Layout`.
