@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
+from llmsim.search.batch_range import check_batch_range
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
@@ -37,7 +38,6 @@ from llmsim.search.space import (
     Layout,
     SpaceOptions,
     apply,
-    check_batch_range,
     layout_of,
     parse_fix,
 )
@@ -131,7 +131,7 @@ def search(
     ``asynchronous``, PipeDream's layouts too, whose weight updates are stale
     (:data:`.space.ASYNCHRONOUS`; confirmed by their replayed steady state).
     ``batch_range`` (low, high) or (low, high, step) lets the global batch vary
-    (:func:`.space.global_batches`); a space of more than :data:`.draw.MAX_CORE_LAYOUTS`
+    (:func:`.batch_range.global_batches`); a space of more than :data:`.draw.MAX_CORE_LAYOUTS`
     core layouts needs ``max_layouts`` (:mod:`.draw`).
 
     A scenario with a ``placement`` (a heterogeneous job) has its placement searched

@@ -22,11 +22,11 @@ import random
 from collections.abc import Iterator
 
 from llmsim.errors import UserError
+from llmsim.search.batch_range import batch_range_text
 from llmsim.search.layout import Layout
 from llmsim.search.space import (
     SpaceOptions,
     StateFilter,
-    batch_range_text,
     branch_layout,
     branches,
     cores,

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, get_args
 
 from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES as SCHEDULE_INFO
+from llmsim.search.batch_range import global_batches
 from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
 from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_layout
 from llmsim.search.two_pipelines import allows
@@ -24,8 +25,8 @@ from llmsim.specs import Scenario
 from llmsim.specs.parallelism import Parallelism
 
 __all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
-           "SWITCHES", "Layout", "SpaceOptions", "apply", "batch_range_text", "branches",
-           "check_batch_range", "cores", "divisors", "global_batches", "layout_of",
+           "SWITCHES", "Layout", "SpaceOptions", "apply", "branches", "cores", "divisors",
+           "layout_of",
            "parallelism_of", "parse_fix", "recompute_choices", "switch_variants", "switched",
            "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
@@ -65,7 +66,7 @@ class SpaceOptions:
     """Layout field → the one value it may take (``--fix parallelism.tp=8``)."""
     batch_range: tuple[int, ...] | None = None
     """Global batches (sequences) allowed: (low, high), inclusive, or (low, high, step),
-    every step-th from low (:func:`global_batches`); None keeps the scenario's."""
+    every step-th from low (:func:`.batch_range.global_batches`); None keeps the scenario's."""
     max_tp: int | None = None
     """Largest tensor-parallel degree (default: the larger of 8 and a node's devices)."""
     max_micro_batch: int = 16
@@ -196,40 +197,10 @@ def cores(scenario: Scenario, options: SpaceOptions,
     ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole branches whose model state
     cannot fit. Recompute: ``options.recomputes`` and the scenario's own mode. With
     ``options.batch_range``, the union of the spaces of every global batch in it, one
-    batch after the other (:func:`global_batches`).
+    batch after the other (:func:`.batch_range.global_batches`).
     """
     for branch in branches(scenario, options, state_fits):
         yield from branch_layouts(branch, options.fixed)
-
-
-def global_batches(scenario: Scenario, options: SpaceOptions) -> range:
-    """The global batches searched: the scenario's, or every whole number of
-    ``options.batch_range`` (a third number: every step-th from the first); a batch that no
-    layout can make (a prime above the devices, say) adds nothing to the space."""
-    if options.batch_range is None:
-        gb = scenario.training.global_batch
-        return range(gb, gb + 1)
-    low, high, *step = options.batch_range
-    return range(low, high + 1, *step)
-
-
-def check_batch_range(batch_range: tuple[int, ...] | None) -> None:
-    """Refuse a batch range that is not (low, high) or (low, high, step) of positive
-    whole numbers with low ≤ high (:class:`~llmsim.errors.UserError`, one sentence)."""
-    if batch_range is None:
-        return
-    if len(batch_range) not in (2, 3) or not all(isinstance(x, int) for x in batch_range):
-        raise UserError(f"--batch-range: {batch_range!r} must be LOW..HIGH or LOW..HIGH:STEP "
-                        "in whole sequences, e.g. 1024..2048:128")
-    if batch_range[0] < 1 or batch_range[0] > batch_range[1] or min(batch_range) < 1:
-        raise UserError(f"--batch-range: {batch_range_text(batch_range)} must be positive "
-                        "numbers, the first not above the second (e.g. 1024..2048:128)")
-
-
-def batch_range_text(batch_range: tuple[int, ...]) -> str:
-    """``1024..2048``, or ``1024..2048:128`` with a step: as ``--batch-range`` takes it."""
-    low, high, *step = batch_range
-    return f"{low}..{high}" + "".join(f":{s}" for s in step)
 
 
 def branches(scenario: Scenario, options: SpaceOptions,
@@ -246,7 +217,8 @@ def branches(scenario: Scenario, options: SpaceOptions,
     cps = [c for c in divisors(seq // 2) if c <= options.max_cp] if seq % 2 == 0 else [1]
     a2a = scenario.parallelism.moe_a2a_overlap
     recomputes = tuple(_choices("recompute", list(options.recomputes), fx))
-    for gb in _choices("global_batch", global_batches(scenario, options), fx):
+    for gb in _choices("global_batch", global_batches(scenario.training.global_batch,
+                                                      options.batch_range), fx):
         plans: dict[tuple[int, int, int], tuple[Plan, ...]] = {}  # (per replica, pp, zero)
         for tp in _choices("tp", tp_candidates(scenario, options.max_tp), fx):
             sps = tuple(_choices("sequence_parallel", [False, True] if tp > 1 else [False],
