@@ -100,8 +100,9 @@ def _too_large(scenario: Scenario, options: SpaceOptions, what: str,
         if sample else f"more than {MAX_BRANCHES:,} core layouts"
     sampled = ", or add --max-layouts N to price a seeded sample of N" if sample else ""
     if options.batch_range is not None:
+        step = "a larger step" if len(options.batch_range) > 2 else "a step, e.g. LOW..HIGH:64"
         return (f"--batch-range: {batch_range_text(options.batch_range)} on {scenario.name} "
-                f"{what}, {bound}; narrow the range or give it a step, e.g. LOW..HIGH:64 "
-                f"(each batch in it is a space of its own){sampled}")
+                f"{what}, {bound}; narrow the range or give it {step} (each batch in it is a "
+                f"space of its own){sampled}")
     return (f"the layout space of {scenario.name} {what}, {bound}; narrow it with --fix "
             f"(e.g. --fix parallelism.tp=8){sampled}")
