@@ -36,9 +36,10 @@ from llmsim.specs import Scenario
 MAX_CORE_LAYOUTS = 5_000_000
 """Most core layouts a search prices (before the overlap switches): above every catalog
 scenario's whole space at its own batch (the largest, ``openai-a100-moe``, has 4.1
-million; ``selene-gpt3``'s 409,701 take about a minute on two cores, so this bound is
-some 15 minutes there and a few GB of results). A larger space needs ``--max-layouts``
-or a narrower one."""
+million). ``selene-gpt3``'s 409,701 take about a minute on two cores and some 80 MB as a
+list (the parent's peak RSS, 56 → 138 MB), so this bound is some 13 minutes there and
+about 1 GB of layouts, before the priced rows (not measured at this size). A larger space
+needs ``--max-layouts`` or a narrower one."""
 
 MAX_BRANCHES = 10_000_000
 """Most branches counted (about a minute of CPU): ``--batch-range 1024..2048`` has
