@@ -8,7 +8,9 @@ branches (:func:`.space.branches`: a branch knows its size without making a layo
 - with ``max_layouts`` below the count, picks that many indices with the seeded
   :meth:`random.Random.sample` over ``range(count)`` and makes only the branches that hold
   them: the same draw as ``Random(seed).sample(list_of_the_space, max_layouts)`` (CPython
-  samples a sequence by index), in memory of the order of ``max_layouts``;
+  samples a sequence by index), in memory of the order of ``max_layouts`` (where the
+  count is below about 12 × ``max_layouts``, CPython's ``sample`` holds a list of the
+  count's indices for a moment: some 40 bytes each);
 - otherwise makes the whole space, if it is at most :data:`MAX_CORE_LAYOUTS`, and refuses
   with one sentence (:class:`~llmsim.errors.UserError`, exit 2) if it is larger.
 
