@@ -61,17 +61,19 @@ class _Progress:
             self.bar.stop()
 
 
-def _batch_range(text: str | None) -> tuple[int, int] | None:
+def _batch_range(text: str | None) -> tuple[int, ...] | None:
+    """``LOW..HIGH`` → (low, high); ``LOW..HIGH:STEP`` → (low, high, step)."""
     if text is None:
         return None
-    low, sep, high = text.partition("..")
+    low, sep, rest = text.partition("..")
+    high, colon, step = rest.partition(":")
     try:
         if not sep:
             raise ValueError
-        return int(low), int(high)
+        return (int(low), int(high), int(step)) if colon else (int(low), int(high))
     except ValueError:
-        raise UserError(f"--batch-range: {text!r} is not LOW..HIGH in sequences, e.g. "
-                        "512..2048") from None
+        raise UserError(f"--batch-range: {text!r} is not LOW..HIGH or LOW..HIGH:STEP in "
+                        "sequences, e.g. 1024..2048:128") from None
 
 
 def search(
@@ -89,8 +91,9 @@ def search(
         help="Share of device memory a layout must leave free (default 0.1 = 10 %; a "
         "heterogeneous job's layer balance leaves it on every stage).")] = None,
     batch_range: Annotated[str | None, typer.Option(
-        metavar="LOW..HIGH", help="Let the global batch vary over this range of sequences "
-        "(default: the scenario's).")] = None,
+        metavar="LOW..HIGH[:STEP]", help="Let the global batch vary over this range of "
+        "sequences, every STEP-th from LOW with a step (default: the scenario's); a space "
+        "of more than 5,000,000 core layouts needs --max-layouts.")] = None,
     max_layouts: Annotated[int | None, typer.Option(
         help="Price at most this many layouts before the overlap switches (a seeded random "
         "sample when the space is larger).")] = None,
@@ -188,6 +191,9 @@ def render(table: "pd.DataFrame", console: Console, show: int = 10) -> None:
     s = table.attrs.get("summary")
     if s is not None:
         sampled = " (a random sample)" if s.sampled else ""
+        if s.sampled and s.space_layouts:  # a layout search: the space was counted
+            sampled = (f" (a random sample of {s.core_layouts:,} of the space's "
+                       f"{s.space_layouts:,} core layouts)")
         console.print(
             f"{s.scenario}: {s.priced:,} layouts priced{sampled}, {s.out_of_memory:,} over "
             f"{(1 - s.memory_headroom) * 100:.0f} % of device memory, {s.invalid:,} invalid; "

@@ -16,7 +16,6 @@ on a local process pool or a Dask cluster (:mod:`.runner`).
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
 import types
@@ -26,9 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
+from llmsim.search.batch_range import check_batch_range
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
+from llmsim.search.draw import draw_layouts
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
 from llmsim.search.space import (
@@ -37,7 +38,6 @@ from llmsim.search.space import (
     Layout,
     SpaceOptions,
     apply,
-    cores,
     layout_of,
     parse_fix,
 )
@@ -80,6 +80,9 @@ class SearchSummary:
     skipped: int = 0
     """Core layouts not priced because the bound shows that none of them can be among
     the ``top`` best (``bound``; 0 without it)."""
+    space_layouts: int = 0
+    """Core layouts in the whole space (``core_layouts`` is the sample of them that
+    ``max_layouts`` drew, or all of them)."""
 
 
 DEFAULT_HEADROOM = 0.10
@@ -92,7 +95,7 @@ def search(
     *,
     objective: str = "days",
     fix: Mapping[str, Any] | list[str] | None = None,
-    batch_range: tuple[int, int] | None = None,
+    batch_range: tuple[int, ...] | None = None,
     max_layouts: int | None = None,
     memory_headroom: float | None = None,
     top: int = 20,
@@ -127,6 +130,9 @@ def search(
     (``dp_mode: parameter_server``). ``memory_headroom`` is 0.1 unless given. With
     ``asynchronous``, PipeDream's layouts too, whose weight updates are stale
     (:data:`.space.ASYNCHRONOUS`; confirmed by their replayed steady state).
+    ``batch_range`` (low, high) or (low, high, step) lets the global batch vary
+    (:func:`.batch_range.global_batches`); a space of more than :data:`.draw.MAX_CORE_LAYOUTS`
+    core layouts needs ``max_layouts`` (:mod:`.draw`).
 
     A scenario with a ``placement`` (a heterogeneous job) has its placement searched
     instead: stages or replicas on its system's node groups, each run by the engine
@@ -166,9 +172,7 @@ def search(
         raise UserError(f"--fix: nodes={fixed['nodes']} is more than the scenario's "
                         f"{scenario.nodes_used} nodes; fix at most that, or raise the "
                         "scenario's nodes (--set nodes=N)")
-    if batch_range is not None and (batch_range[0] < 1 or batch_range[0] > batch_range[1]):
-        raise UserError(f"--batch-range: {batch_range[0]}..{batch_range[1]} must be two "
-                        "positive numbers, the first not above the second (e.g. 512..2048)")
+    check_batch_range(batch_range)
     if fixed.get("schedule") in ASYNCHRONOUS and not asynchronous:
         raise UserError(f"--fix: schedule={fixed['schedule']} updates the weights "
                         "asynchronously (stale weights, not the same training); add "
@@ -179,19 +183,20 @@ def search(
                            asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
     with collector_paused():  # hundreds of thousands of layouts that live, no cycles
-        all_cores = list(cores(base, options, state_fits(base, memory_headroom)))
-        sampled = False
-        if max_layouts is not None and len(all_cores) > max_layouts:
-            all_cores = sorted(random.Random(scenario.seed).sample(all_cores, max_layouts))
-            sampled = True
+        # Counted first, then made whole or sampled by index (.draw): bounded memory
+        all_cores, space_layouts, sampled = draw_layouts(base, options,
+                                                 state_fits(base, memory_headroom),
+                                                 max_layouts, scenario.seed)
         bounded = bound and applies(base, objective)
         batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
-                "fixed": {k: v for k, v in fixed.items()}, "batch_range": batch_range,
+                "fixed": {k: v for k, v in fixed.items()},
+                "batch_range": list(batch_range) if batch_range is not None else None,
                 "max_layouts": max_layouts, "memory_headroom": memory_headroom,
                 "max_tp": max_tp, "max_micro_batch": max_micro_batch, "max_cp": max_cp,
                 "bound": bounded, "layout_fields": list(LAYOUT_FIELDS),
                 "batches": "walk_key"}
+    # The batch range as a list: JSON gives one back, and a tuple never equals it (resume).
     # The batching too: a store kept with batches cut otherwise numbers them otherwise.
     # The layout fields too: a store kept before expert_tp was one has no such column.
     if max_parameter_servers:  # only then: a store kept before the option still resumes
@@ -236,7 +241,8 @@ def search(
         estimate_wall_s=estimate_wall,
         layouts_per_s=(store.priced - priced_before) / estimate_wall if estimate_wall else 0.0,
         timed_out=timed_out,
-        skipped=sum(len(c) for i, c in batches if i not in store.done_batches))
+        skipped=sum(len(c) for i, c in batches if i not in store.done_batches),
+        space_layouts=space_layouts)
     table.attrs["summary"] = summary
     table.attrs["best"] = best
     table.attrs["objective_column"] = objective_column(objective)

@@ -1,7 +1,8 @@
 """The layout space: every valid parallel layout of a scenario's model on its machine.
 
 :func:`cores` enumerates the space cheaply from integer rules (divisibility, the
-schedule's rules) with the overlap switches at their defaults, and
+schedule's rules) with the overlap switches at their defaults, branch by branch
+(:func:`branches`, which :mod:`.draw` counts without making a layout), and
 :func:`switch_variants` adds the others; the estimator validates each candidate as a
 real :class:`~llmsim.specs.Scenario` (:mod:`.layout_scenario`) before pricing it, so a
 rule missed here only costs time. A point of the space is a :class:`.layout.Layout`.
@@ -10,12 +11,13 @@ rule missed here only costs time. A point of the space is a :class:`.layout.Layo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES as SCHEDULE_INFO
+from llmsim.search.batch_range import global_batches
 from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
 from llmsim.search.layout_scenario import apply, parallelism_of, switched, with_layout
 from llmsim.search.two_pipelines import allows
@@ -23,7 +25,8 @@ from llmsim.specs import Scenario
 from llmsim.specs.parallelism import Parallelism
 
 __all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
-           "SWITCHES", "Layout", "SpaceOptions", "apply", "cores", "divisors", "layout_of",
+           "SWITCHES", "Layout", "SpaceOptions", "apply", "branches", "cores", "divisors",
+           "layout_of",
            "parallelism_of", "parse_fix", "recompute_choices", "switch_variants", "switched",
            "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
@@ -61,8 +64,9 @@ class SpaceOptions:
 
     fixed: Mapping[str, Any]
     """Layout field → the one value it may take (``--fix parallelism.tp=8``)."""
-    batch_range: tuple[int, int] | None = None
-    """Global batches (sequences) allowed, inclusive; None keeps the scenario's."""
+    batch_range: tuple[int, ...] | None = None
+    """Global batches (sequences) allowed: (low, high), inclusive, or (low, high, step),
+    every step-th from low (:func:`.batch_range.global_batches`); None keeps the scenario's."""
     max_tp: int | None = None
     """Largest tensor-parallel degree (default: the larger of 8 and a node's devices)."""
     max_micro_batch: int = 16
@@ -130,7 +134,7 @@ def recompute_choices(scenario: Scenario,
     return modes if own in modes else (*modes, own)
 
 
-def _choices(name: str, candidates: list[Any], fixed: Mapping[str, Any]) -> list[Any]:
+def _choices(name: str, candidates: Sequence[Any], fixed: Mapping[str, Any]) -> Sequence[Any]:
     if name in fixed:
         return [fixed[name]]
     return candidates
@@ -148,6 +152,36 @@ def tp_candidates(scenario: Scenario, max_tp: int | None) -> list[int]:
 StateFilter = Callable[[int, int, int, int, int, int], bool]
 """(tp, pp, dp, ep, cp, zero) → whether the model state can fit at all (a lower bound)."""
 
+Plan = tuple[str, int, int]
+"""(schedule, virtual stages, micro-batch): how a replica runs its share of the batch."""
+
+
+class Branch(NamedTuple):
+    """The core layouts that share their global batch, degrees, nodes and ZeRO stage, in
+    the enumeration's order (:func:`branches`): ``size`` of them, made by
+    :func:`branch_layouts` only when asked for."""
+
+    gb: int
+    nodes: int
+    tp: int
+    pp: int
+    dp: int
+    ep: int
+    cp: int
+    etp: int
+    zero: int
+    a2a: bool
+    """Whether the base scenario overlaps the MoE all-to-alls (kept where allowed)."""
+    servers: tuple[int, ...]
+    plans: tuple[Plan, ...]
+    sps: tuple[bool, ...]
+    recomputes: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        """How many core layouts the branch holds."""
+        return len(self.plans) * len(self.sps) * len(self.recomputes) * len(self.servers)
+
 
 def cores(scenario: Scenario, options: SpaceOptions,
           state_fits: StateFilter | None = None) -> Iterator[Layout]:
@@ -161,29 +195,89 @@ def cores(scenario: Scenario, options: SpaceOptions,
     sequence parallelism only with tp > 1; an MoE model's experts split like the dense
     MLP and, where tp·ep divides them, whole (``expert_tp`` 1).
     ``state_fits(tp, pp, dp, ep, cp, zero)`` prunes whole branches whose model state
-    cannot fit. Recompute: ``options.recomputes`` and the scenario's own mode.
+    cannot fit. Recompute: ``options.recomputes`` and the scenario's own mode. With
+    ``options.batch_range``, the union of the spaces of every global batch in it, one
+    batch after the other (:func:`.batch_range.global_batches`).
     """
+    for branch in branches(scenario, options, state_fits):
+        yield from branch_layouts(branch, options.fixed)
+
+
+def branches(scenario: Scenario, options: SpaceOptions,
+             state_fits: StateFilter | None = None) -> Iterator[Branch]:
+    """The space's :class:`Branch` es in the enumeration's order: counting their ``size``
+    counts the space (:func:`.draw.draw_layouts`) without making a layout, and their layouts in
+    turn are :func:`cores`."""
     options = replace(options, recomputes=recompute_choices(scenario, options.recomputes))
     fx = options.fixed
     model, node = scenario.model, scenario.system.node
     per_node, max_nodes = node.devices_per_node, scenario.nodes_used
-    if options.batch_range is None:
-        batches = [scenario.training.global_batch]
-    else:
-        low, high = options.batch_range
-        batches = list(range(low, high + 1))
     experts = model.moe.experts if model.moe is not None else 1
     seq = scenario.training.seq_len
     cps = [c for c in divisors(seq // 2) if c <= options.max_cp] if seq % 2 == 0 else [1]
-    for gb in _choices("global_batch", batches, fx):
+    a2a = scenario.parallelism.moe_a2a_overlap
+    recomputes = tuple(_choices("recompute", list(options.recomputes), fx))
+    for gb in _choices("global_batch", global_batches(scenario.training.global_batch,
+                                                      options.batch_range), fx):
+        plans: dict[tuple[int, int, int], tuple[Plan, ...]] = {}  # (per replica, pp, zero)
         for tp in _choices("tp", tp_candidates(scenario, options.max_tp), fx):
+            sps = tuple(_choices("sequence_parallel", [False, True] if tp > 1 else [False],
+                                 fx))
             for pp in _choices("pp", divisors(model.layers), fx):
                 for ep in _choices("ep", divisors(experts), fx):
                     for cp in _choices("cp", cps or [1], fx):
                         for etp in _choices("expert_tp", _expert_tps(model, tp, ep), fx):
-                            yield from _replicas(gb, tp, pp, ep, cp, per_node, max_nodes,
-                                                 model.layers, options, state_fits, etp,
-                                                 scenario.parallelism.moe_a2a_overlap)
+                            for dp, nodes, zero in _replicas(gb, tp, pp, ep, cp, per_node,
+                                                             max_nodes, options, state_fits):
+                                key = (gb // (dp * ep), pp, zero)
+                                if key not in plans:
+                                    plans[key] = _plans(*key, model.layers, options)
+                                yield Branch(gb, nodes, tp, pp, dp, ep, cp, etp, zero, a2a,
+                                             _servers(nodes, dp, ep, cp, zero, options),
+                                             plans[key], sps, recomputes)
+
+
+def branch_layouts(branch: Branch, fixed: Mapping[str, Any]) -> Iterator[Layout]:
+    """``branch``'s core layouts, in the enumeration's order: by plan, then sequence
+    parallelism, recompute and parameter servers (:func:`branch_layout` makes one)."""
+    switches = _switches(fixed)
+    for plan in branch.plans:
+        for sp in branch.sps:
+            for rc in branch.recomputes:
+                layout = _core(branch, fixed, switches, plan, sp, rc)
+                for k in branch.servers:
+                    yield replace(layout, parameter_servers=k) if k else layout
+
+
+def branch_layout(branch: Branch, fixed: Mapping[str, Any], index: int) -> Layout:
+    """The core layout at ``index`` of :func:`branch_layouts` (0 ≤ index < size), made
+    alone."""
+    index, k = divmod(index, len(branch.servers))
+    index, rc = divmod(index, len(branch.recomputes))
+    plan, sp = divmod(index, len(branch.sps))
+    layout = _core(branch, fixed, _switches(fixed), branch.plans[plan], branch.sps[sp],
+                   branch.recomputes[rc])
+    servers = branch.servers[k]
+    return replace(layout, parameter_servers=servers) if servers else layout
+
+
+def _switches(fixed: Mapping[str, Any]) -> tuple[bool, bool, bool, bool]:
+    """The overlap switches of a core layout: their defaults, or the values fixed."""
+    return (fixed.get("overlap_dp_comm", True), fixed.get("overlap_tp_comm", False),
+            fixed.get("overlap_pp_comm", False), fixed.get("overlap_param_gather", False))
+
+
+def _core(branch: Branch, fixed: Mapping[str, Any], switches: tuple[bool, bool, bool, bool],
+          plan: Plan, sp: bool, rc: str) -> Layout:
+    """One core layout of ``branch`` (with the all-reduce), the MoE all-to-all overlap
+    kept on where the base (or ``--fix``) has it and it is allowed."""
+    gb, nodes, tp, pp, dp, ep, cp, etp, zero, a2a = branch[:10]
+    schedule, v, mb = plan
+    layout = Layout(nodes, tp, pp, dp, v, schedule, mb, zero, sp, rc, *switches, gb, ep, cp, 0,
+                    etp)
+    if fixed.get("moe_a2a_overlap", a2a) and a2a_overlap_allowed(layout):
+        layout = replace(layout, moe_a2a_overlap=True)  # the base's value
+    return layout
 
 
 def _expert_tps(model: Any, tp: int, ep: int) -> list[int]:
@@ -196,9 +290,9 @@ def _expert_tps(model: Any, tp: int, ep: int) -> list[int]:
 
 
 def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_nodes: int,
-              layers: int, options: SpaceOptions,
-              state_fits: StateFilter | None, etp: int = 0,
-              a2a: bool = False) -> Iterator[Layout]:
+              options: SpaceOptions,
+              state_fits: StateFilter | None) -> Iterator[tuple[int, int, int]]:
+    """(dp, nodes, ZeRO stage) of the branches of one (gb, tp, pp, ep, cp)."""
     fx = options.fixed
     for dp in _choices("dp", divisors(gb), fx):
         if gb % (dp * ep):
@@ -214,18 +308,11 @@ def _replicas(gb: int, tp: int, pp: int, ep: int, cp: int, per_node: int, max_no
         zeros = [0, 1, 2, 3] if dp * ep * cp > 1 else [0]
         for zero in _choices("zero", zeros, fx):
             if state_fits is None or state_fits(tp, pp, dp, ep, cp, zero):
-                servers = _servers(nodes, dp, ep, cp, zero, options)
-                for layout in _per_replica(gb, nodes, tp, pp, dp * ep, zero, layers, options):
-                    layout = replace(layout, dp=dp, ep=ep, cp=cp, expert_tp=etp) \
-                        if ep > 1 or cp > 1 or etp else layout
-                    if fx.get("moe_a2a_overlap", a2a) and a2a_overlap_allowed(layout):
-                        layout = replace(layout, moe_a2a_overlap=True)  # the base's value
-                    for k in servers:
-                        yield replace(layout, parameter_servers=k) if k else layout
+                yield dp, nodes, zero
 
 
 def _servers(nodes: int, dp: int, ep: int, cp: int, zero: int,
-             options: SpaceOptions) -> list[int]:
+             options: SpaceOptions) -> tuple[int, ...]:
     """Parameter servers tried (0: all-reduce): with ``max_parameter_servers``, the
     powers of two up to it and the nodes (one server per node, the spec's rule), where the
     spec allows a parameter server (dp > 1, ZeRO 0, no ep or cp)."""
@@ -233,20 +320,18 @@ def _servers(nodes: int, dp: int, ep: int, cp: int, zero: int,
     counts = [0]
     if dp > 1 and zero == 0 and ep == 1 and cp == 1:
         counts += [2 ** i for i in range(limit.bit_length()) if 2 ** i <= limit]
-    return _choices("parameter_servers", counts, options.fixed)
+    return tuple(_choices("parameter_servers", counts, options.fixed))
 
 
-def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, layers: int,
-                 options: SpaceOptions) -> Iterator[Layout]:
+def _plans(per_replica: int, pp: int, zero: int, layers: int,
+           options: SpaceOptions) -> tuple[Plan, ...]:
+    """The (schedule, virtual stages, micro-batch) a replica with ``per_replica``
+    sequences a step can run on ``pp`` stages at ZeRO ``zero``."""
     fx = options.fixed
-    per_replica = gb // dp
     micro = [b for b in divisors(per_replica) if b <= options.max_micro_batch]
     schedules = list(SCHEDULES) + list(ASYNCHRONOUS) * options.asynchronous if pp > 1 \
         else ["1f1b"]
-    sps = _choices("sequence_parallel", [False, True] if tp > 1 else [False], fx)
-    recomputes = _choices("recompute", list(options.recomputes), fx)
-    switches = (fx.get("overlap_dp_comm", True), fx.get("overlap_tp_comm", False),
-                fx.get("overlap_pp_comm", False), fx.get("overlap_param_gather", False))
+    out: list[Plan] = []
     for schedule in _choices("schedule", schedules, fx):
         if schedule == "interleaved-1f1b":
             chunks = [v for v in divisors(layers // pp) if v >= 2]
@@ -266,10 +351,8 @@ def _per_replica(gb: int, nodes: int, tp: int, pp: int, dp: int, zero: int, laye
                     continue
                 if schedule in ASYNCHRONOUS and per_replica // mb < pp:
                     continue
-                for sp in sps:
-                    for rc in recomputes:
-                        yield Layout(nodes, tp, pp, dp, v, schedule, mb, zero, sp, rc,
-                                     *switches, gb)
+                out.append((schedule, v, mb))
+    return tuple(out)
 
 
 def switch_variants(core: Layout, fixed: Mapping[str, Any]) -> Iterator[Layout]:
