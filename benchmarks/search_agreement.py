@@ -26,8 +26,9 @@ import pandas as pd
 
 import llmsim
 from llmsim.search.estimate import Estimator
+from llmsim.search.fix import parse_fix
 from llmsim.search.price import state_fits
-from llmsim.search.space import SpaceOptions, apply, cores, parse_fix, switch_variants
+from llmsim.search.space import SpaceOptions, apply, cores, switch_variants
 from llmsim.simulation import simulate
 
 

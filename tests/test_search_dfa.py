@@ -17,6 +17,7 @@ import llmsim
 from llmsim.cli_search import RECOMPUTE_LABELS, describe
 from llmsim.errors import UserError
 from llmsim.search import search
+from llmsim.search.fix import parse_fix
 from llmsim.search.output import scenario_yaml
 from llmsim.search.space import (
     RECOMPUTE,
@@ -25,7 +26,6 @@ from llmsim.search.space import (
     apply,
     cores,
     layout_of,
-    parse_fix,
 )
 from llmsim.specs.parallelism import Parallelism
 from llmsim.validation.runs import load_runs

@@ -12,6 +12,7 @@ from test_search import TINY
 import llmsim
 from llmsim.search import search
 from llmsim.search.estimate import Estimator
+from llmsim.search.fix import parse_fix
 from llmsim.search.price import applied, with_switches
 from llmsim.search.space import (
     SpaceOptions,
@@ -20,7 +21,6 @@ from llmsim.search.space import (
     cores,
     layout_of,
     parallelism_of,
-    parse_fix,
     switch_variants,
     switched,
 )

@@ -126,6 +126,9 @@ def test_cli_search_on_a_dask_scheduler_gives_the_local_result(
     (["--max-tp", "0"], "--max-tp"),
     (["--show", "-1"], "--show"),
     (["--fix", "nodes=100000"], "--fix: nodes=100000 is more than"),
+    (["--fix", "parallelism.zero=5"], "--fix: zero=5 is not a ZeRO stage; use 0, 1, 2 or 3"),
+    (["--fix", "parallelism.zero=-1"], "--fix: zero=-1 must be 0 or more"),
+    (["--fix", "parallelism.tp=0"], "--fix: tp=0 must be 1 or more"),
 ])
 def test_more_bad_options_give_one_line_errors(args: list[str], message: str,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -30,6 +30,7 @@ from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.draw import draw_layouts
+from llmsim.search.fix import parse_fix
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
 from llmsim.search.space import (
@@ -39,7 +40,6 @@ from llmsim.search.space import (
     SpaceOptions,
     apply,
     layout_of,
-    parse_fix,
 )
 from llmsim.search.store import Store
 from llmsim.simulation import collector_paused

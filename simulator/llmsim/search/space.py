@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, get_args
 
-from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES as SCHEDULE_INFO
 from llmsim.search.batch_range import global_batches
 from llmsim.search.layout import LAYOUT_FIELDS, SWITCHES, Layout, layout_of
@@ -27,7 +26,7 @@ from llmsim.specs.parallelism import Parallelism
 __all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
            "SWITCHES", "Layout", "SpaceOptions", "apply", "branches", "cores", "divisors",
            "layout_of",
-           "parallelism_of", "parse_fix", "recompute_choices", "switch_variants", "switched",
+           "parallelism_of", "recompute_choices", "switch_variants", "switched",
            "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
 which were defined here before."""
@@ -89,41 +88,6 @@ def divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending."""
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
-
-
-def parse_fix(items: list[str]) -> dict[str, Any]:
-    """``["parallelism.tp=8", "nodes=64"]`` → ``{"tp": 8, "nodes": 64}``, checked against
-    the layout's fields."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        name = key.strip().removeprefix("parallelism.").removeprefix("training.")
-        if not sep or name not in LAYOUT_FIELDS:
-            raise UserError(
-                f"--fix: {item!r} is not FIELD=VALUE with FIELD one of "
-                f"{', '.join(LAYOUT_FIELDS)}; e.g. --fix parallelism.tp=8")
-        out[name] = _parse_value(name, raw.strip())
-    return out
-
-
-def _parse_value(name: str, raw: str) -> Any:
-    kind = {f.name: f.type for f in fields(Layout)}[name]
-    if kind == "bool":
-        if raw.lower() not in ("true", "false", "1", "0"):
-            raise UserError(f"--fix: {name}={raw!r} must be true or false")
-        return raw.lower() in ("true", "1")
-    if kind == "int":
-        try:
-            value = int(raw)
-        except ValueError:
-            raise UserError(f"--fix: {name}={raw!r} must be a whole number") from None
-        if value < (0 if name in ("zero", "parameter_servers") else 1):
-            raise UserError(f"--fix: {name}={value} must be positive")
-        return value
-    allowed = SCHEDULES + ASYNCHRONOUS if name == "schedule" else RECOMPUTE_VALUES
-    if raw not in allowed:
-        raise UserError(f"--fix: {name}={raw!r} must be one of {', '.join(allowed)}")
-    return raw
 
 
 def recompute_choices(scenario: Scenario,
