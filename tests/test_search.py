@@ -395,6 +395,18 @@ def test_cli_search_end_to_end(tmp_path: Path) -> None:
     table = pd.read_csv(out / "layouts.csv")
     assert step == pytest.approx(table.iloc[0]["step_time_s"], rel=1e-9)
     assert best.parallelism.tp == table.iloc[0]["tp"]
+    # --resume DIR continues the search kept in DIR: every batch is read back, none priced
+    # again, and the same table is written there.
+    kept = (out / "priced.jsonl").read_text()
+    resume_args = [a for a in args if a not in ("--out", str(out))] + ["--resume", str(out)]
+    resumed = runner.invoke(app, resume_args)
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "priced.jsonl").read_text() == kept
+    assert pd.read_csv(out / "layouts.csv").equals(table)
+    other = [str(tmp_path / "other") if a == str(out) else a for a in args]
+    elsewhere = runner.invoke(app, [*other, "--resume", str(out)])
+    assert isinstance(elsewhere.exception, llmsim.UserError)
+    assert str(elsewhere.exception).startswith(f"--resume: {out} is not --out's")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -115,8 +115,9 @@ def search(
     out_dir: Annotated[Path | None, typer.Option(
         "--out", help="Write layouts.csv, best.yaml and search.png here (and keep the "
         "search there as it runs).")] = None,
-    resume: Annotated[bool, typer.Option(
-        help="Continue the search kept in --out without pricing a layout twice.")] = False,
+    resume_dir: Annotated[Path | None, typer.Option(
+        "--resume", metavar="DIR", help="Continue the search kept in DIR (an earlier "
+        "--out) without pricing a layout twice, and write its outputs there.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Table format: csv or parquet.")] = "csv",
     show: Annotated[int, typer.Option(help="Layouts shown in the table.")] = 10,
     confirm_timeout: Annotated[float | None, typer.Option(
@@ -127,8 +128,11 @@ def search(
     from llmsim.search import search as run_search
     from llmsim.search.output import FORMATS, write_outputs
 
-    if resume and out_dir is None:
-        raise UserError("--resume needs --out DIR, the folder of the search to continue")
+    if resume_dir is not None and out_dir is not None and out_dir != resume_dir:
+        raise UserError(f"--resume: {resume_dir} is not --out's {out_dir}; give the folder "
+                        "of the search to continue once, as --resume DIR")
+    resume = resume_dir is not None
+    out_dir = resume_dir if resume_dir is not None else out_dir
     if fmt not in FORMATS:
         raise UserError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
     if workers is not None and workers < 1:

@@ -45,7 +45,7 @@ class Store:
         if resume:
             if not manifest_path.exists():
                 raise UserError(f"--resume: {directory} holds no search ({MANIFEST} missing); "
-                                "start it without --resume")
+                                "start it with --out DIR")
             before = json.loads(manifest_path.read_text())
             if before != manifest:
                 raise UserError(f"--resume: {directory} holds a different search (scenario or "
@@ -53,8 +53,8 @@ class Store:
             self._read(priced)
         else:
             if priced.exists() and priced.stat().st_size:
-                raise UserError(f"--out: {directory} already holds a search; add --resume to "
-                                "continue it, or choose an empty directory")
+                raise UserError(f"--out: {directory} already holds a search; continue it with "
+                                f"--resume {directory}, or choose an empty directory")
             manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True))
         self._file = priced.open("a", encoding="utf-8")
 
