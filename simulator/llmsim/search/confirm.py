@@ -177,8 +177,8 @@ class EarlyRuns:
 def leaders(table: pd.DataFrame, est_col: str, larger: bool, count: int) -> list[int]:
     """The positions of the first ``count`` rows of :func:`ranked` ``table``, found
     without ranking it all: the rows at or past the ``count``-th best value (ties
-    included), ranked alone. None finite past the first rows (NaN among the leaders):
-    the table ranked whole."""
+    included), ranked alone; where fewer than ``count`` values are numbers (NaN among
+    the leaders), the table ranked whole."""
     import numpy as np
 
     values = _numbers(table[est_col])
