@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from llmsim.errors import UserError
 from llmsim.search.batching import batches as walk_batches
 from llmsim.search.bound import DaysBound, applies
-from llmsim.search.confirm import OBJECTIVES, EarlyRuns, confirm, objective_column
+from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
 from llmsim.search.space import (
@@ -223,13 +223,10 @@ def search(
     finally:
         store.close()
     estimate_wall = time.perf_counter() - estimate_started
-    confirm_workers = workers if client is None else 1
-    with EarlyRuns() as early:  # the first engine runs go on while the table is made
-        early.start(base, store, objective, top, confirm_workers, confirm_timeout_s)
-        # The table goes to confirm without another reference, so its sorted copies
-        # replace it rather than add to it.
-        table, best, timed_out = confirm(base, store.table(), objective, top,
-                                         confirm_workers, confirm_timeout_s, early.started)
+    # The table goes to confirm without another reference, so its sorted copies replace
+    # it rather than add to it.
+    table, best, timed_out = confirm(base, store.table(), objective, top,
+                                     workers if client is None else 1, confirm_timeout_s)
     summary = SearchSummary(
         scenario=scenario.name, objective=objective,
         machine_devices=scenario.devices, core_layouts=len(all_cores), sampled=sampled,

@@ -7,7 +7,7 @@ numbers decide the final order. The confirmed rows carry both, and their ratio
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -84,24 +84,14 @@ def steady_state_row(scenario: Scenario, key: str) -> dict[str, Any]:
 
 
 def engine_rows(base: Scenario, layouts: list[Layout], workers: int,
-                timeout_s: float | None = None,
-                started: dict[str, Future] | None = None) -> list[dict[str, Any] | None]:
-    """The engine's numbers for each layout (:func:`engine_row`), ``workers`` at a time;
-    a layout whose run is in ``started`` (by key, :func:`start_engine_rows`) takes that
-    run's result, and the others are run as below.
+                timeout_s: float | None = None) -> list[dict[str, Any] | None]:
+    """The engine's numbers for each layout (:func:`engine_row`), ``workers`` at a time.
 
     With ``timeout_s`` each run has its own process, ended after ``timeout_s`` seconds
     (None for that layout): some layouts (ZeRO-3 with many micro-batches: a gather per
     layer and micro-batch) take the engine minutes for one step under its
     ``max_sim_passes`` bound.
     """
-    if started:
-        ran = {layout.key: started.pop(layout.key).result() for layout in layouts
-               if layout.key in started}
-        rest = engine_rows(base, [layout for layout in layouts if layout.key not in ran],
-                           workers, timeout_s)
-        fresh = iter(rest)
-        return [ran[layout.key] if layout.key in ran else next(fresh) for layout in layouts]
     workers = max(1, workers)
     if timeout_s is None:
         if workers > 1 and len(layouts) > 1:
@@ -129,68 +119,6 @@ def engine_rows(base: Scenario, layouts: list[Layout], workers: int,
             for pool in pools:
                 pool.terminate()
     return rows
-
-
-def start_engine_rows(pool: ProcessPoolExecutor, base: Scenario,
-                      layouts: list[Layout]) -> dict[str, Future]:
-    """:func:`engine_row` of each layout submitted to ``pool``, by layout key: runs that go
-    on while this process does other work (:func:`confirm` ranks the table meanwhile)."""
-    return {layout.key: pool.submit(engine_row, base, layout) for layout in layouts}
-
-
-class EarlyRuns:
-    """The engine's runs of the estimator's ``top`` best layouts, started on a process
-    pool as soon as the pricing ends (:meth:`start`), from the store's columns: they go on
-    while this process builds the table of every priced layout and ranks it, which took
-    it 1–2 s of CPU with both cores otherwise idle (``docs/search.md``, Speed). The
-    layouts are the ones :func:`confirm` asks for first (:func:`leaders`, tested). Not
-    with a timeout (each run then has a process of its own) or one worker."""
-
-    def __init__(self) -> None:
-        self.started: dict[str, Future] = {}
-        """Runs by layout key, for :func:`confirm`."""
-        self._pool: ProcessPoolExecutor | None = None
-
-    def start(self, base: Scenario, store: Any, objective: str, top: int, workers: int,
-              timeout_s: float | None = None) -> None:
-        """Start the runs of ``store``'s (:class:`~llmsim.search.store.Store`) best ``top``
-        rows by ``objective`` on ``workers`` processes."""
-        est_col, _, larger = OBJECTIVES[objective]
-        count = min(top, store.priced)
-        if timeout_s is not None or workers <= 1 or count <= 1:
-            return
-        head = store.frame(["key", est_col])
-        if est_col not in head:
-            return
-        rows = store.rows(leaders(head, est_col, larger, count))
-        self._pool = ProcessPoolExecutor(max_workers=workers)
-        self.started = start_engine_rows(self._pool, base, [layout_of_row(r) for r in rows])
-
-    def __enter__(self) -> EarlyRuns:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def leaders(table: pd.DataFrame, est_col: str, larger: bool, count: int) -> list[int]:
-    """The positions of the first ``count`` rows of :func:`ranked` ``table``, found
-    without ranking it all: the rows at or past the ``count``-th best value (ties
-    included), ranked alone; where fewer than ``count`` values are numbers (NaN among
-    the leaders), the table ranked whole."""
-    import numpy as np
-
-    values = _numbers(table[est_col])
-    if count <= 0:
-        return []
-    finite = np.flatnonzero(~np.isnan(values)) if values is not None else np.array([])
-    if values is None or len(finite) < count:
-        return ranked(table, est_col, larger)[:count].tolist()
-    signed = -values[finite] if larger else values[finite]
-    threshold = np.partition(signed, count - 1)[count - 1]
-    near = finite[signed <= threshold]  # in table order
-    return near[ranked(table.iloc[near], est_col, larger)[:count]].tolist()
 
 
 def ranked(table: pd.DataFrame, est_col: str, larger: bool) -> np.ndarray:
@@ -231,15 +159,13 @@ def _numbers(column: pd.Series) -> np.ndarray | None:
 
 
 def confirm(base: Scenario, table: pd.DataFrame, objective: str, top: int, workers: int,
-            timeout_s: float | None = None, started: dict[str, Future] | None = None
-            ) -> tuple[pd.DataFrame, Scenario | None, int]:
+            timeout_s: float | None = None) -> tuple[pd.DataFrame, Scenario | None, int]:
     """Run the engine on the ``top`` best rows by the estimator; return the table ranked
     (confirmed rows first, by the engine; those that fit before those that do not), the
     best layout's scenario and how many runs took longer than ``timeout_s``.
 
     A run that times out leaves its row unconfirmed (``timed_out`` True) and the next
-    row by the estimator is tried in its place, up to ``2·top`` rows in all. A layout
-    whose run is in ``started`` (by key: :class:`EarlyRuns`) takes its result.
+    row by the estimator is tried in its place, up to ``2·top`` rows in all.
     """
     import numpy as np
     import pandas as pd
@@ -254,7 +180,7 @@ def confirm(base: Scenario, table: pd.DataFrame, objective: str, top: int, worke
         want = min(top - len(rows), len(table) - tried, 2 * top - tried)
         head = [layout_of_row(r) for _, r in table.iloc[tried:tried + want].iterrows()]
         tried += len(head)
-        for layout, numbers in zip(head, engine_rows(base, head, workers, timeout_s, started),
+        for layout, numbers in zip(head, engine_rows(base, head, workers, timeout_s),
                                    strict=True):
             if numbers is None:
                 timed_out.append(layout.key)

@@ -94,28 +94,6 @@ class Store:
         """One column of every priced layout so far."""
         return [v for batch in self._batches for v in batch.get(name, ())]
 
-    def frame(self, names: list[str]) -> pd.DataFrame:
-        """The columns ``names`` (those the store has) of every priced layout so far, in
-        :meth:`table`'s row order; the store keeps its batches."""
-        import numpy as np
-        import pandas as pd
-
-        have = [name for name in names if self._batches and name in self._batches[0]]
-        return pd.DataFrame({name: np.concatenate([batch[name] for batch in self._batches])
-                             for name in have})
-
-    def rows(self, positions: list[int]) -> list[dict[str, Any]]:
-        """The priced layouts at ``positions`` of :meth:`table`'s rows, one dict each."""
-        import numpy as np
-
-        ends = np.cumsum([len(batch["key"]) for batch in self._batches])
-        out = []
-        for position in positions:
-            i = int(np.searchsorted(ends, position, side="right"))
-            offset = position - (ends[i - 1] if i else 0)
-            out.append({name: values[offset] for name, values in self._batches[i].items()})
-        return out
-
     def table(self) -> pd.DataFrame:
         """Every priced layout, one row each (the batches' columns joined); the store lets
         go of its batches, so that they are not held twice."""
