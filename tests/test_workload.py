@@ -457,3 +457,25 @@ def test_per_tensor_optimizer_launches_six_kernels_per_parameter_tensor():
                            s.training.model_copy(update={"optimizer_kernels": "multi_tensor"}),
                            s.dp)
     assert multi.optimizer[0].splits == 1
+
+
+@pytest.mark.parametrize("name", ["selene-gpt3", "frontier", "lumi", "frontier-moe",
+                                  "deepseek-v3", "fugaku"])
+@pytest.mark.parametrize("settings", [
+    [], ["parallelism.sequence_parallel=false"], ["parallelism.pp_scatter_gather=megatron"],
+    ["parallelism.sequence_parallel=false", "parallelism.pp_scatter_gather=deepspeed"],
+    ["parallelism.micro_batch=3"]])
+def test_pp_message_bytes_is_step_traffics(name, settings):
+    """:func:`pp_message_bytes` (what ``simulation.check_posted_units`` reads) is the
+    message :func:`step_traffic` carries, bit for bit."""
+    import llmsim
+    from llmsim.workload import pp_message_bytes, step_traffic
+
+    try:
+        sc = llmsim.load_scenario(name, settings)
+    except llmsim.UserError:
+        pytest.skip("the setting does not apply to this scenario")
+    par = sc.parallelism
+    expected = step_traffic(sc.model, par, sc.training, sc.dp).pp_message_bytes
+    assert pp_message_bytes(sc.model, par, sc.training) == expected
+    assert isinstance(pp_message_bytes(sc.model, par, sc.training), float)

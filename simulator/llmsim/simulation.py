@@ -19,7 +19,7 @@ from llmsim.plan import Plan
 from llmsim.result import Result, StageBreakdown, optimal_batch_tokens
 from llmsim.specs import Scenario
 from llmsim.trace import PASSES
-from llmsim.workload import build_workload, step_traffic
+from llmsim.workload import build_workload, pp_message_bytes
 
 
 def build_engine(scenario: Scenario, costs: CostModel | None = None,
@@ -80,7 +80,7 @@ def check_posted_units(scenario: Scenario) -> None:
     if not (par.overlap_pp_comm and par.virtual_stages > 1 and par.pp > 1) \
             or schedules.placement(par.schedule, par.pp, par.virtual_stages):
         return  # sends are batched on the pipeline group: nothing is posted singly
-    message = step_traffic(scenario.model, par, scenario.training, scenario.dp).pp_message_bytes
+    message = pp_message_bytes(scenario.model, par, scenario.training)
     posted = 2 * max(posted_p2p_units(scenario.system, message, within)
                      for within in (False, True))
     units = node.accelerator.gemm.compute_units

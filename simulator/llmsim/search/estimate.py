@@ -245,10 +245,14 @@ class Estimator(StageKinds):
             placed.append((s, within, count, kind.times))
             tails.append(kind.tail_s)
 
+        built: list[list[tuple[StageTimes, int]]] = []  # stage_runs(), once a layout
+
         def stage_runs() -> list[tuple[StageTimes, int]]:
             """The runs of equal stages with their pipeline sends of one micro-batch (forward
             out of every virtual stage but the last, backward out of every one but the
             first) and the gathers of sliced ones."""
+            if built:  # finish() called again, its walk replayed (.walk_batch)
+                return built[0]
             out = []
             for s, within, count, own in placed:
                 to_next, to_prev = send_s[within[0]], send_s[within[1]]
@@ -265,7 +269,21 @@ class Estimator(StageKinds):
                     own.chunk_backward, own.first_forward_gather,
                     chunk_forward=own.chunk_forward, queue_wait=own.queue_wait,
                     chunk_gathers=own.chunk_gathers), count))
+            built.append(out)
             return out
+
+        # One pipeline: the slowest kind's optimizer step (the one on the step's path).
+        one_opt_s, family = 0.0, ()
+        if not has_two_pipelines(par.schedule) and par.schedule != "pipedream":
+            for kind in kinds.values():
+                one_opt_s = max(one_opt_s,
+                                self._optimizer_s(costs, par, trn, traffic, kind, sharded))
+            # A family's layouts (the same but for what the stages' gradients, ZeRO gathers
+            # and waits read) share their pipeline phase where those are equal.
+            family = (id(shared), id(send_s), gather_s, traffic.pp_regather_output,
+                      par.schedule, m, v, par.overlap_pp_comm, posted_singly, zero3,
+                      par.prefetch_weights,
+                      *(_pipeline_reads(kind.times, zero3) for kind in kinds.values()))
 
         def finish() -> Estimate:  # the pipeline phase, its walks memoised or not
             tied = traffic.embedding_grad_allreduce
@@ -288,16 +306,7 @@ class Estimator(StageKinds):
                     blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
                 ready = pipe + reduce_s
             else:
-                # The optimizer step of each kind of stage (the slowest one's on the step's path).
-                opt_s = 0.0
-                for kind in kinds.values():
-                    opt_s = max(opt_s, self._optimizer_s(costs, par, trn, traffic, kind, sharded))
-                # A family's layouts (the same but for what the stages' gradients, ZeRO
-                # gathers and waits read) share their pipeline phase where those are equal.
-                family = (id(shared), id(send_s), gather_s, traffic.pp_regather_output,
-                          par.schedule, m, v, par.overlap_pp_comm, posted_singly, zero3,
-                          par.prefetch_weights,
-                          *(_pipeline_reads(kind.times, zero3) for kind in kinds.values()))
+                opt_s = one_opt_s
                 hit = self._pipelines.get(family)
                 if hit is None:
                     hit = self._pipelines.put(family, (shared, *pipeline_runs_s(

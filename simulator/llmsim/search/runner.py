@@ -65,15 +65,33 @@ def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: 
     with ExitStack() as stack:
         pools = [stack.enter_context(ProcessPoolExecutor(
             max_workers=1, initializer=_keep_base, initargs=(base,))) for _ in range(workers)]
-        futures: dict[Future, tuple[int, int]] = {}  # → (batch index, worker)
+        futures: dict[Future, tuple[int, int, list[Layout]]] = {}  # → (index, worker, cores)
 
         def submit(worker: int) -> None:
             while (batch := feed.next(worker)) is not None:
                 index, cores = batch
                 if keep is None or keep(index):
-                    future = pools[worker].submit(_price_on_worker, cores, fixed, headroom)
-                    futures[future] = (index, worker)
+                    put(worker, index, cores)
                     return
+            steal(worker)
+
+        def put(worker: int, index: int, cores: list[Layout]) -> None:
+            future = pools[worker].submit(_price_on_worker, cores, fixed, headroom)
+            futures[future] = (index, worker, cores)
+
+        def steal(worker: int) -> None:
+            """Every batch handed out: take the last one queued on another worker that
+            has not started (up to AHEAD + 1 a worker; those of a worker left with large
+            ones would keep it busy while this one idles)."""
+            for future in reversed(list(futures)):
+                index, owner, cores = futures[future]
+                if owner != worker and queued(owner) > 1 and future.cancel():
+                    del futures[future]
+                    put(worker, index, cores)
+                    return
+
+        def queued(worker: int) -> int:
+            return sum(1 for owner in futures.values() if owner[1] == worker)
 
         for worker in range(workers):
             for _ in range(AHEAD + 1):
@@ -82,7 +100,7 @@ def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: 
             while futures:
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
                 for future in done:
-                    index, worker = futures.pop(future)
+                    index, worker, _ = futures.pop(future)
                     yield index, future.result()
                     submit(worker)
         finally:

@@ -22,6 +22,7 @@ from llmsim.workload.build import (
     chunk_extras,
     chunk_params,
     pass_ops,
+    pp_message_bytes,
     shard_ranks,
     step_traffic,
 )
@@ -32,5 +33,6 @@ from llmsim.workload.step import EXTRA_OP_PREFIXES, Chunk, Op, Workload
 __all__ = [
     "EXTRA_OP_PREFIXES", "FP8_LINEARS_PER_LAYER", "Chunk", "LayerBuilder", "Op", "PassOps",
     "Passes", "Workload", "build_workload", "chunk_extras", "chunk_params",
-    "cross_entropy_bytes_per_logit", "pass_ops", "shard_ranks", "step_traffic",
+    "cross_entropy_bytes_per_logit", "pass_ops", "pp_message_bytes", "shard_ranks",
+    "step_traffic",
 ]

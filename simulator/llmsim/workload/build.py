@@ -234,16 +234,32 @@ def shard_ranks(work: Workload, stage: int) -> float:
     return params / shard if shard else 1.0
 
 
+def _activation_bytes(model: Model, par: Parallelism, training: Training) -> int:
+    """Bytes of one micro-batch's activation at a stage boundary (tokens × hidden)."""
+    tokens = par.micro_batch * training.seq_len // par.cp
+    return tokens * model.hidden * DTYPE_BYTES[training.precision]
+
+
+def _sliced(par: Parallelism) -> bool:
+    """Whether each tensor-parallel rank sends 1/tp of the pipeline message: sequence
+    parallelism, or a framework's scatter/gather."""
+    return par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
+
+
+def pp_message_bytes(model: Model, par: Parallelism, training: Training) -> float:
+    """Bytes of one pipeline send of one micro-batch (:attr:`Workload.pp_message_bytes`
+    of :func:`step_traffic`, without the rest of the step's traffic)."""
+    activation = _activation_bytes(model, par, training)
+    return float(activation / par.tp if _sliced(par) else activation)
+
+
 def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) -> Workload:
     """The step's settings and traffic without its chunks: micro-batches, the pipeline
     message, the gradient and ZeRO settings (a :class:`Workload` with no chunks, whose
     :meth:`Workload.dp_grad_buckets` and :meth:`Workload.weight_gather` price any chunk)."""
     e = DTYPE_BYTES[training.precision]
-    tokens = par.micro_batch * training.seq_len // par.cp
-    activation = tokens * model.hidden * e
-    # Sequence parallelism, or a framework's scatter/gather: each rank sends 1/tp of it.
-    sliced = par.tp > 1 and (par.sequence_parallel or par.pp_scatter_gather != "none")
-    message = activation / par.tp if sliced else activation
+    activation = _activation_bytes(model, par, training)
+    sliced = _sliced(par)
     gathered = sliced and not par.sequence_parallel  # rebuilt from the slices on receipt
     # DeepSpeed 2021's ZeRO-3 gathers: zero-filled buffer, host loop, per-rank slice copies.
     tensor_list = par.tensor_list_gathers and par.zero == 3
@@ -252,7 +268,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
     return Workload(
         chunks={},
         microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
-        pp_message_bytes=float(message),
+        pp_message_bytes=float(activation / par.tp if sliced else activation),
         pp_exchange_host_s=exchange_sync_s(training, par),
         pp_gather_bytes=float(activation) if gathered else 0.0,
         pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",
