@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from llmsim.costs import HardwareCosts
 from llmsim.ops import CommOp
 from llmsim.optimizer import optimizer_step
-from llmsim.result import SECONDS_PER_DAY
 from llmsim.schedules import SPLIT_BACKWARD
+from llmsim.search.estimate_record import Estimate
 from llmsim.search.gathered_waits import gathered_waits_s
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import stage_pair_parts
@@ -56,49 +56,6 @@ from llmsim.workload import (
 TAIL_MEMO_FROM_CHUNKS = 4
 """A kind's gradient tail is memoised from this many chunks a stage on (below it the
 FIFO's loop costs less than the memo's key)."""
-
-
-@dataclass(slots=True)
-class Estimate:
-    """The estimator's prediction for one layout (read only, not frozen: see StageTimes)."""
-
-    step_time_s: float
-    pipeline_s: float
-    """Forward and backward passes of every micro-batch, to the last stage's last pass."""
-    dp_tail_s: float
-    """Gradient reduction (and ZeRO traffic) after the last pass, on the slowest stage
-    (PipeDream: its reductions after every backward, their share of the step,
-    :mod:`llmsim.search.pipedream_updates`)."""
-    optimizer_s: float
-    """Optimizer step and the ZeRO-1/2 weight gather after it (PipeDream: its updates
-    after every backward, their share of the step)."""
-    model_flops_per_step: float
-    tokens_per_step: int
-    devices: int
-    peak_flops_per_device: float
-    run_flops: float | None
-    run_tokens: float | None
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Training tokens per second, whole job."""
-        return self.tokens_per_step / self.step_time_s
-
-    @property
-    def mfu(self) -> float:
-        """Model FLOPs utilisation, 0–1."""
-        return self.model_flops_per_step / self.step_time_s / self.devices \
-            / self.peak_flops_per_device
-
-    @property
-    def days_to_train(self) -> float | None:
-        """Days for the run's tokens or FLOP budget (as :attr:`Result.days_to_train`)."""
-        if self.run_tokens is not None:
-            return self.run_tokens / self.tokens_per_s / SECONDS_PER_DAY
-        if self.run_flops is not None:
-            return self.run_flops / (self.model_flops_per_step / self.step_time_s) \
-                / SECONDS_PER_DAY
-        return None
 
 
 @dataclass(slots=True)
