@@ -155,6 +155,13 @@ def test_integers_too_large_for_the_arithmetic(value):
     assert "model.layers" in message
 
 
+def test_a_layer_gathered_past_any_framework_s_calls_is_refused():
+    """``parallelism.gathers_per_call`` multiplies a ZeRO-3 step's gathers: a million made
+    a step of 10^8 ops (5.9 GB after 120 s); at most 64 keeps it bounded."""
+    message = refused(TINY, "parallelism.gathers_per_call=1000000")
+    assert "parallelism.gathers_per_call" in message and "64" in message
+
+
 def test_results_that_would_be_infinite_or_zero():
     s = make_scenario()
 

@@ -278,7 +278,7 @@ class Parallelism(Spec):
     again for its backward, as DeepSpeed ZeRO-3 of 2021 did (its post-forward hook released
     the weights after the recompute too; keeping them needed a valid module trace, which
     PR #1170 restored). False: one gather serves both (PyTorch FSDP, later DeepSpeed)."""
-    gathers_per_call: PositiveInt = 1
+    gathers_per_call: int = Field(1, ge=1, le=64)
     """ZeRO-3: how many times each gathered layer is called, and so gathered, in each
     gather of it (its forward, its recompute, its backward), the calls' all-gathers back to
     back before the layer's part. FSDP1 ``FULL_SHARD`` gathers a non-root unit in each
@@ -291,7 +291,7 @@ class Parallelism(Spec):
     (with ``regather_for_recompute``: two gathers before the recompute and two before the
     backward, as each recompute call is followed by its own pre-backward gather). A part
     whose gathers are issued as it is reached waits for its first call's only; issued one
-    part ahead, for all of them."""
+    part ahead, for all of them. At most 64 (its ops grow with it)."""
     prefetch_recompute_gather: bool = True
     """With ``regather_for_recompute`` and ``prefetch_weights``: whether each layer's
     recompute gather is issued one part ahead, as the other gathers are. False: when the
