@@ -49,7 +49,7 @@ MAX_BRANCHES = 10_000_000
 
 
 def draw_layouts(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,
-         max_layouts: int | None, seed: int) -> tuple[list[Layout], int, bool]:
+                 max_layouts: int | None, seed: int) -> tuple[list[Layout], int, bool]:
     """(the core layouts to price, the space's size, whether they are a sample).
 
     The whole space in the enumeration's order, or a seeded sample of ``max_layouts``

@@ -25,8 +25,7 @@ from llmsim.specs.parallelism import Parallelism
 
 __all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
            "SWITCHES", "Layout", "SpaceOptions", "apply", "branches", "cores", "divisors",
-           "layout_of",
-           "parallelism_of", "recompute_choices", "switch_variants", "switched",
+           "layout_of", "parallelism_of", "recompute_choices", "switch_variants", "switched",
            "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
 which were defined here before."""

@@ -268,7 +268,7 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
     return Workload(
         chunks={},
         microbatches=training.global_batch // (par.micro_batch * dp * par.ep),
-        pp_message_bytes=float(activation / par.tp if sliced else activation),
+        pp_message_bytes=pp_message_bytes(model, par, training),
         pp_exchange_host_s=exchange_sync_s(training, par),
         pp_gather_bytes=float(activation) if gathered else 0.0,
         pp_regather_output=gathered and par.pp_scatter_gather == "deepspeed",

@@ -21,7 +21,7 @@ from llmsim.params import (
     embedding_params_per_device,
 )
 from llmsim.specs import MemoryKind, Model, Parallelism, Training
-from llmsim.specs.parallelism import TpOverlapGemm, TpOverlapGemmName
+from llmsim.specs.tp_overlap import TpOverlapGemm, TpOverlapGemmName
 from llmsim.workload.fp8 import AMAX_BYTES, operand_casts
 from llmsim.workload.loss import cross_entropy_bytes_per_logit
 from llmsim.workload.small_calls import cross_entropy_calls
