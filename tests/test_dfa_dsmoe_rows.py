@@ -81,16 +81,20 @@ def test_dfa_rows_err_as_the_docs_say():
     DistFlashAttn's device-wide syncs waiting for FSDP's gathers, and FSDP1's gathers as
     the code makes them (each unit gathered at each call, ``gathers_per_call`` 2 under
     DistFlashAttn's checkpointing patch; again for the recompute, when it is reached:
-    ``regather_for_recompute``, ``prefetch_recompute_gather`` false), 5–22 % fast (were
-    17–29 %: the measured step's floor is not all priced)."""
+    ``regather_for_recompute``, ``prefetch_recompute_gather`` false), and FSDP1's hooks
+    of each call beyond one a pass (``host_fsdp_forward_us``, ``host_fsdp_backward_us``):
+    DFA24-13, -14 and -20 10–15 % fast, DFA24-19 within 2 % (were 7–21 % fast before
+    session s15's hooks, 17–29 % before s14's gathers: the measured step's floor is not
+    all priced at 2K)."""
     err = {row: v.predict(RUNS[row]).error_pct for row in DFA}
     for row in ("DFA24-01", "DFA24-02", "DFA24-03", "DFA24-07", "DFA24-08", "DFA24-09",
                 "DFA24-16", "DFA24-17", "DFA24-18"):
         assert -7 < err[row] < 0, row
     for row in ("DFA24-15", "DFA24-21"):
         assert -12 < err[row] < -6, row
-    for row in ("DFA24-13", "DFA24-14", "DFA24-19", "DFA24-20"):
-        assert -22 < err[row] < -5, row
+    for row in ("DFA24-13", "DFA24-14", "DFA24-20"):
+        assert -15 < err[row] < -10, row
+    assert -2 < err["DFA24-19"] < 2
 
 
 def test_the_host_sets_the_short_rows_and_not_the_long_ones():

@@ -64,12 +64,14 @@ def test_a_recompute_gathered_when_reached_waits_for_its_first_call():
     recompute (FSDP1 under a reentrant checkpoint), each of the 31 later layers' recompute
     waits one call's gather (1.6 ms; the second call's runs under the first call's
     compute; the first layer's wait comes before the pass's first record); prefetched one
-    part ahead, no recompute waits."""
+    part ahead, no recompute waits. The reductions after the backward here; issued in it,
+    each wait also holds one (``tests/test_fsdp_unit_reductions.py``)."""
     gather_s = _gathers(simulate(_scenario("DFA24-01")))[0]
     one_gather_s = gather_s.end_s - gather_s.start_s
-    waits = _recompute_waits("DFA24-01")
+    waits = _recompute_waits("DFA24-01", reduce_in_backward=False)
     assert waits == pytest.approx([one_gather_s] * (LAYERS - 1), rel=1e-6)
-    assert _recompute_waits("DFA24-01", prefetch_recompute_gather=True) == []
+    assert _recompute_waits("DFA24-01", prefetch_recompute_gather=True,
+                            reduce_in_backward=False) == []
 
 
 def _forward_waits(sc) -> list[float]:

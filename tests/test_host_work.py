@@ -50,10 +50,67 @@ def test_the_queue_charges_the_work_before_the_op():
     assert pass_queue([a, b], [1e-6, 1e-6], 10e-6)[0] == pytest.approx([0.0, 9e-6])
 
 
-def test_only_the_hugging_face_path_takes_the_accelerator_s_work():
+def test_the_accelerator_s_work_by_path():
+    """``hugging_face`` takes all of it; ``modules`` FSDP's hooks only (its time per kernel
+    holds the checkpoint's nodes); ``bare`` and CUDA graphs none."""
     h100 = load_spec("accelerators", "h100-sxm5-80gb")
     work = HostIssue.of(h100, False, "hugging_face").work
     assert (work.ckpt_node_s, work.fsdp_forward_s, work.fsdp_backward_s) == pytest.approx(
         (188.9e-6, 846.7e-6, 923.6e-6))
-    assert HostIssue.of(h100, False, "modules").work == HostWork()
+    assert HostIssue.of(h100, False, "modules").work == HostWork(
+        0.0, work.fsdp_forward_s, work.fsdp_backward_s)
+    assert HostIssue.of(h100, False, "bare").work == HostWork()
     assert HostIssue.of(h100, True, "hugging_face").work == HostWork()
+
+
+def _marks(sc, path: str, **par) -> list[dict[str, str]]:
+    sc = sc.model_copy(update={
+        "parallelism": sc.parallelism.model_copy(update=par),
+        "training": sc.training.model_copy(update={"host_path": path})})
+    lists = pass_ops(sc.model, sc.parallelism, sc.training).dense
+    return [{op.name: op.fsdp_hooks for op in ops if getattr(op, "fsdp_hooks", None)}
+            for ops in lists]
+
+
+def test_each_call_beyond_the_profile_s_carries_its_hooks():
+    """FSDP1 runs a unit's hooks at each call of it. DistFlashAttn's patch (DFA24-19) calls
+    a layer for its attention's projections, then from ``o_proj`` for the rest, in the
+    forward and again in the recompute (the checkpoint is around the unit, so the
+    recompute calls it), and its backward runs each call's pre- and post-backward hooks:
+    ``modules``, whose time per kernel holds one forward and one backward hook set,
+    marks the second forward call, both recompute calls and the second backward set;
+    ``hugging_face`` marks them all. Hugging Face's checkpointing (DFA24-13): the
+    recompute's one call; with the recompute not regathered (transformers 5.17's
+    checkpoint inside the unit), nothing beyond the profile's."""
+    from llmsim import validation as v
+    runs = {r.id: r for r in v.load_runs() if r.id in ("DFA24-13", "DFA24-19")}
+    patch, hf = v.scenario_for(runs["DFA24-19"]), v.scenario_for(runs["DFA24-13"])
+    fwd, bwd = "forward", "backward"
+    assert _marks(patch, "modules") == [
+        {"attn_proj": fwd}, {"ln1": fwd, "attn_proj": fwd}, {"qkv_dx": bwd}, {}]
+    assert _marks(patch, "hugging_face") == [
+        {"ln1": fwd, "attn_proj": fwd}, {"ln1": fwd, "attn_proj": fwd},
+        {"mlp_down_dx": bwd, "qkv_dx": bwd}, {}]
+    assert _marks(hf, "modules") == [{}, {"ln1": fwd}, {}, {}]
+    assert _marks(hf, "modules", regather_for_recompute=False) == [{}, {}, {}, {}]
+    assert _marks(patch, "bare") == [{}, {}, {}, {}]
+
+
+@pytest.mark.parametrize(("row", "forward_sets", "backward_sets"),
+                         [("DFA24-19", 3, 1), ("DFA24-13", 1, 0)])
+def test_a_step_s_further_hooks_add_up_to_the_calls_beyond_the_profile(row, forward_sets,
+                                                                         backward_sets):
+    """The host work a step's 32 layers carry under ``modules`` at the rows' hook times:
+    DistFlashAttn's patch 3 forward sets (one forward call, two recompute calls) and one
+    backward set a layer beyond the profile's, Hugging Face's checkpointing one forward
+    set (its recompute's call)."""
+    from llmsim import validation as v
+    from llmsim.workload import build_workload
+    sc = v.scenario_for(next(r for r in v.load_runs() if r.id == row))
+    acc = sc.system.node.accelerator
+    work = HostIssue.of(acc, False, sc.training.host_path).work
+    chunk = build_workload(sc.model, sc.parallelism, sc.training, sc.dp).chunks[(0, 0)]
+    total_s = sum(work.op_s(op) for op in (*chunk.forward, *chunk.backward, *chunk.weight))
+    assert total_s == pytest.approx(32 * (forward_sets * acc.host_fsdp_forward_us
+                                          + backward_sets * acc.host_fsdp_backward_us) * 1e-6,
+                                    rel=1e-12)

@@ -85,6 +85,7 @@ def _kernel_switches(result: Result) -> str:
         ("regather for recompute", work.regather_for_recompute),
         ("gather per module", work.gather_messages > 1),
         ("gathers per call", work.gather_calls > 1),
+        ("reductions in the backward", work.unit_reductions > 0),
         ("tensor-list gathers", work.gather_copies > 0),
         ("grad all-reduce", work.grad_all_reduce),
         ("separate bias kernels", trn.bias_kernels == "separate" and s.model.bias),

@@ -47,13 +47,15 @@ Host work that is not a kernel's dispatch, priced per op where measured
 (``training.host_path: hugging_face``, :class:`HostWork`): a reentrant checkpoint's
 backward matmul nodes and FSDP's hooks, added to the host's time before the op's first
 kernel (the op's ``ckpt_nodes`` and ``fsdp_hooks``, :mod:`llmsim.workload.host_work`).
+Under ``modules`` only the FSDP hooks beyond one set a unit and pass are marked, the
+others being part of the time per kernel.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmsim.errors import UserError
 from llmsim.ops import CommOp, ComputeOp
@@ -93,7 +95,7 @@ class HostWork:
 
 
 NO_WORK = HostWork()
-"""No host work beyond the dispatch (every host path but ``hugging_face``)."""
+"""No host work beyond the dispatch (the ``bare`` path, CUDA graphs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,8 @@ class HostIssue:
     objects was not timed alone); 0 under CUDA graphs or where not measured."""
     work: HostWork = NO_WORK
     """The host's work before an op beyond its dispatch (``training.host_path:
-    hugging_face``; none on the other paths and under CUDA graphs)."""
+    hugging_face``, and ``modules``' further FSDP hooks; none on ``bare`` and under CUDA
+    graphs)."""
 
     @classmethod
     def of(cls, accelerator: Accelerator, cuda_graphs: bool,
@@ -144,7 +147,11 @@ class HostIssue:
                     f"training.host_path: {host_path} has no measured host time per kernel "
                     f"on {accelerator.name}; use bare, or give the accelerator a "
                     f"host_module_dispatch_us")
-        work = HostWork.of(accelerator) if host_path == "hugging_face" else NO_WORK
+        work = NO_WORK
+        if host_path == "hugging_face":
+            work = HostWork.of(accelerator)
+        elif host_path == "modules":  # its time per kernel holds the checkpoint's nodes
+            work = replace(HostWork.of(accelerator), ckpt_node_s=0.0)
         return cls(accelerator.kernel_launch_us * 1e-6, interval_us * 1e-6, ahead,
                    accelerator.host_dispatch_us * 1e-6, work)
 

@@ -43,6 +43,7 @@ class WeightGathers:
 
     def _gathered_pass(self, dev: Device, actions: list[Action], i: int, block: Block,
                        gathers: dict[tuple[int, int, str, int], simpy.Event],
+                       grad_ops: list[simpy.Process] | None = None,
                        ) -> Iterator[simpy.Event]:
         """Run a pass layer by layer, each layer waiting for its gathered weights (ZeRO-3,
         or the first forward with ``overlap_param_gather``).
@@ -56,6 +57,9 @@ class WeightGathers:
         exposed DP time. A part with a device-wide host sync (:func:`.sync_shares.sync_shares`) runs
         to the sync, waits there for the device's ``dp`` work in flight (the next layer's
         gather, issued at the part's start), recorded the same way, and then runs the rest.
+        With :attr:`Workload.unit_reductions`, each backward layer's gradient reductions are
+        queued on the ``dp`` stream as its backward part ends (:meth:`_reduce_unit`), their
+        processes added to ``grad_ops``.
         """
         env, act = self.env, actions[i]
         units = self._gathered_units(dev, act, block)
@@ -73,6 +77,7 @@ class WeightGathers:
         shares = sync_shares(block, self.work.chunks[(dev.stage, act.chunk)].units,
                              len(units))
         seg_start, seg_from, offset = env.now, 0.0, 0.0
+        later: list[tuple[CommOp, object]] = []  # a unit's later reductions (_reduce_unit)
         for j, unit_s in enumerate(units):
             self._prefetch(dev, actions, i, j, gathers, reached=True)  # no-op when issued
             gather = gathers[(act.microbatch, act.chunk, act.kind, j)]
@@ -88,6 +93,11 @@ class WeightGathers:
                     self._prefetch(dev, actions, i, j + 1, gathers)
             elif ahead_next and not self._at_call(actions[i + 1], 0):
                 self._prefetch(dev, actions, i + 1, 0, gathers)
+            # A unit's later reductions go behind the gathers issued so far for the part after
+            # this one (the next unit's backward gathers), as FSDP1 issues them.
+            if later:
+                later = self._queue_reductions(dev, later, grad_ops, gathers.get(
+                    (act.microbatch, act.chunk, act.kind, j + 1)))
             share = shares[j]
             in_flight = None if share is None else self._dp_in_flight(dev, gathers)
             if in_flight is None:
@@ -103,8 +113,61 @@ class WeightGathers:
                     seg_start, seg_from = env.now, offset + share * unit_s
                 yield from self.contention[dev.id].run(
                     lambda held, j=j, share=share: part_s(held, j) * (1.0 - share))
+            if grad_ops is not None and act.kind == "B" and self.work.unit_reductions:
+                later = self._reduce_unit(dev, act, j, len(units), grad_ops)
             offset += unit_s
+        self._queue_reductions(dev, later, grad_ops)
         self._record_part(dev, act, seg_start, seg_from, math.inf)
+
+    def _reduce_unit(self, dev: Device, act: Action, part: int, parts: int,
+                     grad_ops: list[simpy.Process]) -> list[tuple[CommOp, object]]:
+        """Queue the first gradient reduction of the layer whose backward part ``part`` (of
+        ``parts``) of ``act`` has just ended, and return its later ones
+        (:attr:`Workload.unit_reductions` in all; none after a recompute part), which
+        :meth:`_gathered_pass` queues behind the next part's gathers.
+
+        FSDP1 runs a unit's post-backward hook, and reduce-scatters its gradient, once for
+        each nested backward that reaches it. Under DistFlashAttn's patch a checkpoint holds
+        one layer's feed-forward and the next one's attention: the unit's first reduction
+        follows its feed-forward's backward and precedes the next checkpoint's recompute
+        gathers; its second follows its attention's backward, after the next unit's
+        backward gather has been prefetched, and runs under that unit's feed-forward
+        backward. The weight-gradient GEMMs, which llmsim runs as the W pass after this
+        one, are in the code inside each layer's backward."""
+        if self._regathers(act) and part % 2 == 0:
+            return []
+        layer = (parts - 1 - part) // (2 if self._regathers(act) else 1)
+        work = self.work
+        calls = [(op, (act.microbatch, layer, call))
+                 for call in range(work.unit_reductions)
+                 for op in work.unit_grad_ops(work.chunks[(dev.stage, act.chunk)])]
+        first = len(calls) // work.unit_reductions
+        self._queue_reductions(dev, calls[:first], grad_ops)
+        return calls[first:]
+
+    def _queue_reductions(self, dev: Device, calls: list[tuple[CommOp, object]],
+                          grad_ops: list[simpy.Process] | None,
+                          after: simpy.Event | None = None) -> list[tuple[CommOp, object]]:
+        """Queue gradient reductions ``calls`` (op, tag) on ``dev``'s ``dp`` stream, now or
+        once ``after`` (a gather in flight) has ended, one process adding them in order, in
+        ``grad_ops``; returns the empty list left."""
+        if calls and (after is None or after.triggered):  # on the stream now, in order
+            assert grad_ops is not None
+            grad_ops += [self.env.process(self._collective(dev, op, tag=tag))
+                         for op, tag in calls]
+        elif calls:
+            assert grad_ops is not None
+            grad_ops.append(self.env.process(self._reductions(dev, calls, after)))
+        return []
+
+    def _reductions(self, dev: Device, calls: list[tuple[CommOp, object]],
+                    after: simpy.Event | None) -> Iterator[simpy.Event]:
+        """Gradient reductions ``calls`` queued on the ``dp`` stream, in order, once
+        ``after`` has ended; ends when the last has."""
+        if after is not None and not after.triggered:
+            yield after
+        done = [self.env.process(self._collective(dev, op, tag=tag)) for op, tag in calls]
+        yield self.env.all_of(done)
 
     def _dp_in_flight(self, dev: Device, gathers: dict[tuple[int, int, str, int],
                                                         simpy.Event]) -> simpy.Event | None:

@@ -286,6 +286,8 @@ class GradientTraffic:
         """Launch the gradient reduction of ``chunk`` once its gradients are final."""
         work = self.work
         if work.zero == 3:  # ZeRO-3 reduce-scatters every micro-batch's gradients
+            if work.unit_reductions:  # already, layer by layer, in the gathered backward
+                return []
             return self._queue_all(dev, self._grad_ops(chunk), tag=mb)
         if count < work.microbatches_per_chunk:
             return []

@@ -250,7 +250,7 @@ class Engine(PassPricing, PipelineMessages, GradientTraffic, WeightGathers):
             if members > 1:
                 yield self.barrier.arrive((key, i), members)
             if self._gather_ops(dev, act):
-                yield from self._gathered_pass(dev, actions, i, block, gathers)
+                yield from self._gathered_pass(dev, actions, i, block, gathers, grad_ops)
             else:
                 if self.prefetches(actions, i + 1) and not self._at_call(actions[i + 1], 0):
                     self._prefetch(dev, actions, i + 1, 0, gathers)

@@ -83,6 +83,8 @@ def simpy_reason(engine: Engine, contended: bool = False) -> str:
         return "recompute gathers issued when reached"
     if work.gather_calls > 1:
         return "a gather per call of a layer"
+    if work.unit_reductions and work.zero == 3:
+        return "gradients reduced layer by layer in the backward"
     if work.embedding_grad_allreduce is not None and work.stages == 1:
         return "tied embeddings on one stage"
     if not contended and any(work.grad_sync_prep(first) for chunk in work.chunks.values()

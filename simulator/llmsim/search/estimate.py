@@ -36,6 +36,7 @@ from llmsim.search.pipedream_updates import update_shares_s
 from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.stage_kinds import StageKinds
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
+from llmsim.search.unit_reductions import unit_reductions_s
 from llmsim.search.walk_batch import Deferred
 from llmsim.search.zero3_queue import (
     DEFERS_W,
@@ -275,7 +276,8 @@ class Estimator(StageKinds):
                 if tied is not None:
                     done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
                     ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
-            step = ready + opt_s + trn.step_overhead_s + gathered_waits_s(sc, costs)
+            step = ready + opt_s + trn.step_overhead_s + gathered_waits_s(sc, costs) \
+                + unit_reductions_s(sc, costs)
             accel = sc.system.node.accelerator
             return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
                             optimizer_s=opt_s,

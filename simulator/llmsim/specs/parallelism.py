@@ -280,6 +280,16 @@ class Parallelism(Spec):
     forward is its own recompute, so the recompute's gather is issued by the recompute's
     own pre-forward; the backward's gather after it is issued by the pre-backward hook
     while the recompute runs, one part ahead)."""
+    reduce_in_backward: bool = False
+    """ZeRO-3: each layer's gradient reduce-scatter is issued as the layer's backward part
+    ends, on the ``dp`` stream in order with the gathers (FSDP1's ``_post_backward_hook`` on
+    the unit's flat parameter, PyTorch 2.0/2.1 ``torch/distributed/fsdp/_runtime_utils.py``;
+    one NCCL stream a process group). False: all after the backward pass."""
+    reduce_scatters_per_unit: int = Field(1, ge=1, le=8)
+    """With ``reduce_in_backward``: reduce-scatters of each layer's full gradient a backward,
+    one for each nested ``torch.autograd.backward`` that reaches the unit (FSDP1 clears
+    ``.grad`` and reduces at every run of the hook). 2: DistFlashAttn's checkpointing patch,
+    whose checkpoints each hold one layer's feed-forward and the next one's attention."""
     persistent_regather: bool = False
     """ZeRO-3 as DeepSpeed v0.3.13–v0.4.0 ran it: the end of the backward partitions every
     parameter (``_partition_all_parameters``), the resident biases and norms too, and the

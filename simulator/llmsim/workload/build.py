@@ -286,6 +286,8 @@ def step_traffic(model: Model, par: Parallelism, training: Training, dp: int) ->
         gather_messages=modules if par.gather_per_module and par.zero == 3 else 1,
         gather_calls=par.gathers_per_call if par.zero == 3 else 1,
         recompute_gather_at_call=not par.prefetch_recompute_gather,
+        unit_reductions=par.reduce_scatters_per_unit
+        if par.zero == 3 and par.reduce_in_backward else 0,
         gather_copies=dp if tensor_list else 0,
         gather_fill_passes=1 if tensor_list else 0,
         gather_host_s=(dp * par.tensor_list_host_us_per_rank

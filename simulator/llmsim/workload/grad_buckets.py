@@ -28,6 +28,7 @@ class GradientBuckets:
     grad_bucket_nan_check: bool
     grad_bucket_prescale: bool
     bucket_matrices: int
+    unit_reductions: int
     grad_groups: tuple[tuple[str, int], tuple[str, int]]
 
     def dp_grad_buckets(self, chunk: Chunk) -> list[tuple[int, CommOp]]:
@@ -78,6 +79,15 @@ class GradientBuckets:
             stem = first.name.removesuffix("_b0")
             ops += [replace(first, name=f"{stem}_b{i}") for i in range(count)]
         return ops
+
+    def unit_grad_ops(self, chunk: Chunk) -> list[CommOp]:
+        """One layer's gradient reduction when each layer is reduced as its backward ends
+        (:attr:`unit_reductions`): each group of :meth:`dp_grad_buckets` as one op of the
+        chunk's share a layer, the chunk's gradients split evenly over its layers as
+        :meth:`weight_gathers` splits its weights."""
+        return [replace(first, name=first.name.removesuffix("_b0") + "_unit",
+                        bytes=first.bytes * count / chunk.units)
+                for count, first in self.dp_grad_buckets(chunk)]
 
     @property
     def has_grad_sync_prep(self) -> bool:

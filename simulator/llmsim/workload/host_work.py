@@ -23,7 +23,13 @@ H100"):
   5.17, which the board ran, checkpoints inside the FSDP unit, so a recompute runs no
   FSDP hook there (one ``_pre_forward`` a unit a step in the profile); with the
   transformers of 2023, which checkpoint around the FSDP unit, the recompute's call runs
-  them again, which is not priced here.
+  them again (``parallelism.regather_for_recompute``: the recompute's first op carries a
+  forward's hooks), and a unit called twice a pass (``parallelism.gathers_per_call`` 2,
+  DistFlashAttn's patch: its attention's projections, then ``o_proj`` and its
+  feed-forward) runs them at each call (:data:`SECOND_CALL`).
+* ``training.host_path: modules`` takes a host time per kernel measured on a step with one
+  forward and one backward hook set a unit (the profile's): it marks only the hooks beyond
+  those, each recompute call's and each second call's.
 """
 
 from __future__ import annotations
@@ -40,6 +46,14 @@ GEMMs stands for: ``q_proj``, ``k_proj`` and ``v_proj``; ``o_proj``; ``down_proj
 (``mlp_up_dx`` stands for the MLP's other matrices, :func:`nodes`)."""
 
 
+SECOND_CALL = {"forward": "attn_proj", "backward": "qkv_dx"}
+"""Where a unit's second call's FSDP hooks run under DistFlashAttn's patch
+(``lightseq_ckpt_monkey_patch.py`` at 135d8d2: ``compute_attn_only`` returns q, k and v
+before the attention, ``compute_ffn_only`` starts at ``o_proj``): before ``attn_proj`` in a
+forward or recompute, and in the backward when q, k and v get their gradients (the
+attention call's pre-backward hook), before ``qkv_dx``."""
+
+
 def nodes(op: Op, model: Model) -> int:
     """Backward matmul nodes ``op`` stands for in Hugging Face's Llama layer (0 for an op
     that is not a layer's input-gradient GEMM)."""
@@ -53,19 +67,35 @@ def nodes(op: Op, model: Model) -> int:
 def apply_host_work(lists: tuple[list[Op], ...], model: Model, par: Parallelism,
                     training: Training) -> tuple[list[Op], ...]:
     """A block's (forward, recompute, backward, weight-gradient) op lists with the host work
-    marked (module docstring): each backward matmul node under full recompute
-    (``ComputeOp.ckpt_nodes``), and FSDP's hooks before the block's first forward and
-    first backward op under ZeRO-3 (``ComputeOp.fsdp_hooks``). Unchanged unless
-    ``training.host_path`` is ``hugging_face``."""
-    if training.host_path != "hugging_face":
+    marked (module docstring): under ``hugging_face`` each backward matmul node under full
+    recompute (``ComputeOp.ckpt_nodes``) and FSDP's hooks of every call of a ZeRO-3 unit
+    (``ComputeOp.fsdp_hooks``); under ``modules`` the hooks beyond one forward and one
+    backward set a unit. Unchanged on the other paths."""
+    if training.host_path not in ("hugging_face", "modules"):
         return lists
     forward, recompute, backward, weight = (list(ops) for ops in lists)
-    if par.recompute == "full":
+    every = training.host_path == "hugging_face"
+    if every and par.recompute == "full":
         backward = [replace(op, ckpt_nodes=n) if (n := nodes(op, model)) else op
                     for op in backward]
-    if par.zero == 3:
-        for ops, hooks in ((forward, "forward"), (backward, "backward")):
-            first = next((i for i, op in enumerate(ops) if isinstance(op, ComputeOp)), None)
-            if first is not None:
-                ops[first] = replace(ops[first], fsdp_hooks=hooks)
+    if par.zero != 3:
+        return forward, recompute, backward, weight
+    second = par.gathers_per_call > 1
+    recomputed = par.regather_for_recompute and par.recompute in ("full", "full_keep_attention")
+    passes = [(forward, "forward", every), (backward, "backward", every)]
+    if recomputed:  # a checkpoint around the unit: the recompute calls it again
+        passes.append((recompute, "forward", True))
+    for ops, hooks, first in passes:
+        _mark(ops, hooks, second, first)
     return forward, recompute, backward, weight
+
+
+def _mark(ops: list[Op], hooks: str, second: bool, first: bool) -> None:
+    """Mark FSDP's ``hooks`` before the first compute op of ``ops`` (``first``) and, with a
+    second call, before that call's first op (:data:`SECOND_CALL`), in place."""
+    at = [i for i, op in enumerate(ops) if isinstance(op, ComputeOp)][:1] if first else []
+    if second:
+        at += [i for i, op in enumerate(ops)
+               if isinstance(op, ComputeOp) and op.name == SECOND_CALL[hooks]][:1]
+    for i in at:
+        ops[i] = replace(ops[i], fsdp_hooks=hooks)

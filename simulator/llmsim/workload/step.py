@@ -121,6 +121,10 @@ class Workload(GradientBuckets):
     gather_calls: int = 1
     """Calls of each gathered layer in each of its gathers, each call's all-gathers back to
     back (``parallelism.gathers_per_call``)."""
+    unit_reductions: int = 0
+    """ZeRO-3: 0, the gradients reduce-scattered after the backward pass; n, each gathered
+    layer's gradient reduce-scattered n times as its backward part ends
+    (``parallelism.reduce_in_backward``, ``reduce_scatters_per_unit``)."""
     gather_copies: int = 0
     """Per-rank slice copies after each ZeRO-3 all-gather (``parallelism.tensor_list_gathers``:
     one per data-parallel rank)."""
