@@ -44,6 +44,7 @@ from llmsim.specs import Scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_layers_moe import (
+    PERMUTES,
     grouped_rows_alignment,
     local_experts,
     moe_mlp,
@@ -140,7 +141,7 @@ def predicted_s(scenario: Scenario) -> tuple[float, float]:
 
 
 def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any,
-                align_rows: int = 1) -> Any:
+                align_rows: int = 1, permute: str = "scatter") -> Any:
     """The scenario's model as a PyTorch module that returns the loss of a batch: one
     tensor-parallel rank's share of it where the scenario's tp > 1, one expert-parallel
     rank's experts in its MoE layers (:func:`time_layers_moe.moe_mlp`)."""
@@ -158,7 +159,8 @@ def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any,
             self.ln1, self.ln2 = norm(), norm()
             self.qkv = nn.Linear(h, (heads + 2 * kv) * d, bias=m.bias)
             self.proj = nn.Linear(heads * d, h, bias=m.bias)
-            self.moe = (moe_mlp(torch, m, ep, align_rows, grouped_mm=device != "cpu")
+            self.moe = (moe_mlp(torch, m, ep, align_rows, grouped_mm=device != "cpu",
+                                permute=permute)
                         if m.moe is not None and m.moe.is_moe_layer(index) else None)
             if self.moe is None:
                 self.up = nn.Linear(h, up_width, bias=m.bias)
@@ -206,7 +208,7 @@ def build_model(torch: Any, scenario: Scenario, device: str, dtype: Any,
 
 
 def time_model(torch: Any, scenario: Scenario, device: str, repeats: int,
-               profile: str | None = None) -> tuple[float, float]:
+               profile: str | None = None, permute: str = "scatter") -> tuple[float, float]:
     """Median forward and forward + backward time of one micro-batch in PyTorch eager, s;
     with ``profile``, a ``torch.profiler`` table of the forward + backward written there
     (:func:`time_layers_moe.profile_table`) after the timing."""
@@ -216,7 +218,7 @@ def time_model(torch: Any, scenario: Scenario, device: str, repeats: int,
              if device != "cpu" and scenario.model.moe is not None else 1)
     if align > 1:
         print(f"torch._grouped_mm needs groups of {align} rows here: each expert's rows padded")
-    model = build_model(torch, scenario, device, dtype, align)
+    model = build_model(torch, scenario, device, dtype, align, permute)
     b, s = scenario.parallelism.micro_batch, scenario.training.seq_len
     tokens = torch.randint(0, scenario.model.vocab, (b, s), device=device)
     sync = torch.cuda.synchronize if device != "cpu" else (lambda: None)
@@ -288,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="Time one rank of N-way tensor parallelism (default 1).")
     parser.add_argument("--ep", type=int, default=1,
                         help="Time one rank of N-way expert parallelism (default 1).")
+    parser.add_argument("--permute", choices=PERMUTES, default="scatter",
+                        help="MoE rows back to their tokens by atomic adds (Megatron-Core's "
+                             "unfused default) or by gathers (as fused kernels do).")
     parser.add_argument("--profile", metavar="PATH", default=None,
                         help="Write a torch.profiler table of the forward+backward to PATH.")
     args = parser.parse_args(argv)
@@ -309,11 +314,12 @@ def main(argv: list[str] | None = None) -> int:
                                             args.ep)
     one = single_device(scenario, layers, args.shrink, args.tp, args.ep)
     where = torch.cuda.get_device_name() if args.device != "cpu" else "CPU"
+    moe_note = f", permute {args.permute}" if one.model.moe is not None else ""
     print(f"{one.model.name}: {layers} of {scenario.model.layers} layers, micro-batch "
           f"{one.parallelism.micro_batch} x {one.training.seq_len} tokens, tp {args.tp} "
-          f"ep {args.ep} (one rank's share), on {where} "
+          f"ep {args.ep} (one rank's share){moe_note}, on {where} "
           f"(PyTorch {torch.__version__}); llmsim prices it on {one.system.node.accelerator.name}")
-    measured = time_model(torch, one, args.device, args.repeats, args.profile)
+    measured = time_model(torch, one, args.device, args.repeats, args.profile, args.permute)
     predicted = predicted_s(one)
     print(f"{'pass':<18}{'PyTorch ms':>12}{'llmsim ms':>12}{'llmsim/PyTorch':>16}")
     for name, t_meas, t_pred in zip(("forward", "forward+backward"), measured, predicted,

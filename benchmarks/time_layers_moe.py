@@ -12,16 +12,22 @@ router
     ``sigmoid`` router), top-k, the k probabilities normalised to sum to 1.
 permutation
     the rank's ``T·k`` (token, expert) assignments sorted by expert (``argsort``, stable)
-    and the token rows gathered into that order (``index_select``; its backward is an
-    ``index_add_``, as Megatron's unfused ``permute``).
+    and the token rows gathered into that order (``index_select``). With ``permute``
+    ``scatter`` its backward is an ``index_add_`` of the row gradients into their tokens
+    (atomic adds), as Megatron-Core's unfused ``permute`` (``--moe-permute-fusion`` off,
+    its default) runs; with ``gather`` each token's ``k`` row gradients are gathered
+    through the inverse permutation and summed, no atomics, as Transformer Engine's fused
+    ``moe_permute``/``moe_unpermute`` kernels work from a row-id map.
 experts
     one grouped GEMM per projection over the rank's local experts
     (``torch._grouped_mm`` on CUDA, the kernel ``benchmarks/time_grouped_gemms.py`` timed
     for the catalog; a per-expert loop of matrix products on other devices), SwiGLU or
     GELU between them.
 unpermute and combine
-    each row's output weighted by its probability and summed into its token
-    (``index_add_``; its backward gathers).
+    ``scatter``: each row's output weighted by its probability and added into its token
+    (``index_add``, atomic; Megatron-Core's unfused ``unpermute`` runs ``scatter_add_``);
+    ``gather``: the rows put back in token order by the inverse permutation and each
+    token's ``k`` rows summed with their weights (``bmm``).
 shared experts
     a dense MLP of ``shared_experts·ffn_hidden`` width on every token.
 
@@ -98,8 +104,13 @@ def local_experts(model: Model, ep: int) -> int:
     return model.moe.experts // ep
 
 
+PERMUTES = ("scatter", "gather")
+"""How rows return to their tokens (module docstring): atomic adds, or gathers through
+the inverse permutation."""
+
+
 def moe_mlp(torch: Any, model: Model, ep: int, align_rows: int = 1,
-            grouped_mm: bool = False) -> Any:
+            grouped_mm: bool = False, permute: str = "scatter") -> Any:
     """One expert-parallel rank's MoE MLP as a module taking ``(T, h)`` rows (module
     docstring). ``align_rows`` > 1 pads each expert's rows to a multiple of it, where the
     grouped GEMM needs aligned groups; ``grouped_mm``: the experts as
@@ -109,6 +120,7 @@ def moe_mlp(torch: Any, model: Model, ep: int, align_rows: int = 1,
     assert moe is not None
     h, f, k, experts = model.hidden, moe.ffn_hidden, moe.top_k, moe.experts
     local = local_experts(model, ep)
+    dispatch, reorder = _gather_functions(torch)
     swiglu = model.activation == "swiglu"
     up_n = 2 * f if swiglu else f
 
@@ -153,7 +165,12 @@ def moe_mlp(torch: Any, model: Model, ep: int, align_rows: int = 1,
                 order = torch.argsort(expert, stable=True)
                 token = order // k
                 counts_t = torch.bincount(expert, minlength=local)
-                rows = x.index_select(0, token)
+                if permute == "gather":
+                    inverse = torch.empty_like(order).scatter_(
+                        0, order, torch.arange(order.numel(), device=x.device))
+                    rows = dispatch.apply(x, token, inverse, k)
+                else:
+                    rows = x.index_select(0, token)
                 where = None
                 if align_rows > 1:  # each expert's rows from a multiple of align_rows
                     padded = (counts_t + align_rows - 1) // align_rows * align_rows
@@ -171,8 +188,13 @@ def moe_mlp(torch: Any, model: Model, ep: int, align_rows: int = 1,
             with rec("moe.combine"):
                 if where is not None:
                     out = out.index_select(0, where)
-                weight = probs.flatten().index_select(0, order).unsqueeze(-1).to(out.dtype)
-                y = x.new_zeros(tokens, h).index_add(0, token, out * weight)
+                if permute == "gather":
+                    by_token = reorder.apply(out, inverse, order).view(tokens, k, h)
+                    y = torch.bmm(probs.to(out.dtype).view(tokens, 1, k), by_token)
+                    y = y.view(tokens, h)
+                else:
+                    weight = probs.flatten().index_select(0, order).unsqueeze(-1)
+                    y = x.new_zeros(tokens, h).index_add(0, token, out * weight.to(out.dtype))
             if self.shared is not None:
                 with rec("moe.shared"):
                     y = y + self.shared(x)
@@ -187,6 +209,38 @@ def moe_mlp(torch: Any, model: Model, ep: int, align_rows: int = 1,
             return self.fn(u)
 
     return MoeMlp()
+
+
+def _gather_functions(torch: Any) -> tuple[Any, Any]:
+    """Autograd functions of the ``gather`` permutation: the dispatch ``x[token]`` whose
+    backward gathers each token's ``k`` row gradients through ``inverse`` and sums them,
+    and a permutation ``rows[index]`` whose backward is the inverse permutation."""
+
+    class Dispatch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, token: Any, inverse: Any, k: int) -> Any:
+            ctx.save_for_backward(inverse)
+            ctx.k = k
+            return x.index_select(0, token)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (inverse,) = ctx.saved_tensors
+            by_token = grad.index_select(0, inverse)
+            return by_token.view(-1, ctx.k, by_token.shape[-1]).sum(1), None, None, None
+
+    class Reorder(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, rows: Any, index: Any, inverse: Any) -> Any:
+            ctx.save_for_backward(inverse)
+            return rows.index_select(0, index)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            (inverse,) = ctx.saved_tensors
+            return grad.index_select(0, inverse), None, None
+
+    return Dispatch, Reorder
 
 
 def grouped_rows_alignment(torch: Any) -> int:

@@ -125,27 +125,37 @@ def _reference_moe(torch, mlp, x, k, local):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("ep", [1, 16])
 def test_moe_mlp_matches_the_token_by_token_reference(ep: int) -> None:
     """The permuted, grouped computation equals the per-token sum, with and without the
-    rows padded to 16 an expert (the grouped GEMM's alignment on older PyTorch)."""
+    rows padded to 16 an expert (the grouped GEMM's alignment on older PyTorch), and the
+    gather permutation gives the scatter one's output and gradients."""
     torch = pytest.importorskip("torch")
     model = time_layers.single_device(MOE02, 1, shrink=16).model
     torch.manual_seed(0)
     mlp = time_layers_moe.moe_mlp(torch, model, ep)
-    padded = time_layers_moe.moe_mlp(torch, model, ep, align_rows=16)
-    padded.load_state_dict(mlp.state_dict())
+    others = [time_layers_moe.moe_mlp(torch, model, ep, align_rows=16),
+              time_layers_moe.moe_mlp(torch, model, ep, permute="gather"),
+              time_layers_moe.moe_mlp(torch, model, ep, align_rows=16, permute="gather")]
     x = torch.randn(32, model.hidden, requires_grad=True)
     y = mlp(x)
     ref = _reference_moe(torch, mlp, x, model.moe.top_k, 128 // ep)
     torch.testing.assert_close(y, ref, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(padded(x), y, rtol=1e-5, atol=1e-6)
-    y.sum().backward()
-    assert x.grad is not None and mlp.w_up.grad is not None and mlp.router.weight.grad is not None
+    grad_out = torch.randn_like(y)
+    grads = torch.autograd.grad(y, [x, mlp.w_up, mlp.w_down, mlp.router.weight], grad_out)
+    for other in others:
+        other.load_state_dict(mlp.state_dict())
+        y_other = other(x)
+        torch.testing.assert_close(y_other, y, rtol=1e-4, atol=1e-5)
+        other_grads = torch.autograd.grad(
+            y_other, [x, other.w_up, other.w_down, other.router.weight], grad_out)
+        for mine, theirs in zip(grads, other_grads, strict=True):
+            torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-5)
 
 
 def test_cpu_smoke_run_of_an_expert_parallel_rank(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     code = time_layers.main(["MBRIDGE-2604-MOE-02", "--device", "cpu", "--layers", "1",
                              "--shrink", "16", "--repeats", "1", "--ep", "16",
-                             "--set", "training.seq_len=64"])
+                             "--permute", "gather", "--set", "training.seq_len=64"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "ep 16" in out and "expert_gemms" in out and "llmsim/PyTorch" in out
+    assert "ep 16" in out and "permute gather" in out and "expert_gemms" in out
+    assert "llmsim/PyTorch" in out
