@@ -42,6 +42,9 @@ MLA (DeepSeek-V3's attention) is not modelled here: a model with ``mla`` is refu
 
 from __future__ import annotations
 
+import csv
+import re
+from pathlib import Path
 from typing import Any
 
 from llmsim import simulate
@@ -86,6 +89,20 @@ def predicted_parts_s(scenario: Scenario) -> dict[str, tuple[float, float]]:
             entry[0] += float(seconds)
         entry[1] += float(seconds)
     return {part: (f, both) for part, (f, both) in sorted(parts.items())}
+
+
+def predicted_layer_parts_us(more: Scenario, fewer: Scenario) -> dict[str, tuple[float, float]]:
+    """llmsim's (forward, forward + backward) of one layer by part, µs: the difference of
+    two scenarios that differ only in their layers (``more`` less ``fewer``), per layer;
+    ``head_loss`` is the model's ends, per call (``fewer``'s)."""
+    layers = more.model.layers - fewer.model.layers
+    high, low = predicted_parts_s(more), predicted_parts_s(fewer)
+    parts = {p: ((f - low.get(p, (0.0, 0.0))[0]) / layers * 1e6,
+                 (b - low.get(p, (0.0, 0.0))[1]) / layers * 1e6)
+             for p, (f, b) in high.items() if p != "head_loss"}
+    if "head_loss" in low:
+        parts["head_loss"] = (low["head_loss"][0] * 1e6, low["head_loss"][1] * 1e6)
+    return parts
 
 
 def local_experts(model: Model, ep: int) -> int:
@@ -257,10 +274,14 @@ def grouped_rows_alignment(torch: Any) -> int:
     return 1
 
 
+PROFILED_CALLS = 3
+"""Calls of the forward + backward a :func:`profile_table` holds."""
+
+
 def profile_table(torch: Any, step: Any, path: str, sync: Any) -> None:
-    """Profile three calls of ``step`` (after one untimed) with ``torch.profiler`` and
-    write its table by op and input shape (self device time, device total, calls) to
-    ``path``, and the same as CSV beside it (``path`` + ``.csv``)."""
+    """Profile :data:`PROFILED_CALLS` calls of ``step`` (after one untimed) with
+    ``torch.profiler`` and write its table by op and input shape (self device time, device
+    total, calls) to ``path``, and the same as CSV beside it (``path`` + ``.csv``)."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -269,7 +290,7 @@ def profile_table(torch: Any, step: Any, path: str, sync: Any) -> None:
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(3):
+        for _ in range(PROFILED_CALLS):
             step()
         sync()
     events = prof.key_averages(group_by_input_shape=True)
@@ -283,3 +304,64 @@ def profile_table(torch: Any, step: Any, path: str, sync: Any) -> None:
             out.write(f'"{e.key}","{shapes}",{e.count},'
                       f"{getattr(e, 'self_device_time_total', 0.0):.1f},"
                       f"{getattr(e, 'device_time_total', 0.0):.1f},{e.cpu_time_total:.1f}\n")
+
+
+HEAD_OPS = ("aten::_log_softmax", "aten::_log_softmax_backward_data", "aten::nll_loss_forward",
+            "aten::nll_loss_backward", "aten::embedding_dense_backward")
+"""Profiled ops of the loss and the embedding's gradient (the model's ends)."""
+
+
+def profiled_part(name: str, shapes: str, scenario: Scenario) -> str:
+    """The part of a MoE layer of ``scenario`` (``time_layers.single_device``'s), or of the
+    model's ends (``head_loss``), that profiled op ``name`` with input ``shapes`` ran for;
+    the parts of :data:`PARTS`, and ``atomic_adds``, ``row_gathers`` and ``combine`` for
+    the eager permutation's kernels. Told apart by the op and its tensors' sizes."""
+    m = scenario.model
+    assert m.moe is not None
+    t, h, e = scenario.parallelism.micro_batch * scenario.training.seq_len, m.hidden, m.moe.experts
+    rows, k, f = t * m.moe.top_k, m.moe.top_k, m.moe.ffn_hidden
+    if re.search(rf"\b{m.vocab}\b", shapes) or name in HEAD_OPS or shapes in (
+            f"[[1, {t}], []]", f"[[{t}], []]"):
+        return "head_loss"
+    if name.startswith("aten::_cudnn_attention") or name.startswith("aten::_scaled_dot"):
+        return "attention"
+    if name == "aten::mm":  # the router's GEMMs have the experts as one dimension
+        sizes = [int(x) for x in re.findall(r"\d+", shapes)]
+        return "router" if sizes.count(e) == 1 else "attention"
+    if "norm" in name:
+        return "norms"
+    if name == "aten::_grouped_mm":
+        return "expert_gemms"
+    if name in ("aten::silu", "aten::silu_backward", "aten::gelu", "aten::gelu_backward",
+                "aten::cat") or (name == "aten::mul" and f"[{rows}, {f}]" in shapes):
+        return "expert_act"
+    if name in ("aten::add", "aten::add_") and f"{t}, {h}], [" in shapes:
+        return "residuals"
+    if name in ("aten::index_add", "aten::index_add_") and f"[{rows}, {h}]" in shapes:
+        return "atomic_adds"
+    if name == "aten::bmm" or (name in ("aten::mul", "aten::sum") and f"[{rows}, {h}]" in shapes):
+        return "combine"
+    if name == "aten::gather" and f"[{rows}, {h}]" in shapes:
+        return "row_gathers"
+    if re.search(rf"\[{t}, {e}\]|\[{t}, {k}\]", shapes):
+        return "router"
+    if name in ("aten::fill_", "aten::copy_") and (f"[{t}, {h}]" in shapes
+                                                    or f"[{rows}, 1]" in shapes):
+        return "combine"
+    return "permute"  # argsort, bincount, cumsum, index arithmetic, the k-row sum
+
+
+def profiled_parts_us(path: Path, scenario: Scenario) -> dict[str, float]:
+    """Kernel time per layer by part (:func:`profiled_part`), µs, of a :func:`profile_table`
+    CSV of ``scenario``'s model: each ``aten::`` op's self device time over the profile's
+    :data:`PROFILED_CALLS` and the scenario's layers (the head and loss per call)."""
+    parts: dict[str, float] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            self_us = float(row["self_device_us"])
+            if not row["name"].startswith("aten::") or self_us <= 0:
+                continue
+            part = profiled_part(row["name"], row["input_shapes"], scenario)
+            layers = 1 if part == "head_loss" else scenario.model.layers
+            parts[part] = parts.get(part, 0.0) + self_us / (PROFILED_CALLS * layers)
+    return parts

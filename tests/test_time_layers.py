@@ -159,3 +159,26 @@ def test_cpu_smoke_run_of_an_expert_parallel_rank(capsys: pytest.CaptureFixture[
     assert code == 0, out
     assert "ep 16" in out and "permute gather" in out and "expert_gemms" in out
     assert "llmsim/PyTorch" in out
+
+
+def test_profile_parts_account_for_every_kernel() -> None:
+    """The profiled MOE-02 rank (4 layers, ``profile_moe02_ep16_gather.csv``): the parts
+    sum to the profile's kernel time, and the grouped GEMMs are its ``_grouped_mm`` rows,
+    per call and layer."""
+    import csv
+
+    from helpers import ROOT
+
+    path = (ROOT / "benchmarks" / "results" / "h100-2026-11-27-moe-layers"
+            / "profile_moe02_ep16_gather.csv")
+    rank = time_layers.single_device(MOE02, 4, ep=16)
+    parts = time_layers_moe.profiled_parts_us(path, rank)
+    with path.open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["name"].startswith("aten::")]
+    calls = time_layers_moe.PROFILED_CALLS
+    total = sum(float(r["self_device_us"]) for r in rows) / calls
+    grouped = sum(float(r["self_device_us"]) for r in rows if r["name"] == "aten::_grouped_mm")
+    assert parts["head_loss"] + 4 * sum(v for p, v in parts.items() if p != "head_loss") == (
+        pytest.approx(total))
+    assert parts["expert_gemms"] == pytest.approx(grouped / calls / 4)
+    assert "atomic_adds" not in parts and parts["row_gathers"] > 0  # the gather path
