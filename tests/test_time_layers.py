@@ -100,12 +100,16 @@ def test_parts_cover_every_compute_op_and_sum_to_the_passes() -> None:
     assert sum(b for _, b in parts.values()) == pytest.approx(both)
 
 
-def test_ep_that_does_not_divide_the_experts_is_refused(capsys: pytest.CaptureFixture[str]
-                                                        ) -> None:
+def test_ranks_it_cannot_build_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each in one sentence and exit code 2, before PyTorch is imported."""
     assert time_layers.main(["MBRIDGE-2604-MOE-02", "--ep", "3"]) == 2
     assert "--ep 3 does not divide the 128 experts" in capsys.readouterr().out
     assert time_layers.main(["selene-gpt3", "--ep", "2"]) == 2
     assert "has no experts" in capsys.readouterr().out
+    assert time_layers.main(["MBRIDGE-2604-MOE-02", "--tp", "2", "--ep", "8"]) == 2
+    assert "built for tp 1 only" in capsys.readouterr().out
+    assert time_layers.main(["DSV3-01", "--ep", "8"]) == 2
+    assert "multi-head latent attention" in capsys.readouterr().out
 
 
 def _reference_moe(torch, mlp, x, k, local):  # type: ignore[no-untyped-def]
