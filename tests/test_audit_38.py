@@ -1,0 +1,43 @@
+"""Issue #38's error band: docs/validation.md's prose figures are the stored residuals'
+(the audit, docs/audits/issue-38.md, found one left behind a regeneration)."""
+
+from __future__ import annotations
+
+from helpers import ROOT
+
+from llmsim import load_scenario
+from llmsim.error_band import (
+    Likeness,
+    SingleSource,
+    band_for,
+    likeness,
+    load_residuals,
+    scenario_band,
+)
+
+TABLE = load_residuals()
+DOC = " ".join((ROOT / "docs" / "validation.md").read_text(encoding="utf-8").split())
+
+
+def _pct(low: float, high: float) -> str:
+    return f"{low:+.1f} … {high:+.1f} %".replace("-", "−").removeprefix("+")
+
+
+def test_the_a100_zero3_band_and_its_closer_rows_are_the_residuals() -> None:
+    band = band_for(Likeness("a100", "nccl-2021", "dp+zero3", "16-bit"), TABLE)
+    assert band is not None and band.closer is not None
+    assert (f"a ZeRO-3 run on A100 gets the A100 family's band, {_pct(band.low_pct, band.high_pct)}"
+            f" on {band.runs} runs of {band.sources} sources") in DOC
+    closer = band.closer
+    assert (f"closer: {closer.runs} runs of {closer.group} alone, "
+            f"{_pct(closer.low_pct, closer.high_pct)}") in DOC
+
+
+def test_the_mi250x_band_and_aurora_s_single_source_are_the_residuals() -> None:
+    mi250x = band_for(likeness(load_scenario("frontier")), TABLE)
+    assert mi250x is not None and mi250x.matched_on == ("family",)
+    assert f"give {_pct(mi250x.low_pct, mi250x.high_pct)}, so `llmsim run frontier.yaml`" in DOC
+    aurora = scenario_band(load_scenario("aurora"))
+    assert isinstance(aurora, SingleSource)
+    assert (f"the {aurora.runs} validation runs alike in family are all from {aurora.group} "
+            f"(llmsim {_pct(aurora.low_pct, aurora.high_pct)})") in DOC
