@@ -41,3 +41,17 @@ def test_the_mi250x_band_and_aurora_s_single_source_are_the_residuals() -> None:
     assert isinstance(aurora, SingleSource)
     assert (f"the {aurora.runs} validation runs alike in family are all from {aurora.group} "
             f"(llmsim {_pct(aurora.low_pct, aurora.high_pct)})") in DOC
+
+
+def test_a_power_limit_on_an_accelerator_without_clocks_warns_and_changes_nothing() -> None:
+    """The A100 has no measured clocks: a limit there used to be ignored without a word."""
+    from helpers import make_scenario
+
+    from llmsim import simulate
+
+    plain = simulate(make_scenario())  # Selene A100s
+    limited = simulate(make_scenario(training__power_limit_w=300.0))
+    assert limited.step_time_s == plain.step_time_s
+    warned = [w for w in limited.warnings if w.startswith("training.power_limit_w 300 W")]
+    assert len(warned) == 1 and "a100-sxm4-80gb" in warned[0]
+    assert not any("power_limit_w" in w for w in plain.warnings)
