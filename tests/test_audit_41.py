@@ -55,3 +55,7 @@ def test_the_timeline_over_its_bar_limit_draws_every_all_to_all(monkeypatch) -> 
     assert _ep_bars(result) == [4 * s.model.layers // s.parallelism.pp * s.micro_batches] * drawn
     monkeypatch.setattr(plots, "MAX_BARS", passes + collectives - 1)  # merged runs
     assert len(_ep_bars(result)) == drawn and all(_ep_bars(result))
+    bars = list(plots._bars(result))
+    assert len(bars) <= plots.MAX_BARS
+    outside = [r for r in trace.records if r.stream != "compute"]
+    assert set(outside) <= set(bars)  # sends and DP collectives drawn as they are, not merged

@@ -40,19 +40,30 @@ def _blocking_comm(result: Result) -> bool:
 
 
 def _bars(result: Result) -> Iterable[Record]:
-    """The records drawn: per op up to :data:`MAX_BARS`; above it one bar per pass on the
-    compute row beside every collective op by op, which a large MoE or CP step still fits
-    (``frontier-moe``: 71,000 ops, 22,000 such bars); above it again, merged runs."""
+    """The records drawn: per op up to :data:`MAX_BARS`. Above it, one bar per pass on
+    the compute row, the records outside the passes (pipeline sends, DP and ZeRO
+    collectives) as they are, and the collectives inside the passes (TP, the MoE
+    all-to-alls, the CP ring) op by op (``frontier-moe``: 71,000 ops, 22,000 such bars), or,
+    where they are too many, in runs of adjacent ones of a kind, micro-batch and chunk
+    (:func:`llmsim.trace.merged_runs`: ``openai-a100-moe``'s 64,900 become 32,500; a run's
+    bar spans the gaps between its ops)."""
+    from llmsim.trace import merged_runs
+
     trace = result.trace
     ops = sum(1 if block is None else len(block.spans)
               for block in map(trace.block_finder(), trace.records))
     if ops <= MAX_BARS:
         return trace.expand()
     passes = [r for r in trace.records if r.stream == "compute"]
-    collectives = [r for r in trace.expand() if r.stream != "compute"]
-    if len(passes) + len(collectives) <= MAX_BARS:
-        return passes + collectives
-    return trace.shown(limit=MAX_BARS)
+    outside = [r for r in trace.records if r.stream != "compute"]
+    kept = set(outside)
+    inside = [r for r in trace.expand() if r.stream != "compute" and r not in kept]
+    room = MAX_BARS - len(passes) - len(outside)
+    if len(inside) <= room:
+        return passes + outside + inside
+    if room <= 0:
+        return trace.shown(limit=MAX_BARS)
+    return passes + outside + list(merged_runs(inside, -(-len(inside) // room)))
 
 
 def plot_timeline(result: Result, ax: Axes | None = None, max_devices: int = 16) -> Figure:
