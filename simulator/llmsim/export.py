@@ -25,44 +25,10 @@ MAX_OP_EVENTS = 200_000
 
 
 def trace_records(result: Result, limit: int = MAX_OP_EVENTS) -> Iterable[Record]:
-    """Per-op records when they are few enough; otherwise every run of up to ``k``
-    consecutive ops of one device and stream that share their kind, micro-batch and chunk
-    becomes one record from the first op's start to the last one's end, named after the
-    first with ``(+n)`` for the others, ``k`` the factor that brings the count near
-    ``limit``. Every stream keeps its activity (TP communication included)."""
-    trace = result.trace
-    per_op = sum(1 if block is None else len(block.spans)
-                 for block in map(trace.block_finder(), trace.records))
-    if per_op <= limit:
-        return trace.expand()
-    return _merged(trace.expand(), -(-per_op // limit))
-
-
-def _merged(records: Iterable[Record], k: int) -> Iterable[Record]:
-    """Runs of up to ``k`` adjacent records of one (device, stream) and kind, micro-batch
-    and chunk, each as one record spanning them."""
-    runs: dict[tuple[int, str], list[Record]] = {}
-
-    def joined(run: list[Record]) -> Record:
-        first = run[0]
-        name = first.name if len(run) == 1 else f"{first.name} (+{len(run) - 1})"
-        return Record(first.device, first.stage, first.stream, name, first.kind,
-                      first.microbatch, first.chunk, min(r.start_s for r in run),
-                      max(r.end_s for r in run))
-
-    for r in records:
-        key = (r.device, r.stream)
-        run = runs.get(key)
-        if run and (len(run) == k or (r.kind, r.microbatch, r.chunk) != (
-                run[0].kind, run[0].microbatch, run[0].chunk)):
-            yield joined(run)
-            run = None
-        if run:
-            run.append(r)
-        else:
-            runs[key] = [r]
-    for run in runs.values():
-        yield joined(run)
+    """The trace file's records: :meth:`llmsim.trace.Trace.shown` at ``limit`` (per-op
+    records when they are few enough, otherwise runs of adjacent ops merged; every stream
+    keeps its activity, TP communication included)."""
+    return result.trace.shown(limit)
 
 
 def chrome_trace(result: Result) -> dict:

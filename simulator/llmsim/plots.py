@@ -5,10 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from llmsim.result import Result
+    from llmsim.trace import Record
 
 COLOURS = {
     "F": "#4c72b0", "R": "#8172b3", "B": "#dd8452", "W": "#55a868", "O": "#937860",
@@ -20,6 +23,10 @@ LABELS = {"F": "forward", "R": "recompute", "B": "backward (input grad)",
           "D": "gradient bucket checks", "tp": "TP comm",
           "pp": "PP send/recv", "dp": "DP / ZeRO comm", "ep": "MoE all-to-all",
           "cp": "CP ring exchange"}
+MAX_BARS = 50_000
+"""Above this many per-op bars the timeline draws each pass as one bar and keeps the
+collectives inside the passes (TP, the MoE all-to-alls, the CP ring) op by op; above it
+again, runs of adjacent ops are merged (:meth:`llmsim.trace.Trace.shown`)."""
 
 
 def _colour_key(stream: str, kind: str) -> str:
@@ -30,6 +37,33 @@ def _blocking_comm(result: Result) -> bool:
     """Whether the passes hold collectives (TP, MoE all-to-alls, the CP ring): a row."""
     par = result.scenario.parallelism
     return par.tp > 1 or par.ep > 1 or par.cp > 1
+
+
+def _bars(result: Result) -> Iterable[Record]:
+    """The records drawn: per op up to :data:`MAX_BARS`. Above it, one bar per pass on
+    the compute row, the records outside the passes (pipeline sends, DP and ZeRO
+    collectives) as they are, and the collectives inside the passes (TP, the MoE
+    all-to-alls, the CP ring) op by op (``frontier-moe``: 71,000 ops, 22,000 such bars), or,
+    where they are too many, in runs of adjacent ones of a kind, micro-batch and chunk
+    (:func:`llmsim.trace.merged_runs`: ``openai-a100-moe``'s 64,900 become 32,500; a run's
+    bar spans the gaps between its ops)."""
+    from llmsim.trace import merged_runs
+
+    trace = result.trace
+    ops = sum(1 if block is None else len(block.spans)
+              for block in map(trace.block_finder(), trace.records))
+    if ops <= MAX_BARS:
+        return trace.expand()
+    passes = [r for r in trace.records if r.stream == "compute"]
+    outside = [r for r in trace.records if r.stream != "compute"]
+    kept = set(outside)
+    inside = [r for r in trace.expand() if r.stream != "compute" and r not in kept]
+    room = MAX_BARS - len(passes) - len(outside)
+    if len(inside) <= room:
+        return passes + outside + inside
+    if room <= 0:
+        return trace.shown(limit=MAX_BARS)
+    return passes + outside + list(merged_runs(inside, -(-len(inside) // room)))
 
 
 def plot_timeline(result: Result, ax: Axes | None = None, max_devices: int = 16) -> Figure:
@@ -55,7 +89,7 @@ def plot_timeline(result: Result, ax: Axes | None = None, max_devices: int = 16)
                   key=lambda k: (k[0], streams.index(k[1])))
     row = {key: i for i, key in enumerate(used)}
     bars: dict[str, list[tuple[float, float, int]]] = {}
-    for r in result.trace.shown(limit=50_000):
+    for r in _bars(result):
         key = (r.device, "tp" if r.stream not in streams else r.stream)
         if key not in row:
             continue

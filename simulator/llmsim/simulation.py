@@ -301,6 +301,14 @@ def _warnings(scenario: Scenario, memory: list) -> list[str]:
         out.append(f"training.seq_len {trn.seq_len} is above the model's max_seq_len "
                    f"{scenario.model.max_seq_len} ({what}); priced as given — raise "
                    "model.max_seq_len if the longer context is meant")
+    if trn.power_limit_w is not None:
+        unclocked = sorted({g.node.accelerator.name for g in scenario.group_systems().values()
+                            if g.node.accelerator.clocks is None})
+        if unclocked:
+            out.append(f"training.power_limit_w {trn.power_limit_w:g} W has no effect on "
+                       f"{', '.join(unclocked)}: its catalog entry has no measured clocks, so "
+                       "its rates stay the catalog's (docs/cost-models.md, sustained clocks); "
+                       "remove the limit or give the accelerator a clocks block")
     budget = trn.flops if trn.flops is not None else (
         6 * scenario.model.active_params_per_token * trn.tokens if trn.tokens is not None else None)
     if budget is not None:

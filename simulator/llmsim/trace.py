@@ -139,10 +139,17 @@ class Trace:
 
     def shown(self, limit: int) -> Iterable[Record]:
         """What a trace file or a timeline shows: the per-op records (:meth:`expand`)
-        when there are at most ``limit`` of them, otherwise one record per pass."""
-        blocks = map(self.block_finder(), self.records)
-        per_op = sum(len(block.spans) for block in blocks if block is not None)
-        return self.expand() if per_op <= limit else self.records
+        when there are at most ``limit`` of them; otherwise every run of up to ``k``
+        consecutive ops of one device and stream that share their kind, micro-batch and
+        chunk becomes one record from the first op's start to the last one's end, named
+        after the first with ``(+n)`` for the others, ``k`` the factor that brings the
+        count near ``limit``. Every stream keeps its activity (TP communication, the MoE
+        all-to-alls and the CP ring included)."""
+        per_op = sum(1 if block is None else len(block.spans)
+                     for block in map(self.block_finder(), self.records))
+        if per_op <= limit:
+            return self.expand()
+        return merged_runs(self.expand(), -(-per_op // limit))
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
@@ -228,3 +235,29 @@ class Trace:
             "block_to_s": np.where(mine, field_of("block_to_s", float), math.inf),
         }
 
+
+def merged_runs(records: Iterable[Record], k: int) -> Iterable[Record]:
+    """Runs of up to ``k`` adjacent records of one (device, stream) and kind, micro-batch
+    and chunk, each as one record spanning them."""
+    runs: dict[tuple[int, str], list[Record]] = {}
+
+    def joined(run: list[Record]) -> Record:
+        first = run[0]
+        name = first.name if len(run) == 1 else f"{first.name} (+{len(run) - 1})"
+        return Record(first.device, first.stage, first.stream, name, first.kind,
+                      first.microbatch, first.chunk, min(r.start_s for r in run),
+                      max(r.end_s for r in run))
+
+    for r in records:
+        key = (r.device, r.stream)
+        run = runs.get(key)
+        if run and (len(run) == k or (r.kind, r.microbatch, r.chunk) != (
+                run[0].kind, run[0].microbatch, run[0].chunk)):
+            yield joined(run)
+            run = None
+        if run:
+            run.append(r)
+        else:
+            runs[key] = [r]
+    for run in runs.values():
+        yield joined(run)

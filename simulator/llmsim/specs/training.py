@@ -267,7 +267,8 @@ class Training(Spec):
     power_limit_w: PositiveFloat | None = None
     """Board power limit the run sets, W (``nvidia-smi -pl``); None: the accelerator's own
     (``clocks.power_limit_w``). Sets the sustained SM clocks where the accelerator has
-    measured ``clocks``; a limit above every kind's draw gives the catalog's rates."""
+    measured ``clocks``; a limit above every kind's draw gives the catalog's rates. On an
+    accelerator without ``clocks`` it changes nothing, and the run warns so."""
     tokens: PositiveFloat | None = None
     """Run size in training tokens (give this or ``flops``)."""
     flops: PositiveFloat | None = None
