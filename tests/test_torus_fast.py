@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_topology import system, torus
 
 from llmsim.costs.topology.base import (
@@ -44,6 +46,22 @@ class Reference(TorusTopology):
             step = abs(ca - cb)
             hops += min(step, extent - step) if extent == full and full >= 3 else step
         return hops
+
+    def links_between(self, a: int, b: int) -> list[tuple[int, int]]:
+        here, there = self.coords(a), self.coords(b)
+        links = []
+        for i, (extent, full) in enumerate(zip(self.shape, self.network.dims, strict=True)):
+            closes = extent == full and full >= 3
+            while here[i] != there[i]:
+                if closes:
+                    forward = (there[i] - here[i]) % extent
+                    step = 1 if forward <= extent - forward else -1
+                else:
+                    step = 1 if there[i] > here[i] else -1
+                before = self.node_at(here)
+                here[i] = (here[i] + step) % extent
+                links.append((before, self.node_at(here)))
+        return links
 
     def dimensions_of(self, nodes: list[int]) -> tuple[TorusDimension, ...] | None:
         coords = [self.coords(n) for n in set(nodes)]
@@ -162,3 +180,31 @@ def test_every_route_equals_the_straightforward_one(dims: list[int], nodes: int,
         for first in plan.group_first_ranks("dp", limit=4):
             members = [r // per_node for r in plan.members("dp", first)]
             assert fast.dimensions_of(members) == plain.dimensions_of(members)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dims=st.lists(st.integers(1, 9), min_size=1, max_size=6), data=st.data())
+def test_links_between_equals_the_hop_by_hop_walk(dims: list[int], data: st.DataObject) -> None:
+    """A route's links, each dimension's run of hops made at once, are the hop-by-hop
+    walk's, in order, on any torus shape and job size (open and closed dimensions)."""
+    total = 1
+    for d in dims:
+        total *= d
+    nodes = data.draw(st.integers(1, total))
+    net = system(torus(dims), nodes).network
+    fast, plain = TorusTopology(net, nodes), Reference(net, nodes)
+    a, b = data.draw(st.integers(0, nodes - 1)), data.draw(st.integers(0, nodes - 1))
+    links = fast.links_between(a, b)
+    assert links == plain.links_between(a, b)
+    assert all(type(x) is int for link in links for x in link)
+
+
+def test_a_long_one_dimensional_route_is_one_array() -> None:
+    """Half-way round a 1-D torus of 158,976 nodes (Fugaku's nodes in one ring): 79,488
+    links, the short way, ending at the far node."""
+    net = system(torus([158_976]), 158_976).network
+    links = TorusTopology(net, 158_976).links_between(0, 79_488)
+    assert len(links) == 79_488 and links[0] == (0, 1) and links[-1] == (79_487, 79_488)
+    back = TorusTopology(net, 158_976).links_between(0, 79_489)
+    assert len(back) == 79_487 and back[0] == (0, 158_975)
+

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import numpy as np
 
@@ -269,20 +270,29 @@ class TorusTopology:
     def links_between(self, a: int, b: int) -> list[tuple[int, int]]:
         """The directed links (node, next node) a message from node ``a`` to node ``b``
         crosses by dimension-order routing, first dimension first, the short way round
-        where a dimension closes into a ring."""
+        where a dimension closes into a ring (each dimension's run of hops at once, so a
+        route of many hops, as on a long 1-D torus, costs one array per dimension)."""
         here, there = self.coords(a), self.coords(b)
-        links = []
-        for i, (extent, full) in enumerate(zip(self._box, self.network.dims, strict=True)):
-            closes = extent == full and full >= 3
-            while here[i] != there[i]:
-                if closes:
-                    forward = (there[i] - here[i]) % extent
-                    step = 1 if forward <= extent - forward else -1
-                else:
-                    step = 1 if there[i] > here[i] else -1
-                before = self.node_at(here)
-                here[i] = (here[i] + step) % extent
-                links.append((before, self.node_at(here)))
+        node = self.node_at(here)
+        links: list[tuple[int, int]] = []
+        stride = 1
+        strides = []
+        for extent in reversed(self._box):
+            strides.append(stride)
+            stride *= extent
+        for i, (extent, full, step_size) in enumerate(zip(
+                self._box, self.network.dims, reversed(strides), strict=True)):
+            if here[i] == there[i]:
+                continue
+            if extent == full and full >= 3:  # a ring: the short way round
+                forward = (there[i] - here[i]) % extent
+                step, hops = (1, forward) if forward <= extent - forward else (-1, extent - forward)
+            else:
+                step, hops = (1 if there[i] > here[i] else -1), abs(there[i] - here[i])
+            coords = (here[i] + step * np.arange(hops + 1)) % extent
+            nodes = (node + (coords - here[i]) * step_size).tolist()
+            links += pairwise(nodes)
+            node = nodes[-1]
         return links
 
     def _flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
