@@ -202,22 +202,23 @@ def levels(p: int, rows: tuple[Row, ...]) -> Levels:
     table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=4 * n).reshape(n, 4)
     free = [0] * p
     depth = [0] * (n + 1)
-    last = [0] * p  # each stage's pass so far
-    previous = [0] * n
     for k, (s, _, j, _) in enumerate(rows, start=1):
         d = depth[j]
         f = free[s]
         if f > d:
             d = f
         depth[k] = free[s] = d + 1
-        previous[k - 1] = last[s]
-        last[s] = k
+    # each pass's stage's pass before it: the passes by stage, in the walk's order
+    by_stage = np.argsort(table[:, 0], kind="stable")
+    previous = np.zeros(n, dtype=np.int64)
+    same = table[by_stage[1:], 0] == table[by_stage[:-1], 0]
+    previous[by_stage[1:][same]] = by_stage[:-1][same] + 1
     by_depth = np.asarray(depth[1:], dtype=np.int64)
     order = np.argsort(by_depth, kind="stable")
     fields = np.empty((6, n), dtype=np.int64)
     fields[0] = order + 1
     fields[1:5] = table[order].T
-    fields[5] = np.asarray(previous, dtype=np.int64)[order]
+    fields[5] = previous[order]
     edges = [0, *(np.flatnonzero(np.diff(by_depth[order])) + 1).tolist(), n]
     return tuple((fields[0, lo:hi], fields[1, lo:hi], fields[2, lo:hi], fields[3, lo:hi],
                   fields[4, lo:hi], fields[5, lo:hi])
