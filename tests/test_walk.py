@@ -182,17 +182,24 @@ def test_every_registered_schedule_compiles() -> None:
 @pytest.mark.parametrize(("schedule", "p", "m", "v"), CASES)
 def test_the_levels_put_each_pass_at_its_depth(schedule: str, p: int, m: int, v: int) -> None:
     """Every pass is in exactly one level, at its depth: one more than the deeper of its
-    stage's previous pass and the pass it waits for; a level holds a stage at most once
-    and lists its passes in the order of the walk."""
+    stage's previous pass and the pass it waits for; a level holds a stage at most once,
+    lists its passes in the order of the walk and names each one's stage's previous pass."""
     order = build(schedule, p, m, v)
     rows = wait_graph(order, route_of(order)).rows()
     depth, stage_depth = [0] * (len(rows) + 1), [0] * p
     for k, (s, _, j, _) in enumerate(rows, start=1):
         depth[k] = stage_depth[s] = max(stage_depth[s], depth[j]) + 1
+    before = [0] * (len(rows) + 1)  # each pass's stage's pass before it (0: none)
+    latest = [0] * p
+    for k, (s, *_) in enumerate(rows, start=1):
+        before[k], latest[s] = latest[s], k
     seen: list[int] = []
-    for level, (ks, stages, columns, needs, hops) in enumerate(levels(p, rows), start=1):
+    for level, (ks, stages, columns, needs, hops, previous) in enumerate(levels(p, rows),
+                                                                         start=1):
         assert list(ks) == sorted(ks) and len(set(stages.tolist())) == len(stages)
-        for k, s, column, j, hop in zip(ks, stages, columns, needs, hops, strict=True):
+        for k, s, column, j, hop, prev in zip(ks, stages, columns, needs, hops, previous,
+                                              strict=True):
             assert depth[k] == level and rows[k - 1] == (s, column, j, hop)
+            assert prev == before[k]
         seen += ks.tolist()
     assert sorted(seen) == list(range(1, len(rows) + 1))

@@ -157,15 +157,20 @@ def reference_wait_graph(order, route, gradient_after_weights=False):
 
 def reference_levels(p, rows):
     """The levels as they were made: depths by :func:`replay` with unit durations, the
-    table by ``np.array``."""
+    table by ``np.array``; each pass's stage's previous pass by a dict."""
     n = len(rows)
     table = np.array(rows, dtype=np.int64).reshape(n, 4)
     depth = np.asarray(replay(p, rows, [1] * (1 + int(table[:, 1].max())),
                               [0] * (1 + int(table[:, 3].max())))[0][1:], dtype=np.int64)
     order = np.argsort(depth, kind="stable")
-    fields = np.empty((5, n), dtype=np.int64)
+    previous, latest = [], {}
+    for k, row in enumerate(rows, start=1):  # each pass's stage's pass before it
+        previous.append(latest.get(row[0], 0))
+        latest[row[0]] = k
+    fields = np.empty((6, n), dtype=np.int64)
     fields[0] = order + 1
-    fields[1:] = table[order].T
+    fields[1:5] = table[order].T
+    fields[5] = np.asarray(previous, dtype=np.int64)[order]
     edges = [0, *(np.flatnonzero(np.diff(depth[order])) + 1).tolist(), n]
     return [tuple(f[lo:hi] for f in fields) for lo, hi in pairwise(edges)]
 

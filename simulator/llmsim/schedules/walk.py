@@ -182,8 +182,11 @@ def replay(p: int, rows: tuple[Row, ...], durations: list, hops: list) -> tuple[
     return end, free
 
 
-Levels = tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
-"""Per level of a wait graph (pass indices, stages, columns, needs, hops)."""
+Levels = tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                     np.ndarray], ...]
+"""Per level of a wait graph (pass indices, stages, columns, needs, hops, previous): a
+pass's ``previous`` is its stage's pass before it (1-based; 0 for the stage's first),
+whose end is the stage's free time when the pass starts."""
 
 
 def levels(p: int, rows: tuple[Row, ...]) -> Levels:
@@ -205,26 +208,32 @@ def levels(p: int, rows: tuple[Row, ...]) -> Levels:
         if f > d:
             d = f
         depth[k] = free[s] = d + 1
+    # each pass's stage's pass before it: the passes by stage, in the walk's order
+    by_stage = np.argsort(table[:, 0], kind="stable")
+    previous = np.zeros(n, dtype=np.int64)
+    same = table[by_stage[1:], 0] == table[by_stage[:-1], 0]
+    previous[by_stage[1:][same]] = by_stage[:-1][same] + 1
     by_depth = np.asarray(depth[1:], dtype=np.int64)
     order = np.argsort(by_depth, kind="stable")
-    fields = np.empty((5, n), dtype=np.int64)
+    fields = np.empty((6, n), dtype=np.int64)
     fields[0] = order + 1
-    fields[1:] = table[order].T
+    fields[1:5] = table[order].T
+    fields[5] = previous[order]
     edges = [0, *(np.flatnonzero(np.diff(by_depth[order])) + 1).tolist(), n]
     return tuple((fields[0, lo:hi], fields[1, lo:hi], fields[2, lo:hi], fields[3, lo:hi],
-                  fields[4, lo:hi])
+                  fields[4, lo:hi], fields[5, lo:hi])
                  for lo, hi in pairwise(edges))
 
 
 def replay_levels(p: int, passes: int, by_level: Levels, durations: list[float],
                   hops: list[float]) -> list[float]:
     """Each stage's last end, seconds, of the walk :func:`replay` does, level by level
-    with numpy (the same float operations per pass, so the same numbers)."""
+    with numpy (the same float operations per pass, so the same numbers): a stage's free
+    time is its previous pass's end (``ends[0]``, 0, for none)."""
     d, h = np.asarray(durations), np.asarray(hops)
     ends = np.zeros(passes + 1)
-    free_at = np.zeros(p)
-    for k, s, column, j, hop in by_level:
-        t = np.maximum(free_at[s], ends[j] + h[hop]) + d[column]
-        ends[k] = t
-        free_at[s] = t
-    return free_at.tolist()
+    last = np.zeros(p, dtype=np.int64)
+    for k, s, column, j, hop, previous in by_level:
+        ends[k] = np.maximum(ends[previous], ends[j] + h[hop]) + d[column]
+        last[s] = k
+    return ends[last].tolist()

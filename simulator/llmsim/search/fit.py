@@ -48,6 +48,7 @@ class PeakMemory:
         self._params: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._placed: dict[tuple, tuple[list[list[int]], list[tuple]]] = {}
         self._activations: dict[tuple, tuple[float, float, float, float]] = {}
+        self._buffers: dict[tuple, float] = {}
 
     def _split(self, par: Any) -> list[list[int]]:
         key = (par.pp, par.virtual_stages, par.first_stage_layers, par.last_stage_layers)
@@ -104,7 +105,6 @@ class PeakMemory:
         ranks = dp * par.ep * par.cp
         per_param = (w_b / (ranks if zero >= 3 else 1), g_b / (ranks if zero >= 2 else 1),
                      o_b / (ranks if zero >= 1 else 1))
-        buffers: dict[tuple[bool, bool, bool], float] = {}
         peak = 0.0
         for i in candidates:
             layers = sum(split[i])
@@ -115,10 +115,7 @@ class PeakMemory:
                 activations += first_held * embedding_acts
             if i == p - 1:
                 activations += last_held * output_acts
-            shape = (i == 0, i == p - 1, layers > 0)
-            buffer = buffers.get(shape)
-            if buffer is None:
-                buffer = buffers[shape] = _buffer_bytes(model, par, training, dp, i, layers)
+            buffer = self._buffer_bytes(par, training, dp, i, layers)
             tensors = (params * per_param[0] + params * per_param[1] + params * per_param[2]
                        + activations / par.cp + buffer)
             peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
@@ -129,22 +126,18 @@ class PeakMemory:
         own way (ZB-V's V) or runs two pipelines (Chimera, DualPipe), with one version of
         the weights: :func:`memory_per_stage`'s sums in its order (the same numbers), the
         per-stage parts shared by the stages alike computed once per (schedule, p, m, v)."""
-        model = self.model
         p, v, t, zero = par.pp, par.virtual_stages, par.tp, par.zero
         m = self._micro_batches(par, training, dp)
         split = self._split(par)
-        layer_params = layer_params_per_device(model, t)
+        layer_params, embedding_params, head_params = self._param_parts(t, p)
         stages = self._placed_stages(par.schedule, p, m, v, split, layer_params,
-                                     embedding_params_per_device(model, t),
-                                     head_params_per_device(model, t, p), head_params_per_device(
-                                         model, t, 1))
+                                     embedding_params, head_params, self._param_parts(t, 1)[2])
         per_layer, remat, embedding_acts, output_acts = self._activation_parts(par, training)
         if per_layer < 0:  # never (bytes); the candidates need activations growing in held
             return max(s.total_bytes for s in memory_per_stage(self.model, par, training, dp,
                                                                 self.accelerator))
         w_b, g_b, o_b = state_bytes_per_param(training.precision)
         ranks = dp * par.ep * par.cp
-        buffers: dict[tuple[bool, bool, bool], float] = {}
         peak = 0.0
         for i, params, layers, held, first_in, out_in in stages:
             weights = params * w_b / (ranks if zero >= 3 else 1) + 0.0
@@ -156,10 +149,7 @@ class PeakMemory:
             if out_in:
                 activations += out_in * output_acts
             activations = activations / par.cp
-            shape = (i == 0, i == p - 1, layers > 0)
-            buffer = buffers.get(shape)
-            if buffer is None:
-                buffer = buffers[shape] = _buffer_bytes(model, par, training, dp, i, layers)
+            buffer = self._buffer_bytes(par, training, dp, i, layers)
             tensors = weights + grads + optimizer + activations + buffer
             peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
         return peak
@@ -233,6 +223,22 @@ class PeakMemory:
             hit = self._activations[key] = (
                 per_layer, remat, embedding_activation_bytes(model, par, training),
                 output_activation_bytes(model, par, training))
+        return hit
+
+    def _buffer_bytes(self, par: Any, training: Any, dp: int, stage: int,
+                      layers: int) -> float:
+        """:func:`~llmsim.memory._buffer_bytes` of ``stage`` (holding ``layers`` blocks),
+        memoised on exactly what it reads: the training's precision and sequence, the
+        parallelism's degrees, bucket size, micro-batch and weight prefetch, whether dp
+        exceeds 1 and ZeRO is 3, and where the stage sits (first, last, holding layers)."""
+        p = par.pp
+        key = (training.precision, training.seq_len, p, par.tp, par.sequence_parallel,
+               par.dp_bucket_mb, dp > 1, par.virtual_stages > 1, par.micro_batch,
+               par.zero >= 3, par.prefetch_weights, stage == 0, stage == p - 1, layers > 0)
+        hit = self._buffers.get(key)
+        if hit is None:
+            hit = self._buffers[key] = _buffer_bytes(self.model, par, training, dp, stage,
+                                                     layers)
         return hit
 
     def _param_parts(self, tp: int, pp: int) -> tuple[int, int, int]:

@@ -107,18 +107,25 @@ def first_backward_s(forward_s: Sequence[Sequence[float]], hop_s: Sequence[float
     p, v = len(forward_s), len(forward_s[0])
     last = (v - 1) * p
     size = last + p
-    start = [[0.0] * size for _ in range(p)]
     end = [[0.0] * size for _ in range(p)]
     sent = [[0.0] * size for _ in range(p)]  # when forward j's send has completed
+    start = [[0.0] * size for _ in range(p)]  # the forwards' starts: the gathers read them
     # stage s walks its forwards j ≤ last + p − 1 − s (k = j + s < size): their sends
-    # and receives reach the last stage's forward ``last``
+    # and receives reach the last stage's forward ``last``. Each wait is a comparison,
+    # not max() (a call a wait, 20 % of the walk): the same number, ties to the first.
     for k in range(size):
-        stages = range(min(p, k + 1))
-        for s in stages:
+        top = min(p, k + 1)
+        for s in range(top):
             j = k - s
-            row, done, out = end[s], sent[s], forward_s[s]
+            row, done = end[s], sent[s]
             c = j // p
-            t = max(row[j - 1], done[j - 1]) if j else 0.0
+            if j:
+                t = row[j - 1]
+                d = done[j - 1]
+                if d > t:
+                    t = d
+            else:
+                t = 0.0
             if s:
                 arrival = sent[s - 1][j]
             elif c:
@@ -127,21 +134,25 @@ def first_backward_s(forward_s: Sequence[Sequence[float]], hop_s: Sequence[float
                 arrival = 0.0
             if arrival > t:
                 t = arrival
-            f = out[c]
-            if gathers is not None and j % p == 0:
-                layer_s, layers = gathers[s][c]
-                ready = (start[s][j - 1] if j else 0.0) + layer_s
-                if ready > t:
-                    t = ready
-                if layers > 1 and layer_s > f / layers:
-                    f += (layers - 1) * (layer_s - f / layers)
-            start[s][j] = t
+            f = forward_s[s][c]
+            if gathers is not None:
+                if j % p == 0:
+                    layer_s, layers = gathers[s][c]
+                    ready = (start[s][j - 1] if j else 0.0) + layer_s
+                    if ready > t:
+                        t = ready
+                    if layers > 1 and layer_s > f / layers:
+                        f += (layers - 1) * (layer_s - f / layers)
+                start[s][j] = t
             row[j] = t + f
-        for s in stages:
+        for s in range(top):
             j = k - s
-            if s == p - 1 and j >= last:
-                continue  # the last virtual stage sends nothing forward
-            posted = (end[s + 1][j - 1] if j else 0.0) if s < p - 1 else end[0][j + p - 1]
+            if s == p - 1:
+                if j >= last:
+                    continue  # the last virtual stage sends nothing forward
+                posted = end[0][j + p - 1]
+            else:
+                posted = end[s + 1][j - 1] if j else 0.0
             done = sent[s]
             t = end[s][j]
             if posted > t:

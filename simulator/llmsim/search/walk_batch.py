@@ -120,17 +120,22 @@ def replay_together(p: int, passes: int, by_level: Levels, durations: list[list[
     """:func:`llmsim.schedules.walk.replay` of ``K`` walks of one order at once: (each
     pass's end, index 0 being time 0, as a (passes + 1) × K array; each stage's last end,
     p × K), walk ``i`` with ``durations[i]`` and ``hops[i]``. Level by level, the loop's
-    float operations per pass, so the loop's numbers."""
+    float operations per pass, so the loop's numbers; a stage's free time is read as its
+    previous pass's end (:data:`~llmsim.schedules.walk.Levels`) rather than kept."""
     d = np.asarray(durations, dtype=float).T.copy()
     h = np.asarray(hops, dtype=float).T.copy()
     k_walks = d.shape[1]
     ends = np.zeros((passes + 1, k_walks))
-    free = np.zeros((p, k_walks))
-    for k, s, column, j, hop in by_level:
+    # Blocking sends (every hop +0.0) add nothing: an end is never −0.0 (a sum from
+    # +0.0 of durations), and x + 0.0 is x for any other x
+    hopped = bool(h.any())
+    last = np.zeros(p, dtype=np.int64)  # each stage's last pass
+    for k, s, column, j, hop, previous in by_level:
         t = ends[j]
-        t += h[hop]
-        np.maximum(free[s], t, out=t)
+        if hopped:
+            t += h[hop]
+        np.maximum(ends[previous], t, out=t)  # the stage is free at its previous pass's end
         t += d[column]
         ends[k] = t
-        free[s] = t
-    return ends, free
+        last[s] = k
+    return ends, ends[last]
