@@ -25,6 +25,7 @@ from llmsim.costs.topology.base import (
     ring_edges,
 )
 from llmsim.costs.topology.torus import CROSS_AXIS_STEPS, TorusTopology
+from llmsim.costs.topology.torus_links import LinkLoads
 from llmsim.plan import Plan
 from llmsim.specs import Parallelism
 
@@ -208,3 +209,25 @@ def test_a_long_one_dimensional_route_is_one_array() -> None:
     back = TorusTopology(net, 158_976).links_between(0, 79_489)
     assert len(back) == 79_487 and back[0] == (0, 158_975)
 
+
+
+@settings(max_examples=150, deadline=None)
+@given(dims=st.lists(st.integers(1, 9), min_size=1, max_size=4), data=st.data())
+def test_link_loads_equal_counting_every_link_of_every_route(dims: list[int],
+                                                             data: st.DataObject) -> None:
+    """The flows :class:`LinkLoads` counts on chosen links, a few operations a route, are
+    the count of each route's links one by one (rings, lines, wrap-around, both ways)."""
+    total = 1
+    for d in dims:
+        total *= d
+    nodes = data.draw(st.integers(2, total)) if total > 1 else 1
+    topo = TorusTopology(system(torus(dims), nodes).network, nodes)
+    pair = st.tuples(st.integers(0, nodes - 1), st.integers(0, nodes - 1))
+    flows = data.draw(st.lists(pair, max_size=12))
+    every = Counter(link for a, b in flows for link in topo.links_between(a, b))
+    chosen = sorted({link for a, b in data.draw(st.lists(pair, max_size=4))
+                     for link in topo.links_between(a, b)})
+    loads = LinkLoads(tuple(topo.shape), topo._closes.tolist(), chosen, topo.coords)
+    for a, b in flows:
+        loads.add(a, b)
+    assert loads.loads() == [every[link] for link in chosen]

@@ -29,19 +29,18 @@ shift, each link carries on average as many flows as a step has hops, so the gro
 beside the backward's TP collectives and pipeline sends), their ring flows can cross the
 same links. The first steps of the worst group (:data:`CROSS_AXIS_STEPS`), and the steps
 of every group, of its own axis or a concurrent one, that start or end on the nodes
-those steps pass, are routed link by link
-(dimension order); on each directed link the group's axis keeps its own flows' part of
-all the flows (max-min fair sharing of equal flows), and the group keeps the least of
-those parts over its links, on top of its own axis's sharing. Groups whose boxes lie
-along different dimensions use different links and do not slow each other. An
-expert-parallel axis at once sends all to all: each of its members near those steps
+those steps pass, are routed by dimension order and counted on those first steps' links
+(:mod:`~llmsim.costs.topology.torus_links`); on each directed link the group's axis keeps
+its own flows' part of all the flows (max-min fair sharing of equal flows), and the group
+keeps the least of those parts over its links, on top of its own axis's sharing. Groups
+whose boxes lie along different dimensions use different links and do not slow each
+other. An expert-parallel axis at once sends all to all: each of its members near those steps
 sends ``1/(n − 1)`` of its rate to every other member, routed the same way.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
@@ -56,6 +55,7 @@ from llmsim.costs.topology.base import (
     is_chain,
     shared_share,
 )
+from llmsim.costs.topology.torus_links import Link, LinkLoads
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Torus
 
@@ -295,62 +295,64 @@ class TorusTopology:
             node = nodes[-1]
         return links
 
-    def _flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
-        """Ring (or chain) flows of the groups of ``axis`` on each directed link, from the
-        steps that start or end on one of the ``near`` nodes."""
+    def _flows(self, plan: Plan, axis: str, near: list[int], used: list[Link]) -> list[float]:
+        """Ring (or chain) flows of the groups of ``axis`` on each of the ``used`` links,
+        from the steps that start or end on one of the ``near`` nodes."""
         dpn = plan.system.node.devices_per_node
         close = np.asarray(near)
-        load: Counter[tuple[int, int]] = Counter()
+        loads = LinkLoads(self._box, self._closes.tolist(), used, self.coords)
         for group in groups_touching(plan, axis, near):
             a, b = _ring_steps(np.asarray(group) // dpn, closed=not is_chain(axis))
             for i in np.flatnonzero(np.isin(a, close) | np.isin(b, close)):
-                load.update(self.links_between(int(a[i]), int(b[i])))
-        return load
+                loads.add(int(a[i]), int(b[i]))
+        return [float(n) for n in loads.loads()]
 
-    def _alltoall_flows(self, plan: Plan, axis: str, near: list[int]) -> Counter[tuple[int, int]]:
-        """All-to-all flows of the groups of ``axis`` on each directed link, from the
-        transfers that start or end on one of the ``near`` nodes (as :meth:`_flows`):
+    def _alltoall_flows(self, plan: Plan, axis: str, near: list[int],
+                        used: list[Link]) -> list[float]:
+        """All-to-all flows of the groups of ``axis`` on each of the ``used`` links, from
+        the transfers that start or end on one of the ``near`` nodes (as :meth:`_flows`):
         each member sends ``1/(n − 1)`` of its rate to every other member, routed by
-        dimension order."""
+        dimension order (the groups of an axis are of one size)."""
         dpn = plan.system.node.devices_per_node
         close = set(near)
-        load: Counter[tuple[int, int]] = Counter()
+        loads = LinkLoads(self._box, self._closes.tolist(), used, self.coords)
+        weight = 0.0
         for group in groups_touching(plan, axis, near):
             weight = 1 / (len(group) - 1) if len(group) > 1 else 0.0
             nodes = [r // dpn for r in group]
             for a in nodes:
                 for b in nodes:
                     if b != a and (a in close or b in close):
-                        for link in self.links_between(a, b):
-                            load[link] += weight
-        return load
+                        loads.add(a, b)
+        return [n * weight for n in loads.loads()]
 
     def cross_axis_share(self, plan: Plan, axis: str, first_rank: int,
                          others: tuple[str, ...]) -> tuple[float, list[str]]:
         """The part of its links the group of ``axis`` holding ``first_rank`` keeps when
         the ``others`` axes' rings run at once: over its links, the least of its axis's
-        flows over all flows; and the other axes that cross them."""
+        flows over all flows; and the other axes that cross them. The flows are counted
+        on those links alone (:class:`~llmsim.costs.topology.torus_links.LinkLoads`)."""
         dpn = plan.system.node.devices_per_node
         nodes = np.asarray(plan.members(axis, first_rank)) // dpn
         firsts, nexts = _ring_steps(nodes, closed=not is_chain(axis))
-        used = set()
+        used: set[Link] = set()
         for a, b in zip(firsts[:CROSS_AXIS_STEPS].tolist(), nexts[:CROSS_AXIS_STEPS].tolist(),
                         strict=True):
             used.update(self.links_between(a, b))
         if not used:
             return 1.0, []
-        near = sorted({n for link in used for n in link})
-        own = self._flows(plan, axis, near)
-        share, crossed = 1.0, []
-        foreign: Counter[tuple[int, int]] = Counter()
+        links = sorted(used)
+        near = sorted({n for link in links for n in link})
+        own = self._flows(plan, axis, near, links)
+        crossed: list[str] = []
+        foreign = [0.0] * len(links)
         for other in others:
-            load = (self._alltoall_flows(plan, other, near) if is_alltoall(other)
-                    else self._flows(plan, other, near))
-            if any(load[link] for link in used):
+            load = (self._alltoall_flows(plan, other, near, links) if is_alltoall(other)
+                    else self._flows(plan, other, near, links))
+            if any(load):
                 crossed.append(other)
-                foreign.update(load)
-        for link in used:
-            share = min(share, own[link] / (own[link] + foreign[link]))
+                foreign = [f + x for f, x in zip(foreign, load, strict=True)]
+        share = min([1.0] + [o / (o + f) for o, f in zip(own, foreign, strict=True)])
         return share, crossed
 
     def group_route(self, plan: Plan, axis: str, first_rank: int) -> Route:
