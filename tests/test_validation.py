@@ -361,6 +361,28 @@ def test_fast_rows_give_finite_errors_and_a_summary():
     assert {"BLOOM", "MEGREADME-H100", "target set", "all"} <= set(stats.index)
     assert stats.loc["all", "rows"] == len(FAST_IDS)
     assert stats.loc["all", "mape_pct"] == pytest.approx(df["error_pct"].abs().mean())
+    machines = v.summary_by_machine(df).set_index("group")
+    assert machines["rows"].sum() == len(FAST_IDS)
+    for system, part in df.groupby("system"):
+        assert machines.loc[system, "rows"] == len(part)
+        assert machines.loc[system, "sources"] == part["source"].nunique()
+        assert machines.loc[system, "accelerator"] == part["accelerator"].iloc[0]
+
+
+def test_the_machine_summary_in_closed_form():
+    """Two machines, three rows: each machine's MAPE, median, bias, worst row and sources,
+    in the order the rows first name them, and the Markdown table that shows them."""
+    df = pd.DataFrame({"id": ["A-1", "B-1", "A-2"], "source": ["A", "B", "A2"],
+                       "system": ["fugaku", "selene", "fugaku"],
+                       "accelerator": ["a64fx", "a100-sxm4-80gb", "a64fx"],
+                       "error_pct": [-30.0, 5.0, 10.0]})
+    m = v.summary_by_machine(df)
+    assert list(m["group"]) == ["fugaku", "selene"]
+    fugaku = m.iloc[0]
+    assert (fugaku["rows"], fugaku["sources"], fugaku["accelerator"]) == (2, 2, "a64fx")
+    assert fugaku["mape_pct"] == 20.0 and fugaku["median_abs_pct"] == 20.0
+    assert fugaku["bias_pct"] == -10.0
+    assert (fugaku["worst_id"], fugaku["worst_error_pct"]) == ("A-1", -30.0)
 
 
 def test_unknown_subset_is_one_clear_error(capsys):

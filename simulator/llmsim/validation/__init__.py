@@ -40,6 +40,7 @@ from llmsim.validation.reports import (
     plot_validation,
     schedule_ranking,
     summary,
+    summary_by_machine,
 )
 from llmsim.validation.runs import (
     METRICS,
@@ -79,6 +80,7 @@ __all__ = [
     "schedule_ranking",
     "source_flops",
     "summary",
+    "summary_by_machine",
     "validate",
     "validation_dir",
 ]

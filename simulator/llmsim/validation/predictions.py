@@ -94,6 +94,8 @@ def _record(p: Prediction) -> dict[str, Any]:
         "predicted": p.predicted,
         "error_pct": p.error_pct,
         "target": p.run.target,
+        "system": s.system.name,
+        "accelerator": s.system.node.accelerator.name,
         "step_time_s": r.step_time_s,
         "mfu": r.mfu,
         "fits": r.fits,
@@ -108,7 +110,8 @@ def _record(p: Prediction) -> dict[str, Any]:
 def validate(runs: Iterable[Run], progress: bool = True, workers: int = 1) -> pd.DataFrame:
     """Predict every run; one row each: id, source, metric, measured, predicted, error_pct …
 
-    Extra columns: ``target``, the predicted step time, MFU and memory fit, the
+    Extra columns: ``target``, the ``system`` and ``accelerator`` it runs on (catalog
+    names), the predicted step time, MFU and memory fit, the
     ``config`` (model and batch), ``model``, ``microbatches`` (per pipeline) and
     ``schedule`` keys and the critical stage's breakdown (``compute_s`` …).
     ``workers`` local processes simulate the runs (each row's numbers are the same on

@@ -1,5 +1,6 @@
-"""Reports on a frame of predictions: summaries per source, the Zero Bubble schedule order,
-marginal costs, the accuracy goal, Markdown tables and the predicted-vs-measured plot."""
+"""Reports on a frame of predictions: summaries per source and per machine, the Zero Bubble
+schedule order, marginal costs, the accuracy goal, Markdown tables and the
+predicted-vs-measured plot."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(_stats("target set", df[df["target"]]))
     rows.append(_stats("all", df))
     return pd.DataFrame(rows)
+
+
+def summary_by_machine(df: pd.DataFrame) -> pd.DataFrame:
+    """Per machine (the catalog system each row runs on, in the order the rows first name
+    it): its accelerator, the rows and sources, MAPE, median |error|, mean error, worst row."""
+    out = []
+    for system, part in df.groupby("system", sort=False):
+        stats = _stats(str(system), part)
+        stats["accelerator"] = "/".join(part["accelerator"].unique())
+        stats["sources"] = part["source"].nunique()
+        out.append(stats)
+    return pd.DataFrame(out)
 
 
 def schedule_ranking(df: pd.DataFrame, source: str = "ZB24", tie_pct: float = 1.0) -> pd.DataFrame:
@@ -231,7 +244,8 @@ def _sig(x: float, digits: int = 4) -> str:
 
 def markdown_tables(df: pd.DataFrame, ranges: pd.DataFrame | None = None) -> str:
     """The accuracy goal (the rows worse than its limit judged by their ``ranges`` where
-    given, :func:`accuracy_goal`), the summary per source, the ZB24 schedule order and
+    given, :func:`accuracy_goal`), the summaries per source and per machine, the ZB24
+    schedule order and
     cost of one more micro-batch, and every row as Markdown tables (``docs/validation.md``
     shows these, as ``llmsim validate --out DIR`` writes them)."""
     parts: list[str] = []
@@ -249,6 +263,15 @@ def markdown_tables(df: pd.DataFrame, ranges: pd.DataFrame | None = None) -> str
         name = f"**{s.group}**" if s.group in ("target set", "all") else s.group
         parts.append(f"| {name} | {s.rows} | {s.mape_pct:.1f} | {s.median_abs_pct:.1f} | "
                      f"{s.bias_pct:+.1f} | {s.worst_id} | {s.worst_error_pct:+.1f} |")
+    if "system" in df:
+        parts += ["", "## Summary per machine", "",
+                  "| machine (system) | accelerator | rows | sources | MAPE % | median abs % | "
+                  "mean (bias) % | worst row | worst % |",
+                  "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+        parts += [f"| {m.group} | {m.accelerator} | {m.rows} | {m.sources} | "
+                  f"{m.mape_pct:.1f} | {m.median_abs_pct:.1f} | {m.bias_pct:+.1f} | "
+                  f"{m.worst_id} | {m.worst_error_pct:+.1f} |"
+                  for m in summary_by_machine(df).itertuples()]
     ranking = schedule_ranking(df)
     if not ranking.empty:
         parts += ["", f"## ZB24 schedule order: {int(ranking['same'].sum())} of {len(ranking)} "
