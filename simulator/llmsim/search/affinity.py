@@ -22,16 +22,17 @@ from __future__ import annotations
 
 from collections import deque
 
-from llmsim.search.layout import Layout
+from llmsim.search.batching import Part, depth, most_devices
 
-Batch = tuple[int, list[Layout]]
-"""A batch's index (its number in the store) and its core layouts."""
+Batch = tuple[int, Part]
+"""A batch's index (its number in the store) and its core layouts (or their
+:class:`~.batching.Cut`)."""
 
 
-def affinity_key(core: Layout) -> int:
-    """The pipeline depth: every key a placement is memoised on holds it, and so does
-    the walk key of a batch (all of a batch's layouts share it)."""
-    return core.pp
+def affinity_key(part: Part) -> int:
+    """The pipeline depth of a batch's layouts: every key a placement is memoised on holds
+    it, and so does the walk key of a batch (all of its layouts share it)."""
+    return depth(part)
 
 
 def affinity_groups(batches: list[Batch], bounded: bool = False) -> list[list[Batch]]:
@@ -40,11 +41,11 @@ def affinity_groups(batches: list[Batch], bounded: bool = False) -> list[list[Ba
     index order within a group. With ``bounded`` a group also holds one device count,
     and the groups go most devices first (largest first within one count)."""
     groups: dict[tuple[int, int], list[Batch]] = {}
-    for index, cores in batches:
-        if not cores:
+    for index, part in batches:
+        if not len(part):
             continue
-        devices = max(c.devices for c in cores) if bounded else 0
-        groups.setdefault((devices, affinity_key(cores[0])), []).append((index, cores))
+        devices = most_devices(part) if bounded else 0
+        groups.setdefault((devices, affinity_key(part)), []).append((index, part))
     ordered = sorted(groups.items(), key=lambda item: (
         -item[0][0], -sum(len(cores) for _, cores in item[1]), item[1][0][0]))
     return [group for _, group in ordered]
