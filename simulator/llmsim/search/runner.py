@@ -19,6 +19,7 @@ from llmsim.search.affinity import Affinity, affinity_groups, static_owners
 from llmsim.search.batching import Part, layouts_of
 from llmsim.search.price import BatchResult, price_batch
 from llmsim.search.space import Branch
+from llmsim.search.store import arrow_text
 from llmsim.specs import Scenario
 
 Batches = list[tuple[int, Part]]
@@ -63,9 +64,12 @@ def _keep_base(base: Scenario, branches: Space) -> None:
 
 
 def _price_on_worker(part: Part, fixed: dict[str, Any], headroom: float) -> BatchResult:
-    """:func:`price_part` of the worker's base scenario and branches."""
+    """:func:`price_part` of the worker's base scenario and branches, its text columns
+    as Arrow strings (:func:`.store.arrow_text`: a quarter of the bytes to send back)."""
     base, branches = _BASE[0]
-    return price_part(base, branches, part, fixed, headroom)
+    result = price_part(base, branches, part, fixed, headroom)
+    result.columns = arrow_text(result.columns)
+    return result
 
 
 def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: float,
