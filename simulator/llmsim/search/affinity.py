@@ -60,6 +60,8 @@ class Affinity:
     def __init__(self, groups: list[list[Batch]], workers: int) -> None:
         self._unstarted = deque(groups)
         self._own: list[deque[Batch]] = [deque() for _ in range(workers)]
+        self.left = sum(len(group) for group in groups)
+        """Batches not yet handed out."""
 
     def next(self, worker: int) -> Batch | None:
         """The next batch for ``worker``, or None when every batch is handed out."""
@@ -68,8 +70,12 @@ class Affinity:
             if self._unstarted:
                 own.extend(self._unstarted.popleft())
             else:
-                fullest = max(self._own, key=len)
-                return fullest.pop() if fullest else None
+                own = max(self._own, key=len)
+                if not own:
+                    return None
+                self.left -= 1
+                return own.pop()
+        self.left -= 1
         return own.popleft()
 
 

@@ -24,9 +24,16 @@ from llmsim.specs import Scenario
 
 Batches = list[tuple[int, Part]]
 
-AHEAD = 4
-"""Batches queued per local worker process beyond the one it prices."""
+AHEAD = 1
+"""Batches queued per local worker process beyond the one it prices: one, so that it never
+waits for the next. A queued batch is sent to its process at once (the executor's call
+queue holds it, marked running), where no other worker can take it: at c7b064b's five a
+worker, the last three of a worker left with long ones kept it busy while the other
+idled (a whole search's tail, 2.2–2.7 s of wall at load 2–5, session s15)."""
 
+LAST = 2
+"""Once the feed holds at most ``LAST`` batches a worker, a worker is sent its next batch
+only when it has none left, so that the last ones go to whichever is free first."""
 
 Keep = Callable[[int], bool]
 """``keep(index)``: whether batch ``index`` is still worth pricing (False: neither it nor
@@ -77,55 +84,46 @@ def run_pool(base: Scenario, batches: Batches, fixed: dict[str, Any], headroom: 
              branches: Space = None) -> Iterator[tuple[int, BatchResult]]:
     """Price the batches on ``workers`` local processes, each fed by affinity group
     (:mod:`.affinity`: the batches of one pipeline depth to one worker, so that their
-    placements are priced once in the search) and a few batches ahead of it
-    (:data:`AHEAD`): the batches not yet sent and the results already stored are not held
-    twice. Each worker gets the base scenario and ``branches`` once, when it starts
-    (pickling the scenario with every batch cost more than a small batch's layouts), and
-    makes a Cut's layouts itself. With ``keep`` (the days bound)
-    the groups go most devices first and a batch ``keep`` refuses is not priced."""
+    placements are priced once in the search) and a batch ahead of it (:data:`AHEAD`,
+    the last ones as a worker is free: :data:`LAST`): the batches not yet sent and the
+    results already stored are not held twice. Each worker gets the base scenario and
+    ``branches`` once, when it starts (pickling the scenario with every batch cost more
+    than a small batch's layouts), and makes a Cut's layouts itself. With ``keep`` (the
+    days bound) the groups go most devices first and a batch ``keep`` refuses is not
+    priced."""
     feed = Affinity(affinity_groups(batches, bounded=keep is not None), workers)
     with ExitStack() as stack:
         pools = [stack.enter_context(ProcessPoolExecutor(
             max_workers=1, initializer=_keep_base, initargs=(base, branches)))
             for _ in range(workers)]
-        futures: dict[Future, tuple[int, int, Part]] = {}  # → (index, worker, part)
+        futures: dict[Future, tuple[int, int]] = {}  # → (index, worker)
 
-        def submit(worker: int) -> None:
-            while (batch := feed.next(worker)) is not None:
+        def fill(worker: int) -> None:
+            """Send ``worker`` batches up to its share in flight (:data:`AHEAD`,
+            :data:`LAST`)."""
+            while in_flight(worker) < (1 + AHEAD if feed.left > LAST * workers else 1):
+                batch = feed.next(worker)
+                while batch is not None and keep is not None and not keep(batch[0]):
+                    batch = feed.next(worker)
+                if batch is None:
+                    return
                 index, part = batch
-                if keep is None or keep(index):
-                    put(worker, index, part)
-                    return
-            steal(worker)
+                futures[pools[worker].submit(_price_on_worker, part, fixed, headroom)] = \
+                    (index, worker)
 
-        def put(worker: int, index: int, part: Part) -> None:
-            future = pools[worker].submit(_price_on_worker, part, fixed, headroom)
-            futures[future] = (index, worker, part)
-
-        def steal(worker: int) -> None:
-            """Every batch handed out: take the last one queued on another worker that
-            has not started (up to AHEAD + 1 a worker; those of a worker left with large
-            ones would keep it busy while this one idles)."""
-            for future in reversed(list(futures)):
-                index, owner, part = futures[future]
-                if owner != worker and queued(owner) > 1 and future.cancel():
-                    del futures[future]
-                    put(worker, index, part)
-                    return
-
-        def queued(worker: int) -> int:
-            return sum(1 for owner in futures.values() if owner[1] == worker)
+        def in_flight(worker: int) -> int:
+            return sum(1 for _, owner in futures.values() if owner == worker)
 
         for worker in range(workers):
-            for _ in range(AHEAD + 1):
-                submit(worker)
+            fill(worker)
         try:
             while futures:
                 done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for future in done:
-                    index, worker, _ = futures.pop(future)
+                finished = [(futures.pop(future), future) for future in done]
+                for (_, worker), _ in finished:  # first the next batches, then the store
+                    fill(worker)
+                for (index, _), future in finished:
                     yield index, future.result()
-                    submit(worker)
         finally:
             for future in futures:
                 future.cancel()
