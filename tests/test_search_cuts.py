@@ -102,4 +102,4 @@ def test_a_pool_prices_cuts_as_it_prices_their_layouts():
     assert sorted(pooled) == sorted(serial) == [i for i, _ in cut]
     for i in serial:
         for name, values in serial[i].columns.items():
-            assert list(pooled[i].columns[name]) == list(values), name
+            assert pooled[i].columns[name].tolist() == values.tolist(), name  # text: Arrow

@@ -15,7 +15,9 @@ branches (:func:`.space.branches`: a branch knows its size without making a layo
   with one sentence (:class:`~llmsim.errors.UserError`, exit 2) if it is larger.
 
 Counting costs about 5 µs of CPU a branch; a space of more than :data:`MAX_BRANCHES`
-branches is refused before it is counted through.
+branches is refused before it is counted through. :func:`draw_batches` gives the search
+its batches: a sample's layouts cut into them, the whole space's cut from its branches
+(:func:`.batching.cuts`), whose layouts the workers make.
 """
 
 from __future__ import annotations
