@@ -140,11 +140,17 @@ def _timeline(path: str) -> None:
     confirm = importlib.import_module("llmsim.search.confirm")
     runner._price_on_worker = traced(runner._price_on_worker)
     confirm.engine_row = traced(confirm.engine_row)
+    # and the main process's steps between the pricing and the engine's runs
+    store = importlib.import_module("llmsim.search.store")
+    store.Store.table = traced(store.Store.table)
+    confirm.ranked = traced(confirm.ranked)
+    confirm.engine_rows = traced(confirm.engine_rows)
 
 
 def _timeline_summary(path: str, started: float) -> str:
     """Per worker: batches, first start and last end (s after the search's start), CPU;
-    the pool's tail (the last ends' spread); the engine runs' first start, last end."""
+    the pool's tail (the last ends' spread); the engine runs' first start, last end; the
+    main process's steps from the last batch's end to the first engine run."""
     import json
 
     with open(path) as f:
@@ -161,6 +167,11 @@ def _timeline_summary(path: str, started: float) -> str:
                        f"CPU {sum(r['cpu'] for r in of):.1f} s")
         if ends:
             out.append(f"    {name}: last ends {max(ends) - min(ends):.2f} s apart")
+    steps = [r for r in records if r["what"] in ("table", "ranked", "engine_rows")]
+    if steps:
+        out.append("    main process: " + ", ".join(
+            f"{r['what']} {r['t0'] - started:.2f} → {r['t1'] - started:.2f} s "
+            f"(CPU {r['cpu']:.2f} s)" for r in steps))
     return "\n".join(out)
 
 
