@@ -7,6 +7,7 @@ Usage::
     python benchmarks/bench_search.py selene-gpt3 --every 10   # one process, CPU seconds
     python benchmarks/bench_search.py selene-gpt3 --every 1 --first-batch 3000 --batches 300
     python benchmarks/bench_search.py selene-gpt3 --every 10 --rounds 2 --rows ROWS.csv  # + warm
+    python benchmarks/bench_search.py selene-gpt3 --workers 2 --timeline TL.jsonl  # + tail
 
 Prints, for the scenario: the size of the space (core layouts, layouts after the overlap
 switches), layouts priced, rejected for memory and invalid, the estimator's layouts/s
@@ -111,6 +112,69 @@ def _write_rows(table: object, path: str) -> str:
     return f"{len(rows):,} rows, sha256 {hashlib.sha256(text.encode()).hexdigest()[:16]}"
 
 
+def _timeline(path: str) -> None:
+    """Record, as JSON lines in ``path``, each batch a pool worker prices (process, start,
+    end, CPU) and each engine run of the confirmation, from inside the processes: the
+    pricing function and the engine's are wrapped here and the workers are forked from
+    this process (so any llmsim on ``PYTHONPATH`` can be timed, a base worktree's too)."""
+    import functools
+    import importlib
+    import json
+
+    open(path, "w").close()
+
+    def traced(function):
+        @functools.wraps(function)  # pickled by its name, which is then this wrapper's
+        def run(*args, **kwargs):
+            t0, c0 = time.time(), time.process_time()
+            out = function(*args, **kwargs)
+            with open(path, "a") as f:
+                f.write(json.dumps({"what": function.__name__, "pid": os.getpid(), "t0": t0,
+                                    "t1": time.time(),
+                                    "cpu": time.process_time() - c0}) + "\n")
+            return out
+        return run
+
+    # by import_module: ``llmsim.search.confirm`` as an attribute is the function
+    runner = importlib.import_module("llmsim.search.runner")
+    confirm = importlib.import_module("llmsim.search.confirm")
+    runner._price_on_worker = traced(runner._price_on_worker)
+    confirm.engine_row = traced(confirm.engine_row)
+    # and the main process's steps between the pricing and the engine's runs
+    store = importlib.import_module("llmsim.search.store")
+    store.Store.table = traced(store.Store.table)
+    confirm.ranked = traced(confirm.ranked)
+    confirm.engine_rows = traced(confirm.engine_rows)
+
+
+def _timeline_summary(path: str, started: float) -> str:
+    """Per worker: batches, first start and last end (s after the search's start), CPU;
+    the pool's tail (the last ends' spread); the engine runs' first start, last end; the
+    main process's steps from the last batch's end to the first engine run."""
+    import json
+
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    out = []
+    for what, name in (("_price_on_worker", "pricing"), ("engine_row", "engine")):
+        mine = [r for r in records if r["what"] == what]
+        ends = []
+        for n, pid in enumerate(sorted({r["pid"] for r in mine})):
+            of = [r for r in mine if r["pid"] == pid]
+            ends.append(max(r["t1"] for r in of) - started)
+            out.append(f"    {name} worker {n}: {len(of)} runs, "
+                       f"{min(r['t0'] for r in of) - started:.2f} → {ends[-1]:.2f} s, "
+                       f"CPU {sum(r['cpu'] for r in of):.1f} s")
+        if ends:
+            out.append(f"    {name}: last ends {max(ends) - min(ends):.2f} s apart")
+    steps = [r for r in records if r["what"] in ("table", "ranked", "engine_rows")]
+    if steps:
+        out.append("    main process: " + ", ".join(
+            f"{r['what']} {r['t0'] - started:.2f} → {r['t1'] - started:.2f} s "
+            f"(CPU {r['cpu']:.2f} s)" for r in steps))
+    return "\n".join(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", nargs="?", default="selene-gpt3")
@@ -128,6 +192,9 @@ def main() -> None:
                              "this CSV and print its SHA-256 (rows identical before/after)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --every: price the batches this many times (later: warm)")
+    parser.add_argument("--timeline", default=None,
+                        help="record each batch's and engine run's process, start, end and "
+                             "CPU to this file (JSON lines) and print the tail")
     args = parser.parse_args()
     if args.every:
         every_nth_batch(args.scenario, args.every, args.first_batch, args.batches,
@@ -135,7 +202,10 @@ def main() -> None:
         return
     scenario = llmsim.load_scenario(args.scenario)
 
-    start = time.perf_counter()
+    if args.timeline:
+        _timeline(args.timeline)
+    start, started = time.perf_counter(), time.time()
+    load_before = os.getloadavg()[0]
     cpu_own, cpu_children = _cpu_s()
     table = search(scenario, top=args.top, workers=args.workers,
                    max_layouts=args.max_layouts)
@@ -155,14 +225,16 @@ def main() -> None:
           f"looked at, {s.estimate_wall_s:,.1f} s")
     print(f"  CPU: this process {cpu_own:,.1f} s, workers {cpu_children:,.1f} s (pricing "
           f"and confirmation); {s.priced / max(cpu_children, 1e-9):,.0f} layouts priced per "
-          f"worker CPU-second; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
-          "cores")
+          f"worker CPU-second; load average {load_before:.1f} → {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores")
     print(f"  engine confirmation of the top {s.confirmed}: "
           f"{wall - s.estimate_wall_s:,.1f} s")
     print(f"  whole search: {wall:,.1f} s wall; peak RSS {own:,.0f} MB "
           f"(workers {children:,.0f} MB)")
     if args.rows:
         print(f"  rows: {_write_rows(table, args.rows)}")
+    if args.timeline:
+        print(f"  timeline ({args.timeline}):\n{_timeline_summary(args.timeline, started)}")
     best = table.iloc[0]
     print(f"  best: {best['key']}: engine {best['step_time_s']:.3f} s/step, "
           f"estimator {best['est_step_time_s']:.3f} s, MFU {best['mfu'] * 100:.1f} %")

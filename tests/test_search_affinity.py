@@ -57,8 +57,8 @@ def test_every_batch_is_handed_out_once_a_group_to_one_worker_until_stolen(
         if bounded:
             assert len({cores[0].devices for _, cores in group}) == 1
         assert [index for index, _ in group] == sorted(index for index, _ in group)
-    sizes = [sum(len(cores) for _, cores in group) for group in groups]
-    if bounded:  # most devices first, then largest first
+    sizes = [sum(len(cores) for _, cores in group) * group[0][1][0].pp for group in groups]
+    if bounded:  # most devices first, then most layout-stages first
         order = [(-group[0][1][0].devices, -size)
                  for group, size in zip(groups, sizes, strict=True)]
         assert order == sorted(order)

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from llmsim.errors import UserError
 from llmsim.search.batch_range import check_batch_range
-from llmsim.search.batching import batches as walk_batches
+from llmsim.search.batching import widest
 from llmsim.search.bound import DaysBound, applies
 from llmsim.search.confirm import OBJECTIVES, confirm, objective_column
-from llmsim.search.draw import draw_layouts
+from llmsim.search.draw import draw_batches
 from llmsim.search.fix import parse_fix
 from llmsim.search.price import state_fits
 from llmsim.search.runner import run_dask, run_pool, run_serial
@@ -182,13 +182,13 @@ def search(
                            max_parameter_servers=max_parameter_servers,
                            asynchronous=asynchronous)
     base = scenario.model_copy(update={"fidelity": "reduced"})
-    with collector_paused():  # hundreds of thousands of layouts that live, no cycles
-        # Counted first, then made whole or sampled by index (.draw): bounded memory
-        all_cores, space_layouts, sampled = draw_layouts(base, options,
-                                                 state_fits(base, memory_headroom),
-                                                 max_layouts, scenario.seed)
-        bounded = bound and applies(base, objective)
-        batches = list(enumerate(walk_batches(all_cores, bounded)))  # .batching
+    bounded = bound and applies(base, objective)
+    with collector_paused():  # a sample's layouts live, and make no cycles
+        # Counted first, then cut whole from its branches or sampled by index (.draw):
+        # bounded memory; the whole space's layouts are made where they are priced
+        drawn = draw_batches(base, options, state_fits(base, memory_headroom), max_layouts,
+                             scenario.seed, bounded)
+        batches = list(enumerate(drawn.batches))
     manifest = {"scenario": base.model_dump(mode="json"), "objective": objective,
                 "fixed": {k: v for k, v in fixed.items()},
                 "batch_range": list(batch_range) if batch_range is not None else None,
@@ -208,16 +208,18 @@ def search(
     estimate_started = time.perf_counter()
     priced_before = store.priced
     workers = workers or os.cpu_count() or 1
-    days_bound = DaysBound(base, top, dict(batches)) if bounded else None
+    # The bound reads a batch's most devices, which a layout that uses them stands for.
+    days_bound = DaysBound(base, top, {i: widest(part, drawn.branches, fixed)
+                                       for i, part in batches}) if bounded else None
     if days_bound is not None:
         days_bound.add(store.column("est_days"))
     keep = days_bound.keep if days_bound is not None else None
     if client is not None:
-        results = run_dask(base, todo, fixed, memory_headroom, client)
+        results = run_dask(base, todo, fixed, memory_headroom, client, drawn.branches)
     elif workers > 1 and len(todo) > 1:
-        results = run_pool(base, todo, fixed, memory_headroom, workers, keep)
+        results = run_pool(base, todo, fixed, memory_headroom, workers, keep, drawn.branches)
     else:
-        results = run_serial(base, todo, fixed, memory_headroom, keep)
+        results = run_serial(base, todo, fixed, memory_headroom, keep, drawn.branches)
     try:
         for index, batch in results:
             store.add(index, batch.columns, batch.invalid, batch.out_of_memory)
@@ -234,7 +236,8 @@ def search(
                                      workers if client is None else 1, confirm_timeout_s)
     summary = SearchSummary(
         scenario=scenario.name, objective=objective,
-        machine_devices=scenario.devices, core_layouts=len(all_cores), sampled=sampled,
+        machine_devices=scenario.devices, core_layouts=drawn.core_layouts,
+        sampled=drawn.sampled,
         priced=len(table), invalid=store.invalid, out_of_memory=store.out_of_memory,
         confirmed=int(table["step_time_s"].notna().sum()) if "step_time_s" in table else 0,
         memory_headroom=memory_headroom, wall_s=time.perf_counter() - started,
@@ -242,7 +245,7 @@ def search(
         layouts_per_s=(store.priced - priced_before) / estimate_wall if estimate_wall else 0.0,
         timed_out=timed_out,
         skipped=sum(len(c) for i, c in batches if i not in store.done_batches),
-        space_layouts=space_layouts)
+        space_layouts=drawn.space_layouts)
     table.attrs["summary"] = summary
     table.attrs["best"] = best
     table.attrs["objective_column"] = objective_column(objective)

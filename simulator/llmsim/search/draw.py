@@ -15,18 +15,23 @@ branches (:func:`.space.branches`: a branch knows its size without making a layo
   with one sentence (:class:`~llmsim.errors.UserError`, exit 2) if it is larger.
 
 Counting costs about 5 µs of CPU a branch; a space of more than :data:`MAX_BRANCHES`
-branches is refused before it is counted through.
+branches is refused before it is counted through. :func:`draw_batches` gives the search
+its batches: a sample's layouts cut into them, the whole space's cut from its branches
+(:func:`.batching.cuts`), whose layouts the workers make.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from llmsim.errors import UserError
 from llmsim.search.batch_range import batch_range_text
+from llmsim.search.batching import Part, batches, cuts
 from llmsim.search.layout import Layout
 from llmsim.search.space import (
+    Branch,
     SpaceOptions,
     StateFilter,
     branch_layout,
@@ -55,6 +60,45 @@ def draw_layouts(scenario: Scenario, options: SpaceOptions, fits: StateFilter | 
     The whole space in the enumeration's order, or a seeded sample of ``max_layouts``
     of it, sorted, as :func:`llmsim.search.search` has always drawn it."""
     count = _count(scenario, options, fits)
+    if _sampled(scenario, options, count, max_layouts):
+        return _sample(scenario, options, fits, max_layouts or 0, seed, count), count, True
+    return list(cores(scenario, options, fits)), count, False
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What a search prices: :func:`draw_layouts`' layouts cut into batches."""
+
+    batches: list[Part]
+    """The batches in their order (a batch's index is its number in the store)."""
+    branches: list[Branch] | None
+    """The branches the batches are :class:`~.batching.Cut` s of (None: a sample's
+    batches, each a list of its layouts)."""
+    core_layouts: int
+    """Core layouts in the batches."""
+    space_layouts: int
+    """Core layouts in the whole space."""
+    sampled: bool
+
+
+def draw_batches(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,
+                 max_layouts: int | None, seed: int, bounded: bool = False) -> Drawn:
+    """:func:`draw_layouts`' layouts in their batches (:func:`.batching.batches`, most
+    devices first with ``bounded``). The whole space's batches are cut from its branches
+    (:func:`.batching.cuts`: the same batches), and their layouts made only where they
+    are priced; a sample's are made here."""
+    count = _count(scenario, options, fits)
+    if _sampled(scenario, options, count, max_layouts):
+        drawn = _sample(scenario, options, fits, max_layouts or 0, seed, count)
+        return Drawn(list(batches(drawn, bounded)), None, len(drawn), count, True)
+    space = list(branches(scenario, options, fits))
+    return Drawn(list(cuts(space, bounded)), space, count, count, False)
+
+
+def _sampled(scenario: Scenario, options: SpaceOptions, count: int,
+             max_layouts: int | None) -> bool:
+    """Whether ``max_layouts`` samples the space of ``count`` core layouts; refuses a
+    sample or a space larger than :data:`MAX_CORE_LAYOUTS`."""
     if max_layouts is not None and count > max_layouts:
         if max_layouts > MAX_CORE_LAYOUTS:
             raise UserError(
@@ -62,11 +106,17 @@ def draw_layouts(scenario: Scenario, options: SpaceOptions, fits: StateFilter | 
                 f"layouts a search prices in bounded time and memory (the space of "
                 f"{scenario.name} has {count:,}); use --max-layouts {MAX_CORE_LAYOUTS} or "
                 "fewer")
-        indices = random.Random(seed).sample(range(count), max_layouts)
-        return sorted(pick(scenario, options, fits, sorted(indices))), count, True
+        return True
     if count > MAX_CORE_LAYOUTS:
         raise UserError(_too_large(scenario, options, f"has {count:,} core layouts"))
-    return list(cores(scenario, options, fits)), count, False
+    return False
+
+
+def _sample(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,
+            max_layouts: int, seed: int, count: int) -> list[Layout]:
+    """The seeded sample of ``max_layouts`` of the ``count`` core layouts, sorted."""
+    indices = random.Random(seed).sample(range(count), max_layouts)
+    return sorted(pick(scenario, options, fits, sorted(indices)))
 
 
 def pick(scenario: Scenario, options: SpaceOptions, fits: StateFilter | None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Any, NamedTuple, get_args
 
 from llmsim.schedules import SCHEDULES as SCHEDULE_INFO
@@ -24,9 +25,9 @@ from llmsim.specs import Scenario
 from llmsim.specs.parallelism import Parallelism
 
 __all__ = ["ASYNCHRONOUS", "LAYOUT_FIELDS", "RECOMPUTE", "RECOMPUTE_VALUES", "SCHEDULES",
-           "SWITCHES", "Layout", "SpaceOptions", "apply", "branches", "cores", "divisors",
-           "layout_of", "parallelism_of", "recompute_choices", "switch_variants", "switched",
-           "tp_candidates", "variant_count", "with_layout"]
+           "SWITCHES", "Layout", "SpaceOptions", "apply", "branch_slice", "branches", "cores",
+           "divisors", "layout_of", "parallelism_of", "recompute_choices", "switch_variants",
+           "switched", "tp_candidates", "variant_count", "with_layout"]
 """Also the layout's and its scenario's names (:mod:`.layout`, :mod:`.layout_scenario`),
 which were defined here before."""
 
@@ -222,6 +223,16 @@ def branch_layout(branch: Branch, fixed: Mapping[str, Any], index: int) -> Layou
                    branch.recomputes[rc])
     servers = branch.servers[k]
     return replace(layout, parameter_servers=servers) if servers else layout
+
+
+def branch_slice(branch: Branch, fixed: Mapping[str, Any], first: int,
+                 end: int) -> Iterator[Layout]:
+    """The core layouts ``first ≤ i < end`` of :func:`branch_layouts` (a worker's share of
+    a branch, :class:`.batching.Cut`): the plans that hold them, those alone made."""
+    per_plan = branch.size // len(branch.plans)
+    low, high = first // per_plan, -(-end // per_plan)
+    held = branch._replace(plans=branch.plans[low:high])
+    return islice(branch_layouts(held, fixed), first - low * per_plan, end - low * per_plan)
 
 
 def _switches(fixed: Mapping[str, Any]) -> tuple[bool, bool, bool, bool]:
