@@ -227,6 +227,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         total = (m - 1) * top + sum(c * n for c, n in zip(cycle, counts, strict=True))
     if posted_singly and schedule == "interleaved-1f1b" and runs[0][0].chunk_gathers:
         total += hops + _posted_gather_delay_s(runs, v)
+    elif schedule in ("1f1b", "gpipe") and runs[0][0].chunk_gathers:
+        total += hops + _fill_gather_delay_s(runs)
     else:
         total += hops + max(st.first_forward_gather for st, _ in runs)
     # The drain: stage s ends its last pass once the stages before it have run their
@@ -245,6 +247,20 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         behind += n * step
         s += n
     return total, ends
+
+
+def _fill_gather_delay_s(runs: list[Run]) -> float:
+    """The first forwards' gathers' delay of a pipeline of one chunk a stage
+    (``overlap_param_gather``, 1F1B or GPipe): each stage's first forward waits for its
+    layers' weights, gathered one layer ahead as it runs (:mod:`llmsim.engine.gathers`),
+    and the next stage starts only when that forward has sent its output, so the delays
+    add up along the fill. Stage 0 waits its whole :attr:`StageTimes.first_forward_gather`;
+    a later stage finds its first layer's weights gathered (issued at the step's start,
+    earlier than the fill reaches it) and waits the rest."""
+    first = runs[0][0].first_forward_gather
+    later = [(st.first_forward_gather - st.chunk_gathers[0][0], n - (k == 0))
+             for k, (st, n) in enumerate(runs)]
+    return first + sum(max(0.0, wait) * n for wait, n in later)
 
 
 def _posted_gather_delay_s(runs: list[Run], v: int) -> float:
