@@ -16,7 +16,7 @@ LAYOUT = {"tp": 4, "pp": 15, "dp": 65, "cp": 2, "ep": 2, "virtual_stages": 1, "z
           "overlap_param_gather": True}
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb-h1", "zb-h2"])
 def test_gathered_first_forwards_add_up_along_the_fill(schedule: str) -> None:
     base = load_scenario("openai-a100-moe")
     scenario = base.model_copy(update={

@@ -216,7 +216,8 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
             walk, stage_ends = zb_v_walk_s(stages, m, blocking=blocking)
         else:
             walk, stage_ends = one_chunk_walk_s(schedule, stages, m, blocking=blocking)
-        extra = max(st.first_forward_gather for st, _ in runs)
+        extra = (_fill_gather_delay_s(runs) if schedule != "zb-v" and runs[0][0].chunk_gathers
+                 else max(st.first_forward_gather for st, _ in runs))
         total = max(walk, m * top) + extra
         ends, s = [], 0
         for _, n in runs:
@@ -227,7 +228,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
         total = (m - 1) * top + sum(c * n for c, n in zip(cycle, counts, strict=True))
     if posted_singly and schedule == "interleaved-1f1b" and runs[0][0].chunk_gathers:
         total += hops + _posted_gather_delay_s(runs, v)
-    elif schedule in ("1f1b", "gpipe") and runs[0][0].chunk_gathers:
+    elif schedule in ("1f1b", "gpipe", "zb-h1", "zb-h2") and runs[0][0].chunk_gathers:
         total += hops + _fill_gather_delay_s(runs)
     else:
         total += hops + max(st.first_forward_gather for st, _ in runs)
@@ -251,7 +252,7 @@ def pipeline_runs_s(schedule: str, runs: list[Run], m: int, v: int, *, blocking:
 
 def _fill_gather_delay_s(runs: list[Run]) -> float:
     """The first forwards' gathers' delay of a pipeline of one chunk a stage
-    (``overlap_param_gather``, 1F1B or GPipe): each stage's first forward waits for its
+    (``overlap_param_gather``; 1F1B, GPipe, ZB-H1, ZB-H2): each stage's first forward waits for its
     layers' weights, gathered one layer ahead as it runs (:mod:`llmsim.engine.gathers`),
     and the next stage starts only when that forward has sent its output, so the delays
     add up along the fill. Stage 0 waits its whole :attr:`StageTimes.first_forward_gather`;
