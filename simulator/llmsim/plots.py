@@ -50,9 +50,7 @@ def _bars(result: Result) -> Iterable[Record]:
     from llmsim.trace import merged_runs
 
     trace = result.trace
-    ops = sum(1 if block is None else len(block.spans)
-              for block in map(trace.block_finder(), trace.records))
-    if ops <= MAX_BARS:
+    if trace.op_count() <= MAX_BARS:
         return trace.expand()
     passes = [r for r in trace.records if r.stream == "compute"]
     outside = [r for r in trace.records if r.stream != "compute"]

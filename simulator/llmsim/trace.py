@@ -145,11 +145,16 @@ class Trace:
         after the first with ``(+n)`` for the others, ``k`` the factor that brings the
         count near ``limit``. Every stream keeps its activity (TP communication, the MoE
         all-to-alls and the CP ring included)."""
-        per_op = sum(1 if block is None else len(block.spans)
-                     for block in map(self.block_finder(), self.records))
+        per_op = self.op_count()
         if per_op <= limit:
             return self.expand()
         return merged_runs(self.expand(), -(-per_op // limit))
+
+    def op_count(self) -> int:
+        """How many records :meth:`expand` gives: each action's per-op spans, one for a
+        record without a block."""
+        return sum(1 if block is None else len(block.spans)
+                   for block in map(self.block_finder(), self.records))
 
     def expand(self) -> Iterator[Record]:
         """Records with each action replaced by its per-op spans."""
