@@ -164,3 +164,11 @@ def test_placement_names_the_given_shapes_axes() -> None:
     assert "of the job's 4×16 torus" in str(rows["dp"]["route"])
     assert job_shape_line(plan) == "the job's 4×16 torus as given (network.job_shape)"
     assert np.array_equal(topology_of(plan.system, 64).coords(17), [1, 1])
+
+
+def test_a_plan_larger_than_its_given_shape_is_refused() -> None:
+    """Built without a scenario (as the collective checks build their plans), a job of
+    more nodes than its given shape holds is still an error, not a silently wider box."""
+    refused = r"job_shape \[4, 4\] holds 16 nodes, fewer than the job's 32"
+    with pytest.raises(ValueError, match=refused):
+        topology_of(shaped([4, 4, 4], [4, 4], 32), 32).shape  # noqa: B018

@@ -45,6 +45,7 @@ sends ``1/(n − 1)`` of its rate to every other member, routed the same way.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
@@ -128,6 +129,11 @@ class TorusTopology:
     @functools.cached_property
     def _box(self) -> tuple[int, ...]:
         """:attr:`shape` as a tuple, worked out once per topology."""
+        if self.given and math.prod(self.dims) < self.nodes:
+            raise ValueError(
+                f"network.job_shape {list(self.dims)} holds {math.prod(self.dims)} nodes, "
+                f"fewer than the job's {self.nodes}; give a shape of at least {self.nodes} "
+                "nodes")
         return _job_shape(self.dims, self.nodes)
 
     def describe(self) -> str:
