@@ -155,14 +155,14 @@ def test_llmsim_run_says_whose_shape_it_used(capsys) -> None:
     code, out, err = run_cli(["run", "fugaku", "--set", "system.network.job_shape=[48,69,48]"],
                              capsys)
     assert code == 0, err
-    assert "torus: the job's 48×69×48 torus as given (network.job_shape)" in out
+    assert "torus: the job's 3-D torus 48×69×48 as given (network.job_shape)" in out
 
 
 def test_placement_names_the_given_shapes_axes() -> None:
     plan = Plan(shaped([4, 4, 4], [4, 16], 64), 64, Parallelism(tp=4, dp=16), 16)
     rows = {r["axis"]: r for r in placement_rows(plan)}
     assert "of the job's 4×16 torus" in str(rows["dp"]["route"])
-    assert job_shape_line(plan) == "the job's 4×16 torus as given (network.job_shape)"
+    assert job_shape_line(plan) == "the job's 2-D torus 4×16 as given (network.job_shape)"
     assert np.array_equal(topology_of(plan.system, 64).coords(17), [1, 1])
 
 

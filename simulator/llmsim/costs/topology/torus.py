@@ -140,7 +140,7 @@ class TorusTopology:
         """The job's torus in words, and who chose it."""
         shape = "×".join(str(s) for s in self._box)
         if self.given:
-            return f"the job's {shape} torus as given (network.job_shape)"
+            return f"the job's {len(self._box)}-D torus {shape} as given (network.job_shape)"
         return (f"the job's {shape} box of the machine's "
                 f"{'×'.join(str(d) for d in self.network.dims)} torus, chosen by llmsim "
                 "(give network.job_shape to set it)")
