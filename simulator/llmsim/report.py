@@ -10,7 +10,7 @@ from llmsim.band_rules import COVERAGE_PCT
 from llmsim.calendar import CalendarSummary
 from llmsim.calendar.energy import JOULES_PER_KWH
 from llmsim.calendar.stragglers import StepSpread
-from llmsim.costs.topology import placement_rows
+from llmsim.costs.topology import job_shape_line, placement_rows
 from llmsim.partition import stage_layers
 from llmsim.plan import Plan
 from llmsim.result import Result
@@ -170,7 +170,11 @@ def _render_placement(result: Result, console: Console) -> None:
             plan = Plan(system, s.devices // system.node.devices_per_node, s.parallelism, s.dp)
             _placement_table(placement_rows(plan), console, f" on group {name}")
         return
-    _placement_table(placement_rows(Plan.from_scenario(s)), console)
+    plan = Plan.from_scenario(s)
+    _placement_table(placement_rows(plan), console)
+    shape = job_shape_line(plan)
+    if shape is not None:
+        console.print(f"torus: {shape}")
 
 
 def _placement_table(rows: list[dict[str, object]], console: Console, where: str = "") -> None:

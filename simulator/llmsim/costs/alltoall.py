@@ -132,10 +132,12 @@ def all_to_all_s(nbytes: float, path: GroupPath, crossing_share: float = 0.0,
 
 def torus_sub_block(torus: Torus, nodes: int) -> list[int]:
     """Sides of the most compact sub-block of ``torus`` holding ``nodes`` nodes: the
-    shortest side grows first, each at most its dimension."""
-    sides = [1] * len(torus.dims)
+    shortest side grows first, each at most its dimension (of the job's shape where the
+    user gives it, ``Torus.job_dims``)."""
+    dims = torus.job_dims
+    sides = [1] * len(dims)
     while math.prod(sides) < nodes:
-        growable = [i for i, d in enumerate(torus.dims) if sides[i] < d]
+        growable = [i for i, d in enumerate(dims) if sides[i] < d]
         if not growable:
             break
         i = min(growable, key=lambda j: sides[j])
@@ -152,7 +154,7 @@ def torus_all_to_all_node_bytes_per_s(torus: Torus, nodes: int, injection_bytes_
         return injection_bytes_per_s
     sides = torus_sub_block(torus, nodes)
     longest = max(sides)
-    dim = max(d for d, s in zip(torus.dims, sides, strict=True) if s == longest)
+    dim = max(d for d, s in zip(torus.job_dims, sides, strict=True) if s == longest)
     links = (2 if longest == dim else 1) * nodes / longest
     bisection = 4.0 * links * torus.link_gbps_per_direction * 1e9 / nodes
     return min(injection_bytes_per_s, bisection)

@@ -182,6 +182,51 @@ class Torus(_NetworkBase):
     """Size of each dimension; their product is the node count."""
     link_gbps_per_direction: PositiveFloat
     """Bandwidth of one link per direction, GB/s."""
+    job_shape: list[PositiveInt] | None = None
+    """The job's torus as the user asks the job manager for it, 1 to 3 node extents
+    (Fugaku: ``pjsub -L "node=16:torus"`` is ``[16]``, ``"node=4x6x16:torus"`` is
+    ``[4, 6, 16]``), the first extent the slowest-varying one of the rank order
+    (``rank-map-bynode``). The job is then priced on that torus: each extent a ring
+    where it has 3 or more nodes, neighbouring coordinates one link apart (Tofu's
+    virtual torus, docs/cost-models.md "The job's shape"). None: llmsim picks the box of
+    ``dims`` itself (:func:`llmsim.costs.topology.job_shape`)."""
+
+    @model_validator(mode="after")
+    def _job_shape_fits(self) -> Torus:
+        """A given job shape has at most 3 extents (or as many as ``dims``, if fewer),
+        each fitting the machine (:func:`job_shape_fits`)."""
+        shape = self.job_shape
+        if shape is None:
+            return self
+        most = min(3, len(self.dims))
+        if len(shape) > most:
+            raise ValueError(
+                f"network.job_shape {shape} has {len(shape)} extents; a job asks for a "
+                f"1-D to {most}-D shape, so give at most {most}")
+        if not job_shape_fits(shape, self.virtual_dims):
+            raise ValueError(
+                f"network.job_shape {shape} does not fit the machine's torus "
+                f"{'×'.join(str(d) for d in self.virtual_dims)} (network.dims {self.dims}"
+                f"{' taken in pairs X·a, Y·b, Z·c' if len(self.dims) == 6 else ''}); "
+                f"make each extent at most the dimensions it lies along (a 1-D shape at "
+                f"most the machine's {math.prod(self.dims)} nodes)")
+        return self
+
+    @property
+    def virtual_dims(self) -> list[int]:
+        """The machine's torus as a job shape sees it: on a 6-D torus (Tofu) the
+        pairs X·a, Y·b, Z·c, each a ring through both dimensions (Ajima et al., "Tofu: A
+        6D Mesh/Torus Interconnect for Exascale Computers", IEEE Computer 42(11), 2009:
+        the 3-D torus view a job is given); otherwise ``dims``."""
+        if len(self.dims) == 6:
+            return [self.dims[i] * self.dims[i + 3] for i in range(3)]
+        return list(self.dims)
+
+    @property
+    def job_dims(self) -> list[int]:
+        """The torus a job's placement and costs run on: ``job_shape`` where given, else
+        the machine's ``dims`` (of which llmsim takes a box)."""
+        return list(self.job_shape) if self.job_shape is not None else list(self.dims)
 
     def bandwidth_fraction(self, nodes_spanned: int, nodes_total: int) -> float:
         """A ring embedded along the torus uses direct links: no taper."""
@@ -195,6 +240,22 @@ class Torus(_NetworkBase):
     def diameter(self) -> int:
         """Worst-case hop count between two nodes."""
         return sum(math.floor(d / 2) for d in self.dims)
+
+
+def job_shape_fits(shape: list[int], machine: list[int]) -> bool:
+    """Whether a job shape of extents ``shape`` fits a torus of dimensions ``machine``:
+    each machine dimension is given to one extent (the job manager may swap axes, RIKEN's
+    Fugaku user guide §3.4.1, and a 1-D or 2-D shape folds several dimensions into one
+    extent), every extent gets at least one and is at most the product of its own."""
+    k = len(shape)
+
+    def fits(i: int, sizes: list[int]) -> bool:
+        if i == len(machine):
+            return all(size >= extent for size, extent in zip(sizes, shape, strict=True))
+        return any(fits(i + 1, [*sizes[:j], sizes[j] * machine[i], *sizes[j + 1:]])
+                   for j in range(k))
+
+    return k <= len(machine) and fits(0, [1] * k)
 
 
 Network = Annotated[FatTree | Dragonfly | Torus, Field(discriminator="kind")]

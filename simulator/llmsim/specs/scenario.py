@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
@@ -12,6 +13,7 @@ from llmsim.specs.calendar import Calendar
 from llmsim.specs.jitter import Jitter
 from llmsim.specs.kernel_rules import check_kernel_choices
 from llmsim.specs.model import Model
+from llmsim.specs.network import Torus
 from llmsim.specs.parallelism import Parallelism
 from llmsim.specs.placement import Placement, check_placement, check_replica_batch
 from llmsim.specs.switch_rules import (
@@ -80,6 +82,12 @@ class Scenario(Spec):
                 f"{self.nodes_used} nodes; the servers run one per node of the job, so use at "
                 f"most {self.nodes_used}"
             )
+        shape = sysm.network.job_shape if isinstance(sysm.network, Torus) else None
+        if shape is not None and self.placement is None and math.prod(shape) < self.nodes_used:
+            raise ValueError(
+                f"system.network.job_shape {shape} holds {math.prod(shape)} nodes, fewer "
+                f"than the job's {self.nodes_used}; give a shape of at least "
+                f"{self.nodes_used} nodes or set nodes to at most {math.prod(shape)}")
         devices = self.devices
         fixed = par.tp * par.pp * par.cp * par.ep
         if par.dp == "auto":

@@ -5,7 +5,8 @@
 links, routing) and :class:`TorusTopology` (the job's sub-torus and its dimensions). Each
 answers :meth:`Topology.route` with a :class:`Route`: level, hops, the share of line rate
 left when every group of the axis runs at once, and on a torus the dimensions a group's
-rings run along. :func:`placement_rows` describes a plan's groups for ``llmsim run``.
+rings run along. :func:`placement_rows` describes a plan's groups for ``llmsim run``, and
+:func:`job_shape_line` a torus job's shape.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "TorusDimension",
     "TorusTopology",
     "job_shape",
+    "job_shape_line",
     "placement_rows",
     "shared_share",
     "topology_of",
@@ -44,6 +46,13 @@ _KINDS: dict[str, Callable[[System, int], Topology]] = {
 def topology_of(system: System, nodes: int) -> Topology:
     """The topology of ``system``'s network for a job of ``nodes`` nodes."""
     return _KINDS[system.network.kind](system, nodes)
+
+
+def job_shape_line(plan: Plan) -> str | None:
+    """The job's torus and who chose it (the user's ``network.job_shape`` or llmsim),
+    for ``llmsim run``; None on a network that is not a torus."""
+    topology = topology_of(plan.system, plan.nodes)
+    return topology.describe() if isinstance(topology, TorusTopology) else None
 
 
 def placement_rows(plan: Plan) -> list[dict[str, object]]:

@@ -7,7 +7,11 @@ that fits it (:func:`job_shape`); rank r sits on node r // devices_per_node, who
 coordinates count the last-listed dimension fastest. A dimension of the box closes into a
 ring only where the job holds all of it and it has 3 or more nodes (a box of part of a
 dimension is a mesh line: Fujitsu's job shapes, Ajima et al., "The Tofu Interconnect D",
-IEEE Cluster 2018).
+IEEE Cluster 2018). Where the user gives the shape (``network.job_shape``, 1 to 3
+extents as Fugaku's ``pjsub -L node=...:torus`` asks for it) the job's torus is that
+shape instead: the job manager lays each extent as a ring of physically neighbouring
+nodes (Tofu's virtual torus), so llmsim prices the job on a torus of those extents, each
+closing into a ring from 3 nodes on (:attr:`TorusTopology.dims`).
 
 **A group's rings.** A group whose member nodes form a box of the job's torus spans the
 dimensions along which they vary (:class:`~llmsim.costs.topology.base.TorusDimension`):
@@ -41,6 +45,7 @@ sends ``1/(n − 1)`` of its rate to every other member, routed the same way.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 from itertools import pairwise
 
@@ -110,21 +115,49 @@ class TorusTopology:
         """The job's extent along each dimension (:func:`job_shape`)."""
         return list(self._box)
 
+    @property
+    def given(self) -> bool:
+        """Whether the user gave the job's shape (``network.job_shape``)."""
+        return self.network.job_shape is not None
+
+    @functools.cached_property
+    def dims(self) -> tuple[int, ...]:
+        """The torus the job lies on: the user's ``job_shape`` (a virtual torus whose
+        every extent closes into a ring), else the machine's ``dims``."""
+        return tuple(self.network.job_dims)
+
     @functools.cached_property
     def _box(self) -> tuple[int, ...]:
         """:attr:`shape` as a tuple, worked out once per topology."""
-        return _job_shape(tuple(self.network.dims), self.nodes)
+        if self.given and math.prod(self.dims) < self.nodes:
+            raise ValueError(
+                f"network.job_shape {list(self.dims)} holds {math.prod(self.dims)} nodes, "
+                f"fewer than the job's {self.nodes}; give a shape of at least {self.nodes} "
+                "nodes")
+        return _job_shape(self.dims, self.nodes)
+
+    def describe(self) -> str:
+        """The job's torus in words, and who chose it."""
+        shape = "×".join(str(s) for s in self._box)
+        if self.given:
+            return f"the job's {len(self._box)}-D torus {shape} as given (network.job_shape)"
+        return (f"the job's {shape} box of the machine's "
+                f"{'×'.join(str(d) for d in self.network.dims)} torus, chosen by llmsim "
+                "(give network.job_shape to set it)")
 
     @functools.cached_property
     def _closes(self) -> np.ndarray:
         """Per dimension, whether the job's box closes it into a ring (the job holds all
         of it and it has 3 or more nodes)."""
         return np.array([extent == full and full >= 3
-                         for extent, full in zip(self._box, self.network.dims, strict=True)])
+                         for extent, full in zip(self._box, self.dims, strict=True)])
 
     def names(self) -> list[str]:
-        """A label per dimension: Tofu-D's names for a 6-D torus, else the index."""
-        dims = self.network.dims
+        """A label per dimension: Tofu-D's names for a 6-D torus, the job manager's X, Y,
+        Z for a shape the user gave, else the index."""
+        dims = self.dims
+        if self.given:
+            return list(TOFU_NAMES[:len(dims)])
         return list(TOFU_NAMES) if len(dims) == 6 else [str(i) for i in range(len(dims))]
 
     def coords(self, node: int) -> list[int]:
@@ -170,7 +203,7 @@ class TorusTopology:
             if len(values) > 1:
                 if values[-1] - values[0] != len(values) - 1:
                     return None
-                wraps = len(values) == self._box[i] == self.network.dims[i] >= 3
+                wraps = len(values) == self._box[i] == self.dims[i] >= 3
                 out.append(TorusDimension(names[i], len(values), wraps))
             count *= len(values)
         return tuple(out) if count == len(distinct) else None
@@ -281,7 +314,7 @@ class TorusTopology:
             strides.append(stride)
             stride *= extent
         for i, (extent, full, step_size) in enumerate(zip(
-                self._box, self.network.dims, reversed(strides), strict=True)):
+                self._box, self.dims, reversed(strides), strict=True)):
             if here[i] == there[i]:
                 continue
             if extent == full and full >= 3:  # a ring: the short way round
