@@ -16,7 +16,8 @@ from collections.abc import Callable
 from llmsim.costs.topology.base import Route, Topology, TorusDimension, shared_share
 from llmsim.costs.topology.dragonfly import DragonflyTopology
 from llmsim.costs.topology.fat_tree import FatTreeTopology
-from llmsim.costs.topology.torus import TorusTopology, job_shape
+from llmsim.costs.topology.torus import TorusTopology
+from llmsim.costs.topology.torus_shape import job_shape
 from llmsim.plan import Plan
 from llmsim.specs import System
 

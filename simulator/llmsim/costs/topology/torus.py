@@ -3,7 +3,7 @@
 **The job's shape.** A job of N nodes gets a box of the machine's torus: the dimensions
 fill from the last listed to the first (on Fugaku ``[X, Y, Z, a, b, c]``: the 2·3·2 Tofu
 unit first, then Z, Y, X), each taking the largest divisor of the nodes still to place
-that fits it (:func:`job_shape`); rank r sits on node r // devices_per_node, whose
+that fits it (:mod:`.torus_shape`); rank r sits on node r // devices_per_node, whose
 coordinates count the last-listed dimension fastest. A dimension of the box closes into a
 ring only where the job holds all of it and it has 3 or more nodes (a box of part of a
 dimension is a mesh line: Fujitsu's job shapes, Ajima et al., "The Tofu Interconnect D",
@@ -60,7 +60,8 @@ from llmsim.costs.topology.base import (
     is_chain,
     shared_share,
 )
-from llmsim.costs.topology.torus_links import Link, LinkLoads
+from llmsim.costs.topology.torus_links import Link, LinkLoads, ring_steps
+from llmsim.costs.topology.torus_shape import job_box
 from llmsim.plan import GroupPlacement, Plan
 from llmsim.specs import Torus
 
@@ -74,34 +75,6 @@ and the work stays bounded for groups of thousands of nodes (a layout search pri
 hundreds of layouts)."""
 
 
-def job_shape(dims: list[int], nodes: int) -> list[int]:
-    """The extent of a job of ``nodes`` nodes along each of ``dims`` (same order).
-
-    Dimensions fill from the last to the first, each with the largest divisor of the
-    nodes left that fits it. Nodes left over that no dimension divides (a prime larger
-    than any dimension) widen the outermost dimensions with room, rounding up, so the box
-    holds at least ``nodes``. Worked out once per (dims, nodes): the placement asks for
-    it for every rank.
-    """
-    return list(_job_shape(tuple(dims), nodes))
-
-
-@functools.lru_cache(maxsize=4096)
-def _job_shape(dims: tuple[int, ...], nodes: int) -> tuple[int, ...]:
-    shape = [1] * len(dims)
-    left = nodes
-    for i in reversed(range(len(dims))):
-        fit = max(d for d in range(1, min(dims[i], left) + 1) if left % d == 0)
-        shape[i], left = fit, left // fit
-    for i in range(len(dims)):
-        if left <= 1:
-            break
-        wider = min(dims[i], shape[i] * left)
-        left = -(-left * shape[i] // wider)
-        shape[i] = wider
-    return tuple(shape)
-
-
 @dataclass(frozen=True)
 class TorusTopology:
     """:class:`~llmsim.specs.Torus` behind the topology interface."""
@@ -112,7 +85,7 @@ class TorusTopology:
 
     @property
     def shape(self) -> list[int]:
-        """The job's extent along each dimension (:func:`job_shape`)."""
+        """The job's extent along each dimension (:mod:`.torus_shape`)."""
         return list(self._box)
 
     @property
@@ -134,7 +107,7 @@ class TorusTopology:
                 f"network.job_shape {list(self.dims)} holds {math.prod(self.dims)} nodes, "
                 f"fewer than the job's {self.nodes}; give a shape of at least {self.nodes} "
                 "nodes")
-        return _job_shape(self.dims, self.nodes)
+        return job_box(self.dims, self.nodes)
 
     def describe(self) -> str:
         """The job's torus in words, and who chose it."""
@@ -335,7 +308,7 @@ class TorusTopology:
         close = np.asarray(near)
         loads = LinkLoads(self._box, self._closes.tolist(), used, self.coords)
         for group in groups_touching(plan, axis, near):
-            a, b = _ring_steps(np.asarray(group) // dpn, closed=not is_chain(axis))
+            a, b = ring_steps(np.asarray(group) // dpn, closed=not is_chain(axis))
             for i in np.flatnonzero(np.isin(a, close) | np.isin(b, close)):
                 loads.add(int(a[i]), int(b[i]))
         return [float(n) for n in loads.loads()]
@@ -367,7 +340,7 @@ class TorusTopology:
         on those links alone (:class:`~llmsim.costs.topology.torus_links.LinkLoads`)."""
         dpn = plan.system.node.devices_per_node
         nodes = np.asarray(plan.members(axis, first_rank)) // dpn
-        firsts, nexts = _ring_steps(nodes, closed=not is_chain(axis))
+        firsts, nexts = ring_steps(nodes, closed=not is_chain(axis))
         used: set[Link] = set()
         for a, b in zip(firsts[:CROSS_AXIS_STEPS].tolist(), nexts[:CROSS_AXIS_STEPS].tolist(),
                         strict=True):
@@ -396,7 +369,7 @@ class TorusTopology:
 
     def _route_of(self, nodes: np.ndarray, axis: str) -> Route:
         """:meth:`group_route` of the group of ``axis`` whose members sit on ``nodes``."""
-        a, b = _ring_steps(nodes, closed=not is_chain(axis))
+        a, b = ring_steps(nodes, closed=not is_chain(axis))
         if not len(a):  # a group inside one node: no torus link
             return Route("one node", 0, 1.0, ring_links=2, detail="all on one node")
         ascending = bool(np.all(nodes[1:] >= nodes[:-1]))
@@ -417,18 +390,3 @@ class TorusTopology:
         detail = (f"not a box of the job's {shape} torus: ring steps of {mean:.1f} hops on "
                   f"average (up to {hops}), each link shared by as many flows")
         return Route("torus links", hops, 1.0 / mean, ring_links=1, detail=detail)
-
-
-def _ring_steps(nodes: np.ndarray, closed: bool) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`~llmsim.costs.topology.base.ring_edges` of ``nodes`` as two arrays, the
-    steps' first nodes and their next ones."""
-    if len(nodes) == 0:
-        return nodes, nodes
-    distinct = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
-    if len(distinct) > 1 and distinct[0] == distinct[-1]:
-        distinct = distinct[:-1]
-    if len(distinct) < 2:
-        return distinct[:0], distinct[:0]
-    if closed:
-        return distinct, np.roll(distinct, -1)
-    return distinct[:-1], distinct[1:]

@@ -82,3 +82,18 @@ class LinkLoads:
         """The flows on each of the links, in the order given."""
         sums = {key: np.cumsum(line) for key, line in self._lines.items()}
         return [int(sums[key][position]) for key, position in self._where]
+
+
+def ring_steps(nodes: np.ndarray, closed: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`~llmsim.costs.topology.base.ring_edges` of ``nodes`` as two arrays, the
+    steps' first nodes and their next ones."""
+    if len(nodes) == 0:
+        return nodes, nodes
+    distinct = nodes[np.concatenate(([True], nodes[1:] != nodes[:-1]))]
+    if len(distinct) > 1 and distinct[0] == distinct[-1]:
+        distinct = distinct[:-1]
+    if len(distinct) < 2:
+        return distinct[:0], distinct[:0]
+    if closed:
+        return distinct, np.roll(distinct, -1)
+    return distinct[:-1], distinct[1:]
