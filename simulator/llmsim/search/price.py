@@ -22,6 +22,7 @@ from llmsim.params import (
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.search import walk_batch
 from llmsim.search.estimate import Estimator
+from llmsim.search.fast_rules import copied
 from llmsim.search.fit import PeakMemory
 from llmsim.search.space import (
     LAYOUT_FIELDS,
@@ -276,9 +277,9 @@ def with_switches(core: Scenario, layout: Layout) -> Scenario:
         updates["moe_comm_units"] = 0
     elif updates.get("moe_a2a_overlap"):
         updates["moe_shared_expert_overlap"] = False
-    new_par = par.model_copy(update=updates)
+    new_par = copied(par, updates)  # every field set, as the core's (.fast_rules)
     new_par._check()  # the parallelism's rules (field types are unchanged: booleans)
-    scenario = core.model_copy(update={"parallelism": new_par})
+    scenario = copied(core, {"parallelism": new_par})
     scenario.check_switch_rules()  # the scenario's rules that read the switches
     return scenario
 
