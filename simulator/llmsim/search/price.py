@@ -251,10 +251,12 @@ def columns(priced: list[list[Any]], capacity_bytes: float,
 
 def packed(columns: dict[str, list[Any]]) -> dict[str, Any]:
     """Each column as one numpy array (8 bytes a number, not a Python object of 32: the
-    main process holds every priced layout's row)."""
+    main process holds every priced layout's row); a list holding a None as an object
+    array, and :func:`columns`' numpy arrays as they are (they hold no None)."""
     import numpy as np
 
-    return {name: np.asarray(values, dtype=object if any(v is None for v in values) else None)
+    return {name: values if isinstance(values, np.ndarray)
+            else np.asarray(values, dtype=object if None in values else None)
             for name, values in columns.items()}
 
 
