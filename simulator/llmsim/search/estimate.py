@@ -121,8 +121,8 @@ class Estimator(StageKinds):
         sharded = traffic.grad_ranks > 1
         zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
-        overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
+        overlapped_gather = not gathers_f_on and traffic.gathers_before("F", 0)
         hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
         runs = self._runs(plan_key, split, node_of, placed_sends)
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
