@@ -121,8 +121,8 @@ class Estimator(StageKinds):
         sharded = traffic.grad_ranks > 1
         zero3 = traffic.zero == 3 and sharded
         a = min(traffic.accumulate_from_microbatch, m)
-        overlapped_gather = traffic.gathers_before("F", 0) and not traffic.gathers_before("F", 1)
         gathers_f_on, gathers_b_on = traffic.gathers_before("F", 1), traffic.gathers_before("B", 1)
+        overlapped_gather = not gathers_f_on and traffic.gathers_before("F", 0)
         hops, placed_sends = self._placement(par.schedule, p, v)  # () for c·p + s
         runs = self._runs(plan_key, split, node_of, placed_sends)
         shares = stage_cooldown_shares(par.schedule, p, m, v) if zero3 else [0.0] * p
@@ -167,14 +167,17 @@ class Estimator(StageKinds):
                     gather_b = units * layer_gather * (1 + traffic.regather_for_recompute)
                     first_wait = layer_gather + (units - 1) * max(0.0,
                                                                   layer_gather - cf / units)
-                    for _ in range(repeat):
-                        if gathers_f_on:
-                            gathers_f += units * layer_gather
-                        if gathers_b_on:
+                    # each sum chunk by chunk, as the engine's (not repeat × one chunk's)
+                    if gathers_f_on:
+                        gather_f = units * layer_gather
+                        for _ in range(repeat):
+                            gathers_f += gather_f
+                    if gathers_b_on:
+                        for _ in range(repeat):
                             gathers_b += gather_b
-                        if overlapped_gather:  # the first forward's layers wait for weights
+                    if overlapped_gather:  # the first forward's layers wait for weights
+                        for _ in range(repeat):
                             waited += first_wait
-                    if overlapped_gather:
                         gathered += [(layer_gather, units)] * repeat
                     if waits_rs:
                         rs_waits += [blended_wait_s(

@@ -35,8 +35,11 @@ from pydantic import BaseModel
 
 M = TypeVar("M", bound=BaseModel)
 
-_VALID: dict[type, dict[str, set[tuple[type, Any]]]] = {}
-"""Per class and field, the (type, value) pairs its field validation kept unchanged."""
+_VALID: dict[type, set[tuple[str, type, Any]]] = {}
+"""Per class, the (field, type, value) triples its field validation kept unchanged (the
+type in the key: ``True == 1``, yet pydantic may keep one and convert the other)."""
+
+_NONE: frozenset = frozenset()
 
 _AFTER: dict[type, tuple[str, ...] | None] = {}
 """Per class, the names of its model validators (all ``mode="after"``), or None where it
@@ -70,13 +73,43 @@ def revalidated(obj: M, updates: dict[str, Any], plain: Callable[[], M]) -> M:
         out = plain()
         _learn(cls, updates, out)
         return out
-    out = obj.model_copy(update=updates)
-    object.__setattr__(out, "__pydantic_fields_set__", set(cls.model_fields))
+    out = copied(obj, updates)
     try:
         for name in rules:
             getattr(out, name)()
     except (ValueError, AssertionError):  # pydantic's own error, word for word
         return plain()
+    return out
+
+
+_set = object.__setattr__
+
+_FIELDS: dict[type, frozenset[str]] = {}
+"""Per class, its fields' names (the fields set of every object :func:`copied` makes)."""
+
+
+def copied(obj: M, updates: dict[str, Any]) -> M:
+    """``obj.model_copy(update=updates)`` with every field counted as set (as
+    ``model_validate`` of every field counts them), made in one step: a new instance
+    whose ``__dict__`` is ``obj``'s with ``updates``, its extra fields and private
+    attributes ``obj``'s (a frozen spec with ``extra="forbid"`` and no private attributes
+    has None for both; others take ``model_copy``). No value is validated: the caller
+    checks the rules (``tests/test_search_fast_rules.py``: equal to ``model_copy``'s)."""
+    cls = type(obj)
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        fields = _FIELDS[cls] = frozenset(cls.model_fields)
+    if obj.__pydantic_extra__ is not None \
+            or getattr(obj, "__pydantic_private__", None) is not None:
+        out = obj.model_copy(update=updates)
+    else:
+        out = cls.__new__(cls)
+        state = obj.__dict__.copy()
+        state.update(updates)
+        _set(out, "__dict__", state)
+        _set(out, "__pydantic_extra__", None)
+        _set(out, "__pydantic_private__", None)
+    _set(out, "__pydantic_fields_set__", set(fields))
     return out
 
 
@@ -97,11 +130,11 @@ def _known_valid(cls: type, obj: BaseModel, updates: dict[str, Any]) -> bool:
     """Whether pydantic would keep every updated value unchanged: a scalar it has kept
     before, or an instance of the field's own model class (kept as is: pydantic does not
     validate a model instance again, ``revalidate_instances="never"``)."""
-    valid = _VALID.get(cls, {})
+    valid = _VALID.get(cls, _NONE)
     for name, value in updates.items():
         kind = type(value)
         if kind in _SCALARS:
-            if (kind, value) not in valid.get(name, ()):
+            if (name, kind, value) not in valid:
                 return False
         elif not (isinstance(value, BaseModel) and kind is type(getattr(obj, name))):
             return False
@@ -110,8 +143,8 @@ def _known_valid(cls: type, obj: BaseModel, updates: dict[str, Any]) -> bool:
 
 def _learn(cls: type, updates: dict[str, Any], out: BaseModel) -> None:
     """Remember the updated scalars that ``out``'s validation kept unchanged."""
-    valid = _VALID.setdefault(cls, {})
+    valid = _VALID.setdefault(cls, set())
     for name, value in updates.items():
         kept = getattr(out, name)
         if type(value) in _SCALARS and type(kept) is type(value) and kept == value:
-            valid.setdefault(name, set()).add((type(value), value))
+            valid.add((name, type(value), value))

@@ -48,7 +48,7 @@ class PeakMemory:
         self._params: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._placed: dict[tuple, tuple[list[list[int]], list[tuple]]] = {}
         self._activations: dict[tuple, tuple[float, float, float, float]] = {}
-        self._buffers: dict[tuple, float] = {}
+        self._buffers: dict[tuple, dict[tuple, float]] = {}
 
     def _split(self, par: Any) -> list[list[int]]:
         key = (par.pp, par.virtual_stages, par.first_stage_layers, par.last_stage_layers)
@@ -105,7 +105,7 @@ class PeakMemory:
         ranks = dp * par.ep * par.cp
         per_param = (w_b / (ranks if zero >= 3 else 1), g_b / (ranks if zero >= 2 else 1),
                      o_b / (ranks if zero >= 1 else 1))
-        peak = 0.0
+        buffers, peak = self._buffer_table(par, training, dp), 0.0
         for i in candidates:
             layers = sum(split[i])
             params = layers * layer_params + (embedding_params if i == 0 else 0) \
@@ -115,7 +115,7 @@ class PeakMemory:
                 activations += first_held * embedding_acts
             if i == p - 1:
                 activations += last_held * output_acts
-            buffer = self._buffer_bytes(par, training, dp, i, layers)
+            buffer = self._buffer_bytes(par, training, dp, i, layers, buffers)
             tensors = (params * per_param[0] + params * per_param[1] + params * per_param[2]
                        + activations / par.cp + buffer)
             peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
@@ -138,7 +138,7 @@ class PeakMemory:
                                                                 self.accelerator))
         w_b, g_b, o_b = state_bytes_per_param(training.precision)
         ranks = dp * par.ep * par.cp
-        peak = 0.0
+        buffers, peak = self._buffer_table(par, training, dp), 0.0
         for i, params, layers, held, first_in, out_in in stages:
             weights = params * w_b / (ranks if zero >= 3 else 1) + 0.0
             grads = params * g_b / (ranks if zero >= 2 else 1) + 0.0
@@ -149,7 +149,7 @@ class PeakMemory:
             if out_in:
                 activations += out_in * output_acts
             activations = activations / par.cp
-            buffer = self._buffer_bytes(par, training, dp, i, layers)
+            buffer = self._buffer_bytes(par, training, dp, i, layers, buffers)
             tensors = weights + grads + optimizer + activations + buffer
             peak = max(peak, tensors + (RUNTIME_CONTEXT_BYTES + FRAGMENTATION_FRACTION * tensors))
         return peak
@@ -226,19 +226,29 @@ class PeakMemory:
         return hit
 
     def _buffer_bytes(self, par: Any, training: Any, dp: int, stage: int,
-                      layers: int) -> float:
+                      layers: int, table: dict | None = None) -> float:
         """:func:`~llmsim.memory._buffer_bytes` of ``stage`` (holding ``layers`` blocks),
         memoised on exactly what it reads: the training's precision and sequence, the
         parallelism's degrees, bucket size, micro-batch and weight prefetch, whether dp
-        exceeds 1 and ZeRO is 3, and where the stage sits (first, last, holding layers)."""
-        p = par.pp
-        key = (training.precision, training.seq_len, p, par.tp, par.sequence_parallel,
+        exceeds 1 and ZeRO is 3 (:meth:`_buffer_table`, or ``table``: its result for these
+        arguments), and where the stage sits (first, last, holding layers)."""
+        if table is None:
+            table = self._buffer_table(par, training, dp)
+        where = (stage == 0, stage == par.pp - 1, layers > 0)
+        hit = table.get(where)
+        if hit is None:
+            hit = table[where] = _buffer_bytes(self.model, par, training, dp, stage, layers)
+        return hit
+
+    def _buffer_table(self, par: Any, training: Any, dp: int) -> dict[tuple, float]:
+        """The memo of :meth:`_buffer_bytes` for what a layout's stages share (looked up
+        once a layout, not once a stage): per (first, last, holding layers), bytes."""
+        key = (training.precision, training.seq_len, par.pp, par.tp, par.sequence_parallel,
                par.dp_bucket_mb, dp > 1, par.virtual_stages > 1, par.micro_batch,
-               par.zero >= 3, par.prefetch_weights, stage == 0, stage == p - 1, layers > 0)
+               par.zero >= 3, par.prefetch_weights)
         hit = self._buffers.get(key)
         if hit is None:
-            hit = self._buffers[key] = _buffer_bytes(self.model, par, training, dp, stage,
-                                                     layers)
+            hit = self._buffers[key] = {}
         return hit
 
     def _param_parts(self, tp: int, pp: int) -> tuple[int, int, int]:

@@ -108,6 +108,9 @@ class SharedParts:
         self._families: dict[tuple[int, int, int], int] = {}
         self._held: list[tuple] = []
         self._last_family: tuple[tuple, int] = ((), -1)
+        self._last_scenario: tuple[Any, int] = (None, -1)
+        """The scenario :meth:`_family` was last given (held: its id stays its own) and its
+        index: an estimate asks for its scenario's several times."""
         self._stage_runs: dict[tuple, list] = {}
         self._messages: dict[tuple, tuple[dict[bool, float], float]] = {}
         self._optimizers: dict[tuple, float] = {}
@@ -119,14 +122,19 @@ class SharedParts:
     def _family(self, sc: Scenario) -> int:
         """An index of the scenario's system, model and training objects: every memo key
         starts with it, so one estimator can serve scenarios of several machines."""
+        last = self._last_scenario
+        if sc is last[0]:  # a spec is frozen: the same object, the same index
+            return last[1]
         key = (id(sc.system), id(sc.model), id(sc.training))
         if key == self._last_family[0]:
-            return self._last_family[1]
-        index = self._families.get(key)
-        if index is None:
-            index = self._families[key] = len(self._families)
-            self._held.append((sc.system, sc.model, sc.training))  # keeps the ids unique
-        self._last_family = (key, index)
+            index = self._last_family[1]
+        else:
+            index = self._families.get(key)
+            if index is None:
+                index = self._families[key] = len(self._families)
+                self._held.append((sc.system, sc.model, sc.training))  # keeps the ids unique
+            self._last_family = (key, index)
+        self._last_scenario = (sc, index)
         return index
 
     def plan_costs(self, sc: Scenario) -> tuple[Plan, HardwareCosts]:

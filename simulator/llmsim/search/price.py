@@ -22,6 +22,7 @@ from llmsim.params import (
 from llmsim.result import SECONDS_PER_DAY
 from llmsim.search import walk_batch
 from llmsim.search.estimate import Estimator
+from llmsim.search.fast_rules import copied
 from llmsim.search.fit import PeakMemory
 from llmsim.search.space import (
     LAYOUT_FIELDS,
@@ -250,10 +251,12 @@ def columns(priced: list[list[Any]], capacity_bytes: float,
 
 def packed(columns: dict[str, list[Any]]) -> dict[str, Any]:
     """Each column as one numpy array (8 bytes a number, not a Python object of 32: the
-    main process holds every priced layout's row)."""
+    main process holds every priced layout's row); a list holding a None as an object
+    array, and :func:`columns`' numpy arrays as they are (they hold no None)."""
     import numpy as np
 
-    return {name: np.asarray(values, dtype=object if any(v is None for v in values) else None)
+    return {name: values if isinstance(values, np.ndarray)
+            else np.asarray(values, dtype=object if None in values else None)
             for name, values in columns.items()}
 
 
@@ -276,9 +279,9 @@ def with_switches(core: Scenario, layout: Layout) -> Scenario:
         updates["moe_comm_units"] = 0
     elif updates.get("moe_a2a_overlap"):
         updates["moe_shared_expert_overlap"] = False
-    new_par = par.model_copy(update=updates)
+    new_par = copied(par, updates)  # every field set, as the core's (.fast_rules)
     new_par._check()  # the parallelism's rules (field types are unchanged: booleans)
-    scenario = core.model_copy(update={"parallelism": new_par})
+    scenario = copied(core, {"parallelism": new_par})
     scenario.check_switch_rules()  # the scenario's rules that read the switches
     return scenario
 
