@@ -22,7 +22,8 @@ def zb_h2_bubble(p: int, m: int, v: int, f: float, b: float, w: float) -> float:
 
 @register("zb-h2", split_backward=True,
           peak_forwards=lambda p, i, m, v: min(2 * p - 1, m),
-          bubble=zb_h2_bubble)
+          bubble=zb_h2_bubble,
+          walked=lambda p, m, v: zb_h2_walked(p, m, v))
 def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     """ZB-H2: up to 2p − 1 micro-batches in flight on every stage (Qi et al. 2024 §2.2).
 
@@ -31,7 +32,17 @@ def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     order is the greedy list schedule of :func:`~llmsim.schedules.orders.greedy_order`
     with the memory limit 2p − 1 (Table 2: (2p−1)·M_B): B first, then F, then W.
     """
+    return _order(stages, microbatches, chunks, None)
+
+
+def zb_h2_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
+    """:func:`zb_h2`'s order with its wait graph's rows, made as it is scheduled
+    (``greedy_order``'s ``graph``)."""
+    graph: list = []
+    return _order(stages, microbatches, chunks, graph), tuple(graph)
+
+
+def _order(stages: int, microbatches: int, chunks: int, graph: list | None) -> list:
     require_one_chunk("zb-h2", chunks)
     limit = 2 * stages - 1
-    return greedy_order(stages, microbatches, looping(stages, 1),
-                        limit)
+    return greedy_order(stages, microbatches, looping(stages, 1), limit, graph=graph)

@@ -19,7 +19,8 @@ def _require_two_chunks(chunks: int) -> None:
 @register("zb-v", split_backward=True,
           route=lambda p, m, v: v_shape(p),
           peak_forwards=lambda p, i, m, v: min(2 * p, 2 * m),
-          bubble=lambda p, m, v, f, b, w: (p - 1) * f / v)
+          bubble=lambda p, m, v, f, b, w: (p - 1) * f / v,
+          walked=lambda p, m, v: zb_v_walked(p, m, v))
 def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     """ZB-V: stage s holds virtual stages s and 2p − 1 − s, so a micro-batch goes down
     the stages and back up (the V), and stage 0 runs both the first forward and the
@@ -33,7 +34,17 @@ def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     T_F = T_B = T_W). Each micro-batch crosses 2(p − 1) stage boundaries per direction,
     twice 1F1B's.
     """
+    return _order(stages, microbatches, chunks, None)
+
+
+def zb_v_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
+    """:func:`zb_v`'s order with its wait graph's rows, made as it is scheduled
+    (``greedy_order``'s ``graph``)."""
+    graph: list = []
+    return _order(stages, microbatches, chunks, graph), tuple(graph)
+
+
+def _order(stages: int, microbatches: int, chunks: int, graph: list | None) -> list:
     _require_two_chunks(chunks)
     limit = 2 * stages
-    return greedy_order(stages, microbatches, v_shape(stages),
-                        limit)
+    return greedy_order(stages, microbatches, v_shape(stages), limit, graph=graph)
