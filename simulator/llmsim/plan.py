@@ -228,7 +228,8 @@ class Plan:
         if known is not None:
             return known[1]  # type: ignore[return-value]
         progression = self._progression(axis)
-        worst: GroupPlacement | None = None
+        # the first group of the largest (nodes, domains, span); its placement made once
+        worst: tuple | None = None
         for first in self._first_rank_of_groups(axis):
             if progression is not None:
                 size = progression[1]
@@ -237,29 +238,26 @@ class Plan:
                 members = self.members(axis, first)
                 size = len(members)
                 nodes, domains, local, span = self._enumerated_shape(members)
-            dpn = self.system.node.devices_per_node
-            placement = GroupPlacement(
-                axis=axis,
-                size=size,
-                stride=min(self._stride(a) for a in self.axes_of(axis)) if "+" in axis
-                else self._stride(axis) if axis != "stage" else 1,
-                members_per_node=local,
-                nodes_spanned=nodes,
-                domains_spanned=domains,
-                groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
-                span_devices=span,
-                level=self._level(nodes, domains, span),
-                first_rank=first,
-            )
-            if worst is None or (
-                placement.nodes_spanned,
-                placement.domains_spanned,
-                placement.span_devices,
-            ) > (worst.nodes_spanned, worst.domains_spanned, worst.span_devices):
-                worst = placement
+            if worst is None or (nodes, domains, span) > worst[0]:
+                worst = ((nodes, domains, span), first, size, local)
         assert worst is not None
-        self.memo[("placement", axis)] = (self, worst)
-        return worst
+        (nodes, domains, span), first, size, local = worst
+        dpn = self.system.node.devices_per_node
+        placement = GroupPlacement(
+            axis=axis,
+            size=size,
+            stride=min(self._stride(a) for a in self.axes_of(axis)) if "+" in axis
+            else self._stride(axis) if axis != "stage" else 1,
+            members_per_node=local,
+            nodes_spanned=nodes,
+            domains_spanned=domains,
+            groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
+            span_devices=span,
+            level=self._level(nodes, domains, span),
+            first_rank=first,
+        )
+        self.memo[("placement", axis)] = (self, placement)
+        return placement
 
     def _progression(self, axis: str) -> tuple[int, int] | None:
         """(stride, size) where every group of ``axis`` is the ranks ``first + j·stride``,

@@ -29,6 +29,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
+import numpy as np
+
 from llmsim.costs.topology.base import (
     Route,
     alltoall_leaving,
@@ -115,7 +117,11 @@ class FatTreeTopology:
             return known[1]  # type: ignore[return-value]
         dpn = plan.system.node.devices_per_node
         lo, hi = leaf_nodes.start * dpn, min(leaf_nodes.stop * dpn, plan.devices)
-        firsts = list(dict.fromkeys(plan.group_first(axis, r) for r in range(lo, hi)))
+        # each group with a rank on the leaf, once, in the order of its first rank there
+        # (group_first over the leaf's ranks as one numpy array, not rank by rank)
+        ranks_first = plan.group_first(axis, np.arange(lo, hi, dtype=np.int64))
+        _, at = np.unique(ranks_first, return_index=True)
+        firsts = ranks_first[np.sort(at)].tolist()
         flows = 0
         if firsts:
             offsets = plan.members(axis, firsts[0])
