@@ -218,10 +218,13 @@ def test_placement_in_closed_form_is_the_enumerated_one(selene, frontier_like, t
         progression = p._progression(axis)
         if progression is None:
             continue
-        for first in p._first_rank_of_groups(axis):
+        firsts = p._first_rank_of_groups(axis)
+        shapes = zip(*(a.tolist() for a in p._progression_shapes(firsts, *progression)),
+                     strict=True)
+        for first, shape in zip(firsts, shapes, strict=True):
             members = p.members(axis, first)
             assert progression[1] == len(members)
-            assert p._progression_shape(first, *progression) == p._enumerated_shape(members)
+            assert shape == p._enumerated_shape(members)
             checked += 1
         for rank in range(0, devices, max(1, devices // 16)):
             assert p.group_first(axis, rank) == min(p.members(axis, rank))
@@ -241,22 +244,18 @@ def test_placement_of_a_hundred_thousand_gpus_takes_no_time_per_gpu(selene):
 
 
 def reference_placement(p: Plan, axis: str):
-    """:meth:`Plan.placement` as it was at 16721c8: a placement made for every group, the
-    first of the largest (nodes, domains, span) kept."""
+    """:meth:`Plan.placement` as it was at 16721c8, every group's shape enumerated rank by
+    rank (equal to the closed form, above): a placement made for every group, the first of
+    the largest (nodes, domains, span) kept."""
     import math
 
     from llmsim.plan import GroupPlacement
 
-    progression = p._progression(axis)
     worst = None
     for first in p._first_rank_of_groups(axis):
-        if progression is not None:
-            size = progression[1]
-            nodes, domains, local, span = p._progression_shape(first, *progression)
-        else:
-            members = p.members(axis, first)
-            size = len(members)
-            nodes, domains, local, span = p._enumerated_shape(members)
+        members = p.members(axis, first)
+        size = len(members)
+        nodes, domains, local, span = p._enumerated_shape(members)
         dpn = p.system.node.devices_per_node
         placement = GroupPlacement(
             axis=axis, size=size,
@@ -278,8 +277,10 @@ def reference_placement(p: Plan, axis: str):
 def test_the_worst_group_is_placed_once_as_every_group_was(selene, frontier_like, tp, pp,
                                                           dp, cp, order, dragonfly):
     """The placement of every axis (joined ones and ``stage`` too, in closed form or
-    enumerated) equals the one found by placing every group (session s16 made only the
-    worst group's), and ``group_first`` of a numpy array of ranks is each rank's."""
+    enumerated) equals the one found by placing every group, each group's shape
+    enumerated (session s16 makes only the worst group's placement, from every group's
+    shape in closed form at once), and ``group_first`` of a numpy array of ranks is each
+    rank's."""
     import numpy as np
 
     system = frontier_like if dragonfly else selene
