@@ -158,15 +158,15 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                 kind, end = "B", now + b_time
                 _, backward, weight = table[s][c]
                 row.append(backward[mb])
-                slot = mb * span + k
+                own = mb * span + k
                 if rows_of is not None:  # after the next one's B, or (last) its own F
                     path = hops[mb]
                     if k + 1 < len(path):
-                        j, sender = b_number[slot + 1], path[k + 1][0]
+                        j, sender = b_number[own + 1], path[k + 1][0]
                     else:
-                        j, sender = f_number[slot], s
+                        j, sender = f_number[own], s
                     number += 1
-                    b_number[slot] = number
+                    b_number[own] = number
                     rows_of((s, 3 * (chunks * s + c) + 1, j,
                              0 if sender == s else 1 + sender if sender == s - 1
                              else 1 + stages + sender))
@@ -179,7 +179,7 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                         number += 1
                         rows_of((s, 3 * (chunks * s + c) + 2, number - 1, 0))
                 else:
-                    weights[s].append((weight[mb], slot))
+                    weights[s].append((weight[mb], own))
             else:
                 kind = ""
                 queues = ready_f[s]
@@ -191,6 +191,12 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                     head = None
                 elif chunks == 1:
                     head = (queues[0][0], 0) if queues[0] else None
+                elif chunks == 2:  # ZB-V: the min below, without a generator
+                    first, second = queues
+                    if first and second:
+                        head = (first[0], 0) if first[0] <= second[0] else (second[0], 1)
+                    else:
+                        head = (first[0], 0) if first else (second[0], 1) if second else None
                 else:
                     head = min(((queue[0], c) for c, queue in enumerate(queues) if queue),
                                default=None)
@@ -199,13 +205,13 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                     pop(queues[c])
                     row.append(table[s][c][0][mb])
                     if rows_of is not None:  # after the previous virtual stage's F
-                        slot = mb * span + k
+                        own = mb * span + k
                         if k:
-                            j, sender = f_number[slot - 1], hops[mb][k - 1][0]
+                            j, sender = f_number[own - 1], hops[mb][k - 1][0]
                         else:
                             j, sender = 0, s
                         number += 1
-                        f_number[slot] = number
+                        f_number[own] = number
                         rows_of((s, 3 * (chunks * s + c), j,
                                  0 if sender == s else 1 + sender if sender == s - 1
                                  else 1 + stages + sender))
@@ -217,12 +223,12 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                 else:
                     if not weights[s]:
                         continue  # idle until a pass fills its queues
-                    weight, slot = weights[s].popleft()
+                    weight, own = weights[s].popleft()
                     row.append(weight)
                     held[s][weight.chunk] -= 1
                     if rows_of is not None:  # after its own B
                         number += 1
-                        rows_of((s, 3 * (chunks * s + weight.chunk) + 2, b_number[slot], 0))
+                        rows_of((s, 3 * (chunks * s + weight.chunk) + 2, b_number[own], 0))
                     total[s] -= 1
                     kind, end = "W", now + w_time
             left -= 1
