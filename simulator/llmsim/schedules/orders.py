@@ -249,3 +249,11 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
         pending -= len(ended) + len(freed)
         awake = set(freed)
     return rows
+
+
+def greedy_walked(stages: int, microbatches: int, route: Route,
+                  limit: int) -> tuple[list[list[Action]], tuple[Row, ...]]:
+    """:func:`greedy_order`'s order (unit pass times, an integer memory limit) with its
+    wait graph's rows, made as it is scheduled (its ``graph``)."""
+    graph: list[Row] = []
+    return greedy_order(stages, microbatches, route, limit, graph=graph), tuple(graph)

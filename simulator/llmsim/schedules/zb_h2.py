@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmsim.schedules.orders import greedy_order, require_one_chunk
+from llmsim.schedules.orders import greedy_order, greedy_walked, require_one_chunk
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import looping
 
@@ -32,17 +32,11 @@ def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     order is the greedy list schedule of :func:`~llmsim.schedules.orders.greedy_order`
     with the memory limit 2p − 1 (Table 2: (2p−1)·M_B): B first, then F, then W.
     """
-    return _order(stages, microbatches, chunks, None)
+    require_one_chunk("zb-h2", chunks)
+    return greedy_order(stages, microbatches, looping(stages, 1), 2 * stages - 1)
 
 
 def zb_h2_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
-    """:func:`zb_h2`'s order with its wait graph's rows, made as it is scheduled
-    (``greedy_order``'s ``graph``)."""
-    graph: list = []
-    return _order(stages, microbatches, chunks, graph), tuple(graph)
-
-
-def _order(stages: int, microbatches: int, chunks: int, graph: list | None) -> list:
+    """:func:`zb_h2`'s order with its wait graph's rows, made as it is scheduled."""
     require_one_chunk("zb-h2", chunks)
-    limit = 2 * stages - 1
-    return greedy_order(stages, microbatches, looping(stages, 1), limit, graph=graph)
+    return greedy_walked(stages, microbatches, looping(stages, 1), 2 * stages - 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmsim.errors import UserError
-from llmsim.schedules.orders import greedy_order
+from llmsim.schedules.orders import greedy_order, greedy_walked
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import v_shape
 
@@ -34,17 +34,11 @@ def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     T_F = T_B = T_W). Each micro-batch crosses 2(p − 1) stage boundaries per direction,
     twice 1F1B's.
     """
-    return _order(stages, microbatches, chunks, None)
+    _require_two_chunks(chunks)
+    return greedy_order(stages, microbatches, v_shape(stages), 2 * stages)
 
 
 def zb_v_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
-    """:func:`zb_v`'s order with its wait graph's rows, made as it is scheduled
-    (``greedy_order``'s ``graph``)."""
-    graph: list = []
-    return _order(stages, microbatches, chunks, graph), tuple(graph)
-
-
-def _order(stages: int, microbatches: int, chunks: int, graph: list | None) -> list:
+    """:func:`zb_v`'s order with its wait graph's rows, made as it is scheduled."""
     _require_two_chunks(chunks)
-    limit = 2 * stages
-    return greedy_order(stages, microbatches, v_shape(stages), limit, graph=graph)
+    return greedy_walked(stages, microbatches, v_shape(stages), 2 * stages)
