@@ -158,3 +158,16 @@ def test_compiled_two_pipeline_orders_walk_as_before(schedule: str) -> None:
             assert [ends_new[k] for k in new.last] == [ends_old[k] for k in old.last]
             assert {held: ends_new[k] for held, k in new.last_w.items()} == \
                 {held: ends_old[k] for held, k in old.last_w.items()}
+
+
+def test_schedule_walked_hands_the_rows_out_once() -> None:
+    """The memo of the last two shapes keeps the order; the rows go to the first caller
+    (the walk's compile) and a second call gets None, whose caller finds them again."""
+    from llmsim.in_flight import _walked, schedule_order, schedule_walked
+
+    _walked.cache_clear()
+    order, rows = schedule_walked("zb-v", 4, 8, 2)
+    assert order == schedule_order("zb-v", 4, 8, 2) == tuple(map(tuple, build("zb-v", 4, 8, 2)))
+    assert_same_graph(order, rows, SCHEDULES["zb-v"].route_of(4, 8, 2), after_weights=False)
+    assert schedule_walked("zb-v", 4, 8, 2) == (order, None)
+    assert schedule_walked("dualpipe", 4, 8, 1)[1] is None  # made by wait_graph

@@ -93,35 +93,34 @@ def chimera_walked(stages: int, microbatches: int,
     # 1F1B's starts by position q: per (q, k) the start of F and of B
     starts = one_f_one_b_starts(p, each)
     keyed = np.array([key for row in starts for key, _ in row], dtype=np.int64)
-    backward = np.array([flag for row in starts for _, flag in row], dtype=bool)
-    q_of = np.repeat(np.arange(p), 2 * each)
+    backward = np.array([flag for row in starts for _, flag in row], dtype=np.int64)
     start = np.empty((2, p, each), dtype=np.int64)  # [is B, q, k]
-    start[backward.astype(np.int64), q_of, keyed % each] = keyed // each
+    start[backward, np.repeat(np.arange(p), 2 * each), keyed % each] = keyed // each
     # Every pass by id ((kind·2 + chunk)·p + worker)·each + k, kind F 0, B 1, W 2
-    kind, c, s, k = (a.ravel() for a in np.indices((3, 2, p, each)))
+    kind, c, s, k = (a.ravel() for a in np.indices((3, 2, p, each), dtype=np.int32))
     n = kind.size
     q = np.where(c == 0, s, p - 1 - s)  # its stage in its pipeline
-    step = np.where(c == 0, 1, -1)  # the worker of the pipeline's next stage: s + step
-    t = start[np.minimum(kind, 1), q, k]
-    order = np.argsort(((t * each + k) * 2 + c) * 3 + kind)  # the merge's keys, W after B
-    number = np.empty(n, dtype=np.int64)
-    number[order] = np.arange(1, n + 1)
-
-    def id_of(kind_: int | np.ndarray, worker: np.ndarray) -> np.ndarray:
-        return ((kind_ * 2 + c) * p + worker) * each + k
-
+    order = np.argsort(((start[np.minimum(kind, 1), q, k] * each + k) * 2 + c) * 3 + kind)
+    number = np.empty(n, dtype=np.int32)  # the merge's keys, W after B
+    number[order] = np.arange(1, n + 1, dtype=np.int32)
+    # the pass each waits for: its kind and worker (the pipeline's next stage: s + step)
+    step = 1 - 2 * c
     first, last = q == 0, q == p - 1
-    sender = np.where(kind == 0, s - step,  # F: the previous stage's F
-                      np.where((kind == 1) & ~last, s + step, s))  # B: the next one's W
-    needs = np.where(kind == 0, id_of(0, np.where(first, s, s - step)),
-                     np.where(kind == 2, id_of(1, s),
-                              np.where(last, id_of(0, s), id_of(2, np.clip(s + step, 0, p - 1)))))
-    j = np.where((kind == 0) & first, 0, number[needs])
-    sender = np.where((kind == 0) & first, s, sender)
+    opening = (kind == 0) & first  # waits for nothing
+    sender = s.copy()
+    moved = (kind == 0) & ~first  # F: the previous stage's F
+    sender[moved] -= step[moved]
+    moved = (kind == 1) & ~last  # B: the next stage's W
+    sender[moved] += step[moved]
+    need_kind = np.select([kind == 0, kind == 2, last], [0, 1, 0], 2)  # the last B: its F
+    j = number[((need_kind * 2 + c) * p + sender) * each + k]
+    j[opening] = 0
     hop = np.where(sender == s, 0, np.where(sender == s - 1, s, 1 + p + sender))
-    column = 6 * s + 3 * c + kind
-    rows = tuple(zip(s[order].tolist(), column[order].tolist(), j[order].tolist(),
-                     hop[order].tolist(), strict=True))
+    columns = [a[order] for a in (s, 6 * s + 3 * c + kind, j, hop)]
+    del start, c, k, q, number, step, first, last, opening, sender, moved, need_kind, j, hop
+    rows: list[Row] = []  # made a block at a time: fewer Python integers held at once
+    for lo in range(0, n, 1 << 16):
+        rows += zip(*(a[lo:lo + (1 << 16)].tolist() for a in columns), strict=True)
     # Each worker's actions: the numbered passes grouped by worker, in number order
     flat: list[Action] = []
     for kind_ in ("F", "B", "W"):
@@ -129,8 +128,8 @@ def chimera_walked(stages: int, microbatches: int,
             for worker in range(p):
                 table = actions(worker, kind_, chunk, m)
                 flat += [table[mb] for mb in route]
-    by_worker = order[np.argsort(s[order], kind="stable")].reshape(p, n // p)
-    return [list(map(flat.__getitem__, ids)) for ids in by_worker.tolist()], rows
+    by_worker = order[np.argsort(columns[0], kind="stable")].reshape(p, n // p)
+    return [list(map(flat.__getitem__, ids)) for ids in by_worker.tolist()], tuple(rows)
 
 
 def one_f_one_b_starts(stages: int, microbatches: int) -> list[list[tuple[int, int]]]:
