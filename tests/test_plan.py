@@ -218,10 +218,13 @@ def test_placement_in_closed_form_is_the_enumerated_one(selene, frontier_like, t
         progression = p._progression(axis)
         if progression is None:
             continue
-        for first in p._first_rank_of_groups(axis):
+        firsts = p._first_rank_of_groups(axis)
+        shapes = zip(*(a.tolist() for a in p._progression_shapes(firsts, *progression)),
+                     strict=True)
+        for first, shape in zip(firsts, shapes, strict=True):
             members = p.members(axis, first)
             assert progression[1] == len(members)
-            assert p._progression_shape(first, *progression) == p._enumerated_shape(members)
+            assert shape == p._enumerated_shape(members)
             checked += 1
         for rank in range(0, devices, max(1, devices // 16)):
             assert p.group_first(axis, rank) == min(p.members(axis, rank))
@@ -238,3 +241,54 @@ def test_placement_of_a_hundred_thousand_gpus_takes_no_time_per_gpu(selene):
     assert time.process_time() - start < 0.05
     assert (g.size, g.nodes_spanned, g.members_per_node) == (12_500, 12_500, 1)
     assert g.domains_spanned == -(-12_500 // selene.network.nodes_per_leaf)
+
+
+def reference_placement(p: Plan, axis: str):
+    """:meth:`Plan.placement` as it was at 16721c8, every group's shape enumerated rank by
+    rank (equal to the closed form, above): a placement made for every group, the first of
+    the largest (nodes, domains, span) kept."""
+    import math
+
+    from llmsim.plan import GroupPlacement
+
+    worst = None
+    for first in p._first_rank_of_groups(axis):
+        members = p.members(axis, first)
+        size = len(members)
+        nodes, domains, local, span = p._enumerated_shape(members)
+        dpn = p.system.node.devices_per_node
+        placement = GroupPlacement(
+            axis=axis, size=size,
+            stride=min(p._stride(a) for a in p.axes_of(axis)) if "+" in axis
+            else p._stride(axis) if axis != "stage" else 1,
+            members_per_node=local, nodes_spanned=nodes, domains_spanned=domains,
+            groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
+            span_devices=span, level=p._level(nodes, domains, span), first_rank=first)
+        if worst is None or (nodes, domains, span) > (
+                worst.nodes_spanned, worst.domains_spanned, worst.span_devices):
+            worst = placement
+    return worst
+
+
+@settings(max_examples=80, deadline=None)
+@given(tp=st.sampled_from([1, 2, 3, 4, 8, 16]), pp=st.sampled_from([1, 2, 3, 4, 8]),
+       dp=st.integers(1, 40), cp=st.sampled_from([1, 2, 3]),
+       order=st.permutations(AXES), dragonfly=st.booleans())
+def test_the_worst_group_is_placed_once_as_every_group_was(selene, frontier_like, tp, pp,
+                                                          dp, cp, order, dragonfly):
+    """The placement of every axis (joined ones and ``stage`` too, in closed form or
+    enumerated) equals the one found by placing every group, each group's shape
+    enumerated (session s16 makes only the worst group's placement, from every group's
+    shape in closed form at once), and ``group_first`` of a numpy array of ranks is each
+    rank's."""
+    import numpy as np
+
+    system = frontier_like if dragonfly else selene
+    devices = tp * pp * dp * cp
+    nodes = -(-devices // system.node.devices_per_node)
+    p = Plan(system, nodes, Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, rank_order=order), dp)
+    for axis in (*AXES, "stage", "cp+dp", "tp+cp", "pp+dp"):
+        assert p.placement(axis) == reference_placement(p, axis)
+        ranks = np.arange(devices, dtype=np.int64)
+        assert p.group_first(axis, ranks).tolist() == [p.group_first(axis, int(r))
+                                                       for r in ranks]

@@ -69,7 +69,7 @@ def test_the_memoised_walk_equals_a_fresh_replay(shape: tuple[str, int, int],
     def fresh(durations: list[float]) -> tuple:
         end = replay(order.p, order.passes, durations, hops)[0]
         last = {s: k for k, (s, *_) in enumerate(order.passes, start=1)}
-        last_w = {(a.stage, a.chunk): end[k] for (a, k) in _weight_passes(schedule, p, m)}
+        last_w = {(a.stage, a.chunk): end[k] for (a, k) in _weight_passes(order, schedule, p, m)}
         return tuple(end[last.get(s, 0)] for s in range(p)), last_w
 
     assert walk_ends(order, durations, hops) == fresh(durations)
@@ -80,9 +80,11 @@ def test_the_memoised_walk_equals_a_fresh_replay(shape: tuple[str, int, int],
     assert walk_ends(other, durations, hops)[0] != fresh(durations)[0]
 
 
-def _weight_passes(schedule: str, p: int, m: int) -> list:
+def _weight_passes(order: object, schedule: str, p: int, m: int) -> list:
     """Each (device, chunk)'s last weight-gradient pass and its 1-based index in the
-    compiled order, from the wait graph's actions (the compile's own source)."""
+    compiled ``order``, from the wait graph's actions: a device's passes come in its own
+    order in both, whatever valid order numbers them (Chimera's compiled order is numbered
+    as its builder makes it), so a pass is found by its device and its index there."""
     from llmsim.in_flight import schedule_order
     from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
     from llmsim.schedules.walk import wait_graph
@@ -90,8 +92,15 @@ def _weight_passes(schedule: str, p: int, m: int) -> list:
     graph = wait_graph(schedule_order(schedule, p, m, 1),
                        SCHEDULES[schedule].route_of(p, m, 1),
                        gradient_after_weights=schedule not in SPLIT_BACKWARD)
-    last = {(a.stage, a.chunk): (a, k) for k, a in enumerate(graph.actions, start=1)
-            if a.kind == "W"}
+    number, seen = {}, [0] * p  # (device, its index there) → the compiled order's number
+    for k, (s, *_) in enumerate(order.passes, start=1):
+        number[s, seen[s]] = k
+        seen[s] += 1
+    last, seen = {}, [0] * p
+    for a in graph.actions:
+        if a.kind == "W":
+            last[a.stage, a.chunk] = (a, number[a.stage, seen[a.stage]])
+        seen[a.stage] += 1
     return list(last.values())
 
 

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from itertools import islice
 
 from llmsim.errors import UserError
-from llmsim.schedules import SCHEDULES, build, chunks_at_peak
+from llmsim.schedules import SCHEDULES, chunks_at_peak
 from llmsim.schedules.action import Action
+from llmsim.schedules.registry import walked
+from llmsim.schedules.walk import Row
 
 
 def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int]:
@@ -26,13 +28,32 @@ def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int
             yield from [chunk] * group
 
 
-@functools.lru_cache(maxsize=2)
 def schedule_order(schedule: str, stages: int, microbatches: int,
                    chunks: int) -> tuple[tuple[Action, ...], ...]:
-    """:func:`~llmsim.schedules.build`'s per-stage order, memoised for the last two shapes:
-    the layout search reads the same order twice in a row (its memory here, then its
-    ZB-V walk, :mod:`llmsim.search.zb_v_walk`)."""
-    return tuple(tuple(row) for row in build(schedule, stages, microbatches, chunks))
+    """:func:`~llmsim.schedules.build`'s per-stage order, memoised for the last two shapes
+    (:func:`schedule_walked`)."""
+    return _walked(schedule, stages, microbatches, chunks)[0]
+
+
+def schedule_walked(schedule: str, stages: int, microbatches: int, chunks: int
+                    ) -> tuple[tuple[tuple[Action, ...], ...], tuple[Row, ...] | None]:
+    """(the per-stage order, its wait graph's rows where the schedule makes them as it
+    builds the order, else None: :func:`~llmsim.schedules.registry.walked`). The order is
+    memoised for the last two shapes: the layout search reads the same order twice in a
+    row (its memory here, then its walk, :mod:`llmsim.search.zb_v_walk`). The rows are
+    handed out once, to the walk's compile, which keeps what it needs of them (the memo
+    would otherwise hold a deep order's rows, some 50 MB, after its walk has its levels);
+    a second call gets None (the caller then finds them with
+    :func:`~llmsim.schedules.walk.wait_graph`)."""
+    order, held = _walked(schedule, stages, microbatches, chunks)
+    return order, held.pop() if held else None
+
+
+@functools.lru_cache(maxsize=2)
+def _walked(schedule: str, stages: int, microbatches: int,
+            chunks: int) -> tuple[tuple[tuple[Action, ...], ...], list[tuple[Row, ...]]]:
+    order, rows = walked(schedule, stages, microbatches, chunks)
+    return tuple(tuple(row) for row in order), [] if rows is None else [rows]
 
 
 @functools.lru_cache(maxsize=4096)

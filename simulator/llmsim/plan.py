@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
+
 from llmsim.specs import Dragonfly, FatTree, Parallelism, Scenario, System, Torus
 
 AXES = ("tp", "cp", "ep", "dp", "pp")
@@ -221,45 +223,42 @@ class Plan:
 
         A group whose ranks are evenly spaced (one axis, or axes nested in the rank
         order: ``stage``, ``cp+dp``) is measured in closed form
-        (:meth:`_progression_shape`), in time independent of its size; any other is
+        (:meth:`_progression_shapes`), in time independent of its size; any other is
         enumerated rank by rank (:meth:`_enumerated_shape`). Worked out once per axis
         (:attr:`memo`): the cost model and the routes of the axes beside it ask again."""
         known = self.memo.get(("placement", axis))
         if known is not None:
             return known[1]  # type: ignore[return-value]
         progression = self._progression(axis)
-        worst: GroupPlacement | None = None
-        for first in self._first_rank_of_groups(axis):
-            if progression is not None:
-                size = progression[1]
-                nodes, domains, local, span = self._progression_shape(first, *progression)
-            else:
-                members = self.members(axis, first)
-                size = len(members)
-                nodes, domains, local, span = self._enumerated_shape(members)
-            dpn = self.system.node.devices_per_node
-            placement = GroupPlacement(
-                axis=axis,
-                size=size,
-                stride=min(self._stride(a) for a in self.axes_of(axis)) if "+" in axis
-                else self._stride(axis) if axis != "stage" else 1,
-                members_per_node=local,
-                nodes_spanned=nodes,
-                domains_spanned=domains,
-                groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
-                span_devices=span,
-                level=self._level(nodes, domains, span),
-                first_rank=first,
-            )
-            if worst is None or (
-                placement.nodes_spanned,
-                placement.domains_spanned,
-                placement.span_devices,
-            ) > (worst.nodes_spanned, worst.domains_spanned, worst.span_devices):
-                worst = placement
-        assert worst is not None
-        self.memo[("placement", axis)] = (self, worst)
-        return worst
+        firsts = self._first_rank_of_groups(axis)
+        if progression is not None:  # every group's shape at once
+            size = progression[1]
+            shapes = list(zip(*(a.tolist() for a in
+                                self._progression_shapes(firsts, *progression)), strict=True))
+        else:
+            groups = [self.members(axis, first) for first in firsts]
+            shapes = [self._enumerated_shape(members) for members in groups]
+        # the first group of the largest (nodes, domains, span); its placement made once
+        i = max(range(len(firsts)), key=lambda i: (shapes[i][0], shapes[i][1], shapes[i][3]))
+        first, (nodes, domains, local, span) = firsts[i], shapes[i]
+        if progression is None:
+            size = len(groups[i])
+        dpn = self.system.node.devices_per_node
+        placement = GroupPlacement(
+            axis=axis,
+            size=size,
+            stride=min(self._stride(a) for a in self.axes_of(axis)) if "+" in axis
+            else self._stride(axis) if axis != "stage" else 1,
+            members_per_node=local,
+            nodes_spanned=nodes,
+            domains_spanned=domains,
+            groups_per_node=max(1, min(dpn, math.ceil(dpn / local))) if nodes > 1 else 1,
+            span_devices=span,
+            level=self._level(nodes, domains, span),
+            first_rank=first,
+        )
+        self.memo[("placement", axis)] = (self, placement)
+        return placement
 
     def _progression(self, axis: str) -> tuple[int, int] | None:
         """(stride, size) where every group of ``axis`` is the ranks ``first + j·stride``,
@@ -291,39 +290,45 @@ class Plan:
                 max(len(s) for s in per_node.values()),
                 max(max(s) - min(s) + 1 for s in per_node.values()))
 
-    def _progression_shape(self, first: int, stride: int,
-                           size: int) -> tuple[int, int, int, int]:
-        """:meth:`_enumerated_shape` of the ranks ``first + j·stride``, ``j < size``, in
-        closed form. Consecutive members are ``stride`` apart: with ``stride`` at least a
-        node's devices each is on a node of its own, else no node between the first's and
-        the last's is skipped, and the members' slots on a node repeat with the node's
-        index modulo ``stride`` — so the first node, ``stride`` nodes after it and the
-        last node hold every per-node count and span there is."""
+    def _progression_shapes(self, firsts: list[int], stride: int, size: int
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_enumerated_shape` of the ranks ``first + j·stride``, ``j < size``, for
+        each of ``firsts``, in closed form, as numpy arrays (nodes, domains, local, span).
+        Consecutive members are ``stride`` apart: with ``stride`` at least a node's
+        devices each is on a node of its own, else no node between the first's and the
+        last's is skipped, and the members' slots on a node repeat with the node's index
+        modulo ``stride`` — so the first node, ``stride`` nodes after it and the last node
+        hold every per-node count and span there is."""
         dpn = self.system.node.devices_per_node
+        first = np.asarray(firsts, dtype=np.int64)
         last = first + (size - 1) * stride
         first_node, last_node = first // dpn, last // dpn
         if stride >= dpn:
-            nodes, local, span = size, 1, 1
+            nodes, local, span = (np.full(first.size, n, dtype=np.int64) for n in (size, 1, 1))
         else:
             nodes = last_node - first_node + 1
-            local = span = 0
-            sample = list(range(first_node, min(last_node, first_node + stride + 1) + 1))
-            for node in (*sample, last_node):
-                lo = max(first, node * dpn)  # the node's first member
-                lo += (first - lo) % stride
-                hi = min(last, node * dpn + dpn - 1)
-                hi -= (hi - first) % stride  # … and its last
-                if hi >= lo:
-                    local = max(local, (hi - lo) // stride + 1)
-                    span = max(span, hi - lo + 1)
+            # per group, the sampled nodes: first_node … min(last, first + stride + 1), last
+            node = first_node[:, None] + np.arange(stride + 2)
+            sampled = node <= np.minimum(last_node, first_node + stride + 1)[:, None]
+            node = np.hstack([node, last_node[:, None]])
+            sampled = np.hstack([sampled, np.ones((first.size, 1), dtype=bool)])
+            f, t = first[:, None], last[:, None]
+            lo = np.maximum(f, node * dpn)  # the node's first member
+            lo += (f - lo) % stride
+            hi = np.minimum(t, node * dpn + dpn - 1)
+            hi -= (hi - f) % stride  # … and its last
+            held = sampled & (hi >= lo)
+            local = np.where(held, (hi - lo) // stride + 1, 0).max(axis=1)
+            span = np.where(held, hi - lo + 1, 0).max(axis=1)
         per_domain = self._nodes_per_domain()
         net = self.system.network
         if per_domain is None:
-            domains = 1
+            domains = np.ones(first.size, dtype=np.int64)
         elif isinstance(net, Dragonfly) and net.job_placement == "scattered":
-            domains = self._scattered_groups(first, stride, size)
+            domains = np.array([self._scattered_groups(r, stride, size) for r in firsts],
+                               dtype=np.int64)
         elif stride >= dpn * per_domain:
-            domains = size
+            domains = np.full(first.size, size, dtype=np.int64)
         else:
             domains = last_node // per_domain - first_node // per_domain + 1
         return nodes, domains, local, span

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action
 from llmsim.schedules.action_table import actions
 from llmsim.schedules.orders import one_f_one_b_order, require_one_chunk
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import bidirectional
+from llmsim.schedules.walk import Row
 
 
 def chimera_peak(p: int, i: int, m: int, v: int) -> int:
@@ -37,7 +40,8 @@ def chimera_bubble(p: int, m: int, v: int, f: float, b: float, w: float) -> floa
           route=lambda p, m, v: bidirectional(p),
           peak_forwards=chimera_peak,
           bubble=chimera_bubble,
-          pipelines=2)
+          pipelines=2,
+          walked=lambda p, m, v: chimera_walked(p, m, v))
 def chimera(stages: int, microbatches: int, chunks: int) -> list:
     """Two 1F1B pipelines in opposite directions on the same p workers (Li & Hoefler
     2021 §3.1, Fig. 3): worker i runs stage i of the down pipeline (chunk 0) and stage
@@ -58,6 +62,23 @@ def chimera(stages: int, microbatches: int, chunks: int) -> list:
     and the merge timed with t_B = 2t_F, which keeps the bubble at one unit but not
     across units.
     """
+    return chimera_walked(stages, microbatches, chunks)[0]
+
+
+def chimera_walked(stages: int, microbatches: int,
+                   chunks: int) -> tuple[list[list[Action]], tuple[Row, ...]]:
+    """:func:`chimera`'s order and its wait graph's rows (what
+    :func:`~llmsim.schedules.walk.wait_graph` finds for it with the input gradient leaving
+    after W), made together with numpy from the passes' starts.
+
+    Every pass is numbered by the merge's key, (start, k, chunk), over all workers, the W
+    of a fused backward right after its B: each pass's input starts in an earlier slot of
+    its pipeline's 1F1B, or is its own B, so it has a lower number, and each worker's
+    passes come in its order: a valid order of the passes for
+    :func:`~llmsim.schedules.walk.replay`. Its pass waits for: an F for
+    the F of the previous stage of its pipeline, a B for the W of the next stage (the
+    last stage's B for its own F), a W for its own B; an input from worker s − 1 takes
+    hop s, one from s + 1 hop 1 + p + s + 1."""
     require_one_chunk("chimera", chunks)
     if stages % 2 or microbatches % stages:
         raise UserError(
@@ -66,33 +87,49 @@ def chimera(stages: int, microbatches: int, chunks: int) -> list:
             "micro-batches (Li & Hoefler 2021 §3.1, §3.5); use an even pipeline degree "
             "and a multiple of it as the number of micro-batches"
         )
-    half, each = stages // 2, microbatches // 2
-    down = [mb for mb in range(microbatches) if mb % stages < half]
-    up = [mb for mb in range(microbatches) if mb % stages >= half]
-    starts = one_f_one_b_starts(stages, each)
-    rows: list[list[Action]] = []
-    for s in range(stages):
-        # Both pipelines' passes on this worker by (start, micro-batch, chunk), as one
-        # integer each: ((start·each + k)·2 + chunk)·2 + is-backward.
-        merged = sorted([*((key << 2) | flag for key, flag in starts[s]),
-                         *((key << 2) | 2 | flag for key, flag in starts[stages - 1 - s])])
-        # Per chunk, its micro-batches' F, B and W of this worker, by index k.
-        table = [[[t[mb] for mb in route] for t in (actions(s, "F", c, microbatches),
-                                                    actions(s, "B", c, microbatches),
-                                                    actions(s, "W", c, microbatches))]
-                 for c, route in enumerate((down, up))]
-        row: list[Action] = []
-        append = row.append
-        for item in merged:
-            f, b, w = table[(item >> 1) & 1]
-            k = (item >> 2) % each
-            if item & 1:  # the fused backward: B, then its weight gradients
-                append(b[k])
-                append(w[k])
-            else:
-                append(f[k])
-        rows.append(row)
-    return rows
+    p, m = stages, microbatches
+    half, each = p // 2, m // 2
+    routes = ([mb for mb in range(m) if mb % p < half], [mb for mb in range(m) if mb % p >= half])
+    # 1F1B's starts by position q: per (q, k) the start of F and of B
+    starts = one_f_one_b_starts(p, each)
+    keyed = np.array([key for row in starts for key, _ in row], dtype=np.int64)
+    backward = np.array([flag for row in starts for _, flag in row], dtype=np.int64)
+    start = np.empty((2, p, each), dtype=np.int64)  # [is B, q, k]
+    start[backward, np.repeat(np.arange(p), 2 * each), keyed % each] = keyed // each
+    # Every pass by id ((kind·2 + chunk)·p + worker)·each + k, kind F 0, B 1, W 2
+    kind, c, s, k = (a.ravel() for a in np.indices((3, 2, p, each), dtype=np.int32))
+    n = kind.size
+    q = np.where(c == 0, s, p - 1 - s)  # its stage in its pipeline
+    order = np.argsort(((start[np.minimum(kind, 1), q, k] * each + k) * 2 + c) * 3 + kind)
+    number = np.empty(n, dtype=np.int32)  # the merge's keys, W after B
+    number[order] = np.arange(1, n + 1, dtype=np.int32)
+    # the pass each waits for: its kind and worker (the pipeline's next stage: s + step)
+    step = 1 - 2 * c
+    first, last = q == 0, q == p - 1
+    opening = (kind == 0) & first  # waits for nothing
+    sender = s.copy()
+    moved = (kind == 0) & ~first  # F: the previous stage's F
+    sender[moved] -= step[moved]
+    moved = (kind == 1) & ~last  # B: the next stage's W
+    sender[moved] += step[moved]
+    need_kind = np.select([kind == 0, kind == 2, last], [0, 1, 0], 2)  # the last B: its F
+    j = number[((need_kind * 2 + c) * p + sender) * each + k]
+    j[opening] = 0
+    hop = np.where(sender == s, 0, np.where(sender == s - 1, s, 1 + p + sender))
+    columns = [a[order] for a in (s, 6 * s + 3 * c + kind, j, hop)]
+    del start, c, k, q, number, step, first, last, opening, sender, moved, need_kind, j, hop
+    rows: list[Row] = []  # made a block at a time: fewer Python integers held at once
+    for lo in range(0, n, 1 << 16):
+        rows += zip(*(a[lo:lo + (1 << 16)].tolist() for a in columns), strict=True)
+    # Each worker's actions: the numbered passes grouped by worker, in number order
+    flat: list[Action] = []
+    for kind_ in ("F", "B", "W"):
+        for chunk, route in enumerate(routes):
+            for worker in range(p):
+                table = actions(worker, kind_, chunk, m)
+                flat += [table[mb] for mb in route]
+    by_worker = order[np.argsort(columns[0], kind="stable")].reshape(p, n // p)
+    return [list(map(flat.__getitem__, ids)) for ids in by_worker.tolist()], tuple(rows)
 
 
 def one_f_one_b_starts(stages: int, microbatches: int) -> list[list[tuple[int, int]]]:

@@ -10,6 +10,7 @@ from llmsim.errors import UserError
 from llmsim.schedules.action import Action, Kind
 from llmsim.schedules.action_table import actions
 from llmsim.schedules.route import Route
+from llmsim.schedules.walk import Row
 
 
 def require_one_chunk(name: str, chunks: int) -> None:
@@ -39,18 +40,22 @@ def with_weight_passes(stage: int, order: list[tuple[Kind, int]], lag: int) -> l
     """Insert ``W`` of micro-batch ``j`` right after ``B`` of micro-batch ``j + lag``.
 
     ``lag = 0`` is the fused backward; the ``W`` passes whose ``B`` partner does not exist
-    run after the last action, in micro-batch order.
+    run after the last action, in micro-batch order. The actions are the shared ones of
+    :func:`~llmsim.schedules.action_table.actions` (equal values, made once).
     """
-    actions: list[Action] = []
+    m = 1 + max((mb for _, mb in order), default=-1)
+    made = {kind: actions(stage, kind, 0, m) for kind in ("F", "B", "W")}  # shared, by mb
+    weights = made["W"]
+    out: list[Action] = []
     backwards: list[int] = []
     for kind, mb in order:
-        actions.append(Action(stage, kind, mb))
+        out.append(made[kind][mb])
         if kind == "B":
             backwards.append(mb)
             if len(backwards) > lag:
-                actions.append(Action(stage, "W", backwards[len(backwards) - 1 - lag]))
-    actions += [Action(stage, "W", mb) for mb in backwards[max(len(backwards) - lag, 0) :]]
-    return actions
+                out.append(weights[backwards[len(backwards) - 1 - lag]])
+    out += [weights[mb] for mb in backwards[max(len(backwards) - lag, 0) :]]
+    return out
 
 
 Limit = Callable[[int, int, list[int]], bool]
@@ -60,7 +65,8 @@ that chunk (its activation memory)."""
 
 def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limit | int, *,
                  fused: bool = False,
-                 times: tuple[int, int, int] = (1, 1, 1)) -> list[list[Action]]:
+                 times: tuple[int, int, int] = (1, 1, 1),
+                 graph: list[Row] | None = None) -> list[list[Action]]:
     """The per-stage orders a list scheduler makes with fixed pass times ``times``
     (F, B, W; unit times by default, each at least 1) and free communication.
 
@@ -78,6 +84,15 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     only with its own passes), so a build is O(passes · log passes), not O(time · p).
     Within one time the stages decide independently (a choice changes only the stage's
     own queues; what it starts is seen at the pass's end), so in any order.
+
+    ``graph``, a list, receives the order's wait graph as it is scheduled: one
+    :data:`~llmsim.schedules.walk.Row` a pass, what
+    :func:`~llmsim.schedules.walk.wait_graph` finds for the same order and route (the
+    same passes, each waiting for the same pass), numbered as they start here. A pass's
+    input ends before it starts (every pass takes at least a unit), so its pass has a
+    lower number; a stage's passes come in its order: a valid order for
+    :func:`~llmsim.schedules.walk.replay` and the levels, whose floats do not depend on
+    which valid order (``tests/test_walked_orders.py``).
     """
     if min(times) < 1:
         raise ValueError(f"greedy_order: pass times {times} must be at least 1 each")
@@ -98,8 +113,13 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     ready_f: list[list[list[tuple[int, int]]]] = [[[] for _ in range(chunks)]
                                                    for _ in range(stages)]
     ready_b: list[list[tuple[int, int, int, int]]] = [[] for _ in range(stages)]
-    weights: list[deque[Action]] = [deque() for _ in range(stages)]
+    weights: list[deque[tuple[Action, int]]] = [deque() for _ in range(stages)]  # (W, mb·span + k)
     order_of = [0] * (microbatches * span)  # mb·span + k → its stage's forward count
+    # for ``graph``: mb·span + k → the 1-based number of its F, of its B
+    f_number = [0] * (microbatches * span)
+    b_number = [0] * (microbatches * span)
+    rows_of = graph.append if graph is not None else None
+    number = 0
     forwards_run = [0] * stages
     # By time, modulo ``ring`` (no pass ends further ahead): the passes ending then
     # (kind, mb, k) and the stages free again then; the order within a time does not
@@ -138,13 +158,28 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                 kind, end = "B", now + b_time
                 _, backward, weight = table[s][c]
                 row.append(backward[mb])
+                own = mb * span + k
+                if rows_of is not None:  # after the next one's B, or (last) its own F
+                    path = hops[mb]
+                    if k + 1 < len(path):
+                        j, sender = b_number[own + 1], path[k + 1][0]
+                    else:
+                        j, sender = f_number[own], s
+                    number += 1
+                    b_number[own] = number
+                    rows_of((s, 3 * (chunks * s + c) + 1, j,
+                             0 if sender == s else 1 + sender if sender == s - 1
+                             else 1 + stages + sender))
                 if fused:
                     row.append(weight[mb])
                     left -= 1
                     held[s][c] -= 1
                     total[s] -= 1
+                    if rows_of is not None:
+                        number += 1
+                        rows_of((s, 3 * (chunks * s + c) + 2, number - 1, 0))
                 else:
-                    weights[s].append(weight[mb])
+                    weights[s].append((weight[mb], own))
             else:
                 kind = ""
                 queues = ready_f[s]
@@ -156,6 +191,12 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                     head = None
                 elif chunks == 1:
                     head = (queues[0][0], 0) if queues[0] else None
+                elif chunks == 2:  # ZB-V: the min below, without a generator
+                    first, second = queues
+                    if first and second:
+                        head = (first[0], 0) if first[0] <= second[0] else (second[0], 1)
+                    else:
+                        head = (first[0], 0) if first else (second[0], 1) if second else None
                 else:
                     head = min(((queue[0], c) for c, queue in enumerate(queues) if queue),
                                default=None)
@@ -163,6 +204,17 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                     (mb, k), c = head
                     pop(queues[c])
                     row.append(table[s][c][0][mb])
+                    if rows_of is not None:  # after the previous virtual stage's F
+                        own = mb * span + k
+                        if k:
+                            j, sender = f_number[own - 1], hops[mb][k - 1][0]
+                        else:
+                            j, sender = 0, s
+                        number += 1
+                        f_number[own] = number
+                        rows_of((s, 3 * (chunks * s + c), j,
+                                 0 if sender == s else 1 + sender if sender == s - 1
+                                 else 1 + stages + sender))
                     held[s][c] += 1
                     total[s] += 1
                     order_of[mb * span + k] = forwards_run[s]
@@ -171,9 +223,12 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
                 else:
                     if not weights[s]:
                         continue  # idle until a pass fills its queues
-                    weight = weights[s].popleft()
+                    weight, own = weights[s].popleft()
                     row.append(weight)
                     held[s][weight.chunk] -= 1
+                    if rows_of is not None:  # after its own B
+                        number += 1
+                        rows_of((s, 3 * (chunks * s + weight.chunk) + 2, b_number[own], 0))
                     total[s] -= 1
                     kind, end = "W", now + w_time
             left -= 1
@@ -194,3 +249,11 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
         pending -= len(ended) + len(freed)
         awake = set(freed)
     return rows
+
+
+def greedy_walked(stages: int, microbatches: int, route: Route,
+                  limit: int) -> tuple[list[list[Action]], tuple[Row, ...]]:
+    """:func:`greedy_order`'s order (unit pass times, an integer memory limit) with its
+    wait graph's rows, made as it is scheduled (its ``graph``)."""
+    graph: list[Row] = []
+    return greedy_order(stages, microbatches, route, limit, graph=graph), tuple(graph)

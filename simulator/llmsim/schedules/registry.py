@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action
 from llmsim.schedules.route import Route, looping
+from llmsim.schedules.walk import Row
 
 
 class Schedule(list[list[Action]]):
@@ -33,6 +34,9 @@ PairsFn = Callable[[list[Action]], list[tuple[int, int]]]
 """A stage's actions → the (forward, backward) index pairs it runs overlapped."""
 PeakFn = Callable[[int, int, int, int], int]
 """``(p, stage i, m, v)`` → forward passes (chunk-micro-batches) held at the peak."""
+WalkedFn = Callable[[int, int, int], tuple[list[list[Action]], tuple[Row, ...]]]
+"""``(stages, microbatches, chunks) → (per-stage actions, their wait graph's rows)``, the
+rows made as the order is built (:func:`~llmsim.schedules.orders.greedy_order`)."""
 BubbleFn = Callable[[int, int, int, float, float, float], float]
 """``(p, m, v, t_F, t_B, t_W)`` → idle time of a stage (pass times of a whole stage)."""
 
@@ -67,6 +71,10 @@ class ScheduleInfo:
     chunk that the schedule runs as one overlapped pair, each one's all-to-alls beside
     the other's computation (DualPipe's "F&B"; the engine prices them so with
     ``parallelism.moe_a2a_overlap``, :mod:`llmsim.engine.pairs`); None: no pairs."""
+    walked: WalkedFn | None = None
+    """The same order with its wait graph's rows (:data:`WalkedFn`), for the walks of the
+    search (:func:`walked`); None: the rows are found from the order
+    (:func:`~llmsim.schedules.walk.wait_graph`)."""
 
     def __call__(self, stages: int, microbatches: int, chunks: int) -> list[list[Action]]:
         return self.order(stages, microbatches, chunks)
@@ -92,7 +100,8 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
              weight_versions: Callable[[int, int, int], int] = lambda p, i, m: 1,
              replayed: bool = True,
              pipelines: int = 1,
-             overlapped_pairs: PairsFn | None = None) -> Callable[[ScheduleFn], ScheduleFn]:
+             overlapped_pairs: PairsFn | None = None,
+             walked: WalkedFn | None = None) -> Callable[[ScheduleFn], ScheduleFn]:
     """Decorator: ``@register("1f1b", peak_forwards=…, bubble=…)`` adds the function below
     it to :data:`SCHEDULES` with its closed forms (the fields of :class:`ScheduleInfo`)."""
 
@@ -101,7 +110,7 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
             raise ValueError(f"schedule {name!r} is registered twice")
         SCHEDULES[name] = ScheduleInfo(name, fn, peak_forwards, bubble, split_backward,
                                        route, weight_versions, replayed, pipelines,
-                                       overlapped_pairs)
+                                       overlapped_pairs, walked)
         if split_backward:
             SPLIT_BACKWARD.add(name)
         return fn
@@ -109,8 +118,8 @@ def register(name: str, *, peak_forwards: PeakFn, bubble: BubbleFn,
     return decorator
 
 
-def build(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """The per-stage action lists of schedule ``name``; UserError on invalid input."""
+def _checked(name: str, stages: int, microbatches: int, chunks: int) -> ScheduleInfo:
+    """The registry entry of ``name``; UserError on an unknown name or a bad count."""
     if name not in SCHEDULES:
         raise UserError(
             f"schedule: unknown name {name!r}; use one of {', '.join(sorted(SCHEDULES))}"
@@ -118,11 +127,34 @@ def build(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedul
     for field, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"{field}: {value!r} is not allowed; give a whole number ≥ 1")
-    info = SCHEDULES[name]
-    schedule = Schedule(info.order(stages, microbatches, chunks))
+    return SCHEDULES[name]
+
+
+def build(name: str, stages: int, microbatches: int, chunks: int = 1) -> Schedule:
+    """The per-stage action lists of schedule ``name``; UserError on invalid input."""
+    info = _checked(name, stages, microbatches, chunks)
+    return _with_route(info, info.order(stages, microbatches, chunks), stages, microbatches,
+                       chunks)
+
+
+def _with_route(info: ScheduleInfo, order: list[list[Action]], stages: int,
+                microbatches: int, chunks: int) -> Schedule:
+    schedule = Schedule(order)
     if info.route is not None:
         schedule.route = info.route(stages, microbatches, chunks)
     return schedule
+
+
+def walked(name: str, stages: int, microbatches: int,
+           chunks: int = 1) -> tuple[Schedule, tuple[Row, ...] | None]:
+    """(:func:`build`'s order, its wait graph's rows where the schedule makes them as it
+    builds the order (:attr:`ScheduleInfo.walked`), else None); UserError as :func:`build`."""
+    info = _checked(name, stages, microbatches, chunks)
+    if info.walked is None:
+        order, rows = info.order(stages, microbatches, chunks), None
+    else:
+        order, rows = info.walked(stages, microbatches, chunks)
+    return _with_route(info, order, stages, microbatches, chunks), rows
 
 
 def placement(name: str, stages: int, chunks: int) -> tuple[tuple[int, int], ...]:

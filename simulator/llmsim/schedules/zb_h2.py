@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmsim.schedules.orders import greedy_order, require_one_chunk
+from llmsim.schedules.orders import greedy_order, greedy_walked, require_one_chunk
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import looping
 
@@ -22,7 +22,8 @@ def zb_h2_bubble(p: int, m: int, v: int, f: float, b: float, w: float) -> float:
 
 @register("zb-h2", split_backward=True,
           peak_forwards=lambda p, i, m, v: min(2 * p - 1, m),
-          bubble=zb_h2_bubble)
+          bubble=zb_h2_bubble,
+          walked=lambda p, m, v: zb_h2_walked(p, m, v))
 def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     """ZB-H2: up to 2p − 1 micro-batches in flight on every stage (Qi et al. 2024 §2.2).
 
@@ -32,6 +33,10 @@ def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     with the memory limit 2p − 1 (Table 2: (2p−1)·M_B): B first, then F, then W.
     """
     require_one_chunk("zb-h2", chunks)
-    limit = 2 * stages - 1
-    return greedy_order(stages, microbatches, looping(stages, 1),
-                        limit)
+    return greedy_order(stages, microbatches, looping(stages, 1), 2 * stages - 1)
+
+
+def zb_h2_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
+    """:func:`zb_h2`'s order with its wait graph's rows, made as it is scheduled."""
+    require_one_chunk("zb-h2", chunks)
+    return greedy_walked(stages, microbatches, looping(stages, 1), 2 * stages - 1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmsim.errors import UserError
-from llmsim.schedules.orders import greedy_order
+from llmsim.schedules.orders import greedy_order, greedy_walked
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import v_shape
 
@@ -19,7 +19,8 @@ def _require_two_chunks(chunks: int) -> None:
 @register("zb-v", split_backward=True,
           route=lambda p, m, v: v_shape(p),
           peak_forwards=lambda p, i, m, v: min(2 * p, 2 * m),
-          bubble=lambda p, m, v, f, b, w: (p - 1) * f / v)
+          bubble=lambda p, m, v, f, b, w: (p - 1) * f / v,
+          walked=lambda p, m, v: zb_v_walked(p, m, v))
 def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     """ZB-V: stage s holds virtual stages s and 2p − 1 − s, so a micro-batch goes down
     the stages and back up (the V), and stage 0 runs both the first forward and the
@@ -34,6 +35,10 @@ def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     twice 1F1B's.
     """
     _require_two_chunks(chunks)
-    limit = 2 * stages
-    return greedy_order(stages, microbatches, v_shape(stages),
-                        limit)
+    return greedy_order(stages, microbatches, v_shape(stages), 2 * stages)
+
+
+def zb_v_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
+    """:func:`zb_v`'s order with its wait graph's rows, made as it is scheduled."""
+    _require_two_chunks(chunks)
+    return greedy_walked(stages, microbatches, v_shape(stages), 2 * stages)

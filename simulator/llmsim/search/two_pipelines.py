@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llmsim.in_flight import schedule_order
+from llmsim.in_flight import schedule_walked
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
 from llmsim.schedules.walk import levels, replay, wait_graph
@@ -95,22 +95,33 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
     gradient leaving after W where the backward is fused; a pass of an overlapped pair
     (:attr:`llmsim.schedules.ScheduleInfo.overlapped_pairs`, DualPipe's) takes its
     duration from column ``6p + 4·s + 2·chunk`` (forward) or that ``+ 1`` (backward)."""
-    order = schedule_order(schedule, p, m, 1)
-    graph = wait_graph(order, SCHEDULES[schedule].route_of(p, m, 1),
-                       gradient_after_weights=schedule not in SPLIT_BACKWARD)
+    order, rows = schedule_walked(schedule, p, m, 1)  # Chimera's rows made with its order
+    if rows is None:
+        rows = wait_graph(order, SCHEDULES[schedule].route_of(p, m, 1),
+                          gradient_after_weights=schedule not in SPLIT_BACKWARD).rows()
     find_pairs = SCHEDULES[schedule].overlapped_pairs
-    paired: dict = {}  # action → its pair column
+    # per device, its passes' positions in its own order → their pair column (a device's
+    # passes come in the graph in its order, so a count per device finds the position)
+    paired: list[dict[int, int]] = []
     for actions in order if find_pairs is not None else ():
-        for i, j in find_pairs(actions):
-            for a in (actions[i], actions[j]):
-                paired[a] = 6 * p + 4 * a.stage + 2 * a.chunk + (a.kind == "B")
-    rows = graph.rows() if not paired else tuple((s, paired.get(a, column), j, hop)
-                 for (s, column, j, hop), a in zip(graph.rows(), graph.actions, strict=True))
-    last_w = {(a.stage, a.chunk): k for k, a in enumerate(graph.actions, start=1)
-              if a.kind == "W"}
-    last = [0] * p
-    for k, (s, *_) in enumerate(rows, start=1):
+        columns = {}
+        for pair in find_pairs(actions):
+            for i in pair:
+                a = actions[i]
+                columns[i] = 6 * p + 4 * a.stage + 2 * a.chunk + (a.kind == "B")
+        paired.append(columns)
+    seen, last = [0] * p, [0] * p
+    last_w: dict[tuple[int, int], int] = {}
+    for k, (s, column, _, _) in enumerate(rows, start=1):
         last[s] = k
+        if column % 3 == 2:  # a W: column 6·s + 3·chunk + 2
+            last_w[s, column // 3 - 2 * s] = k
+    if any(paired):
+        out = []
+        for s, column, j, hop in rows:
+            out.append((s, paired[s].get(seen[s], column), j, hop))
+            seen[s] += 1
+        rows = tuple(out)
     return CompiledOrder(p, rows, last_w, tuple(last))
 
 

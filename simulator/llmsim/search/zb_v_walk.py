@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmsim.in_flight import schedule_order
+from llmsim.in_flight import schedule_walked
 from llmsim.schedules import SCHEDULES
 from llmsim.schedules.walk import Levels, levels, replay, replay_levels, wait_graph
 from llmsim.search.memo import BoundedMemo
@@ -71,11 +71,13 @@ def compiled(p: int, m: int, schedule: str = "zb-v", v: int = 2) -> CompiledWalk
 
 
 def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
-    """The order's wait graph (:func:`llmsim.schedules.walk.wait_graph`; ZB-V's V: chunk 0
-    of stage s is virtual stage s, chunk 1 virtual stage 2p − 1 − s), as rows for the
-    loop or levels for numpy."""
-    rows = wait_graph(schedule_order(schedule, p, m, v),
-                      SCHEDULES[schedule].route_of(p, m, v)).rows()
+    """The order's wait graph (ZB-V's V: chunk 0 of stage s is virtual stage s, chunk 1
+    virtual stage 2p − 1 − s), as rows for the loop or levels for numpy: as the greedy
+    scheduler makes it with the order (ZB-V, ZB-H2: one sweep for both), else by
+    :func:`llmsim.schedules.walk.wait_graph`."""
+    order, rows = schedule_walked(schedule, p, m, v)  # ZB-V's and ZB-H2's rows as built
+    if rows is None:
+        rows = wait_graph(order, SCHEDULES[schedule].route_of(p, m, v)).rows()
     if p < NUMPY_FROM_STAGES:
         return CompiledWalk(p, len(rows), rows, None, schedule)
     return CompiledWalk(p, len(rows), None, levels(p, rows), schedule)

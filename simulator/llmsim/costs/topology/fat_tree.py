@@ -26,8 +26,10 @@ members' ``1/(n − 1)`` share to every member outside the leaf
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from llmsim.costs.topology.base import (
     Route,
@@ -47,13 +49,15 @@ class FatTreeTopology:
 
     network: FatTree
 
-    def _crosses(self, plan: Plan, a: int, b: int, k: int) -> bool:
-        """Whether the ring step from rank ``a`` to rank ``b`` climbs to the spine."""
-        (node_a, slot_a), (node_b, slot_b) = plan.location(a), plan.location(b)
+    def _crosses(self, plan: Plan, a: Any, b: Any, k: int) -> Any:
+        """Whether the ring step from rank ``a`` to rank ``b`` climbs to the spine (element
+        by element for numpy arrays of ranks)."""
+        dpn = plan.system.node.devices_per_node
         leaf = self.network.nodes_per_leaf
-        if node_a // leaf != node_b // leaf:
-            return True
-        return self.network.rail_optimized and k == 1 and slot_a != slot_b
+        other_leaf = a // dpn // leaf != b // dpn // leaf
+        if self.network.rail_optimized and k == 1:
+            return other_leaf | (a % dpn != b % dpn)  # another rail
+        return other_leaf
 
     def route(self, plan: Plan, placement: GroupPlacement) -> Route:
         """Leaf or spine, the hops, and the share the leaf's uplinks leave the group."""
@@ -101,13 +105,13 @@ class FatTreeTopology:
 
         The count a walk over every group with a member on the leaf and every ring step
         of it makes (:func:`~llmsim.costs.topology.base.groups_touching`,
-        :func:`~llmsim.costs.topology.base.rank_steps`), visiting only the members on the
-        leaf: a group's members ascend (every group is one set of offsets from its first
-        rank, :meth:`Plan.members`), so those on one node are consecutive and a step
-        leaves a node from its last member to the next member, or, closing a ring, from
-        the group's last member to its first. The steps that start on the leaf are those
-        from its members, found by bisection in the offsets: the time grows with the
-        leaf's ranks, not with the number or size of the groups
+        :func:`~llmsim.costs.topology.base.rank_steps`), of the steps that start on the
+        leaf: each rank on it is one group's member, and its step goes to the group's
+        next member, or, closing a ring, from the group's last member to its first (none
+        from a chain's last). Every group is one set of ascending offsets from its first
+        rank (:meth:`Plan.members`), so the next member is found for all the leaf's ranks
+        at once with numpy (:meth:`Plan.group_first`, a search in the offsets): the time
+        grows with the leaf's ranks, not with the number or size of the groups
         (``tests/test_topology_fat_tree.py`` checks it against the walk)."""
         key = ("fat_tree._leaving", id(self.network), axis, leaf_nodes, k)
         known = plan.memo.get(key)
@@ -115,24 +119,18 @@ class FatTreeTopology:
             return known[1]  # type: ignore[return-value]
         dpn = plan.system.node.devices_per_node
         lo, hi = leaf_nodes.start * dpn, min(leaf_nodes.stop * dpn, plan.devices)
-        firsts = list(dict.fromkeys(plan.group_first(axis, r) for r in range(lo, hi)))
         flows = 0
-        if firsts:
-            offsets = plan.members(axis, firsts[0])
-            offsets = [r - firsts[0] for r in offsets]
-            size, chain = len(offsets), is_chain(axis)
-            for first in firsts:
-                for i in range(bisect_left(offsets, lo - first),
-                               bisect_left(offsets, hi - first)):
-                    a = first + offsets[i]
-                    if i + 1 < size:
-                        b = first + offsets[i + 1]
-                    elif chain:
-                        continue
-                    else:  # the ring's step back to its first member
-                        b = first
-                    if a // dpn != b // dpn and self._crosses(plan, a, b, k):
-                        flows += 1
+        if hi > lo:
+            ranks = np.arange(lo, hi, dtype=np.int64)
+            first = plan.group_first(axis, ranks)
+            offsets = np.asarray(plan.members(axis, int(first[0])), dtype=np.int64) - first[0]
+            at = np.searchsorted(offsets, ranks - first)  # each rank's place in its group
+            has_next = at + 1 < offsets.size
+            b = np.where(has_next, first + offsets[np.minimum(at + 1, offsets.size - 1)],
+                         first)
+            steps = has_next if is_chain(axis) else np.ones(ranks.size, dtype=bool)
+            leaving = steps & (ranks // dpn != b // dpn) & self._crosses(plan, ranks, b, k)
+            flows = int(np.count_nonzero(leaving))
         plan.memo[key] = (self.network, flows)
         return flows
 
