@@ -16,7 +16,7 @@ from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES, chunks_at_peak
 from llmsim.schedules.action import Action
 from llmsim.schedules.registry import walked
-from llmsim.schedules.walk import Row
+from llmsim.schedules.walk import Row, wait_graph
 
 
 def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int]:
@@ -47,6 +47,20 @@ def schedule_walked(schedule: str, stages: int, microbatches: int, chunks: int
     :func:`~llmsim.schedules.walk.wait_graph`)."""
     order, held = _walked(schedule, stages, microbatches, chunks)
     return order, held.pop() if held else None
+
+
+def schedule_rows(schedule: str, stages: int, microbatches: int, chunks: int, *,
+                  gradient_after_weights: bool = False
+                  ) -> tuple[tuple[tuple[Action, ...], ...], tuple[Row, ...]]:
+    """(the per-stage order, its wait graph's rows) for a search's walk: the rows as the
+    schedule made them with its order (:func:`schedule_walked`), else found from the
+    order by :func:`~llmsim.schedules.walk.wait_graph` (``gradient_after_weights`` as
+    there)."""
+    order, rows = schedule_walked(schedule, stages, microbatches, chunks)
+    if rows is None:
+        rows = wait_graph(order, SCHEDULES[schedule].route_of(stages, microbatches, chunks),
+                          gradient_after_weights=gradient_after_weights).rows()
+    return order, rows
 
 
 @functools.lru_cache(maxsize=2)

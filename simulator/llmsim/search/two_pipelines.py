@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llmsim.in_flight import schedule_walked
+from llmsim.in_flight import schedule_rows
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
-from llmsim.schedules.walk import levels, replay, wait_graph
+from llmsim.schedules.walk import levels, replay
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
@@ -95,10 +95,8 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
     gradient leaving after W where the backward is fused; a pass of an overlapped pair
     (:attr:`llmsim.schedules.ScheduleInfo.overlapped_pairs`, DualPipe's) takes its
     duration from column ``6p + 4·s + 2·chunk`` (forward) or that ``+ 1`` (backward)."""
-    order, rows = schedule_walked(schedule, p, m, 1)  # Chimera's rows made with its order
-    if rows is None:
-        rows = wait_graph(order, SCHEDULES[schedule].route_of(p, m, 1),
-                          gradient_after_weights=schedule not in SPLIT_BACKWARD).rows()
+    order, rows = schedule_rows(  # Chimera's rows made with its order
+        schedule, p, m, 1, gradient_after_weights=schedule not in SPLIT_BACKWARD)
     find_pairs = SCHEDULES[schedule].overlapped_pairs
     # per device, its passes' positions in its own order → their pair column (a device's
     # passes come in the graph in its order, so a count per device finds the position)

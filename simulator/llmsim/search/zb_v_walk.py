@@ -19,9 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmsim.in_flight import schedule_walked
-from llmsim.schedules import SCHEDULES
-from llmsim.schedules.walk import Levels, levels, replay, replay_levels, wait_graph
+from llmsim.in_flight import schedule_rows
+from llmsim.schedules.walk import Levels, levels, replay, replay_levels
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.walk_batch import defer
@@ -75,9 +74,7 @@ def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
     virtual stage 2p − 1 − s), as rows for the loop or levels for numpy: as the greedy
     scheduler makes it with the order (ZB-V, ZB-H2: one sweep for both), else by
     :func:`llmsim.schedules.walk.wait_graph`."""
-    order, rows = schedule_walked(schedule, p, m, v)  # ZB-V's and ZB-H2's rows as built
-    if rows is None:
-        rows = wait_graph(order, SCHEDULES[schedule].route_of(p, m, v)).rows()
+    _, rows = schedule_rows(schedule, p, m, v)  # ZB-V's and ZB-H2's rows as built
     if p < NUMPY_FROM_STAGES:
         return CompiledWalk(p, len(rows), rows, None, schedule)
     return CompiledWalk(p, len(rows), None, levels(p, rows), schedule)

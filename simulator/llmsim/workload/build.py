@@ -35,8 +35,9 @@ from llmsim.workload.fp8 import (
 )
 from llmsim.workload.hf_eager import REPLACING, apply_hf_eager
 from llmsim.workload.host_work import apply_host_work
-from llmsim.workload.layer import LayerBuilder, _as_phase
+from llmsim.workload.layer import LayerBuilder
 from llmsim.workload.persistent import persistent_elements
+from llmsim.workload.recompute import EXPERT_ACTIVATIONS, NORMS_AND_UP_PROJECTIONS, recomputed
 from llmsim.workload.rope import apply_rope
 from llmsim.workload.router_kernels import with_router_kernels
 from llmsim.workload.small_calls import (
@@ -164,14 +165,14 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
     layer_f, layer_r, layer_b, layer_w = apply_host_work(
         (layer_f, layer_r, layer_b, layer_w), model, par, training)
     if par.recompute_norms_and_up_proj:
-        layer_r = [*layer_r, *_recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
+        layer_r = [*layer_r, *recomputed(layer_f, NORMS_AND_UP_PROJECTIONS)]
     moe = None
     if model.moe is not None:
         moe_f, moe_b, moe_w = replace_mlp(layer_f, layer_b, layer_w, builder)
         moe_f, moe_b = with_router_kernels(moe_f, moe_b, builder, model, training)
-        moe_r = [_as_phase(op, "R") for op in moe_f] if par.recompute == "full" else layer_r
+        moe_r = recomputed(moe_f) if par.recompute == "full" else layer_r
         if training.fp8_activation_cache:
-            moe_r = [*moe_r, *_recomputed(moe_f, EXPERT_ACTIVATIONS)]
+            moe_r = [*moe_r, *recomputed(moe_f, EXPERT_ACTIVATIONS)]
         moe = (tuple(moe_f), tuple(moe_r), tuple(moe_b), tuple(moe_w))
     emb_f, emb_b, emb_w = builder.embedding()
     head_f, head_b, head_w = builder.head()
@@ -193,22 +194,6 @@ def pass_ops(model: Model, par: Parallelism, training: Training) -> PassOps:
                     mtp_w + head[2]),
                    batch_input + every_chunk_syncs, every,
                    () if every_chunk_syncs else batch_ops(training))
-
-
-NORMS_AND_UP_PROJECTIONS = frozenset({"ln1", "ln2", "mla_q_norm", "mla_kv_norm", "mla_q_up",
-                                      "mla_kv_up"})
-"""The forward ops ``parallelism.recompute_norms_and_up_proj`` runs again in the backward
-(DeepSeek-V3 report §3.2.3): the block's two RMSNorms, MLA's latent norms and its
-up-projections."""
-EXPERT_ACTIVATIONS = frozenset({"expert_act", "shared_act"})
-"""The forward ops ``training.fp8_activation_cache`` runs again in the backward
-(DeepSeek-V3 report §3.3.3): the routed and shared experts' activations (SwiGLU), whose
-inputs are cached in FP8 and outputs not kept."""
-
-
-def _recomputed(forward: list[Op], names: frozenset[str]) -> list[Op]:
-    """The ops of ``forward`` named in ``names``, in order, as recompute (phase R) ops."""
-    return [_as_phase(op, "R") for op in forward if op.name in names]
 
 
 def chunk_extras(model: Model, par: Parallelism, training: Training, layers: int,
