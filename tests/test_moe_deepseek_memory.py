@@ -14,7 +14,8 @@ import llmsim
 from llmsim.activations import activation_bytes_per_layer, activation_element_bytes
 from llmsim.experts import FP8_CACHED_BYTES, moe_activation_bytes_delta, routed_rows
 from llmsim.mla import mla_activation_bytes_delta
-from llmsim.workload.build import EXPERT_ACTIVATIONS, NORMS_AND_UP_PROJECTIONS, pass_ops
+from llmsim.workload.build import pass_ops
+from llmsim.workload.recompute import EXPERT_ACTIVATIONS, NORMS_AND_UP_PROJECTIONS
 
 OFF = ["parallelism.recompute_norms_and_up_proj=false", "training.fp8_activation_cache=false"]
 
