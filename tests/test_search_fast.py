@@ -307,7 +307,7 @@ def test_a_family_s_columns_equal_each_member_s_scalar_row(seed: int, size: int)
     rng.shuffle(members)
     warm = Estimator()
     peaks = [rng.uniform(1e9, 8e10) for _ in members]
-    got = columns([[layout, warm.estimate(sc), None, peak]
+    got = columns([[layout, warm.estimate(sc), peak]
                    for (layout, sc), peak in zip(members, peaks, strict=True)], 8e10, 1024)
     for i, ((layout, sc), peak) in enumerate(zip(members, peaks, strict=True)):
         want = _row_of(layout, Estimator().estimate(sc), peak, 8e10, 1024)
@@ -329,30 +329,6 @@ def test_the_members_of_a_family_share_one_pipeline_phase() -> None:
     assert _estimates(est, scenarios) == [_estimates(Estimator(), [sc])[0]
                                           for sc in scenarios]
     assert len(est._pipelines) == 1
-
-
-def test_a_deferred_walk_s_layout_resumes_where_it_was_set_aside() -> None:
-    """A layout whose walk is set aside to be replayed with its batch's others
-    (:mod:`llmsim.search.walk_batch`) is priced again from where it stopped: the same
-    estimate as a fresh estimator's, nothing left pending."""
-    from llmsim.search import walk_batch
-
-    scenario, sample = _FAMILY_SPACE
-    cores_v = [c for c in sample if c.schedule == "zb-v"][:3]
-    scenarios = _valid_scenarios(scenario, cores_v)
-    assert scenarios
-    est = Estimator()
-    deferred = []
-    with walk_batch.collecting():
-        for sc in scenarios:
-            try:
-                est.estimate(sc)
-            except walk_batch.Deferred:
-                deferred.append(sc)
-    walk_batch.flush()
-    assert deferred and len(est._pending) == len(deferred)
-    assert _estimates(est, deferred) == [_estimates(Estimator(), [sc])[0] for sc in deferred]
-    assert not est._pending
 
 
 _TAILS = Estimator()

@@ -11,11 +11,13 @@ import sys
 from fractions import Fraction
 from itertools import pairwise
 
+import numpy as np
 import pytest
 
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD, Action, build, unit_timeline
 from llmsim.schedules.registry import route_of
-from llmsim.schedules.walk import levels, replay, replay_levels, wait_graph
+from llmsim.schedules.walk import replay, wait_graph
+from llmsim.schedules.walk_kernel import replay_ends, table
 from llmsim.search import two_pipelines
 from llmsim.search.pipeline import StageTimes, _chunk_shares, zb_v_walk_s
 
@@ -86,8 +88,8 @@ def _random_case(p: int, chunks: int, seed: int):
 def test_the_replay_equals_the_recursive_reference(schedule: str, p: int, m: int, v: int,
                                                    fused: bool) -> None:
     """With unequal passes per stage, chunk and kind and a hop per sender and direction,
-    every pass ends exactly when the reference says, by the loop and by numpy levels
-    (the input gradient leaving after W, ``fused``, only where W is never deferred)."""
+    every pass ends exactly when the reference says, by the loop and by its compiled
+    form (the input gradient leaving after W, ``fused``, only where W is never deferred)."""
     order = build(schedule, p, m, v)
     graph = wait_graph(order, route_of(order), gradient_after_weights=fused)
     pass_s, hop, durations, hops = _random_case(p, graph.chunks, p * 100 + m)
@@ -96,7 +98,8 @@ def test_the_replay_equals_the_recursive_reference(schedule: str, p: int, m: int
     rows = graph.rows()
     end, free = replay(p, rows, durations, hops)
     assert {a: end[k] for k, a in enumerate(graph.actions, start=1)} == reference
-    assert replay_levels(p, len(rows), levels(p, rows), durations, hops) == free
+    picks = np.arange(len(rows) + 1, dtype=np.int64)
+    assert replay_ends(p, table(rows), durations, hops, picks) == (end, free)
     assert free == [reference[row[-1]] for row in order]
 
 
@@ -118,7 +121,7 @@ def test_the_unit_timeline_is_the_walk(schedule: str, p: int, m: int, v: int) ->
 @pytest.mark.parametrize(("p", "m"), [(2, 3), (3, 7), (4, 16), (12, 30), (32, 40)])
 @pytest.mark.parametrize("blocking", [False, True])
 def test_the_compiled_zb_v_walk_equals_the_reference(p: int, m: int, blocking: bool) -> None:
-    """ZB-V's walk in the search (a loop, or numpy levels from 24 stages) gives exactly
+    """ZB-V's walk in the search (the compiled loop) gives exactly
     the reference's numbers, with unequal stages, chunks and hops."""
     rng = random.Random(p * 1000 + m)
     stages = [(StageTimes(1.0, 1.0, 1.0, hop_f=rng.random() / 10, hop_b=rng.random() / 10,
@@ -177,29 +180,3 @@ def test_every_registered_schedule_compiles() -> None:
         order = build(name, p, m, v)
         graph = wait_graph(order, info.route_of(p, m, v))
         assert len(graph.actions) == sum(len(row) for row in order)
-
-
-@pytest.mark.parametrize(("schedule", "p", "m", "v"), CASES)
-def test_the_levels_put_each_pass_at_its_depth(schedule: str, p: int, m: int, v: int) -> None:
-    """Every pass is in exactly one level, at its depth: one more than the deeper of its
-    stage's previous pass and the pass it waits for; a level holds a stage at most once,
-    lists its passes in the order of the walk and names each one's stage's previous pass."""
-    order = build(schedule, p, m, v)
-    rows = wait_graph(order, route_of(order)).rows()
-    depth, stage_depth = [0] * (len(rows) + 1), [0] * p
-    for k, (s, _, j, _) in enumerate(rows, start=1):
-        depth[k] = stage_depth[s] = max(stage_depth[s], depth[j]) + 1
-    before = [0] * (len(rows) + 1)  # each pass's stage's pass before it (0: none)
-    latest = [0] * p
-    for k, (s, *_) in enumerate(rows, start=1):
-        before[k], latest[s] = latest[s], k
-    seen: list[int] = []
-    for level, (ks, stages, columns, needs, hops, previous) in enumerate(levels(p, rows),
-                                                                         start=1):
-        assert list(ks) == sorted(ks) and len(set(stages.tolist())) == len(stages)
-        for k, s, column, j, hop, prev in zip(ks, stages, columns, needs, hops, previous,
-                                              strict=True):
-            assert depth[k] == level and rows[k - 1] == (s, column, j, hop)
-            assert prev == before[k]
-        seen += ks.tolist()
-    assert sorted(seen) == list(range(1, len(rows) + 1))

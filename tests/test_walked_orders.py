@@ -21,7 +21,8 @@ from llmsim.schedules.chimera import chimera_walked
 from llmsim.schedules.orders import greedy_order
 from llmsim.schedules.registry import walked
 from llmsim.schedules.route import bidirectional, looping, v_shape
-from llmsim.schedules.walk import levels, replay, replay_levels, wait_graph
+from llmsim.schedules.walk import replay, wait_graph
+from llmsim.schedules.walk_kernel import replay_ends, table
 from llmsim.search import two_pipelines
 
 
@@ -44,7 +45,7 @@ def assert_same_graph(order, rows, route, after_weights: bool) -> None:
     expected = wait_graph(order, route, gradient_after_weights=after_weights).rows()
     assert len(rows) == len(expected)
     assert by_position(p, rows) == by_position(p, expected)
-    # and so the same floats: a replay with random times, by the loop and by levels
+    # and so the same floats: a replay with random times, by the loop and compiled
     rng = random.Random(len(rows))
     chunks = 1 + max(a.chunk for row in order for a in row)
     durations = [rng.random() for _ in range(3 * chunks * p)]
@@ -56,7 +57,7 @@ def assert_same_graph(order, rows, route, after_weights: bool) -> None:
     names_ref = list(by_position(p, expected))
     assert dict(zip(names, ends[1:], strict=True)) == \
         dict(zip(names_ref, ends_ref[1:], strict=True))
-    assert replay_levels(p, len(rows), levels(p, rows), durations, hops) == free_ref
+    assert replay_ends(p, table(rows), durations, hops)[1] == free_ref
 
 
 @settings(max_examples=150, deadline=None)
@@ -133,7 +134,7 @@ def reference_compile(schedule: str, p: int, m: int) -> two_pipelines.CompiledOr
     last = [0] * p
     for k, (s, *_) in enumerate(rows, start=1):
         last[s] = k
-    return two_pipelines.CompiledOrder(p, rows, last_w, tuple(last))
+    return two_pipelines.CompiledOrder(p, table(rows), last_w, tuple(last))
 
 
 @pytest.mark.parametrize("schedule", ["chimera", "dualpipe"])
@@ -149,7 +150,7 @@ def test_compiled_two_pipeline_orders_walk_as_before(schedule: str) -> None:
             assert by_position(p, new.passes) == by_position(p, old.passes)
             assert set(new.last_w) == set(old.last_w)  # read by key
             if schedule == "dualpipe":
-                assert new == old
+                assert (new.passes, new.last_w, new.last) == (old.passes, old.last_w, old.last)
             rng = random.Random(p * m)
             durations = [rng.random() for _ in range(6 * p + 4 * p)]
             hops = [0.0] + [rng.random() for _ in range(2 * p)]

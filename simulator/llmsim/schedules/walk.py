@@ -13,16 +13,14 @@ gradient leaves a stage right after B, or after W where ``gradient_after_weights
 fused backward run as B then W, Chimera's in the search).
 
 Which pass waits for which depends only on the order, so :func:`wait_graph` works it out
-once, and :func:`replay` (a loop of O(passes) float operations) or :func:`replay_levels`
-(numpy, level by level, for deep pipelines) times it with a layout's passes.
+once, and :func:`replay` (a loop of O(passes) float operations) times it with a layout's
+passes; the layout search replays the same loop compiled
+(:func:`llmsim.schedules.walk_kernel.replay_ends`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain, pairwise
-
-import numpy as np
 
 from llmsim.schedules.action import Action
 from llmsim.schedules.route import Hop, Route
@@ -180,60 +178,3 @@ def replay(p: int, rows: tuple[Row, ...], durations: list, hops: list) -> tuple[
         free[s] = t
         append(t)
     return end, free
-
-
-Levels = tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                     np.ndarray], ...]
-"""Per level of a wait graph (pass indices, stages, columns, needs, hops, previous): a
-pass's ``previous`` is its stage's pass before it (1-based; 0 for the stage's first),
-whose end is the stage's free time when the pass starts."""
-
-
-def levels(p: int, rows: tuple[Row, ...]) -> Levels:
-    """Group the passes by their depth in the wait graph (after the previous pass of
-    their stage and the pass they wait for): the passes of one level are independent,
-    one per stage at most.
-
-    A pass's depth is its end in :func:`replay` with every duration 1 and every hop 0
-    (``max(stage's depth, depth of the pass it waits for) + 1``), in integers; each
-    level's arrays are views of one sorted table (one array of each field, not five
-    small copies per level)."""
-    n = len(rows)
-    table = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=4 * n).reshape(n, 4)
-    free = [0] * p
-    depth = [0] * (n + 1)
-    for k, (s, _, j, _) in enumerate(rows, start=1):
-        d = depth[j]
-        f = free[s]
-        if f > d:
-            d = f
-        depth[k] = free[s] = d + 1
-    # each pass's stage's pass before it: the passes by stage, in the walk's order
-    by_stage = np.argsort(table[:, 0], kind="stable")
-    previous = np.zeros(n, dtype=np.int64)
-    same = table[by_stage[1:], 0] == table[by_stage[:-1], 0]
-    previous[by_stage[1:][same]] = by_stage[:-1][same] + 1
-    by_depth = np.asarray(depth[1:], dtype=np.int64)
-    order = np.argsort(by_depth, kind="stable")
-    fields = np.empty((6, n), dtype=np.int64)
-    fields[0] = order + 1
-    fields[1:5] = table[order].T
-    fields[5] = previous[order]
-    edges = [0, *(np.flatnonzero(np.diff(by_depth[order])) + 1).tolist(), n]
-    return tuple((fields[0, lo:hi], fields[1, lo:hi], fields[2, lo:hi], fields[3, lo:hi],
-                  fields[4, lo:hi], fields[5, lo:hi])
-                 for lo, hi in pairwise(edges))
-
-
-def replay_levels(p: int, passes: int, by_level: Levels, durations: list[float],
-                  hops: list[float]) -> list[float]:
-    """Each stage's last end, seconds, of the walk :func:`replay` does, level by level
-    with numpy (the same float operations per pass, so the same numbers): a stage's free
-    time is its previous pass's end (``ends[0]``, 0, for none)."""
-    d, h = np.asarray(durations), np.asarray(hops)
-    ends = np.zeros(passes + 1)
-    last = np.zeros(p, dtype=np.int64)
-    for k, s, column, j, hop, previous in by_level:
-        ends[k] = np.maximum(ends[previous], ends[j] + h[hop]) + d[column]
-        last[s] = k
-    return ends[last].tolist()

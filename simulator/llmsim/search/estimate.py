@@ -20,7 +20,6 @@ engine, and ``docs/search.md`` states how far apart the two are.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from llmsim.costs import HardwareCosts
@@ -37,7 +36,6 @@ from llmsim.search.pipeline import StageTimes, pipeline_runs_s, reduction_tail_s
 from llmsim.search.stage_kinds import StageKinds
 from llmsim.search.two_pipelines import Device, has_two_pipelines, phase_s
 from llmsim.search.unit_reductions import unit_reductions_s
-from llmsim.search.walk_batch import Deferred
 from llmsim.search.zero3_queue import (
     DEFERS_W,
     blended_wait_s,
@@ -86,10 +84,6 @@ class Estimator(StageKinds):
 
     def __init__(self) -> None:
         super().__init__()
-        self._pending: dict[int, tuple[Scenario, Callable[[], Estimate]]] = {}
-        """Per scenario (by id, the scenario held) whose walk was set aside
-        (:class:`~llmsim.search.walk_batch.Deferred`), the rest of its estimate: its stages
-        are not priced twice."""
         self._pipelines = BoundedMemo(KIND_MEMO)
         """A family's pipeline phase (:func:`pipeline_runs_s`), by exactly what it reads:
         the kinds' passes (their memo entry, held in the value so that its id stays its
@@ -100,9 +94,6 @@ class Estimator(StageKinds):
     # -- one layout ---------------------------------------------------------------------
     def estimate(self, sc: Scenario) -> Estimate:
         """The estimated step of a validated scenario (any fidelity: it is the reduced one)."""
-        pending = self._pending.pop(id(sc), None)
-        if pending is not None and pending[0] is sc:  # its walk set aside, now replayed
-            return pending[1]()
         par, trn, model = sc.parallelism, sc.training, sc.model
         p, v, dp = par.pp, par.virtual_stages, sc.dp
         plan, costs = self.plan_costs(sc)
@@ -206,14 +197,10 @@ class Estimator(StageKinds):
             placed.append((s, within, count, kind.times))
             tails.append(kind.tail_s)
 
-        built: list[list[tuple[StageTimes, int]]] = []  # stage_runs(), once a layout
-
         def stage_runs() -> list[tuple[StageTimes, int]]:
             """The runs of equal stages with their pipeline sends of one micro-batch (forward
             out of every virtual stage but the last, backward out of every one but the
             first) and the gathers of sliced ones."""
-            if built:  # finish() called again, its walk replayed (.walk_batch)
-                return built[0]
             out = []
             for s, within, count, own in placed:
                 to_next, to_prev = send_s[within[0]], send_s[within[1]]
@@ -230,7 +217,6 @@ class Estimator(StageKinds):
                     own.chunk_backward, own.first_forward_gather,
                     chunk_forward=own.chunk_forward, queue_wait=own.queue_wait,
                     chunk_gathers=own.chunk_gathers), count))
-            built.append(out)
             return out
 
         # One pipeline: the slowest kind's optimizer step (the one on the step's path).
@@ -246,7 +232,7 @@ class Estimator(StageKinds):
                       par.prefetch_weights,
                       *(_pipeline_reads(kind.times, zero3) for kind in kinds.values()))
 
-        def finish() -> Estimate:  # the pipeline phase, its walks memoised or not
+        def finish() -> Estimate:  # the pipeline phase
             tied = traffic.embedding_grad_allreduce
             if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
                 devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
@@ -289,11 +275,7 @@ class Estimator(StageKinds):
                             peak_flops_per_device=accel.peak_flops(trn.precision),
                             run_flops=trn.flops, run_tokens=trn.tokens)
 
-        try:
-            return finish()
-        except Deferred:  # priced again once its walk is replayed (.walk_batch)
-            self._pending[id(sc)] = (sc, finish)
-            raise
+        return finish()
 
     # -- memoised on exactly what they read --------------------------------------------
     def _pipeline_messages(self, costs: HardwareCosts, traffic: Workload,

@@ -43,6 +43,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+from numba import njit
+
 from llmsim.search.memo import BoundedMemo
 
 if TYPE_CHECKING:
@@ -102,62 +105,78 @@ def first_backward_s(forward_s: Sequence[Sequence[float]], hop_s: Sequence[float
     chunk; every walked forward is a warm-up forward (stage s runs 2(p−s−1) + (v−1)·p of
     them), so no backward interleaves. A forward's times depend on the stages' times at
     j + s one less, a send's also on the receiver's pass at the same j + s: the walk
-    goes by j + s, passes before sends.
+    goes by j + s, passes before sends. Compiled by numba (:func:`_walk`; the same IEEE
+    double operations as the Python loop it replaced, ``tests/test_search_speed_g.py``'s
+    reference).
     """
-    p, v = len(forward_s), len(forward_s[0])
+    forward = np.asarray(forward_s, dtype=np.float64)
+    hops = np.asarray(hop_s, dtype=np.float64)
+    if gathers is None:
+        return _walk(forward, hops, False, _NONE_S, _NONE_LAYERS)
+    layer_s = np.array([[g[0] for g in row] for row in gathers], dtype=np.float64)
+    layers = np.array([[g[1] for g in row] for row in gathers], dtype=np.int64)
+    return _walk(forward, hops, True, layer_s, layers)
+
+
+_NONE_S = np.zeros((1, 1))
+_NONE_LAYERS = np.zeros((1, 1), dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _walk(forward_s, hop_s, gathered, gather_s, gather_layers):  # pragma: no cover - numba
+    """:func:`first_backward_s`'s walk (``gathered`` False: no gathers)."""
+    p, v = forward_s.shape
     last = (v - 1) * p
     size = last + p
-    end = [[0.0] * size for _ in range(p)]
-    sent = [[0.0] * size for _ in range(p)]  # when forward j's send has completed
-    start = [[0.0] * size for _ in range(p)]  # the forwards' starts: the gathers read them
-    # stage s walks its forwards j ≤ last + p − 1 − s (k = j + s < size): their sends
-    # and receives reach the last stage's forward ``last``. Each wait is a comparison,
-    # not max() (a call a wait, 20 % of the walk): the same number, ties to the first.
+    end = np.zeros((p, size))
+    sent = np.zeros((p, size))  # when forward j's send has completed
+    start = np.zeros((p, size))  # the forwards' starts: the gathers read them
+    # stage s walks its forwards j <= last + p - 1 - s (k = j + s < size): their sends
+    # and receives reach the last stage's forward ``last``; ties go to the first
     for k in range(size):
         top = min(p, k + 1)
         for s in range(top):
             j = k - s
-            row, done = end[s], sent[s]
             c = j // p
             if j:
-                t = row[j - 1]
-                d = done[j - 1]
+                t = end[s, j - 1]
+                d = sent[s, j - 1]
                 if d > t:
                     t = d
             else:
                 t = 0.0
             if s:
-                arrival = sent[s - 1][j]
+                arrival = sent[s - 1, j]
             elif c:
-                arrival = sent[p - 1][j - p]
+                arrival = sent[p - 1, j - p]
             else:
                 arrival = 0.0
             if arrival > t:
                 t = arrival
-            f = forward_s[s][c]
-            if gathers is not None:
+            f = forward_s[s, c]
+            if gathered:
                 if j % p == 0:
-                    layer_s, layers = gathers[s][c]
-                    ready = (start[s][j - 1] if j else 0.0) + layer_s
+                    layer_s = gather_s[s, c]
+                    layers = gather_layers[s, c]
+                    ready = (start[s, j - 1] if j else 0.0) + layer_s
                     if ready > t:
                         t = ready
                     if layers > 1 and layer_s > f / layers:
                         f += (layers - 1) * (layer_s - f / layers)
-                start[s][j] = t
-            row[j] = t + f
+                start[s, j] = t
+            end[s, j] = t + f
         for s in range(top):
             j = k - s
             if s == p - 1:
                 if j >= last:
                     continue  # the last virtual stage sends nothing forward
-                posted = end[0][j + p - 1]
+                posted = end[0, j + p - 1]
             else:
-                posted = end[s + 1][j - 1] if j else 0.0
-            done = sent[s]
-            t = end[s][j]
+                posted = end[s + 1, j - 1] if j else 0.0
+            t = end[s, j]
             if posted > t:
                 t = posted
-            if j and done[j - 1] > t:
-                t = done[j - 1]
-            done[j] = t + hop_s[s]
-    return end[p - 1][last]
+            if j and sent[s, j - 1] > t:
+                t = sent[s, j - 1]
+            sent[s, j] = t + hop_s[s]
+    return end[p - 1, last]

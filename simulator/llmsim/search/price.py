@@ -20,7 +20,6 @@ from llmsim.params import (
     layers_params_per_device,
 )
 from llmsim.result import SECONDS_PER_DAY
-from llmsim.search import walk_batch
 from llmsim.search.estimate import Estimator
 from llmsim.search.fast_rules import copied
 from llmsim.search.fit import PeakMemory
@@ -153,36 +152,28 @@ def _priced(base: Scenario, cores: list[Layout], fixed: dict[str, Any],
     capacity_bytes = base.system.node.accelerator.hbm_bytes
     capacity = capacity_bytes * (1 - headroom)
     machine_devices = base.system.node.devices_per_node * base.nodes_used
-    priced: list[list[Any]] = []  # [layout, its estimate (None: walk deferred), scenario, peak]
-    with walk_batch.collecting():  # walks not yet memoised: replayed together, below
-        for core in cores:
+    priced: list[list[Any]] = []  # [layout, its estimate, peak memory bytes]
+    for core in cores:
+        try:
+            par, training = parallelism_of(base, core)
+            peak = peak_memory.peak_bytes(par, training, core.dp)
+        except (ValueError, UserError):
+            out.invalid += 1
+            continue
+        if peak > capacity:
+            out.out_of_memory += variant_count(core, fixed)
+            continue
+        core_scenario = None
+        for layout in switch_variants(core, fixed):
             try:
-                par, training = parallelism_of(base, core)
-                peak = peak_memory.peak_bytes(par, training, core.dp)
+                if core_scenario is None:
+                    core_scenario = applied(base, core, par, training)
+                scenario = with_switches(core_scenario, layout)
+                check_posted_units(scenario)
             except (ValueError, UserError):
                 out.invalid += 1
                 continue
-            if peak > capacity:
-                out.out_of_memory += variant_count(core, fixed)
-                continue
-            core_scenario = None
-            for layout in switch_variants(core, fixed):
-                try:
-                    if core_scenario is None:
-                        core_scenario = applied(base, core, par, training)
-                    scenario = with_switches(core_scenario, layout)
-                    check_posted_units(scenario)
-                except (ValueError, UserError):
-                    out.invalid += 1
-                    continue
-                try:
-                    priced.append([layout, est.estimate(scenario), None, peak])
-                except walk_batch.Deferred:
-                    priced.append([layout, None, scenario, peak])
-    walk_batch.flush()
-    for entry in priced:
-        if entry[1] is None:  # its walk replayed with the batch's (.walk_batch)
-            entry[1] = est.estimate(entry[2])
+            priced.append([layout, est.estimate(scenario), peak])
     out.columns = packed(columns(priced, capacity_bytes, machine_devices))
     return out
 
@@ -198,7 +189,7 @@ _LAYOUT_VALUES = attrgetter(*LAYOUT_FIELDS)
 
 def columns(priced: list[list[Any]], capacity_bytes: float,
             machine_devices: int) -> dict[str, Any]:
-    """The rows of ``priced`` ([layout, estimate, _, peak memory bytes] each) as columns
+    """The rows of ``priced`` ([layout, estimate, peak memory bytes] each) as columns
     (:data:`ROW_COLUMNS`): the layout's fields as lists, the estimates' and what follows
     from them (memory share, MFU, tokens/s, days) as numpy arrays over the batch, each
     by the same floating-point operations as :func:`row` and :class:`Estimate`'s
@@ -221,7 +212,7 @@ def columns(priced: list[list[Any]], capacity_bytes: float,
     out["idle_devices"] = machine_devices - devices
     out["micro_batches"] = np.array([layout.global_batch // (layout.micro_batch * layout.dp)
                                      for layout in layouts])
-    memory = np.array([entry[3] for entry in priced], dtype=float)
+    memory = np.array([entry[2] for entry in priced], dtype=float)
     out["memory_gb"] = memory / 1e9
     out["memory_fraction"] = memory / capacity_bytes
     numbers = np.array(list(map(_ESTIMATE_VALUES, estimates)), dtype=float).T.copy()

@@ -24,19 +24,20 @@ here with each chunk's last backward taken from the walk), then the pair ``s``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from llmsim.in_flight import schedule_rows
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
-from llmsim.schedules.walk import levels, replay
+from llmsim.schedules.walk import Row, replay
+from llmsim.schedules.walk_kernel import replay_ends, table
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
 from llmsim.search.pipeline import StageTimes
-from llmsim.search.walk_batch import defer
 from llmsim.workload import shard_ranks
 
 
@@ -71,17 +72,24 @@ class CompiledOrder:
     (device, chunk) the index of its last weight-gradient pass."""
 
     p: int
-    passes: tuple[tuple[int, int, int, int], ...]
+    rows: np.ndarray
+    """The passes as a (passes × 4) array (:func:`llmsim.schedules.walk_kernel.table`)."""
     last_w: dict[tuple[int, int], int]
     last: tuple[int, ...]
     """Per device, the 1-based index of its last pass (0: none)."""
+
+    @property
+    def passes(self) -> tuple[Row, ...]:
+        """The passes as :data:`~llmsim.schedules.walk.Row` tuples (for
+        :func:`llmsim.schedules.walk.replay`)."""
+        return tuple(map(tuple, self.rows.tolist()))
 
 
 CACHE_PASSES = 3_000_000
 """Most passes of compiled orders one process keeps (least recently used dropped), as
 :data:`llmsim.search.zb_v_walk.CACHE_PASSES`."""
 _CACHE: PassBoundedCache[CompiledOrder] = PassBoundedCache(CACHE_PASSES,
-                                                            lambda o: len(o.passes))
+                                                            lambda o: len(o.rows))
 
 
 def compiled(schedule: str, p: int, m: int) -> CompiledOrder:
@@ -120,7 +128,7 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
             out.append((s, paired[s].get(seen[s], column), j, hop))
             seen[s] += 1
         rows = tuple(out)
-    return CompiledOrder(p, rows, last_w, tuple(last))
+    return CompiledOrder(p, table(rows), last_w, tuple(last))
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:
@@ -149,14 +157,9 @@ def walk_ends(order: CompiledOrder, durations: list[float],
     key = (*durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
-        def finish(end: Callable[[int], float], _: list[float]) -> tuple:
-            return (tuple(end(k) for k in order.last),
-                    {held: end(k) for held, k in order.last_w.items()})
-
-        defer(order, order.p, len(order.passes), lambda: levels(order.p, order.passes),
-              lambda d, h: finish(walk(order, d, h).__getitem__, []), _WALKS, key,
-              durations, hops, finish)
-        hit = _WALKS.put(key, finish(walk(order, durations, hops).__getitem__, []))
+        picked, free = replay_ends(order.p, order.rows, durations, hops,
+                                   np.fromiter(order.last_w.values(), dtype=np.int64))
+        hit = _WALKS.put(key, (tuple(free), dict(zip(order.last_w, picked, strict=True))))
     return hit
 
 

@@ -19,17 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from llmsim.in_flight import schedule_rows
-from llmsim.schedules.walk import Levels, levels, replay, replay_levels
+from llmsim.schedules.walk_kernel import replay_ends, table
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pass_cache import PassBoundedCache
-from llmsim.search.walk_batch import defer
-
-NUMPY_FROM_STAGES = 24
-"""Pipelines of this many stages or more are replayed level by level with numpy (a level
-costs a few numpy calls, a pass of the loop 0.1-0.3 µs). Measured, 384 micro-batches, on
-a quiet 2-core machine: 16 stages 3.8 ms by the loop against 4.9 by levels, 24 stages
-6.0 against 5.1; 48 stages and 768 micro-batches 25.5 against 12.2."""
 
 CACHE_PASSES = 3_000_000
 """Most passes of compiled walks one process keeps (least recently used dropped)."""
@@ -49,10 +44,9 @@ class CompiledWalk:
 
     p: int
     passes: int
-    loop: tuple[tuple[int, int, int, int], ...] | None
-    """(stage, column, need, hop) of each pass, for the loop (shallow pipelines)."""
-    levels: Levels | None
-    """Per level (pass indices, stages, columns, needs, hops), for numpy (deep ones)."""
+    rows: np.ndarray
+    """(stage, column, need, hop) of each pass, a (passes × 4) array
+    (:func:`llmsim.schedules.walk_kernel.table`)."""
     schedule: str = "zb-v"
     """Whose order it is: ZB-H1's and ZB-H2's of one (p, m) have as many passes and
     read the same durations, so the walks' memo keys on it too."""
@@ -71,13 +65,11 @@ def compiled(p: int, m: int, schedule: str = "zb-v", v: int = 2) -> CompiledWalk
 
 def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
     """The order's wait graph (ZB-V's V: chunk 0 of stage s is virtual stage s, chunk 1
-    virtual stage 2p − 1 − s), as rows for the loop or levels for numpy: as the greedy
-    scheduler makes it with the order (ZB-V, ZB-H2: one sweep for both), else by
+    virtual stage 2p − 1 − s) as an array of rows: as the greedy scheduler makes it with
+    the order (ZB-V, ZB-H2: one sweep for both), else by
     :func:`llmsim.schedules.walk.wait_graph`."""
     _, rows = schedule_rows(schedule, p, m, v)  # ZB-V's and ZB-H2's rows as built
-    if p < NUMPY_FROM_STAGES:
-        return CompiledWalk(p, len(rows), rows, None, schedule)
-    return CompiledWalk(p, len(rows), None, levels(p, rows), schedule)
+    return CompiledWalk(p, len(rows), table(rows), schedule)
 
 
 WALK_MEMO = 4096
@@ -99,33 +91,6 @@ def walk_s(walk: CompiledWalk, durations: list[float],
     key = (walk.schedule, walk.p, walk.passes, *durations, *hops)
     hit = _WALKS.get(key)
     if hit is None:
-        defer(walk, walk.p, walk.passes, lambda: _levels(walk), lambda d, h: _value(walk, d, h),
-              _WALKS, key, durations, hops, _finish)
-        hit = _WALKS.put(key, _value(walk, durations, hops))
+        _, free = replay_ends(walk.p, walk.rows, durations, hops)
+        hit = _WALKS.put(key, (max(free), tuple(free)))
     return hit[0], list(hit[1])
-
-
-def _value(walk: CompiledWalk, durations: list[float],
-           hops: list[float]) -> tuple[float, tuple[float, ...]]:
-    """The memo's value of one walk: (its length, each stage's last end)."""
-    total, ends = _replay(walk, durations, hops)
-    return total, tuple(ends)
-
-
-def _finish(_: list[float], free: list[float]) -> tuple[float, tuple[float, ...]]:
-    """The memo's value of a walk replayed with its batch's (:mod:`.walk_batch`)."""
-    return max(free), tuple(free)
-
-
-def _levels(walk: CompiledWalk) -> Levels:
-    return walk.levels if walk.levels is not None else levels(walk.p, walk.loop)
-
-
-def _replay(walk: CompiledWalk, durations: list[float],
-            hops: list[float]) -> tuple[float, list[float]]:
-    """:func:`walk_s` without the memo."""
-    if walk.loop is not None:
-        _, free = replay(walk.p, walk.loop, durations, hops)
-    else:
-        free = replay_levels(walk.p, walk.passes, walk.levels, durations, hops)
-    return max(free), free
