@@ -16,8 +16,8 @@ import pytest
 
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD, Action, build, unit_timeline
 from llmsim.schedules.registry import route_of
-from llmsim.schedules.walk import replay, wait_graph
-from llmsim.schedules.walk_kernel import replay_ends, table
+from llmsim.schedules.walk import replay, rows_table, wait_graph
+from llmsim.schedules.walk_kernel import replay_ends
 from llmsim.search import two_pipelines
 from llmsim.search.pipeline import StageTimes, _chunk_shares, zb_v_walk_s
 
@@ -99,7 +99,7 @@ def test_the_replay_equals_the_recursive_reference(schedule: str, p: int, m: int
     end, free = replay(p, rows, durations, hops)
     assert {a: end[k] for k, a in enumerate(graph.actions, start=1)} == reference
     picks = np.arange(len(rows) + 1, dtype=np.int64)
-    assert replay_ends(p, table(rows), durations, hops, picks) == (end, free)
+    assert replay_ends(p, rows_table(rows), durations, hops, picks) == (end, free)
     assert free == [reference[row[-1]] for row in order]
 
 

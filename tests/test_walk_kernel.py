@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import llmsim
-from llmsim.schedules.walk import replay
-from llmsim.schedules.walk_kernel import replay_ends, table
+from llmsim.schedules.walk import replay, rows_table
+from llmsim.schedules.walk_kernel import replay_ends
 from llmsim.search import two_pipelines, zb_v_walk
 from llmsim.search.batching import batches, walk_key
 from llmsim.search.estimate import Estimator
@@ -43,7 +43,7 @@ def test_the_compiled_replay_equals_the_loop_bit_for_bit(order: tuple, seed: int
     durations = [rng.choice([0.0, rng.uniform(0.1, 3.0)]) for _ in range(columns)]
     hops = [0.0] + [0.0 if blocking else rng.uniform(0.0, 0.5) for _ in range(2 * p)]
     picks = [rng.randint(0, len(rows)) for _ in range(rng.randint(0, 5))]
-    ends, free = replay_ends(p, table(rows), durations, hops, np.array(picks, dtype=np.int64))
+    ends, free = replay_ends(p, rows_table(rows), durations, hops, np.array(picks, dtype=np.int64))
     want_ends, want_free = replay(p, rows, durations, hops)
     assert [repr(x) for x in ends] == [repr(float(want_ends[k])) for k in picks]
     assert [repr(x) for x in free] == [repr(float(x)) for x in want_free]
@@ -51,8 +51,8 @@ def test_the_compiled_replay_equals_the_loop_bit_for_bit(order: tuple, seed: int
 
 def test_the_table_holds_the_rows_in_order() -> None:
     rows = ((0, 2, 0, 0), (1, 5, 1, 2), (0, 1, 2, 3))
-    assert table(rows).tolist() == [list(r) for r in rows]
-    assert table(()).shape == (0, 4)
+    assert rows_table(rows).tolist() == [list(r) for r in rows]
+    assert rows_table(()).shape == (0, 4)
 
 
 @pytest.mark.parametrize("schedule", ["zb-v", "chimera", "dualpipe", "zb-h2"])

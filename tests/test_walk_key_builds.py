@@ -1,7 +1,8 @@
 """The search's one-time builds per walk key — Chimera's and DualPipe's orders, the wait
 graph with its rows, the shared actions — against the plain implementations they
 replaced (kept here as references, as they were at e1a2df5): the same actions in the
-same order, the same graph and rows, over grids of stages and micro-batches. ``benchmarks/bench_walk_keys.py --digest`` makes the same comparison over
+same order, the same graph and rows, over grids of stages and micro-batches.
+``benchmarks/bench_walk_keys.py --digest`` makes the same comparison over
 every walk key of selene-gpt3's space."""
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ from llmsim.schedules.chimera import chimera_walked
 from llmsim.schedules.orders import greedy_order
 from llmsim.schedules.registry import walked
 from llmsim.schedules.route import bidirectional, looping, v_shape
-from llmsim.schedules.walk import replay, wait_graph
-from llmsim.schedules.walk_kernel import replay_ends, table
+from llmsim.schedules.walk import replay, rows_table, wait_graph
+from llmsim.schedules.walk_kernel import replay_ends
 from llmsim.search import two_pipelines
 
 
@@ -57,7 +57,7 @@ def assert_same_graph(order, rows, route, after_weights: bool) -> None:
     names_ref = list(by_position(p, expected))
     assert dict(zip(names, ends[1:], strict=True)) == \
         dict(zip(names_ref, ends_ref[1:], strict=True))
-    assert replay_ends(p, table(rows), durations, hops)[1] == free_ref
+    assert replay_ends(p, rows_table(rows), durations, hops)[1] == free_ref
 
 
 @settings(max_examples=150, deadline=None)
@@ -134,7 +134,7 @@ def reference_compile(schedule: str, p: int, m: int) -> two_pipelines.CompiledOr
     last = [0] * p
     for k, (s, *_) in enumerate(rows, start=1):
         last[s] = k
-    return two_pipelines.CompiledOrder(p, table(rows), last_w, tuple(last))
+    return two_pipelines.CompiledOrder(p, rows_table(rows), last_w, tuple(last))
 
 
 @pytest.mark.parametrize("schedule", ["chimera", "dualpipe"])

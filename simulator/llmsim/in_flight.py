@@ -12,11 +12,13 @@ import functools
 from collections.abc import Iterator
 from itertools import islice
 
+import numpy as np
+
 from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES, chunks_at_peak
 from llmsim.schedules.action import Action
 from llmsim.schedules.registry import walked
-from llmsim.schedules.walk import Row, wait_graph
+from llmsim.schedules.walk import Row, rows_table, wait_graph
 
 
 def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int]:
@@ -51,16 +53,16 @@ def schedule_walked(schedule: str, stages: int, microbatches: int, chunks: int
 
 def schedule_rows(schedule: str, stages: int, microbatches: int, chunks: int, *,
                   gradient_after_weights: bool = False
-                  ) -> tuple[tuple[tuple[Action, ...], ...], tuple[Row, ...]]:
-    """(the per-stage order, its wait graph's rows) for a search's walk: the rows as the
-    schedule made them with its order (:func:`schedule_walked`), else found from the
-    order by :func:`~llmsim.schedules.walk.wait_graph` (``gradient_after_weights`` as
-    there)."""
+                  ) -> tuple[tuple[tuple[Action, ...], ...], np.ndarray]:
+    """(the per-stage order, its wait graph's rows as a (passes × 4) array) for a
+    search's walk: the rows as the schedule made them with its order
+    (:func:`schedule_walked`), else found from the order by
+    :func:`~llmsim.schedules.walk.wait_graph` (``gradient_after_weights`` as there)."""
     order, rows = schedule_walked(schedule, stages, microbatches, chunks)
-    if rows is None:
-        rows = wait_graph(order, SCHEDULES[schedule].route_of(stages, microbatches, chunks),
-                          gradient_after_weights=gradient_after_weights).rows()
-    return order, rows
+    if rows is not None:
+        return order, rows_table(rows)
+    return order, wait_graph(order, SCHEDULES[schedule].route_of(stages, microbatches, chunks),
+                             gradient_after_weights=gradient_after_weights).table
 
 
 @functools.lru_cache(maxsize=2)

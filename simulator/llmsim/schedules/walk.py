@@ -20,7 +20,12 @@ passes; the layout search replays the same loop compiled
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
 
 from llmsim.schedules.action import Action
 from llmsim.schedules.route import Hop, Route
@@ -41,21 +46,38 @@ class WaitGraph:
     """Stages."""
     chunks: int
     """Chunks per stage (the largest chunk index + 1)."""
-    actions: tuple[Action, ...]
-    """The action of each pass (pass ``k`` is ``actions[k − 1]``)."""
-    needs: tuple[int, ...]
-    """Per pass, the 1-based index of the pass whose end releases it, 0 for none."""
-    senders: tuple[int, ...]
+    table: np.ndarray
+    """The passes as :data:`Row` s, a (passes × 4) int64 array (what :meth:`rows` gives,
+    and what the compiled replay reads: :func:`llmsim.schedules.walk_kernel.replay_ends`)."""
+    sender_of: np.ndarray
     """Per pass, the stage of the pass it waits for (its own stage when none)."""
-    table: tuple[Row, ...]
-    """The passes as :data:`Row`, as :meth:`rows` gives them (made in the same walk)."""
+    listed: list[Action]
+    """The order's actions, stage after stage."""
+    which: np.ndarray
+    """Per pass, its action's index in :attr:`listed`."""
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """The action of each pass (pass ``k`` is ``actions[k − 1]``)."""
+        listed = self.listed
+        return tuple(listed[i] for i in self.which.tolist())
+
+    @property
+    def needs(self) -> tuple[int, ...]:
+        """Per pass, the 1-based index of the pass whose end releases it, 0 for none."""
+        return tuple(self.table[:, 2].tolist())
+
+    @property
+    def senders(self) -> tuple[int, ...]:
+        """Per pass, the stage of the pass it waits for (its own stage when none)."""
+        return tuple(self.sender_of.tolist())
 
     def rows(self) -> tuple[Row, ...]:
         """The passes as :data:`Row` with the standard columns and hops: duration column
         ``3·(chunks·s + chunk) + kind``; hop 0 for an input from the same stage (and for
         a W, which follows its own B), ``1 + s`` for stage s's send to s + 1, else
         ``1 + p + s`` (its send to s − 1)."""
-        return self.table
+        return tuple(map(tuple, self.table.tolist()))
 
 
 def wait_graph(order: list[list[Action]], route: Route, *,
@@ -64,101 +86,58 @@ def wait_graph(order: list[list[Action]], route: Route, *,
     recording for each pass what it waits for instead of when it runs.
 
     The stages are swept in turn, each running its actions as far as their inputs are
-    in. A produced output (kind F 0, B 1, input gradient 2; micro-batch; virtual stage)
-    is the slot ``(kind·m + mb)·width + k`` of flat tables of integers; a route's virtual
-    stage of (stage, chunk) is a list by ``chunks·stage + chunk``.
+    in (:func:`llmsim.schedules.walk_kernel.wait_rows`, compiled: the actions and the
+    route as integer arrays here).
 
     Raises ValueError if an action is listed on another stage than its own, or if the
-    order cannot finish (a missing action or a deadlock)."""
+    order cannot finish (a missing action or a deadlock); KeyError (stage, chunk) if a
+    micro-batch's route does not pass the action's chunk."""
+    from llmsim.schedules.walk_kernel import wait_rows  # numba: loaded where walked
+
     p = len(order)
-    chunks = 1 + max((max(a.chunk for a in row) for row in order if row), default=0)
-    m = 1 + max((max(a.microbatch for a in row) for row in order if row), default=0)
-    positions: dict[tuple[Hop, ...], list[int]] = {}  # a route → its k by chunks·s + c
-    index_of, lasts = [], []
+    listed = [a for row in order for a in row]
+    n = len(listed)
+    codes = np.empty((n, 4), dtype=np.int64)  # stage, kind, micro-batch, chunk
+    for i, (field, as_code) in enumerate((("stage", None), ("kind", KINDS.__getitem__),
+                                           ("microbatch", None), ("chunk", None))):
+        values = map(attrgetter(field), listed)
+        codes[:, i] = np.fromiter(values if as_code is None else map(as_code, values),
+                                  dtype=np.int64, count=n)
+    chunks = 1 + int(codes[:, 3].max(initial=0))
+    m = 1 + int(codes[:, 2].max(initial=0))
+    positions: dict[tuple[Hop, ...], np.ndarray] = {}  # a route → its k by chunks·s + c
+    index_of = np.empty((m, p * chunks), dtype=np.int64)
+    lasts = np.empty(m, dtype=np.int64)
     for mb in range(m):
         hops = route(mb)
         at = positions.get(hops)
         if at is None:
-            at = positions[hops] = [-1] * (p * chunks)
+            at = positions[hops] = np.full(p * chunks, -1, dtype=np.int64)
             for k, (s, c) in enumerate(hops):
                 at[chunks * s + c] = k
-        index_of.append(at)
-        lasts.append(len(hops) - 1)
-    width = 1 + max(lasts, default=0)
-    grads = 2 * m * width  # the input gradients' first slot
-    produced = [0] * (3 * m * width)  # the pass's number (1-based), 0 while not run
-    sender_of = [0] * (3 * m * width)
-    actions: list[Action] = []
-    needs: list[int] = []
-    senders: list[int] = []
-    rows: list[Row] = []
-    position = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for s, row in enumerate(order):
-            at = start = position[s]
-            end = len(row)
-            first = chunks * s
-            while at < end:
-                a = row[at]
-                if a.stage != s:
-                    raise ValueError(f"action {a} is listed on stage {s}")
-                mb, c, kind = a.microbatch, a.chunk, a.kind
-                k = index_of[mb][first + c]
-                if k < 0:
-                    raise KeyError((s, c))
-                own_f = mb * width + k
-                column = 3 * (first + c)
-                if kind == "F":  # after the F of the previous virtual stage
-                    if k:
-                        j = produced[own_f - 1]
-                        if not j:
-                            break
-                        sender = sender_of[own_f - 1]
-                        hop = 0 if sender == s else (s if sender == s - 1 else 1 + p + sender)
-                    else:
-                        j, sender, hop = 0, s, 0
-                    produced[own_f], sender_of[own_f] = len(actions) + 1, s
-                elif kind == "B":  # after the next one's input gradient, and its own F
-                    column += 1
-                    if k < lasts[mb]:
-                        if not produced[own_f]:
-                            break
-                        j = produced[grads + own_f + 1]
-                        if not j:
-                            break
-                        sender = sender_of[grads + own_f + 1]
-                        hop = 0 if sender == s else (s if sender == s - 1 else 1 + p + sender)
-                    else:
-                        j, sender, hop = produced[own_f], sender_of[own_f], 0
-                        if not j:
-                            break
-                    number = len(actions) + 1
-                    slot = m * width + own_f  # its W waits for it
-                    produced[slot], sender_of[slot] = number, s
-                    if not gradient_after_weights:  # the input gradient may leave
-                        produced[grads + own_f], sender_of[grads + own_f] = number, s
-                else:  # W after its own B
-                    column += 2
-                    j = produced[m * width + own_f]
-                    if not j:
-                        break
-                    sender, hop = sender_of[m * width + own_f], 0
-                    if gradient_after_weights:
-                        produced[grads + own_f], sender_of[grads + own_f] = len(actions) + 1, s
-                actions.append(a)
-                needs.append(j)
-                senders.append(sender)
-                rows.append((s, column, j, hop))
-                at += 1
-            if at != start:
-                position[s] = at
-                progress = True
-    stuck = [str(row[position[s]]) for s, row in enumerate(order) if position[s] < len(row)]
-    if stuck:
+        index_of[mb] = at
+        lasts[mb] = len(hops) - 1
+    offsets = np.zeros(p + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(row) for row in order])
+    status, where, table, senders, which = wait_rows(p, chunks, offsets, codes, index_of,
+                                                     lasts, gradient_after_weights)
+    if status == 3:
+        stuck = [str(listed[i]) for i in where.tolist()]
         raise ValueError(f"schedule cannot finish: stages wait forever at {', '.join(stuck)}")
-    return WaitGraph(p, chunks, tuple(actions), tuple(needs), tuple(senders), tuple(rows))
+    if status:  # 1: listed on another stage; 2: a chunk its route does not pass
+        i = int(where[0])
+        s = int(np.searchsorted(offsets, i, side="right")) - 1  # the row that lists it
+        if status == 1:
+            raise ValueError(f"action {listed[i]} is listed on stage {s}")
+        raise KeyError((s, int(codes[i, 3])))
+    return WaitGraph(p, chunks, table, senders, listed, which)
+
+
+def rows_table(rows: Sequence[Row]) -> np.ndarray:
+    """The rows of a wait graph (:data:`~llmsim.schedules.walk.Row`: stage, duration
+    column, the 1-based pass waited for or 0, hop) as an (passes × 4) int64 array."""
+    n = len(rows)
+    return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=4 * n).reshape(n, 4)
 
 
 def replay(p: int, rows: tuple[Row, ...], durations: list, hops: list) -> tuple[list, list]:

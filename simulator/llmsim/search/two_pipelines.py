@@ -33,7 +33,7 @@ from llmsim.in_flight import schedule_rows
 from llmsim.optimizer import optimizer_step
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD
 from llmsim.schedules.walk import Row, replay
-from llmsim.schedules.walk_kernel import replay_ends, table
+from llmsim.schedules.walk_kernel import replay_ends
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pairs import PairParts, paired_passes
 from llmsim.search.pass_cache import PassBoundedCache
@@ -105,30 +105,34 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
     duration from column ``6p + 4·s + 2·chunk`` (forward) or that ``+ 1`` (backward)."""
     order, rows = schedule_rows(  # Chimera's rows made with its order
         schedule, p, m, 1, gradient_after_weights=schedule not in SPLIT_BACKWARD)
+    n = len(rows)
+    stage, column, number = rows[:, 0], rows[:, 1], np.arange(1, n + 1)
+    last = np.zeros(p, dtype=np.int64)
+    np.maximum.at(last, stage, number)
+    is_w = column % 3 == 2  # a W: column 6·s + 3·chunk + 2
+    last_ws = np.zeros((p, 2), dtype=np.int64)
+    np.maximum.at(last_ws, (stage[is_w], column[is_w] // 3 - 2 * stage[is_w]), number[is_w])
+    last_w = {(s, c): int(last_ws[s, c]) for s in range(p) for c in (0, 1) if last_ws[s, c]}
     find_pairs = SCHEDULES[schedule].overlapped_pairs
-    # per device, its passes' positions in its own order → their pair column (a device's
-    # passes come in the graph in its order, so a count per device finds the position)
-    paired: list[dict[int, int]] = []
-    for actions in order if find_pairs is not None else ():
-        columns = {}
-        for pair in find_pairs(actions):
-            for i in pair:
-                a = actions[i]
-                columns[i] = 6 * p + 4 * a.stage + 2 * a.chunk + (a.kind == "B")
-        paired.append(columns)
-    seen, last = [0] * p, [0] * p
-    last_w: dict[tuple[int, int], int] = {}
-    for k, (s, column, _, _) in enumerate(rows, start=1):
-        last[s] = k
-        if column % 3 == 2:  # a W: column 6·s + 3·chunk + 2
-            last_w[s, column // 3 - 2 * s] = k
-    if any(paired):
-        out = []
-        for s, column, j, hop in rows:
-            out.append((s, paired[s].get(seen[s], column), j, hop))
-            seen[s] += 1
-        rows = tuple(out)
-    return CompiledOrder(p, table(rows), last_w, tuple(last))
+    if find_pairs is not None:
+        # per device, its passes' positions in its own order → their pair column (a
+        # device's passes come in the graph in its order: a pass's position is the count
+        # of its device's passes before it), as one array over the devices' orders
+        sizes = np.array([len(actions) for actions in order], dtype=np.int64)
+        first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        paired = np.full(int(sizes.sum()), -1, dtype=np.int64)
+        for s, actions in enumerate(order):
+            for pair in find_pairs(actions):
+                for i in pair:
+                    a = actions[i]
+                    paired[first[s] + i] = 6 * p + 4 * a.stage + 2 * a.chunk + (a.kind == "B")
+        by_stage = np.argsort(stage, kind="stable")
+        position = np.empty(n, dtype=np.int64)
+        position[by_stage] = np.arange(n) - np.repeat(first, sizes)
+        pair_column = paired[first[stage] + position]
+        rows = rows.copy()
+        rows[:, 1] = np.where(pair_column >= 0, pair_column, column)
+    return CompiledOrder(p, rows, last_w, tuple(last.tolist()))
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.in_flight import schedule_rows
-from llmsim.schedules.walk_kernel import replay_ends, table
+from llmsim.schedules.walk_kernel import replay_ends
 from llmsim.search.memo import BoundedMemo
 from llmsim.search.pass_cache import PassBoundedCache
 
@@ -69,7 +69,7 @@ def _compile(schedule: str, p: int, m: int, v: int) -> CompiledWalk:
     the order (ZB-V, ZB-H2: one sweep for both), else by
     :func:`llmsim.schedules.walk.wait_graph`."""
     _, rows = schedule_rows(schedule, p, m, v)  # ZB-V's and ZB-H2's rows as built
-    return CompiledWalk(p, len(rows), table(rows), schedule)
+    return CompiledWalk(p, len(rows), rows, schedule)
 
 
 WALK_MEMO = 4096
