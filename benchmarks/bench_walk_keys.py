@@ -12,14 +12,15 @@ schedules among the scenario's core layouts (:func:`llmsim.search.batching.walk_
 it times, one after the other and each from nothing (no memo in between):
 
 - ``order``: the schedule's per-stage action order (:func:`llmsim.schedules.build`);
-- ``graph``: its wait graph (:func:`llmsim.schedules.walk.wait_graph`);
-- ``rows``: the graph's rows (:meth:`~llmsim.schedules.walk.WaitGraph.rows`);
-- ``levels``: the rows' numpy levels (:func:`llmsim.schedules.walk.levels`);
+- ``graph``: its wait graph (:func:`llmsim.schedules.walk.wait_graph`, compiled: its rows
+  as the array the search's walks read);
+- ``rows``: the graph's rows as tuples (:meth:`~llmsim.schedules.walk.WaitGraph.rows`,
+  what the reference timeline reads);
 - ``in_flight``: the order's in-flight counts at each stage's peak
   (:func:`llmsim.schedules.chunks_at_peak`, what :mod:`llmsim.in_flight` reads).
 
 With ``--digest`` it also prints a SHA-256 of every part's result over all keys (orders,
-needs and senders, rows, levels, counts), so that two versions of the code can be shown
+needs and senders, rows, counts), so that two versions of the code can be shown
 to build the same things (run each with its own ``PYTHONPATH``).
 """
 
@@ -31,9 +32,9 @@ import time
 
 import llmsim
 from llmsim.schedules import SCHEDULES, SPLIT_BACKWARD, build, chunks_at_peak
-from llmsim.schedules.walk import levels, wait_graph
+from llmsim.schedules.walk import wait_graph
 
-PARTS = ("order", "graph", "rows", "levels", "in_flight")
+PARTS = ("order", "graph", "rows", "in_flight")
 WALKED = ("zb-v", "zb-h2", "chimera", "dualpipe")
 
 
@@ -67,7 +68,6 @@ def build_parts(keys: list[tuple[str, int, int, int]], digest: bool) -> None:
         graph = _timed(own, "graph", wait_graph, order, route,
                        gradient_after_weights=schedule not in SPLIT_BACKWARD)
         rows = _timed(own, "rows", graph.rows)
-        by_level = _timed(own, "levels", levels, p, rows)
         counts = _timed(own, "in_flight", lambda o=order: [chunks_at_peak(r) for r in o])
         passes += len(rows)
         for part in PARTS:
@@ -76,9 +76,6 @@ def build_parts(keys: list[tuple[str, int, int, int]], digest: bool) -> None:
             hashes["order"].update(repr([[str(a) for a in row] for row in order]).encode())
             hashes["graph"].update(repr((graph.needs, graph.senders)).encode())
             hashes["rows"].update(repr(rows).encode())
-            for level in by_level:
-                for array in level:
-                    hashes["levels"].update(array.tobytes())
             hashes["in_flight"].update(repr(counts).encode())
     print(f"{len(keys)} walk keys, {passes:,} passes; CPU seconds by part:")
     print(f"{'schedule':>10} {'keys':>5} " + " ".join(f"{part:>9}" for part in PARTS))
