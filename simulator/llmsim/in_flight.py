@@ -18,7 +18,7 @@ from llmsim.errors import UserError
 from llmsim.schedules import SCHEDULES, chunks_at_peak
 from llmsim.schedules.action import Action
 from llmsim.schedules.registry import walked
-from llmsim.schedules.walk import Row, rows_table, wait_graph
+from llmsim.schedules.walk import Rows, rows_table, wait_graph
 
 
 def _forward_chunks(stages: int, microbatches: int, chunks: int) -> Iterator[int]:
@@ -38,7 +38,7 @@ def schedule_order(schedule: str, stages: int, microbatches: int,
 
 
 def schedule_walked(schedule: str, stages: int, microbatches: int, chunks: int
-                    ) -> tuple[tuple[tuple[Action, ...], ...], tuple[Row, ...] | None]:
+                    ) -> tuple[tuple[tuple[Action, ...], ...], Rows | None]:
     """(the per-stage order, its wait graph's rows where the schedule makes them as it
     builds the order, else None: :func:`~llmsim.schedules.registry.walked`). The order is
     memoised for the last two shapes: the layout search reads the same order twice in a
@@ -67,7 +67,7 @@ def schedule_rows(schedule: str, stages: int, microbatches: int, chunks: int, *,
 
 @functools.lru_cache(maxsize=2)
 def _walked(schedule: str, stages: int, microbatches: int,
-            chunks: int) -> tuple[tuple[tuple[Action, ...], ...], list[tuple[Row, ...]]]:
+            chunks: int) -> tuple[tuple[tuple[Action, ...], ...], list[Rows]]:
     order, rows = walked(schedule, stages, microbatches, chunks)
     return tuple(tuple(row) for row in order), [] if rows is None else [rows]
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from collections.abc import Callable
+import numpy as np
 
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action, Kind
@@ -58,12 +56,7 @@ def with_weight_passes(stage: int, order: list[tuple[Kind, int]], lag: int) -> l
     return out
 
 
-Limit = Callable[[int, int, list[int]], bool]
-"""``(stage, chunk, held per chunk)`` → whether the stage may start one more forward of
-that chunk (its activation memory)."""
-
-
-def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limit | int, *,
+def greedy_order(stages: int, microbatches: int, route: Route, may_forward: int, *,
                  fused: bool = False,
                  times: tuple[int, int, int] = (1, 1, 1),
                  graph: list[Row] | None = None) -> list[list[Action]]:
@@ -72,18 +65,19 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
 
     Whenever a stage is free it starts, first, the B whose input gradient is in (the
     earliest forward first); else the F whose input is in (lowest micro-batch, then
-    earliest virtual stage) if ``may_forward`` allows it (an integer: while the stage
-    holds fewer forwards than that, over all its chunks); else its oldest pending W.
-    With ``fused`` the W runs right after its B (one backward). This is the greedy rule
-    of Qi et al. 2024 §3.2 (B before F before W, F bounded by the memory limit) with
-    equal pass times, the setting in which their handcrafted schedules are drawn.
+    earliest virtual stage) while the stage holds fewer forwards than ``may_forward``
+    over all its chunks; else its oldest pending W. With ``fused`` the W runs right
+    after its B (one backward). This is the greedy rule of Qi et al. 2024 §3.2 (B before
+    F before W, F bounded by the memory limit) with equal pass times, the setting in
+    which their handcrafted schedules are drawn.
 
     Event-driven: at each time only the stages that have just become free, or whose
     queues a finished pass has just filled, are looked at (a free stage that found
     nothing to run stays idle until a pass fills its queues: its memory limit changes
     only with its own passes), so a build is O(passes · log passes), not O(time · p).
     Within one time the stages decide independently (a choice changes only the stage's
-    own queues; what it starts is seen at the pass's end), so in any order.
+    own queues; what it starts is seen at the pass's end), so in any order. The loop is
+    compiled (:func:`llmsim.schedules.greedy_kernel.greedy_passes`).
 
     ``graph``, a list, receives the order's wait graph as it is scheduled: one
     :data:`~llmsim.schedules.walk.Row` a pass, what
@@ -91,169 +85,57 @@ def greedy_order(stages: int, microbatches: int, route: Route, may_forward: Limi
     same passes, each waiting for the same pass), numbered as they start here. A pass's
     input ends before it starts (every pass takes at least a unit), so its pass has a
     lower number; a stage's passes come in its order: a valid order for
-    :func:`~llmsim.schedules.walk.replay` and the levels, whose floats do not depend on
-    which valid order (``tests/test_walked_orders.py``).
+    :func:`~llmsim.schedules.walk.replay`, whose floats do not depend on which valid
+    order (``tests/test_walked_orders.py``).
     """
+    order, passes = _greedy(stages, microbatches, route, may_forward, fused, times)
+    if graph is not None:
+        graph.extend(map(tuple, passes[:, ROW_FIELDS].tolist()))
+    return order
+
+
+ROW_FIELDS = [0, 4, 5, 6]
+""":func:`~llmsim.schedules.greedy_kernel.greedy_passes`' columns that make a pass's
+:data:`~llmsim.schedules.walk.Row` (stage, duration column, the pass waited for, hop)."""
+
+
+def _greedy(stages: int, microbatches: int, route: Route, limit: int, fused: bool,
+            times: tuple[int, int, int]) -> tuple[list[list[Action]], np.ndarray]:
+    """:func:`greedy_order`'s per-stage orders and its passes as they start
+    (:func:`~llmsim.schedules.greedy_kernel.greedy_passes`' array)."""
+    from llmsim.schedules.greedy_kernel import greedy_passes  # numba: where orders are built
+
     if min(times) < 1:
         raise ValueError(f"greedy_order: pass times {times} must be at least 1 each")
     hops = [route(mb) for mb in range(microbatches)]
-    chunks = 1 + max(c for path in hops for _, c in path)
     span = max(len(path) for path in hops)
-    f_time, b_time, w_time = times
-    cap = may_forward if isinstance(may_forward, int) else None
-    rows: list[list[Action]] = [[] for _ in range(stages)]
-    held = [[0] * chunks for _ in range(stages)]
-    total = [0] * stages  # forwards held over all chunks
-    # Per stage and chunk, its actions by micro-batch (F, B, W).
+    path_s = np.zeros((microbatches, span), dtype=np.int64)
+    path_c = np.zeros((microbatches, span), dtype=np.int64)
+    for mb, path in enumerate(hops):
+        if len(set(path)) != len(path):
+            raise ValueError(f"greedy_order: micro-batch {mb}'s route {path} passes a "
+                             "virtual stage twice")
+        path_s[mb, :len(path)] = [s for s, _ in path]
+        path_c[mb, :len(path)] = [c for _, c in path]
+    path_len = np.array([len(path) for path in hops], dtype=np.int64)
+    status, passes = greedy_passes(stages, path_s, path_c, path_len, limit, fused, *times)
+    if status:
+        raise ValueError("greedy_order: no stage can move (the memory limit is too low)")
+    chunks = 1 + int(path_c.max())
+    # Per stage and chunk, its actions by micro-batch (F, B, W), shared (.action_table)
     table = [[(actions(s, "F", c, microbatches), actions(s, "B", c, microbatches),
                actions(s, "W", c, microbatches)) for c in range(chunks)]
              for s in range(stages)]
-    # Per stage: ready forwards per chunk (heap of (mb, k)), ready backwards (heap of
-    # (the stage's forward count when its F ran, mb, chunk, k)), pending weight passes.
-    ready_f: list[list[list[tuple[int, int]]]] = [[[] for _ in range(chunks)]
-                                                   for _ in range(stages)]
-    ready_b: list[list[tuple[int, int, int, int]]] = [[] for _ in range(stages)]
-    weights: list[deque[tuple[Action, int]]] = [deque() for _ in range(stages)]  # (W, mb·span + k)
-    order_of = [0] * (microbatches * span)  # mb·span + k → its stage's forward count
-    # for ``graph``: mb·span + k → the 1-based number of its F, of its B
-    f_number = [0] * (microbatches * span)
-    b_number = [0] * (microbatches * span)
-    rows_of = graph.append if graph is not None else None
-    number = 0
-    forwards_run = [0] * stages
-    # By time, modulo ``ring`` (no pass ends further ahead): the passes ending then
-    # (kind, mb, k) and the stages free again then; the order within a time does not
-    # matter (each fills a queue; the queues are heaps).
-    ring = 2 * max(times) + 1
-    ending: list[list[tuple[str, int, int]]] = [[] for _ in range(ring)]
-    freeing: list[list[int]] = [[] for _ in range(ring)]
-    pending = 0  # entries in ``ending`` and ``freeing``
-    free_at = [0] * stages
-    push, pop = heapq.heappush, heapq.heappop
-    for mb, path in enumerate(hops):
-        push(ready_f[path[0][0]][path[0][1]], (mb, 0))
-    left = 3 * sum(len(path) for path in hops)
-    now = 0
-    awake = set(range(stages))  # the free stages that may start a pass now
-    ended: list[tuple[str, int, int]] = []
-    while left:
-        for kind, mb, k in ended:  # what has ended makes its successors ready
-            path = hops[mb]
-            if kind == "F" and k + 1 < len(path):
-                s, c = path[k + 1]
-                push(ready_f[s][c], (mb, k + 1))
-            elif kind == "F" or k > 0:
-                j = k if kind == "F" else k - 1
-                s, c = path[j]
-                push(ready_b[s], (order_of[mb * span + j], mb, c, j))
-            else:
-                continue
-            awake.add(s)
-        for s in awake:
-            if free_at[s] > now:
-                continue
-            row = rows[s]
-            if ready_b[s]:
-                _, mb, c, k = pop(ready_b[s])
-                kind, end = "B", now + b_time
-                _, backward, weight = table[s][c]
-                row.append(backward[mb])
-                own = mb * span + k
-                if rows_of is not None:  # after the next one's B, or (last) its own F
-                    path = hops[mb]
-                    if k + 1 < len(path):
-                        j, sender = b_number[own + 1], path[k + 1][0]
-                    else:
-                        j, sender = f_number[own], s
-                    number += 1
-                    b_number[own] = number
-                    rows_of((s, 3 * (chunks * s + c) + 1, j,
-                             0 if sender == s else 1 + sender if sender == s - 1
-                             else 1 + stages + sender))
-                if fused:
-                    row.append(weight[mb])
-                    left -= 1
-                    held[s][c] -= 1
-                    total[s] -= 1
-                    if rows_of is not None:
-                        number += 1
-                        rows_of((s, 3 * (chunks * s + c) + 2, number - 1, 0))
-                else:
-                    weights[s].append((weight[mb], own))
-            else:
-                kind = ""
-                queues = ready_f[s]
-                if cap is None:
-                    head = next((h for h in sorted((queue[0], c) for c, queue in
-                                                   enumerate(queues) if queue)
-                                 if may_forward(s, h[1], held[s])), None)
-                elif total[s] >= cap:
-                    head = None
-                elif chunks == 1:
-                    head = (queues[0][0], 0) if queues[0] else None
-                elif chunks == 2:  # ZB-V: the min below, without a generator
-                    first, second = queues
-                    if first and second:
-                        head = (first[0], 0) if first[0] <= second[0] else (second[0], 1)
-                    else:
-                        head = (first[0], 0) if first else (second[0], 1) if second else None
-                else:
-                    head = min(((queue[0], c) for c, queue in enumerate(queues) if queue),
-                               default=None)
-                if head is not None:
-                    (mb, k), c = head
-                    pop(queues[c])
-                    row.append(table[s][c][0][mb])
-                    if rows_of is not None:  # after the previous virtual stage's F
-                        own = mb * span + k
-                        if k:
-                            j, sender = f_number[own - 1], hops[mb][k - 1][0]
-                        else:
-                            j, sender = 0, s
-                        number += 1
-                        f_number[own] = number
-                        rows_of((s, 3 * (chunks * s + c), j,
-                                 0 if sender == s else 1 + sender if sender == s - 1
-                                 else 1 + stages + sender))
-                    held[s][c] += 1
-                    total[s] += 1
-                    order_of[mb * span + k] = forwards_run[s]
-                    forwards_run[s] += 1
-                    kind, end = "F", now + f_time
-                else:
-                    if not weights[s]:
-                        continue  # idle until a pass fills its queues
-                    weight, own = weights[s].popleft()
-                    row.append(weight)
-                    held[s][weight.chunk] -= 1
-                    if rows_of is not None:  # after its own B
-                        number += 1
-                        rows_of((s, 3 * (chunks * s + weight.chunk) + 2, b_number[own], 0))
-                    total[s] -= 1
-                    kind, end = "W", now + w_time
-            left -= 1
-            free_at[s] = free = end + w_time if kind == "B" and fused else end
-            if kind != "W":
-                ending[end % ring].append((kind, mb, k))
-                pending += 1
-            freeing[free % ring].append(s)
-            pending += 1
-        if not pending:
-            raise ValueError("greedy_order: no stage can move (the memory limit is too low)")
-        now += 1
-        while not (freeing[now % ring] or ending[now % ring]):
-            now += 1
-        slot = now % ring
-        ended, freed = ending[slot], freeing[slot]
-        ending[slot], freeing[slot] = [], []
-        pending -= len(ended) + len(freed)
-        awake = set(freed)
-    return rows
+    order: list[list[Action]] = [[] for _ in range(stages)]
+    for s, kind, mb, c in passes[:, :4].tolist():
+        order[s].append(table[s][c][kind][mb])
+    return order, passes
 
 
 def greedy_walked(stages: int, microbatches: int, route: Route,
-                  limit: int) -> tuple[list[list[Action]], tuple[Row, ...]]:
+                  limit: int) -> tuple[list[list[Action]], np.ndarray]:
     """:func:`greedy_order`'s order (unit pass times, an integer memory limit) with its
-    wait graph's rows, made as it is scheduled (its ``graph``)."""
-    graph: list[Row] = []
-    return greedy_order(stages, microbatches, route, limit, graph=graph), tuple(graph)
+    wait graph's rows, made as it is scheduled (its ``graph``), as a (passes × 4) array
+    (:func:`~llmsim.schedules.walk.rows_table`'s)."""
+    order, passes = _greedy(stages, microbatches, route, limit, False, (1, 1, 1))
+    return order, passes[:, ROW_FIELDS]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from llmsim.errors import UserError
 from llmsim.schedules.action import Action
 from llmsim.schedules.route import Route, looping
-from llmsim.schedules.walk import Row
+from llmsim.schedules.walk import Rows
 
 
 class Schedule(list[list[Action]]):
@@ -34,7 +34,7 @@ PairsFn = Callable[[list[Action]], list[tuple[int, int]]]
 """A stage's actions → the (forward, backward) index pairs it runs overlapped."""
 PeakFn = Callable[[int, int, int, int], int]
 """``(p, stage i, m, v)`` → forward passes (chunk-micro-batches) held at the peak."""
-WalkedFn = Callable[[int, int, int], tuple[list[list[Action]], tuple[Row, ...]]]
+WalkedFn = Callable[[int, int, int], tuple[list[list[Action]], Rows]]
 """``(stages, microbatches, chunks) → (per-stage actions, their wait graph's rows)``, the
 rows made as the order is built (:func:`~llmsim.schedules.orders.greedy_order`)."""
 BubbleFn = Callable[[int, int, int, float, float, float], float]
@@ -146,7 +146,7 @@ def _with_route(info: ScheduleInfo, order: list[list[Action]], stages: int,
 
 
 def walked(name: str, stages: int, microbatches: int,
-           chunks: int = 1) -> tuple[Schedule, tuple[Row, ...] | None]:
+           chunks: int = 1) -> tuple[Schedule, Rows | None]:
     """(:func:`build`'s order, its wait graph's rows where the schedule makes them as it
     builds the order (:attr:`ScheduleInfo.walked`), else None); UserError as :func:`build`."""
     info = _checked(name, stages, microbatches, chunks)

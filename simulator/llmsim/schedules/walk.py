@@ -20,7 +20,6 @@ passes; the layout search replays the same loop compiled
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -36,6 +35,10 @@ KINDS = {"F": 0, "B": 1, "W": 2}
 Row = tuple[int, int, int, int]
 """(stage, duration column, the 1-based pass it waits for or 0, the hop its input takes)
 of one pass, as :func:`replay` reads it."""
+
+Rows = tuple[Row, ...] | np.ndarray
+"""A wait graph's rows: :data:`Row` tuples, or the (passes × 4) array of
+:func:`rows_table`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +136,12 @@ def wait_graph(order: list[list[Action]], route: Route, *,
     return WaitGraph(p, chunks, table, senders, listed, which)
 
 
-def rows_table(rows: Sequence[Row]) -> np.ndarray:
+def rows_table(rows: Rows) -> np.ndarray:
     """The rows of a wait graph (:data:`~llmsim.schedules.walk.Row`: stage, duration
-    column, the 1-based pass waited for or 0, hop) as an (passes × 4) int64 array."""
+    column, the 1-based pass waited for or 0, hop) as an (passes × 4) int64 array (an
+    array given is returned as it is)."""
+    if isinstance(rows, np.ndarray):
+        return rows
     n = len(rows)
     return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=4 * n).reshape(n, 4)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from llmsim.schedules.orders import greedy_order, greedy_walked, require_one_chunk
 from llmsim.schedules.registry import register
 from llmsim.schedules.route import looping
@@ -36,7 +38,7 @@ def zb_h2(stages: int, microbatches: int, chunks: int) -> list:
     return greedy_order(stages, microbatches, looping(stages, 1), 2 * stages - 1)
 
 
-def zb_h2_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
+def zb_h2_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, np.ndarray]:
     """:func:`zb_h2`'s order with its wait graph's rows, made as it is scheduled."""
     require_one_chunk("zb-h2", chunks)
     return greedy_walked(stages, microbatches, looping(stages, 1), 2 * stages - 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from llmsim.errors import UserError
 from llmsim.schedules.orders import greedy_order, greedy_walked
 from llmsim.schedules.registry import register
@@ -38,7 +40,7 @@ def zb_v(stages: int, microbatches: int, chunks: int) -> list:
     return greedy_order(stages, microbatches, v_shape(stages), 2 * stages)
 
 
-def zb_v_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, tuple]:
+def zb_v_walked(stages: int, microbatches: int, chunks: int) -> tuple[list, np.ndarray]:
     """:func:`zb_v`'s order with its wait graph's rows, made as it is scheduled."""
     _require_two_chunks(chunks)
     return greedy_walked(stages, microbatches, v_shape(stages), 2 * stages)
