@@ -11,8 +11,8 @@ of :func:`llmsim.schedules.walk.wait_graph` over integer arrays.
 
 The compiled code is cached next to this file (``cache=True``): the first call after an
 install compiles it (a second or two), later processes load it. This module is imported
-only where a walk is made (the search, ``wait_graph``): ``import llmsim`` and
-``llmsim run`` do not load numba.
+only where a walk or a wait graph is first made (the search, ``wait_graph``):
+``import llmsim`` does not load numba.
 """
 
 from __future__ import annotations
