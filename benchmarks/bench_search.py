@@ -7,6 +7,7 @@ Usage::
     python benchmarks/bench_search.py selene-gpt3 --every 10   # one process, CPU seconds
     python benchmarks/bench_search.py selene-gpt3 --every 1 --first-batch 3000 --batches 300
     python benchmarks/bench_search.py selene-gpt3 --every 10 --rounds 2 --rows ROWS.csv  # + warm
+    python benchmarks/bench_search.py selene-gpt3 --every 1 --by-schedule  # CPU by schedule
     python benchmarks/bench_search.py selene-gpt3 --workers 2 --timeline TL.jsonl  # + tail
 
 Prints, for the scenario: the size of the space (core layouts, layouts after the overlap
@@ -58,14 +59,19 @@ def _per_layout_us(scenario: llmsim.specs.Scenario, repeats: int = 200) -> float
 
 
 def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = None,
-                    rounds: int = 1, rows: str | None = None) -> None:
+                    rounds: int = 1, rows: str | None = None,
+                    by_schedule: bool = False) -> None:
     """Price every ``every``-th batch of the scenario's whole space in this process and
     print the CPU seconds: a measure of the pricing alone that other jobs on the machine
     disturb little (no pool, no confirmation). ``first`` and ``count`` narrow it to
     ``count`` batches from batch ``first`` (``--every 1``: a contiguous stretch, as a
     worker meets them). ``rounds`` > 1 prices the same batches again in the same process
     (the later rounds warm: the per-layout body without the one-time costs); ``rows``
-    writes the last round's rows as ``--rows`` does for a whole search."""
+    writes the last round's rows as ``--rows`` does for a whole search; ``by_schedule``
+    prints the last round's CPU seconds by schedule and by (schedule, pp), each batch's
+    one-time builds (its walk key's orders and walks) included."""
+    from collections import defaultdict
+
     from llmsim.search.batching import batches as walk_batches
     from llmsim.search.price import price_batch, state_fits
     from llmsim.search.space import SpaceOptions, cores
@@ -80,8 +86,13 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
         start = time.process_time()
         priced = over = invalid = 0
         results = []
+        spent: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0])
         for batch in batches:
+            batch_start = time.process_time()
             result = price_batch(base, batch, {}, 0.1)
+            share = spent[batch[0].schedule, batch[0].pp]
+            share[0] += time.process_time() - batch_start
+            share[1] += len(result)
             priced, over, invalid = (priced + len(result), over + result.out_of_memory,
                                      invalid + result.invalid)
             results.append(result)
@@ -90,12 +101,28 @@ def every_nth_batch(name: str, every: int, first: int = 0, count: int | None = N
               f"s CPU); every {every}th batch: {len(batches):,} batches, priced {priced:,}, "
               f"over memory {over:,}, invalid {invalid:,}; round {round_}: {cpu:.2f} s CPU, "
               f"{priced / cpu:,.0f} layouts priced per CPU-second")
+    if by_schedule:
+        _print_by_schedule(spent, cpu)
     if rows:
         import pandas as pd
 
         table = pd.concat([pd.DataFrame({k: list(v) for k, v in r.columns.items()})
                            for r in results if len(r)])
         print(f"  rows: {_write_rows(table, rows)}")
+
+
+def _print_by_schedule(spent: dict[tuple[str, int], list[float]], cpu: float) -> None:
+    """The CPU seconds of :func:`every_nth_batch`'s last round by schedule, then its ten
+    costliest (schedule, pp), with µs per priced layout."""
+    totals: dict[str, float] = {}
+    for (schedule, _), (seconds, _) in spent.items():
+        totals[schedule] = totals.get(schedule, 0.0) + seconds
+    print("  CPU s by schedule: " + ", ".join(
+        f"{schedule} {seconds:.2f} ({seconds / cpu:.0%})"
+        for schedule, seconds in sorted(totals.items(), key=lambda item: -item[1])))
+    for (schedule, pp), (seconds, n) in sorted(spent.items(), key=lambda item: -item[1][0])[:10]:
+        print(f"    {schedule} pp {pp}: {seconds:.2f} s CPU, {n:,} priced, "
+              f"{seconds / max(n, 1) * 1e6:,.0f} µs a priced layout")
 
 
 def _write_rows(table: object, path: str) -> str:
@@ -192,13 +219,15 @@ def main() -> None:
                              "this CSV and print its SHA-256 (rows identical before/after)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="with --every: price the batches this many times (later: warm)")
+    parser.add_argument("--by-schedule", action="store_true",
+                        help="with --every: print the CPU seconds by schedule and pp")
     parser.add_argument("--timeline", default=None,
                         help="record each batch's and engine run's process, start, end and "
                              "CPU to this file (JSON lines) and print the tail")
     args = parser.parse_args()
     if args.every:
         every_nth_batch(args.scenario, args.every, args.first_batch, args.batches,
-                        args.rounds, args.rows)
+                        args.rounds, args.rows, args.by_schedule)
         return
     scenario = llmsim.load_scenario(args.scenario)
 
