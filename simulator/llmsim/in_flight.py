@@ -43,8 +43,8 @@ def schedule_walked(schedule: str, stages: int, microbatches: int, chunks: int
     builds the order, else None: :func:`~llmsim.schedules.registry.walked`). The order is
     memoised for the last two shapes: the layout search reads the same order twice in a
     row (its memory here, then its walk, :mod:`llmsim.search.zb_v_walk`). The rows are
-    handed out once, to the walk's compile, which keeps what it needs of them (the memo
-    would otherwise hold a deep order's rows, some 50 MB, after its walk has its levels);
+    handed out once, to the walk's compile, which keeps them as an array (the memo would
+    otherwise hold a deep order's rows as tuples, some 50 MB, after the compile);
     a second call gets None (the caller then finds them with
     :func:`~llmsim.schedules.walk.wait_graph`)."""
     order, held = _walked(schedule, stages, microbatches, chunks)

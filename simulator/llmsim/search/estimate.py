@@ -232,50 +232,48 @@ class Estimator(StageKinds):
                       par.prefetch_weights,
                       *(_pipeline_reads(kind.times, zero3) for kind in kinds.values()))
 
-        def finish() -> Estimate:  # the pipeline phase
-            tied = traffic.embedding_grad_allreduce
-            if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
-                devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
-                                  kinds[key].times.grad_buckets[0])
-                           for (_, key, _, n), (st, _) in zip(runs, stage_runs(), strict=True)
-                           for _ in range(n)]
-                pipe, ready, opt_s = phase_s(devices, par.schedule, m,
-                                             blocking=not par.overlap_pp_comm,
-                                             overlap_dp=par.overlap_dp_comm, traffic=traffic,
-                                             costs=costs, par=par, training=trn, node_of=node_of,
-                                             pairs=stage_pair_parts(sc, costs, split, starts))
-            elif par.schedule == "pipedream":  # a reduction and an update after every backward
-                updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
-                           for _, key, _, _ in runs]
-                pipe, reduce_s, opt_s = update_shares_s(
-                    stage_runs(), tails, updates, m,
-                    tied_s=costs.comm_s(tied) if tied is not None else 0.0,
-                    blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
-                ready = pipe + reduce_s
-            else:
-                opt_s = one_opt_s
-                hit = self._pipelines.get(family)
-                if hit is None:
-                    hit = self._pipelines.put(family, (shared, *pipeline_runs_s(
-                        par.schedule, stage_runs(), m, v, blocking=not par.overlap_pp_comm,
-                        posted_singly=posted_singly, zero3=zero3,
-                        prefetch=par.prefetch_weights)))
-                _, pipe, ends = hit
-                ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
-                if tied is not None:
-                    done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
-                    ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
-            step = ready + opt_s + trn.step_overhead_s + gathered_waits_s(sc, costs) \
-                + unit_reductions_s(sc, costs)
-            accel = sc.system.node.accelerator
-            return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
-                            optimizer_s=opt_s,
-                            model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
-                            tokens_per_step=trn.tokens_per_step, devices=sc.devices,
-                            peak_flops_per_device=accel.peak_flops(trn.precision),
-                            run_flops=trn.flops, run_tokens=trn.tokens)
-
-        return finish()
+        # The pipeline phase
+        tied = traffic.embedding_grad_allreduce
+        if has_two_pipelines(par.schedule):  # Chimera, DualPipe: .two_pipelines
+            devices = [Device(st, kinds[key].chunk_0, kinds[key].tensors,
+                              kinds[key].times.grad_buckets[0])
+                       for (_, key, _, n), (st, _) in zip(runs, stage_runs(), strict=True)
+                       for _ in range(n)]
+            pipe, ready, opt_s = phase_s(devices, par.schedule, m,
+                                         blocking=not par.overlap_pp_comm,
+                                         overlap_dp=par.overlap_dp_comm, traffic=traffic,
+                                         costs=costs, par=par, training=trn, node_of=node_of,
+                                         pairs=stage_pair_parts(sc, costs, split, starts))
+        elif par.schedule == "pipedream":  # a reduction and an update after every backward
+            updates = [self._optimizer_s(costs, par, trn, traffic, kinds[key], sharded)
+                       for _, key, _, _ in runs]
+            pipe, reduce_s, opt_s = update_shares_s(
+                stage_runs(), tails, updates, m,
+                tied_s=costs.comm_s(tied) if tied is not None else 0.0,
+                blocking=not par.overlap_pp_comm, zero3=zero3, prefetch=par.prefetch_weights)
+            ready = pipe + reduce_s
+        else:
+            opt_s = one_opt_s
+            hit = self._pipelines.get(family)
+            if hit is None:
+                hit = self._pipelines.put(family, (shared, *pipeline_runs_s(
+                    par.schedule, stage_runs(), m, v, blocking=not par.overlap_pp_comm,
+                    posted_singly=posted_singly, zero3=zero3,
+                    prefetch=par.prefetch_weights)))
+            _, pipe, ends = hit
+            ready = max(first + tail for (first, _), tail in zip(ends, tails, strict=True))
+            if tied is not None:
+                done_first, done_last = ends[0][0] + tails[0], ends[-1][1] + tails[-1]
+                ready = max(ready, max(done_first, done_last) + costs.comm_s(tied))
+        step = ready + opt_s + trn.step_overhead_s + gathered_waits_s(sc, costs) \
+            + unit_reductions_s(sc, costs)
+        accel = sc.system.node.accelerator
+        return Estimate(step_time_s=step, pipeline_s=pipe, dp_tail_s=ready - pipe,
+                        optimizer_s=opt_s,
+                        model_flops_per_step=flops_per_replica * m * dp * par.ep * par.cp,
+                        tokens_per_step=trn.tokens_per_step, devices=sc.devices,
+                        peak_flops_per_device=accel.peak_flops(trn.precision),
+                        run_flops=trn.flops, run_tokens=trn.tokens)
 
     # -- memoised on exactly what they read --------------------------------------------
     def _pipeline_messages(self, costs: HardwareCosts, traffic: Workload,

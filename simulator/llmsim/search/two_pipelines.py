@@ -73,10 +73,8 @@ class CompiledOrder:
 
     p: int
     rows: np.ndarray
-    """The passes as a (passes × 4) array (:func:`llmsim.schedules.walk_kernel.table`)."""
+    """The passes as a (passes × 4) array (:func:`llmsim.schedules.walk.rows_table`)."""
     last_w: dict[tuple[int, int], int]
-    last: tuple[int, ...]
-    """Per device, the 1-based index of its last pass (0: none)."""
 
     @property
     def passes(self) -> tuple[Row, ...]:
@@ -107,8 +105,6 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
         schedule, p, m, 1, gradient_after_weights=schedule not in SPLIT_BACKWARD)
     n = len(rows)
     stage, column, number = rows[:, 0], rows[:, 1], np.arange(1, n + 1)
-    last = np.zeros(p, dtype=np.int64)
-    np.maximum.at(last, stage, number)
     is_w = column % 3 == 2  # a W: column 6·s + 3·chunk + 2
     last_ws = np.zeros((p, 2), dtype=np.int64)
     np.maximum.at(last_ws, (stage[is_w], column[is_w] // 3 - 2 * stage[is_w]), number[is_w])
@@ -132,7 +128,7 @@ def _compile(schedule: str, p: int, m: int) -> CompiledOrder:
         pair_column = paired[first[stage] + position]
         rows = rows.copy()
         rows[:, 1] = np.where(pair_column >= 0, pair_column, column)
-    return CompiledOrder(p, rows, last_w, tuple(last.tolist()))
+    return CompiledOrder(p, rows, last_w)
 
 
 def walk(order: CompiledOrder, durations: list[float], hops: list[float]) -> list[float]:

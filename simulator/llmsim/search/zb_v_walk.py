@@ -6,11 +6,10 @@ its input has arrived. Which
 pass waits for which does not depend on the times, only on (p, m), so :func:`compiled`
 works it out once — per pass its stage, its duration's column, the pass it waits for
 and the hop that input takes — and :func:`walk_s` replays it with a layout's times in
-a tight loop (O(passes) float operations, no dictionaries or tuples), or, on deep
-pipelines, level by level with numpy: passes whose inputs are all in (one per stage at
-most) are computed together, about 6·m levels instead of 6·p·m passes.
+a compiled loop (:func:`llmsim.schedules.walk_kernel.replay_ends`: O(passes) float
+operations, a few nanoseconds a pass).
 
-The wait graph, the loop and the levels are the schedules' one dependency walk
+The wait graph and the loop are the schedules' one dependency walk
 (:mod:`llmsim.schedules.walk`), which ``tests/test_walk.py`` checks against a reference
 that times the passes by another route.
 """
@@ -46,7 +45,7 @@ class CompiledWalk:
     passes: int
     rows: np.ndarray
     """(stage, column, need, hop) of each pass, a (passes × 4) array
-    (:func:`llmsim.schedules.walk_kernel.table`)."""
+    (:func:`llmsim.schedules.walk.rows_table`)."""
     schedule: str = "zb-v"
     """Whose order it is: ZB-H1's and ZB-H2's of one (p, m) have as many passes and
     read the same durations, so the walks' memo keys on it too."""
